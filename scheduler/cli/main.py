@@ -1,0 +1,32 @@
+"""`schedctl`: the one operator CLI. Each subcommand lives in its own module and registers itself."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from scheduler import __version__
+from scheduler.cli import preview
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="schedctl", description="Operate the distributed cron scheduler.")
+    ap.add_argument("--version", action="version", version=f"schedctl {__version__}")
+    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    preview.register(sub)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:  # `schedctl preview ... | head`
+        sys.stderr.close()
+        return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,220 @@
+"""LeaseKeeper: one persistent keepalive stream per lease, and a local deadline for self-fencing.
+
+Safety rule (DESIGN.md, Ownership and fencing): a planner must stop acting as owner *before* etcd can
+expire its lease. etcd restarts a lease's TTL when it processes a keepalive, which happens after the
+client sent it; so the time a keepalive was *sent* plus the TTL is an upper bound of the server-side
+expiry, whatever the network delays. The keeper records, for the latest acknowledged keepalive, the
+monotonic time it was sent (`last_ack`), and `deadline() = last_ack + TTL - safety_margin`.
+
+A lost lease stays lost: once etcd answers TTL <= 0, or the local deadline passes without an
+acknowledgement, the keeper stops for good. It never re-grants and never lets a late acknowledgement
+move a passed deadline forward; the caller must start a new session with a new lease.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+import math
+from collections import deque
+from typing import Any
+
+import grpc
+
+from scheduler.store.etcd import _pb
+from scheduler.store.etcd.connection import EOF, Connection, reauthenticate_after
+from scheduler.store.etcd.errors import LeaseLost, LeaseNotFound, from_rpc_error
+from scheduler.store.etcd.types import Lease
+
+__all__ = ["LeaseKeeper", "LeaseLostReason"]
+
+log = logging.getLogger(__name__)
+
+_BACKOFF = (0.05, 1.0)  # pause before reopening a broken stream: first, largest (seconds)
+
+
+class LeaseLostReason(enum.Enum):
+    EXPIRED = "etcd reports the lease gone (TTL <= 0: expired or revoked)"
+    LOCAL_DEADLINE = "no keepalive acknowledged before the local deadline"
+
+
+class _StreamStalled(Exception):
+    """The oldest keepalive on this stream went unanswered for too long: reopen the stream."""
+
+
+class LeaseKeeper:
+    def __init__(
+        self,
+        conn: Connection,
+        lease: Lease,
+        *,
+        safety_margin: float,
+        renew_interval: float | None = None,
+        ack_timeout: float | None = None,
+    ) -> None:
+        if not 0 <= safety_margin < lease.ttl:
+            raise ValueError(f"safety_margin must be in [0, ttl={lease.ttl}), got {safety_margin}")
+        self._conn = conn
+        self._clock = conn.clock
+        self.lease_id = lease.id
+        self.ttl = lease.ttl
+        self.safety_margin = safety_margin
+        self.renew_interval = lease.ttl / 3 if renew_interval is None else renew_interval
+        if not 0 < self.renew_interval < lease.ttl - safety_margin:
+            raise ValueError("renew_interval must be > 0 and below ttl - safety_margin")
+        # An unanswered keepalive older than this means the stream (or its member) is stuck.
+        self.ack_timeout = self.renew_interval if ack_timeout is None else ack_timeout
+        self._last_ack = lease.sent_at  # the grant counts as the first acknowledged renewal
+        self._lost: LeaseLostReason | None = None
+        self._lost_event = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self.streams_opened = 0
+        self.acks = 0
+
+    # ---- what callers read ----------------------------------------------------------------------
+
+    @property
+    def last_ack(self) -> float:
+        """Monotonic send time of the latest acknowledged keepalive (or of the grant)."""
+        return self._last_ack
+
+    def deadline(self) -> float:
+        """After this monotonic time the caller must act as if the lease were gone."""
+        return self._last_ack + self.ttl - self.safety_margin
+
+    def remaining(self) -> float:
+        return self.deadline() - self._clock()
+
+    @property
+    def lost_reason(self) -> LeaseLostReason | None:
+        self._observe_deadline()
+        return self._lost
+
+    def alive(self) -> bool:
+        return self.lost_reason is None
+
+    def check(self) -> None:
+        """Raise `LeaseLost` unless the lease is held with time to spare."""
+        reason = self.lost_reason
+        if reason is not None:
+            raise LeaseLost(f"lease {self.lease_id:x} lost: {reason.value}")
+
+    async def wait_lost(self) -> LeaseLostReason:
+        """Wait until the lease is lost. Wakes at the deadline by itself, so it returns in time
+        even if the renewing task has stopped."""
+        while (reason := self.lost_reason) is None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._lost_event.wait(), timeout=max(self.remaining(), 0.001))
+        return reason
+
+    # ---- lifecycle ------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._task is not None:
+            raise RuntimeError("a LeaseKeeper is started once")
+        self._task = asyncio.create_task(self._run(), name=f"lease-keeper-{self.lease_id:x}")
+
+    async def stop(self) -> None:
+        """Stop renewing (the lease then expires on its own within TTL unless revoked)."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def __aenter__(self) -> LeaseKeeper:
+        if self._task is None:
+            self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.stop()
+
+    # ---- internals ------------------------------------------------------------------------------
+
+    def _mark_lost(self, reason: LeaseLostReason) -> None:
+        if self._lost is None:
+            self._lost = reason
+            self._lost_event.set()
+            log.warning("lease %x lost: %s", self.lease_id, reason.value)
+
+    def _observe_deadline(self) -> None:
+        if self._lost is None and self._clock() >= self.deadline():
+            self._mark_lost(LeaseLostReason.LOCAL_DEADLINE)
+
+    def _on_ack(self, sent_at: float, ttl: int) -> None:
+        self._observe_deadline()  # a late answer must not revive a lease whose deadline has passed
+        if self._lost is not None:
+            return
+        if ttl <= 0:
+            self._mark_lost(LeaseLostReason.EXPIRED)
+            return
+        self.ttl = min(self.ttl, ttl)  # etcd echoes the granted TTL; never assume more than granted
+        self._last_ack = max(self._last_ack, sent_at)
+        self.acks += 1
+
+    async def _run(self) -> None:
+        try:
+            await self._renew_until_lost()
+        except Exception:
+            # A bug must not pass silently; the deadline still fences the caller (see wait_lost).
+            log.exception("lease %x keeper crashed; renewals stopped", self.lease_id)
+
+    async def _renew_until_lost(self) -> None:
+        pause = _BACKOFF[0]
+        while self.lost_reason is None:
+            token = self._conn.token
+            try:
+                await self._one_stream()
+            except grpc.aio.AioRpcError as exc:
+                if isinstance(from_rpc_error(exc, write=False), LeaseNotFound):
+                    self._mark_lost(LeaseLostReason.EXPIRED)
+                    break
+                if await reauthenticate_after(self._conn, exc, token):
+                    continue
+                log.info("lease %x keepalive stream broke: %s %s", self.lease_id, exc.code(), exc.details())
+            except _StreamStalled:
+                log.info("lease %x keepalive unanswered for %.2fs, reopening", self.lease_id, self.ack_timeout)
+            if self.lost_reason is None:
+                await asyncio.sleep(max(0.0, min(pause, self.remaining())))
+                pause = min(pause * 2, _BACKOFF[1])
+
+    async def _one_stream(self) -> None:
+        call: Any = self._conn.stream(self._conn.stubs.lease.LeaseKeepAlive)
+        self.streams_opened += 1
+        sent: deque[float] = deque()  # send times of unanswered keepalives; etcd answers in order
+        reader = asyncio.create_task(self._read_acks(call, sent))
+        try:
+            next_send = self._clock()
+            while self.lost_reason is None:
+                now = self._clock()
+                if sent and now - sent[0] >= self.ack_timeout:
+                    raise _StreamStalled
+                if now >= next_send:
+                    sent.append(now)
+                    try:
+                        # Bounded: a stream waiting for a connection must not hold us past the deadline.
+                        await asyncio.wait_for(call.write(_pb.lease_keepalive_request(self.lease_id)),
+                                               timeout=max(self.ack_timeout, 0.001))
+                    except TimeoutError:
+                        raise _StreamStalled from None
+                    next_send = now + self.renew_interval
+                wake = min(next_send, self.deadline(), sent[0] + self.ack_timeout if sent else math.inf)
+                await asyncio.wait({reader}, timeout=max(0.0, wake - self._clock()))
+                if reader.done():
+                    reader.result()  # raises the stream's error; a clean end means "reopen"
+                    return
+        finally:
+            reader.cancel()
+            call.cancel()
+            with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
+                await reader
+
+    async def _read_acks(self, call: Any, sent: deque[float]) -> None:
+        while self._lost is None:
+            response = await call.read()
+            if response is EOF:
+                return
+            if sent:  # an answer with nothing outstanding cannot be matched to a send time: ignore
+                self._on_ack(sent.popleft(), int(response.TTL))

@@ -1,0 +1,193 @@
+"""Watcher: an async iterator over watch responses that survives disconnects without losing events.
+
+It remembers the next revision it still needs (last delivered revision + 1, advanced also by progress
+notifications) and, when the stream breaks (etcd restarted, member lost its leader, connection cut),
+re-creates the watch from exactly that revision after a backoff. etcd delivers all events of one
+revision in one response (fragmentation is off), so resuming at a revision boundary neither drops
+nor repeats events. If that revision has been compacted meanwhile, `Compacted` is raised: the caller
+must re-list and watch again from the list's revision.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections.abc import Sequence
+from typing import Any
+
+import grpc
+
+from scheduler.store.etcd import _pb
+from scheduler.store.etcd.connection import EOF, Connection, reauthenticate_after
+from scheduler.store.etcd.errors import Compacted, EtcdError, Unavailable, from_rpc_error
+from scheduler.store.etcd.types import WatchBatch, WatchFilter
+
+__all__ = ["Watcher"]
+
+log = logging.getLogger(__name__)
+
+_BACKOFF = (0.05, 2.0)  # pause before re-creating a broken watch: first, largest (seconds)
+
+
+class Watcher:
+    """`async for batch in watcher`: events in revision order, and progress notifications as
+    batches without events. Close it (or use `async with`) to end the stream."""
+
+    def __init__(
+        self,
+        conn: Connection,
+        key: bytes,
+        range_end: bytes,
+        *,
+        start_revision: int = 0,
+        progress_notify: bool = False,
+        prev_kv: bool = False,
+        filters: Sequence[WatchFilter] = (),
+    ) -> None:
+        self._conn = conn
+        self._key = key
+        self._range_end = range_end
+        self._next_rev = start_revision  # 0 until etcd tells us what "now" was
+        self._progress_notify = progress_notify
+        self._prev_kv = prev_kv
+        self._filters = tuple(filters)
+        self._call: Any = None
+        self._opening: Any = None
+        self._closed = False
+        self._pause = _BACKOFF[0]
+        self.reconnects = 0
+
+    @property
+    def revision(self) -> int:
+        """Every event at or below this revision has been delivered (0: nothing known yet)."""
+        return max(self._next_rev - 1, 0)
+
+    def __aiter__(self) -> Watcher:
+        return self
+
+    async def __anext__(self) -> WatchBatch:
+        while not self._closed:
+            if self._call is None:
+                await self._open()
+                continue
+            token = self._conn.token
+            try:
+                response = await self._call.read()
+            except asyncio.CancelledError:
+                if self._closed_locally():
+                    break
+                raise
+            except grpc.aio.AioRpcError as exc:
+                if self._closed:
+                    break
+                await self._on_stream_error(exc, token)
+                continue
+            if response is EOF:
+                self._drop("etcd ended the stream")
+                continue
+            batch = self._on_response(response)
+            if batch is not None:
+                return batch
+        raise StopAsyncIteration
+
+    async def request_progress(self) -> bool:
+        """Ask etcd for a progress notification now. False when no stream is open at the moment."""
+        call = self._call
+        if call is None:
+            return False
+        try:
+            await call.write(_pb.watch_progress_request())
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
+            return False  # the stream just broke; the iterator notices and resumes
+        return True
+
+    async def close(self) -> None:
+        self._closed = True
+        for call in (self._opening, self._call):
+            if call is not None:
+                call.cancel()
+        self._call = None
+
+    async def __aenter__(self) -> Watcher:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    # ---- internals ------------------------------------------------------------------------------
+
+    def _closed_locally(self) -> bool:
+        """True when a CancelledError came from close() cancelling the call, not from our task
+        being cancelled (which must propagate)."""
+        task = asyncio.current_task()
+        return self._closed and (task is None or task.cancelling() == 0)
+
+    async def _open(self) -> None:
+        token = self._conn.token
+        call = self._conn.stream(self._conn.stubs.watch.Watch, require_leader=True)
+        # Visible to close() while the create request waits for a connection; becomes `_call` only
+        # once the create is written, so a progress request can never overtake it.
+        self._opening = call
+        request = _pb.watch_create_request(
+            self._key, self._range_end, self._next_rev, self._progress_notify, self._prev_kv, self._filters
+        )
+        try:
+            await call.write(request)
+        except asyncio.CancelledError:
+            if not self._closed_locally():
+                call.cancel()
+                raise
+            return
+        except grpc.aio.AioRpcError as exc:
+            call.cancel()
+            if not self._closed:
+                await self._on_stream_error(exc, token)
+            return
+        finally:
+            self._opening = None
+        self._call = call
+
+    def _on_response(self, r: Any) -> WatchBatch | None:
+        revision = int(r.header.revision)
+        if r.canceled:
+            self._closed = True
+            self._call.cancel()
+            compact_revision = int(r.compact_revision)
+            if compact_revision > 0:
+                raise Compacted(compact_revision)
+            raise EtcdError(f"etcd canceled the watch: {r.cancel_reason or 'no reason given'}")
+        if r.created:
+            self._pause = _BACKOFF[0]  # a working stream again
+            if self._next_rev == 0:
+                self._next_rev = revision + 1
+            return None
+        events = _pb.watch_events(r)
+        if events:
+            self._next_rev = events[-1].revision + 1
+            return WatchBatch(revision, events)
+        # Progress notification: nothing at or below `revision` is still to come on this watch.
+        self._next_rev = max(self._next_rev, revision + 1)
+        return WatchBatch(revision, ())
+
+    async def _on_stream_error(self, exc: grpc.aio.AioRpcError, token: str | None) -> None:
+        self._drop(f"{exc.code()} {exc.details()}")
+        if await reauthenticate_after(self._conn, exc, token):
+            return
+        err = from_rpc_error(exc, write=False)
+        if not isinstance(err, Unavailable):
+            self._closed = True
+            raise err from exc
+        pause = self._pause * random.uniform(0.5, 1.0)
+        self._pause = min(self._pause * 2, _BACKOFF[1])
+        log.info("watch %r broke (%s); resuming from revision %d in %.2fs", self._key, err, self._next_rev, pause)
+        await asyncio.sleep(pause)
+
+    def _drop(self, why: str) -> None:
+        if self._call is not None:
+            with contextlib.suppress(Exception):
+                self._call.cancel()
+            self._call = None
+            self.reconnects += 1
+            log.debug("watch %r stream dropped: %s", self._key, why)

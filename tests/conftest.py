@@ -1,0 +1,88 @@
+"""Shared fixtures. The etcd ones start real etcd processes (tests/etcd_cluster.py).
+
+- `etcd_server`: one member per test module, shared by that module's tests: use unique key
+  prefixes (`key_prefix`), and do not kill, pause or compact it (use `etcd_factory` for that).
+- `etcd_factory`: start dedicated servers with options; all are stopped when the test ends.
+- `etcd_cluster3`: a fresh 3-member cluster per test (tests kill members).
+- `etcd_client`: an EtcdClient connected to `etcd_server`.
+
+Without an etcd binary these fixtures FAIL (not skip): CI must notice a missing server.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from scheduler.store.etcd import EtcdClient
+from tests.etcd_cluster import ETCD_MISSING, EtcdCluster, EtcdFactory, find_binary
+
+_ETCD_FIXTURES = frozenset({"etcd_binary", "etcd_server", "etcd_factory", "etcd_cluster3", "etcd_client"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # A test that reaches etcd through a fixture is an `etcd` test even if its module forgot the mark,
+    # so that `-m "not etcd"` never starts a server by accident.
+    for item in items:
+        if _ETCD_FIXTURES.intersection(getattr(item, "fixturenames", ())) and not item.get_closest_marker("etcd"):
+            item.add_marker(pytest.mark.etcd)
+
+
+@pytest.fixture(scope="session")
+def etcd_binary() -> str:
+    binary = find_binary("etcd")
+    if binary is None:
+        pytest.fail(ETCD_MISSING, pytrace=False)
+    return binary
+
+
+def _start(base: Path, binary: str, **options: Any) -> EtcdCluster:
+    return EtcdCluster(base, binary=binary, **options).start()
+
+
+@pytest.fixture(scope="module")
+def etcd_server(tmp_path_factory: pytest.TempPathFactory, etcd_binary: str) -> Iterator[EtcdCluster]:
+    # Progress notifications every 500 ms (etcd's default is 10 min) so watch tests need not wait.
+    cluster = _start(tmp_path_factory.mktemp("etcd"), etcd_binary, progress_notify_interval="500ms")
+    try:
+        yield cluster
+    finally:
+        cluster.close()
+
+
+@pytest.fixture
+def etcd_factory(tmp_path: Path, etcd_binary: str) -> Iterator[EtcdFactory]:
+    started: list[EtcdCluster] = []
+
+    def factory(**options: Any) -> EtcdCluster:
+        base = tmp_path / f"etcd{len(started)}"
+        cluster = EtcdCluster(base, binary=etcd_binary, **options)
+        started.append(cluster)  # before start(): a failed start still gets closed
+        return cluster.start()
+
+    try:
+        yield factory
+    finally:
+        for cluster in started:
+            cluster.close()
+
+
+@pytest.fixture
+def etcd_cluster3(etcd_factory: EtcdFactory) -> EtcdCluster:
+    return etcd_factory(size=3)
+
+
+@pytest.fixture
+async def etcd_client(etcd_server: EtcdCluster) -> AsyncIterator[EtcdClient]:
+    async with EtcdClient(etcd_server.config()) as client:
+        yield client
+
+
+@pytest.fixture
+def key_prefix() -> str:
+    """A key prefix no other test uses (tests share a server per module)."""
+    return f"/t/{uuid.uuid4().hex[:12]}/"

@@ -1,0 +1,348 @@
+"""Real etcd processes for tests: one member or an N-member cluster on free loopback ports.
+
+Everything started here is stopped by pid (never by name): by `EtcdCluster.close()` from fixture
+finalizers, by an atexit hook as a backstop, and on Linux by a parent-death signal (setpriv
+--pdeathsig) so that even a SIGKILLed pytest leaves no etcd behind.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from scheduler.store.etcd import EtcdConfig
+
+ETCD_MISSING = (
+    "etcd binary not found: set SCHED_ETCD_BIN to an etcd 3.5 binary, or run scripts/setup.sh "
+    "(it installs .venv/bin/etcd). Tests marked `etcd` need a real server."
+)
+
+EtcdFactory = Callable[..., "EtcdCluster"]  # the `etcd_factory` fixture: options -> started cluster
+
+_LIVE: dict[int, subprocess.Popen[bytes]] = {}  # pid -> process, for the atexit backstop
+
+
+def _kill_leftovers() -> None:
+    for pid, proc in list(_LIVE.items()):
+        if proc.poll() is None:
+            os.kill(pid, signal.SIGKILL)
+            proc.wait()
+        _LIVE.pop(pid, None)
+
+
+atexit.register(_kill_leftovers)
+
+
+def find_binary(name: str = "etcd") -> str | None:
+    """$SCHED_ETCD_BIN (etcdctl: its sibling), then next to sys.executable (.venv/bin), then PATH."""
+    env = os.environ.get("SCHED_ETCD_BIN")
+    if env:
+        path = Path(env) if name == "etcd" else Path(env).with_name(name)
+        return str(path) if os.access(path, os.X_OK) else None
+    beside = Path(sys.executable).parent / name
+    if os.access(beside, os.X_OK):
+        return str(beside)
+    return shutil.which(name)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    ca: Path
+    server_cert: Path
+    server_key: Path
+    client_cert: Path
+    client_key: Path
+
+
+def make_tls_files(directory: Path) -> TlsFiles:
+    """A throw-away CA, a server certificate for 127.0.0.1/localhost and a client certificate
+    (openssl CLI: the `cryptography` package is not a dependency of this project)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        raise RuntimeError("openssl CLI not found; TLS tests need it to make certificates")
+
+    def run(*args: str) -> None:
+        subprocess.run([openssl, *args], cwd=directory, check=True, capture_output=True)
+
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    run("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.crt", "-days", "2", "-subj", "/CN=sched-test-ca",
+        "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign")
+    for name, ext in (
+        ("server", "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth,clientAuth\n"),
+        ("client", "extendedKeyUsage=clientAuth\n"),
+    ):
+        (directory / f"{name}.ext").write_text(ext)
+        run("req", *ec, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN=sched-test-{name}")
+        run("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
+            "-out", f"{name}.crt", "-days", "2", "-extfile", f"{name}.ext")
+    d = directory
+    return TlsFiles(d / "ca.crt", d / "server.crt", d / "server.key", d / "client.crt", d / "client.key")
+
+
+@dataclass
+class Member:
+    name: str
+    client_port: int
+    peer_port: int
+    data_dir: Path
+    log_path: Path
+    process: subprocess.Popen[bytes] | None = None
+    paused: bool = False
+
+    @property
+    def endpoint(self) -> str:
+        return f"127.0.0.1:{self.client_port}"
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None, f"{self.name} is not running"
+        return self.process.pid
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+
+@dataclass
+class EtcdCluster:
+    """An etcd cluster of `size` members under `base_dir`. Call start(); always close()."""
+
+    base_dir: Path
+    size: int = 1
+    binary: str | None = None
+    auto_compaction_mode: str | None = None  # "periodic" | "revision"
+    auto_compaction_retention: str | None = None  # e.g. "1h", "1000"
+    progress_notify_interval: str | None = None  # --experimental-watch-progress-notify-interval, e.g. "500ms"
+    quota_backend_bytes: int | None = None
+    auth_token_ttl: int | None = None  # seconds a simple auth token lives without use
+    tls: TlsFiles | None = None
+    client_cert_auth: bool = False  # mTLS: require client certificates signed by tls.ca
+    unsafe_no_fsync: bool = False
+    extra_args: Sequence[str] = ()
+    members: list[Member] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.binary = self.binary or find_binary("etcd")
+        if self.binary is None:
+            raise RuntimeError(ETCD_MISSING)
+        self.base_dir.mkdir(parents=True, exist_ok=True)
+        self.members = [
+            Member(f"m{i}", free_port(), free_port(), self.base_dir / f"m{i}.etcd", self.base_dir / f"m{i}.log")
+            for i in range(self.size)
+        ]
+
+    # ---- addresses and clients ------------------------------------------------------------------
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.tls else "http"
+
+    @property
+    def endpoints(self) -> tuple[str, ...]:
+        return tuple(m.endpoint for m in self.members)
+
+    def config(self, **overrides: Any) -> EtcdConfig:
+        """Client settings for this cluster (TLS files included when the cluster uses TLS)."""
+        settings: dict[str, Any] = {"endpoints": self.endpoints}
+        if self.tls:
+            settings["ca_file"] = str(self.tls.ca)
+            if self.client_cert_auth:
+                settings["cert_file"] = str(self.tls.client_cert)
+                settings["key_file"] = str(self.tls.client_key)
+        settings.update(overrides)
+        return EtcdConfig(**settings)
+
+    # ---- lifecycle ------------------------------------------------------------------------------
+
+    def start(self, timeout: float = 30.0) -> EtcdCluster:
+        try:
+            for m in self.members:
+                self._spawn(m)
+            self.wait_healthy(timeout=timeout)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def _args(self, m: Member) -> list[str]:
+        assert self.binary is not None
+        initial = ",".join(f"{x.name}=http://127.0.0.1:{x.peer_port}" for x in self.members)
+        client_url = f"{self.scheme}://127.0.0.1:{m.client_port}"
+        args = [
+            self.binary,
+            f"--name={m.name}",
+            f"--data-dir={m.data_dir}",
+            f"--listen-client-urls={client_url}",
+            f"--advertise-client-urls={client_url}",
+            f"--listen-peer-urls=http://127.0.0.1:{m.peer_port}",
+            f"--initial-advertise-peer-urls=http://127.0.0.1:{m.peer_port}",
+            f"--initial-cluster={initial}",
+            "--initial-cluster-state=new",
+            f"--initial-cluster-token=sched-test-{id(self):x}",
+            "--log-level=warn",
+        ]
+        if self.auto_compaction_mode:
+            args.append(f"--auto-compaction-mode={self.auto_compaction_mode}")
+        if self.auto_compaction_retention:
+            args.append(f"--auto-compaction-retention={self.auto_compaction_retention}")
+        if self.progress_notify_interval:
+            args.append(f"--experimental-watch-progress-notify-interval={self.progress_notify_interval}")
+        if self.quota_backend_bytes:
+            args.append(f"--quota-backend-bytes={self.quota_backend_bytes}")
+        if self.auth_token_ttl:
+            args.append(f"--auth-token-ttl={self.auth_token_ttl}")
+        if self.tls:
+            args += [f"--cert-file={self.tls.server_cert}", f"--key-file={self.tls.server_key}"]
+            if self.client_cert_auth:
+                args += ["--client-cert-auth", f"--trusted-ca-file={self.tls.ca}"]
+        if self.unsafe_no_fsync:
+            args.append("--unsafe-no-fsync")
+        return [*args, *self.extra_args]
+
+    def _spawn(self, m: Member) -> None:
+        if m.running:
+            raise RuntimeError(f"{m.name} is already running (pid {m.pid})")
+        argv = self._args(m)
+        setpriv = shutil.which("setpriv")
+        # The death signal fires when the *thread* that forked exits, so only use it from the main thread.
+        if setpriv and sys.platform == "linux" and threading.current_thread() is threading.main_thread():
+            argv = [setpriv, "--pdeathsig", "KILL", "--", *argv]  # setpriv execs etcd: same pid
+        with m.log_path.open("ab") as log:
+            m.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        m.paused = False
+        _LIVE[m.process.pid] = m.process
+
+    def kill(self, i: int) -> None:
+        """SIGKILL member i (no graceful shutdown; its data dir stays for restart())."""
+        self._signal_and_reap(self.members[i], signal.SIGKILL)
+
+    def stop(self, i: int, timeout: float = 10.0) -> None:
+        """SIGTERM member i and wait; SIGKILL if it does not exit in time."""
+        m = self.members[i]
+        if not m.running:
+            return
+        os.kill(m.pid, signal.SIGTERM)
+        if m.paused:
+            os.kill(m.pid, signal.SIGCONT)  # a stopped process cannot act on SIGTERM
+        try:
+            assert m.process is not None
+            m.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self._signal_and_reap(m, signal.SIGKILL)
+        _LIVE.pop(m.pid, None)
+
+    def restart(self, i: int, timeout: float = 30.0) -> None:
+        """Start member i again with the same name, ports and data dir (kills it first if running)."""
+        m = self.members[i]
+        if m.running:
+            self.kill(i)
+        self._spawn(m)
+        self.wait_healthy([i], timeout=timeout)
+
+    def pause(self, i: int) -> None:
+        m = self.members[i]
+        os.kill(m.pid, signal.SIGSTOP)
+        m.paused = True
+
+    def resume(self, i: int) -> None:
+        m = self.members[i]
+        os.kill(m.pid, signal.SIGCONT)
+        m.paused = False
+
+    def close(self) -> None:
+        for m in self.members:
+            if m.running:
+                self._signal_and_reap(m, signal.SIGKILL)
+
+    def _signal_and_reap(self, m: Member, sig: signal.Signals) -> None:
+        if m.process is None:
+            return
+        if m.process.poll() is None:
+            os.kill(m.pid, sig)
+            m.process.wait()
+        _LIVE.pop(m.pid, None)
+        m.paused = False
+
+    # ---- health ---------------------------------------------------------------------------------
+
+    def _ssl_context(self) -> ssl.SSLContext | None:
+        if not self.tls:
+            return None
+        ctx = ssl.create_default_context(cafile=str(self.tls.ca))
+        if self.client_cert_auth:
+            ctx.load_cert_chain(str(self.tls.client_cert), str(self.tls.client_key))
+        return ctx
+
+    def healthy(self, i: int) -> bool:
+        """etcd's own /health: true once the member has a leader and serves requests."""
+        m = self.members[i]
+        url = f"{self.scheme}://127.0.0.1:{m.client_port}/health"
+        try:
+            with urllib.request.urlopen(url, timeout=1.0, context=self._ssl_context()) as resp:
+                return bool(json.load(resp).get("health") == "true")
+        except (OSError, ValueError):
+            return False
+
+    def wait_healthy(self, indexes: Sequence[int] | None = None, timeout: float = 30.0) -> None:
+        wanted = list(range(self.size)) if indexes is None else list(indexes)
+        deadline = time.monotonic() + timeout
+        while True:
+            for i in wanted:
+                m = self.members[i]
+                if m.process is not None and m.process.poll() is not None:
+                    raise RuntimeError(f"etcd {m.name} exited with {m.process.returncode}; see {m.log_path}:\n"
+                                       + _tail(m.log_path))
+            if all(self.healthy(i) for i in wanted):
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"etcd members {wanted} not healthy after {timeout}s; logs in {self.base_dir}")
+            time.sleep(0.05)
+
+    # ---- etcdctl --------------------------------------------------------------------------------
+
+    def etcdctl(self, *args: str, user: str | None = None, member: int | None = None) -> str:
+        """Run etcdctl against the cluster (or one member) and return its stdout."""
+        binary = find_binary("etcdctl")
+        if binary is None:
+            raise RuntimeError("etcdctl not found next to etcd")
+        endpoints = [self.members[member]] if member is not None else self.members
+        argv = [binary, "--endpoints=" + ",".join(f"{self.scheme}://{m.endpoint}" for m in endpoints)]
+        if self.tls:
+            argv.append(f"--cacert={self.tls.ca}")
+            if self.client_cert_auth:
+                argv += [f"--cert={self.tls.client_cert}", f"--key={self.tls.client_key}"]
+        if user:
+            argv.append(f"--user={user}")
+        done = subprocess.run([*argv, *args], capture_output=True, text=True, timeout=30,
+                              env={**os.environ, "ETCDCTL_API": "3"})
+        if done.returncode != 0:
+            raise RuntimeError(f"etcdctl {' '.join(args)} failed: {done.stderr.strip()}")
+        return done.stdout
+
+
+def _tail(path: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
