@@ -1,0 +1,66 @@
+"""`schedctl preview` as a user runs it: the installed binary, in a subprocess."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCHEDCTL = str(Path(sys.executable).parent / "schedctl")
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([SCHEDCTL, *args], capture_output=True, text=True, timeout=60, check=False)
+
+
+def test_preview_lines() -> None:
+    r = run("preview", "--cron", "30 2 * * *", "--tz", "America/New_York",
+            "--start", "2026-03-06T00:00:00Z", "--count", "4")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == [
+        "2026-03-06T07:30:00Z",
+        "2026-03-07T07:30:00Z",
+        "2026-03-08T07:00:00Z",  # 02:30 does not exist that day: shifted to 03:00 EDT
+        "2026-03-09T06:30:00Z",
+    ]
+
+
+def test_preview_dst_flags_and_json() -> None:
+    r = run("preview", "--cron", "30 2 * * *", "--tz", "America/New_York", "--start", "2026-03-07T12:00:00Z",
+            "--count", "2", "--dst-gap", "skip", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["times"] == ["2026-03-09T06:30:00Z", "2026-03-10T06:30:00Z"]
+
+
+def test_preview_default_start_is_now() -> None:
+    r = run("preview", "--cron", "* * * * * *", "--count", "3")
+    assert r.returncode == 0, r.stderr
+    assert len(r.stdout.splitlines()) == 3
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--cron", "61 * * * *"], "spec.minute: 61 is outside 0-59"),
+        (["--cron", "0 0 30 2 *"], "spec: matches no day"),
+        (["--cron", "* * * * *", "--tz", "Nowhere/City"], "time_zone: 'Nowhere/City' is not a known IANA"),
+        (["--cron", "* * * * *", "--start", "yesterday"], "start: 'yesterday' is not an RFC3339 time"),
+        (["--cron", "* * * * *", "--start", "2026-01-01T00:00:00"], "start: '2026-01-01T00:00:00' has no UTC"),
+        (["--cron", "* * * * *", "--count", "0"], "count: 0 is outside 1-10000"),
+    ],
+)
+def test_preview_bad_input(args: list[str], message: str) -> None:
+    r = run("preview", *args)
+    assert r.returncode == 2
+    assert message in r.stderr
+    assert r.stdout == ""
+
+
+def test_preview_bad_flag_value_is_a_usage_error() -> None:
+    r = run("preview", "--cron", "* * * * *", "--dst-gap", "sometimes")
+    assert r.returncode == 2
+    assert "--dst-gap" in r.stderr

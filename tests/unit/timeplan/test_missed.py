@@ -1,0 +1,118 @@
+"""Missed-run decisions: named cases around a fixed anchor, plus an exhaustive accounting property."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from scheduler.timeplan import MissedRuns, SkipReason, parse_spec
+from scheduler.timeplan.missed import MissedKind, SkipRange, decide_missed
+
+MIN = 60_000
+HOUR = 60 * MIN
+T0 = 1_767_225_600_000  # 2026-01-01T00:00Z
+EVERY_MINUTE = parse_spec("* * * * *")
+
+
+def test_nothing_missed() -> None:
+    d = decide_missed(EVERY_MINUTE, T0, T0 + 30_000, MissedRuns.ALL, None, 5)
+    assert d.kind is MissedKind.NONE and d.run == () and d.skipped == ()
+    assert d.next_wakeup_ms == T0 + MIN
+
+
+def test_now_before_last_is_none() -> None:
+    d = decide_missed(EVERY_MINUTE, T0, T0 - HOUR, MissedRuns.ALL, None, 5)
+    assert d.kind is MissedKind.NONE
+    assert d.next_wakeup_ms == T0 + MIN
+
+
+def test_skip_policy_records_everything() -> None:
+    d = decide_missed(EVERY_MINUTE, T0, T0 + 10 * MIN, MissedRuns.SKIP, None, 5)
+    assert d.run == ()
+    assert d.skipped == (SkipRange(SkipReason.POLICY_SKIP, T0, T0 + 10 * MIN),)
+    assert d.kind is MissedKind.FEW
+
+
+def test_latest_runs_the_newest_once() -> None:
+    d = decide_missed(EVERY_MINUTE, T0, T0 + 10 * MIN + 5, MissedRuns.LATEST, None, 5)
+    assert d.run == (T0 + 10 * MIN,)
+    assert d.skipped == (SkipRange(SkipReason.POLICY_SKIP, T0, T0 + 10 * MIN - 1),)
+
+
+def test_latest_with_a_single_miss_skips_nothing() -> None:
+    d = decide_missed(EVERY_MINUTE, T0, T0 + MIN, MissedRuns.LATEST, None, 5)
+    assert d.run == (T0 + MIN,) and d.skipped == ()
+
+
+def test_all_under_cap_runs_all() -> None:
+    d = decide_missed(EVERY_MINUTE, T0, T0 + 3 * MIN, MissedRuns.ALL, None, 5)
+    assert d.kind is MissedKind.FEW
+    assert d.run == (T0 + MIN, T0 + 2 * MIN, T0 + 3 * MIN)
+    assert d.skipped == ()
+
+
+def test_all_over_cap_keeps_the_newest() -> None:
+    d = decide_missed(EVERY_MINUTE, T0, T0 + 10 * MIN, MissedRuns.ALL, None, 3)
+    assert d.kind is MissedKind.TOO_MANY
+    assert d.run == (T0 + 8 * MIN, T0 + 9 * MIN, T0 + 10 * MIN)
+    assert d.skipped == (SkipRange(SkipReason.OVER_CAP, T0, T0 + 8 * MIN - 1),)
+
+
+def test_exactly_cap_is_few() -> None:
+    d = decide_missed(EVERY_MINUTE, T0, T0 + 3 * MIN, MissedRuns.ALL, None, 3)
+    assert d.kind is MissedKind.FEW and len(d.run) == 3
+
+
+def test_window_skips_old_times() -> None:
+    d = decide_missed(EVERY_MINUTE, T0, T0 + 10 * MIN, MissedRuns.ALL, 2 * MIN + 1, 100)
+    assert d.run == (T0 + 8 * MIN, T0 + 9 * MIN, T0 + 10 * MIN)
+    assert d.skipped == (SkipRange(SkipReason.OUTSIDE_CATCHUP_WINDOW, T0, T0 + 8 * MIN - 1),)
+
+
+def test_everything_outside_window() -> None:
+    hourly = parse_spec("0 * * * *")
+    d = decide_missed(hourly, T0, T0 + 2 * HOUR + 30 * MIN, MissedRuns.LATEST, 10 * MIN, 1)
+    assert d.run == ()
+    assert d.skipped == (SkipRange(SkipReason.OUTSIDE_CATCHUP_WINDOW, T0, T0 + 2 * HOUR + 20 * MIN),)
+    assert d.next_wakeup_ms == T0 + 3 * HOUR
+
+
+def test_week_long_outage_of_a_per_second_job_is_cheap() -> None:
+    every_second = parse_spec("* * * * * *")
+    d = decide_missed(every_second, T0, T0 + 7 * 24 * HOUR, MissedRuns.ALL, None, 10)
+    assert len(d.run) == 10 and d.kind is MissedKind.TOO_MANY
+    assert len(d.skipped) == 1  # one compact range, not 604,790 records
+
+
+def test_bad_cap_and_window() -> None:
+    with pytest.raises(ValueError, match="catchup_cap"):
+        decide_missed(EVERY_MINUTE, T0, T0 + MIN, MissedRuns.ALL, None, 0)
+    with pytest.raises(ValueError, match="catchup_window"):
+        decide_missed(EVERY_MINUTE, T0, T0 + MIN, MissedRuns.ALL, -1, 1)
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(
+    st.sampled_from(["* * * * *", "*/7 * * * *", "0 * * * *", "*/20 * * * * *"]),
+    st.integers(0, 3 * HOUR),
+    st.sampled_from(list(MissedRuns)),
+    st.one_of(st.none(), st.integers(0, 2 * HOUR)),
+    st.integers(1, 20),
+)
+def test_every_missed_time_is_run_or_skipped_exactly_once(
+    spec: str, span: int, policy: MissedRuns, window: int | None, cap: int
+) -> None:
+    plan = parse_spec(spec)
+    d = decide_missed(plan, T0, T0 + span, policy, window, cap)
+    missed = list(plan.between_ms(T0, T0 + span))
+    accounted: list[int] = list(d.run)
+    for r in d.skipped:
+        accounted += list(plan.between_ms(r.after_ms, r.through_ms))
+    assert sorted(accounted) == missed, "each missed planned time is run or skipped, exactly once"
+    assert len(d.run) <= (1 if policy is MissedRuns.LATEST else cap)
+    if policy is MissedRuns.SKIP:
+        assert d.run == ()
+    if window is not None:
+        assert all(t > T0 + span - window for t in d.run)
+    assert (d.kind is MissedKind.NONE) == (not missed)
