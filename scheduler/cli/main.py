@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from scheduler import __version__
-from scheduler.cli import preview
+from scheduler.cli import planner, preview
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -14,6 +14,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--version", action="version", version=f"schedctl {__version__}")
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
     preview.register(sub)
+    planner.register(sub)
     return ap
 
 

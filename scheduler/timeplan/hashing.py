@@ -6,7 +6,8 @@ it is never used. The definition, pinned by tests with literal values:
 
     stable_u64(text) = first 8 bytes (big-endian) of SHA-256(text encoded as UTF-8)
 
-    H in field F of schedule S:   stable_u64(S + "\\x00H\\x00" + F)       F = second|minute|hour|dom|month|dow
+    H in field F of schedule S:   stable_u64(S + "\\x00H\\x00" + F)
+        F = second | minute | hour | day_of_month | month | day_of_week | every (the `@every ... phase H`)
     jitter of S at planned ms T:  stable_u64(S + "\\x00J\\x00" + str(T)) % (jitter_ms + 1)
 """
 

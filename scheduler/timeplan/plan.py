@@ -19,7 +19,7 @@ from datetime import UTC, datetime, timedelta
 from functools import lru_cache
 
 from scheduler.errors import InvalidArgument
-from scheduler.timeplan.cron import MACROS, CronExpr, parse_fields
+from scheduler.timeplan.cron import CYCLE_YEARS, MACROS, CronExpr, parse_fields
 from scheduler.timeplan.hashing import field_hash
 from scheduler.timeplan.policy import DstGap, DstOverlap
 from scheduler.timeplan.zone import ZoneTimeline, timeline
@@ -30,6 +30,9 @@ _MS = timedelta(milliseconds=1)
 MIN_MS = int((datetime(1900, 1, 1, tzinfo=UTC) - EPOCH) / _MS)
 MAX_MS = int((datetime(9990, 1, 1, tzinfo=UTC) - EPOCH) / _MS)
 MAX_SPEC_LEN = 256
+# A spec whose every wall time falls into DST gaps under `skip` (e.g. `30 2 * 3 0#2` in New York) has a
+# calendar match but no instant: searches stop one calendar cycle after the query instead of at 9999.
+_HORIZON_S = CYCLE_YEARS * 366 * 86400
 
 
 def to_ms(dt: datetime, field: str = "time") -> int:
@@ -139,9 +142,10 @@ class CronPlan(Plan):
         )
         cur = t
         start, end, off, before, after = tl.interval(cur)
+        horizon = t + _HORIZON_S
         while True:
             w = expr.next_wall_after(cur + off)
-            if w is None:
+            if w is None or w - off > horizon:
                 return None
             if w - off < end:
                 if first and before > off and w < start + before:
@@ -169,8 +173,11 @@ class CronPlan(Plan):
         )
         cur = t
         start, end, off, before, after = tl.interval(cur - 1)
+        horizon = t - _HORIZON_S
         while True:
             w = expr.prev_wall_before(cur + off)
+            if w is not None and w - off < horizon:
+                return None
             if w is not None and w - off >= start:
                 if last and after < off and w >= end + after:
                     cur = max(end + after - off, start)  # skip walls that repeat after `end`

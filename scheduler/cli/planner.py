@@ -1,0 +1,84 @@
+"""`schedctl planner`: run one planner node until SIGTERM/SIGINT (then hand partitions over)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import signal
+import sys
+from typing import Any
+
+from scheduler import logs
+from scheduler.cli.output import Exit, fail_invalid
+from scheduler.clock import SYSTEM_CLOCK
+from scheduler.config import CoordinationSettings, EtcdSettings
+from scheduler.errors import InvalidArgument
+from scheduler.node import PlannerNode, etcd_client
+from scheduler.planner.ownership import ClusterMismatch
+from scheduler.store.keyspace import Keyspace
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def add_settings_flags(p: argparse.ArgumentParser, *classes: type[Any]) -> None:
+    """One flag per settings field; values stay None unless given, so env and TOML can fill them."""
+    for cls in classes:
+        for f in dataclasses.fields(cls):
+            kind = "comma-separated list" if "tuple" in str(f.type) else "value"
+            p.add_argument(_flag(f.name), dest=f.name, default=None, metavar=f.name.upper(),
+                           help=f"{kind}; env SCHED_{f.name.upper()}")
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("planner", help="run one planner node",
+                       description="Run one planner node. Settings: flags, then SCHED_* variables, then --config.")
+    p.add_argument("--config", metavar="FILE", help="TOML file with settings (flat keys, as the flag names)")
+    p.add_argument("--log-level", default="info")
+    p.add_argument("--tick", type=float, default=0.1, help="checkpoint loop period, seconds")
+    add_settings_flags(p, EtcdSettings, CoordinationSettings)
+    p.set_defaults(func=run)
+
+
+def _names(cls: type[Any]) -> frozenset[str]:
+    return frozenset(f.name for f in dataclasses.fields(cls))
+
+
+def run(args: argparse.Namespace) -> int:
+    flags = vars(args)
+    try:
+        etcd = EtcdSettings.load({k: flags[k] for k in _names(EtcdSettings)}, toml_file=args.config,
+                                 shared_keys=_names(CoordinationSettings))
+        coord = CoordinationSettings.load({k: flags[k] for k in _names(CoordinationSettings)},
+                                          toml_file=args.config, shared_keys=_names(EtcdSettings))
+    except InvalidArgument as e:
+        return fail_invalid(e)
+    logs.setup(args.log_level)
+    try:
+        return asyncio.run(_main(etcd, coord, args.tick))
+    except ClusterMismatch as e:
+        print(f"schedctl: {e}", file=sys.stderr)
+        return Exit.INVALID
+
+
+async def _main(etcd: EtcdSettings, coord: CoordinationSettings, tick: float) -> int:
+    kv = etcd_client(etcd, coord.rpc_timeout)
+    node = PlannerNode(kv, Keyspace(etcd.etcd_prefix), coord, SYSTEM_CLOCK, tick=tick)
+    task = asyncio.create_task(node.run())
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    stopper = asyncio.create_task(stop.wait())
+    await asyncio.wait([task, stopper], return_when=asyncio.FIRST_COMPLETED)
+    if stop.is_set():
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(node.ownership.drain(), timeout=coord.lease_ttl)
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    await kv.close()
+    return Exit.OK

@@ -1,0 +1,177 @@
+"""Validated, frozen settings: flags override `SCHED_*` environment variables override a TOML file.
+
+Each settings class is a frozen dataclass whose fields are the setting names: `lease_ttl` is
+`--lease-ttl`, `SCHED_LEASE_TTL` and `lease_ttl = ...` in the TOML file. `load()` merges the three
+sources, converts types, and runs the class's `validate()`, which refuses timing combinations that
+break the safety argument with a message naming the rule (STYLE habit 8, Patroni's
+`loop_wait + 2*retry_timeout <= ttl`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Self
+
+from scheduler.errors import InvalidArgument
+
+TEST_MODE_ENV = "SCHED_TEST_MODE"
+
+
+def _convert(name: str, raw: Any, typ: Any) -> Any:
+    origin = typing.get_origin(typ)
+    if origin in (types.UnionType, typing.Union):
+        args = [a for a in typing.get_args(typ) if a is not type(None)]
+        if raw is None or raw == "":
+            return None
+        return _convert(name, raw, args[0])
+    if origin is tuple:
+        items = raw.split(",") if isinstance(raw, str) else list(raw)
+        return tuple(i.strip() for i in items if str(i).strip())
+    try:
+        if typ is bool:
+            if isinstance(raw, bool):
+                return raw
+            s = str(raw).lower()
+            if s in ("1", "true", "yes", "on"):
+                return True
+            if s in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(raw)
+        if typ is int:
+            if isinstance(raw, bool):
+                raise ValueError(raw)
+            return int(raw)
+        if typ is float:
+            return float(raw)
+        return str(raw)
+    except (TypeError, ValueError):
+        raise InvalidArgument(name, f"{raw!r} is not a valid {getattr(typ, '__name__', typ)}") from None
+
+
+class Settings:
+    """Mixin: `load()` from flags / environment / TOML, then `validate()`."""
+
+    def validate(self) -> None:  # overridden
+        return None
+
+    @classmethod
+    def load(
+        cls,
+        flags: Mapping[str, Any] | None = None,
+        env: Mapping[str, str] | None = None,
+        toml_file: str | Path | None = None,
+        shared_keys: frozenset[str] = frozenset(),
+    ) -> Self:
+        """`shared_keys`: setting names of the process's other settings classes, which may appear in
+        the same (flat) TOML file."""
+        assert dataclasses.is_dataclass(cls)
+        env = os.environ if env is None else env
+        hints = typing.get_type_hints(cls)
+        names = {f.name for f in dataclasses.fields(cls)}
+        values: dict[str, Any] = {}
+        if toml_file is not None:
+            try:
+                data = tomllib.loads(Path(toml_file).read_text())
+            except (OSError, tomllib.TOMLDecodeError) as e:
+                raise InvalidArgument("config", f"cannot read {toml_file}: {e}") from None
+            for k, v in data.items():
+                if k in names:
+                    values[k] = v
+                elif k not in shared_keys:
+                    raise InvalidArgument(f"config.{k}", f"unknown setting in {toml_file}")
+        for n in names:
+            ev = env.get(f"SCHED_{n.upper()}")
+            if ev is not None:
+                values[n] = ev
+        for k, v in (flags or {}).items():
+            if v is not None:
+                if k not in names:
+                    raise InvalidArgument(k, "unknown setting")
+                values[k] = v
+        converted = {k: _convert(k, v, hints[k]) for k, v in values.items()}
+        try:
+            obj = cls(**converted)
+        except TypeError as e:  # a required setting is missing
+            raise InvalidArgument("config", str(e)) from None
+        obj.validate()
+        return obj
+
+
+def test_mode() -> bool:
+    return os.environ.get(TEST_MODE_ENV) == "1"
+
+
+@dataclass(frozen=True)
+class EtcdSettings(Settings):
+    etcd_endpoints: tuple[str, ...] = ("127.0.0.1:2379",)
+    etcd_prefix: str = "/sched"
+    etcd_username: str | None = None
+    etcd_password: str | None = None
+    etcd_ca_file: str | None = None
+    etcd_cert_file: str | None = None
+    etcd_key_file: str | None = None
+
+    def validate(self) -> None:
+        if not self.etcd_endpoints:
+            raise InvalidArgument("etcd_endpoints", "at least one etcd endpoint is required")
+        p = self.etcd_prefix
+        if not p.startswith("/") or p.endswith("/") or len(p) < 2:
+            raise InvalidArgument("etcd_prefix", f"{p!r} must start with '/' and not end with one")
+        if (self.etcd_username is None) != (self.etcd_password is None):
+            raise InvalidArgument("etcd_password", "etcd_username and etcd_password go together")
+        if (self.etcd_cert_file is None) != (self.etcd_key_file is None):
+            raise InvalidArgument("etcd_key_file", "etcd_cert_file and etcd_key_file go together")
+
+
+@dataclass(frozen=True)
+class CoordinationSettings(Settings):
+    """Session and ownership timing; see docs/operations.md for how to choose them."""
+
+    node_id: str = "planner-1"
+    region: str = "default"
+    api_address: str = ""
+    partitions: int = 256  # fixed at cluster init; a node with another value refuses to start
+    lease_ttl: int = 5  # seconds (etcd's minimum is 2)
+    renew_interval: float | None = None  # default: lease_ttl / 3
+    safety_margin: float = 0.5  # the local self-fence fires this long before the lease could expire
+    rpc_timeout: float = 1.0
+    max_txn_ops: int = 128  # etcd --max-txn-ops
+    max_txn_bytes: int = 1_000_000  # below etcd's 1.5 MiB --max-request-bytes, leaving room for framing
+    unsafe_disable_fencing: bool = False  # tests only: shows that the checks catch a stale writer
+    unsafe_disable_self_fence: bool = False  # tests only: leave etcd's revision compare as the only guard
+
+    @property
+    def renew(self) -> float:
+        return self.lease_ttl / 3 if self.renew_interval is None else self.renew_interval
+
+    def validate(self) -> None:
+        if not 1 <= self.partitions <= 65_536:
+            raise InvalidArgument("partitions", f"{self.partitions} is outside 1-65536")
+        if self.lease_ttl < 2:
+            raise InvalidArgument("lease_ttl", "etcd's minimum lease TTL is 2 seconds")
+        if self.rpc_timeout <= 0:
+            raise InvalidArgument("rpc_timeout", "must be positive")
+        if not 0 < self.safety_margin < self.lease_ttl / 2:
+            raise InvalidArgument("safety_margin", "must be in (0, lease_ttl / 2)")
+        if self.renew <= 0:
+            raise InvalidArgument("renew_interval", "must be positive")
+        # One renewal may time out and the next must still land before the local deadline.
+        if self.renew + 2 * self.rpc_timeout > self.lease_ttl - self.safety_margin:
+            raise InvalidArgument(
+                "renew_interval",
+                f"renew_interval + 2 x rpc_timeout ({self.renew:g} + 2 x {self.rpc_timeout:g}) must be <= "
+                f"lease_ttl - safety_margin ({self.lease_ttl} - {self.safety_margin:g})",
+            )
+        if not 2 <= self.max_txn_ops <= 10_000:
+            raise InvalidArgument("max_txn_ops", "must be in 2-10000")
+        if (self.unsafe_disable_fencing or self.unsafe_disable_self_fence) and not test_mode():
+            raise InvalidArgument(
+                "unsafe_disable_fencing", f"is refused outside test mode ({TEST_MODE_ENV}=1): it breaks safety"
+            )

@@ -1,0 +1,319 @@
+"""Claiming, holding and giving up partitions (DESIGN.md, Ownership and fencing).
+
+One session lease per process. A claim is `if create_revision(owner) == 0 then put(owner, me,
+lease)`; the put's revision is the partition's fencing token. Owners learn of every change by
+watching the members/ and owners/ prefixes (PrefixCache), recompute the pure rebalance decision,
+and act. A partition is dropped AT ONCE when a fenced write is rejected, when the owner key changes
+under us, or when the session's local self-fence deadline passes, even if etcd is unreachable.
+Surplus partitions are released only after their in-flight writes finish.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Protocol
+
+from scheduler.clock import Clock
+from scheduler.config import CoordinationSettings
+from scheduler.errors import FencedOut, OutcomeUnknown, SchedError
+from scheduler.planner.rebalance import OwnershipSnapshot, RebalanceDecision, decide
+from scheduler.store.cache import PrefixCache
+from scheduler.store.etcd.errors import EtcdError
+from scheduler.store.etcd.errors import OutcomeUnknown as EtcdOutcomeUnknown
+from scheduler.store.etcd.ops import Compare, delete, get, put
+from scheduler.store.fenced import Fence
+from scheduler.store.keyspace import Keyspace
+from scheduler.store.kv import KV
+from scheduler.store.session import Session
+
+log = logging.getLogger(__name__)
+
+
+class LostReason(StrEnum):
+    FENCED_OUT = "fenced_out"  # a fenced write was rejected
+    OWNER_CHANGED = "owner_changed"  # the owner key vanished or was re-created by someone else
+    SESSION_LOST = "session_lost"  # lease expired or the local self-fence deadline passed
+    RELEASED = "released"  # we gave it up (rebalance, drain, shutdown)
+
+
+class ClusterMismatch(SchedError):
+    """The cluster was initialised with another partition count: refuse to start."""
+
+
+class NotOwner(SchedError):
+    """This planner does not own (or may no longer write to) the partition."""
+
+
+class OwnershipListener(Protocol):
+    def on_acquired(self, fence: Fence) -> None: ...
+
+    def on_lost(self, partition: int, reason: LostReason) -> None: ...
+
+
+@dataclass
+class _Owned:
+    token: int
+    inflight: int = 0
+    releasing: bool = False
+    idle: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+@dataclass(frozen=True)
+class MemberInfo:
+    node_id: str
+    region: str
+    api_address: str
+    started_at_ms: int
+
+    def encode(self) -> bytes:
+        return json.dumps(self.__dict__, separators=(",", ":")).encode()
+
+    @staticmethod
+    def decode(value: bytes) -> MemberInfo:
+        d = json.loads(value)
+        return MemberInfo(str(d["node_id"]), str(d["region"]), str(d["api_address"]), int(d["started_at_ms"]))
+
+
+class Ownership:
+    def __init__(
+        self,
+        kv: KV,
+        ks: Keyspace,
+        settings: CoordinationSettings,
+        clock: Clock,
+        listener: OwnershipListener | None = None,
+        eligible: Callable[[MemberInfo], bool] | None = None,
+    ) -> None:
+        self._kv, self._ks, self._s, self._clock = kv, ks, settings, clock
+        self._listener = listener
+        self._eligible = eligible or (lambda m: True)
+        self.owned: dict[int, _Owned] = {}
+        self.session: Session | None = None
+        self.members = PrefixCache(kv, ks.members, timeout=settings.rpc_timeout)
+        self.owners = PrefixCache(kv, ks.owners, timeout=settings.rpc_timeout)
+        self.draining = False
+        self.claims = 0
+        self.sessions = 0
+        self.last_decision: RebalanceDecision | None = None
+        self._wake = asyncio.Event()
+        self._changed_owned = asyncio.Event()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    # ---- what writers use ------------------------------------------------------------------------
+
+    def fence(self, partition: int) -> Fence | None:
+        """The fence for a write to `partition`, or None when we must not write to it now."""
+        o = self.owned.get(partition)
+        if o is None or o.releasing or self.session is None:
+            return None
+        if self.session.fenced():
+            self._wake.set()  # the loop drops everything
+            return None
+        return Fence(partition, self._ks.owner(partition), o.token)
+
+    @contextlib.asynccontextmanager
+    async def writing(self, partition: int) -> AsyncIterator[Fence]:
+        """Hold the partition for one write: a release waits until we leave. A FencedOut raised
+        inside drops the partition at once (and is re-raised)."""
+        fence = self.fence(partition)
+        if fence is None:
+            raise NotOwner(f"partition {partition} is not writable by {self._s.node_id}")
+        o = self.owned[partition]
+        o.inflight += 1
+        o.idle.clear()
+        try:
+            yield fence
+        except FencedOut:
+            self._lose(partition, LostReason.FENCED_OUT, token=fence.token)
+            raise
+        finally:
+            o.inflight -= 1
+            if o.inflight == 0:
+                o.idle.set()
+
+    def owned_partitions(self) -> dict[int, int]:
+        return {p: o.token for p, o in self.owned.items() if not o.releasing}
+
+    # ---- lifecycle -------------------------------------------------------------------------------
+
+    async def ensure_cluster(self) -> None:
+        """Record P at first start; refuse to run with a different P afterwards."""
+        key = self._ks.cluster_config
+        want = json.dumps({"partitions": self._s.partitions}).encode()
+        r = await self._kv.txn([Compare.create_revision(key, "==", 0)], [put(key, want)], [get(key)],
+                               timeout=self._s.rpc_timeout)
+        if r.succeeded:
+            log.info("initialised cluster with %d partitions", self._s.partitions)
+            return
+        rr = r.responses[0]
+        have = json.loads(rr.kvs[0].value)["partitions"] if hasattr(rr, "kvs") and rr.kvs else None
+        if have != self._s.partitions:
+            raise ClusterMismatch(
+                f"partitions: the cluster was initialised with {have} partitions, this node is configured "
+                f"with {self._s.partitions}; P is fixed at cluster init"
+            )
+
+    async def run(self) -> None:
+        """Own partitions until cancelled. Survives etcd outages and lost leases by starting over."""
+        await self._retry(self.ensure_cluster)
+        caches = [asyncio.create_task(c.run(), name=f"cache-{c.prefix!r}") for c in (self.members, self.owners)]
+        try:
+            while True:
+                try:
+                    await self._one_session()
+                except (EtcdError, OutcomeUnknown) as e:
+                    log.warning("session ended: %s", e)
+                self._drop_all(LostReason.SESSION_LOST)
+                await asyncio.sleep(min(self._s.renew, 1.0))
+        finally:
+            self._drop_all(LostReason.SESSION_LOST)
+            for t in caches:
+                t.cancel()
+            await asyncio.gather(*caches, return_exceptions=True)
+            if self.session is not None:
+                await self.session.close(revoke=True)
+
+    async def drain(self) -> None:
+        """Stop claiming and hand every partition over (after in-flight writes finish)."""
+        self.draining = True
+        self._wake.set()
+        while self.owned:
+            self._changed_owned.clear()
+            await self._changed_owned.wait()
+
+    async def _retry(self, fn: Callable[[], Awaitable[None]]) -> None:
+        while True:
+            try:
+                await fn()
+                return
+            except (EtcdError, OutcomeUnknown) as e:
+                log.warning("retrying after etcd error: %s", e)
+                await asyncio.sleep(0.2)
+
+    async def _one_session(self) -> None:
+        session = Session(self._kv, self._s)
+        await session.start()
+        self.session = session
+        self.sessions += 1
+        try:
+            info = MemberInfo(self._s.node_id, self._s.region, self._s.api_address, self._clock.wall_ms())
+            await self._kv.put(self._ks.member(self._s.node_id), info.encode(), lease=session.lease_id,
+                               timeout=self._s.rpc_timeout)
+            lost = asyncio.create_task(session.keeper.wait_lost())
+            try:
+                while not session.fenced():
+                    await self._wait_for_change(lost)
+                    if session.fenced():
+                        break
+                    await self._reconcile(session)
+            finally:
+                lost.cancel()
+            log.warning("session %x lost: dropping all partitions", session.lease_id)
+        finally:
+            self._drop_all(LostReason.SESSION_LOST)
+            self.session = None
+            await session.close(revoke=False)
+
+    async def _wait_for_change(self, lost: asyncio.Task[object]) -> None:
+        waits = [asyncio.ensure_future(e.wait()) for e in (self.members.changed, self.owners.changed, self._wake)]
+        try:
+            await asyncio.wait([*waits, lost], timeout=self._s.renew, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
+        for e in (self.members.changed, self.owners.changed, self._wake):
+            e.clear()
+
+    # ---- snapshot -> decide -> act -----------------------------------------------------------------
+
+    def snapshot(self) -> OwnershipSnapshot:
+        owners: dict[int, str] = {}
+        for key, kv in self.owners.items.items():
+            p = self._ks.partition_of(key)
+            owners[p] = json.loads(kv.value)["node"]
+        eligible = []
+        for kv in self.members.items.values():
+            info = MemberInfo.decode(kv.value)
+            if self._eligible(info) and not (self.draining and info.node_id == self._s.node_id):
+                eligible.append(info.node_id)
+        return OwnershipSnapshot(self._s.partitions, self._s.node_id, tuple(sorted(eligible)), owners)
+
+    async def _reconcile(self, session: Session) -> None:
+        if not (self.members.synced.is_set() and self.owners.synced.is_set()):
+            return
+        # Owner keys that vanished or were re-created by someone else: we lost those partitions.
+        for p, o in list(self.owned.items()):
+            kv = self.owners.items.get(self._ks.owner(p))
+            if (kv is None or kv.create_revision != o.token) and self.owners.revision >= o.token:
+                self._lose(p, LostReason.OWNER_CHANGED, token=o.token)
+        decision = decide(self.snapshot())
+        self.last_decision = decision
+        for p in decision.release:
+            if p in self.owned and not self.owned[p].releasing:
+                task = asyncio.create_task(self._release(p), name=f"release-{p}")
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+        for p in decision.claim:
+            if session.fenced():
+                return
+            await self._claim(p, session)
+
+    async def _claim(self, partition: int, session: Session) -> None:
+        key = self._ks.owner(partition)
+        value = json.dumps({"node": self._s.node_id, "lease": f"{session.lease_id:x}"}).encode()
+        try:
+            r = await self._kv.txn([Compare.create_revision(key, "==", 0)],
+                                   [put(key, value, lease=session.lease_id)], [get(key)],
+                                   timeout=self._s.rpc_timeout)
+        except EtcdOutcomeUnknown:
+            # The claim may have landed: our owner key, created under our lease, says so.
+            kv = await self._kv.get(key, timeout=self._s.rpc_timeout)
+            if kv is None or kv.lease != session.lease_id:
+                return
+            token = kv.create_revision
+        else:
+            if not r.succeeded:
+                return  # someone else got there first; the owners/ watch will tell us
+            token = r.revision
+        self.claims += 1
+        self.owned[partition] = _Owned(token)
+        self.owned[partition].idle.set()
+        log.info("claimed partition", extra={"partition": partition, "token": token})
+        if self._listener is not None:
+            self._listener.on_acquired(Fence(partition, key, token))
+
+    async def _release(self, partition: int) -> None:
+        o = self.owned.get(partition)
+        if o is None:
+            return
+        o.releasing = True
+        await o.idle.wait()  # in-flight writes first
+        if self.owned.get(partition) is not o:
+            return  # lost meanwhile
+        key = self._ks.owner(partition)
+        self._lose(partition, LostReason.RELEASED, token=o.token)
+        with contextlib.suppress(EtcdError):
+            # Only our own claim: never delete a key somebody else has re-created since.
+            await self._kv.txn([Compare.create_revision(key, "==", o.token)], [delete(key)],
+                               timeout=self._s.rpc_timeout)
+        self._wake.set()
+
+    def _lose(self, partition: int, reason: LostReason, *, token: int) -> None:
+        o = self.owned.get(partition)
+        if o is None or o.token != token:
+            return
+        del self.owned[partition]
+        self._changed_owned.set()
+        log.warning("lost partition", extra={"partition": partition, "token": token, "reason": reason.value})
+        if self._listener is not None:
+            self._listener.on_lost(partition, reason)
+
+    def _drop_all(self, reason: LostReason) -> None:
+        for p, o in list(self.owned.items()):
+            self._lose(p, reason, token=o.token)
