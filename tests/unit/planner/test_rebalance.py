@@ -1,0 +1,84 @@
+"""The rebalance decision is pure: named snapshots in, claims and releases out."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from scheduler.planner.rebalance import OwnershipSnapshot, decide, target_share
+
+
+def snap(me: str, eligible: tuple[str, ...], owners: dict[int, str], p: int = 8) -> OwnershipSnapshot:
+    return OwnershipSnapshot(p, me, eligible, owners)
+
+
+def test_alone_claims_everything() -> None:
+    d = decide(snap("a", ("a",), {}))
+    assert d.target == 8
+    assert d.claim == tuple(range(8))
+    assert d.release == ()
+
+
+def test_newcomer_waits_for_free_partitions() -> None:
+    d = decide(snap("b", ("a", "b"), dict.fromkeys(range(8), "a")))
+    assert d.target == 4
+    assert d.claim == ()
+
+
+def test_owner_releases_surplus_when_a_planner_joins() -> None:
+    d = decide(snap("a", ("a", "b"), dict.fromkeys(range(8), "a")))
+    assert len(d.release) == 4
+    assert d.claim == ()
+
+
+def test_claims_only_its_deficit() -> None:
+    owners = {0: "a", 1: "a", 2: "a", 3: "a"}
+    d = decide(snap("b", ("a", "b"), owners))
+    assert len(d.claim) == 4
+    assert set(d.claim) == {4, 5, 6, 7}
+
+
+def test_remainder_goes_to_the_first_nodes_in_id_order() -> None:
+    assert [target_share(10, ("a", "b", "c"), n) for n in "abc"] == [4, 3, 3]
+
+
+def test_not_eligible_releases_everything() -> None:
+    """A draining planner, or one outside the primary region, keeps nothing."""
+    d = decide(snap("c", ("a", "b"), {0: "c", 1: "c"}))
+    assert d.target == 0
+    assert d.release == (0, 1)
+
+
+def test_dead_owner_keys_vanish_with_the_lease_so_their_partitions_are_free() -> None:
+    d = decide(snap("a", ("a",), {0: "a"}))
+    assert d.claim == tuple(range(1, 8))
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 7])
+def test_targets_sum_to_p(n: int) -> None:
+    nodes = tuple(f"n{i}" for i in range(n))
+    assert sum(target_share(256, nodes, x) for x in nodes) == 256
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(st.integers(1, 6), st.integers(1, 64), st.randoms(use_true_random=False))
+def test_converges_to_an_even_split(n: int, p: int, rnd: object) -> None:
+    """Everyone applying its own decision round after round ends at an even, complete split."""
+    import random
+
+    assert isinstance(rnd, random.Random)
+    nodes = [f"node-{i}" for i in range(n)]
+    owners: dict[int, str] = {q: rnd.choice(nodes) for q in range(p) if rnd.random() < 0.5}
+    for _ in range(4 * n + 4):
+        for me in rnd.sample(nodes, len(nodes)):
+            d = decide(OwnershipSnapshot(p, me, tuple(nodes), dict(owners)))
+            for q in d.release:
+                assert owners[q] == me
+                del owners[q]
+            for q in d.claim:
+                assert q not in owners
+                owners[q] = me
+    counts = [sum(1 for o in owners.values() if o == x) for x in nodes]
+    assert len(owners) == p
+    assert max(counts) - min(counts) <= 1
