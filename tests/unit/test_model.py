@@ -90,3 +90,16 @@ def test_parse_rfc3339_refuses(text: str) -> None:
     with pytest.raises(InvalidArgument) as err:
         parse_rfc3339(text, "start")
     assert err.value.field == "start"
+
+
+def test_spec_whose_every_time_falls_in_dst_gaps_never_fires() -> None:
+    """02:30 on the second Sunday of March never exists in New York (since 2007): with dst_gap=skip the
+    schedule has no instant at all, and validation says so instead of accepting a dead schedule."""
+    from scheduler.timeplan import DstGap
+
+    s = replace(GOOD, spec="30 2 * 3 0#2", time_zone="America/New_York",
+                policies=Policies(dst_gap=DstGap.SKIP), start_ms=1_767_225_600_000)
+    with pytest.raises(InvalidArgument) as err:
+        validate_schedule(s)
+    assert err.value.field == "spec"
+    assert "never fires" in err.value.reason
