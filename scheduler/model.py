@@ -51,7 +51,7 @@ class RetryPolicy:
 @dataclass(frozen=True)
 class Policies:
     missed_runs: MissedRuns = MissedRuns.LATEST
-    catchup_window_ms: int | None = 3_600_000  # None: no limit on how old a missed time may be
+    catchup_window_ms: int = 3_600_000  # missed times older than now - window are skipped, never run
     catchup_cap: int = 10
     overlap: Overlap = Overlap.SKIP
     dst_gap: DstGap | None = None  # None: cronie default for the spec (see timeplan.plan)
@@ -123,8 +123,8 @@ def _check_name(value: str, name: str, max_len: int) -> None:
 
 
 def _check_policies(p: Policies) -> None:
-    if p.catchup_window_ms is not None and p.catchup_window_ms < 0:
-        raise InvalidArgument("policies.catchup_window", "must not be negative")
+    if not 0 <= p.catchup_window_ms <= 366 * DAY_MS:
+        raise InvalidArgument("policies.catchup_window", "must be between 0 and 366d")
     if not 1 <= p.catchup_cap <= 10_000:
         raise InvalidArgument("policies.catchup_cap", f"{p.catchup_cap} is outside 1-10000")
     if not 0 <= p.jitter_ms <= DAY_MS:

@@ -1,0 +1,1 @@
+"""The gRPC edge: protobuf <-> domain conversion, servicers (issue 5). Nothing below imports this."""

@@ -1,0 +1,150 @@
+"""Protobuf <-> domain objects. The only place that knows both shapes (STYLE: convert at the edge).
+
+Unset optional fields take the defaults of the dataclasses in scheduler.model, so a client that
+sends only id, tenant, spec, pool and task type gets a fully specified schedule back.
+"""
+
+from __future__ import annotations
+
+from google.protobuf.duration_pb2 import Duration
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from scheduler._gen.scheduler.v1 import schedule_pb2 as pb
+from scheduler.errors import InvalidArgument
+from scheduler.model import Policies, RetryPolicy, Schedule, ScheduleState
+from scheduler.timeplan import DstGap, DstOverlap, MissedRuns, Overlap
+
+_STATE = {ScheduleState.ACTIVE: pb.SCHEDULE_STATE_ACTIVE, ScheduleState.PAUSED: pb.SCHEDULE_STATE_PAUSED}
+_MISSED = {
+    MissedRuns.SKIP: pb.MISSED_RUN_POLICY_SKIP,
+    MissedRuns.LATEST: pb.MISSED_RUN_POLICY_LATEST,
+    MissedRuns.ALL: pb.MISSED_RUN_POLICY_ALL,
+}
+_OVERLAP = {
+    Overlap.SKIP: pb.OVERLAP_POLICY_SKIP,
+    Overlap.BUFFER_ONE: pb.OVERLAP_POLICY_BUFFER_ONE,
+    Overlap.BUFFER_ALL: pb.OVERLAP_POLICY_BUFFER_ALL,
+    Overlap.CANCEL_OTHER: pb.OVERLAP_POLICY_CANCEL_OTHER,
+    Overlap.ALLOW_ALL: pb.OVERLAP_POLICY_ALLOW_ALL,
+}
+_GAP = {DstGap.SHIFT: pb.DST_GAP_POLICY_SHIFT, DstGap.SKIP: pb.DST_GAP_POLICY_SKIP}
+_DST_OVERLAP = {
+    DstOverlap.FIRST: pb.DST_OVERLAP_POLICY_FIRST,
+    DstOverlap.LAST: pb.DST_OVERLAP_POLICY_LAST,
+    DstOverlap.BOTH: pb.DST_OVERLAP_POLICY_BOTH,
+}
+
+
+def _inverse(field: str, table: dict[object, int], value: int, default: object) -> object:
+    if value == 0:
+        return default
+    for k, v in table.items():
+        if v == value:
+            return k
+    raise InvalidArgument(field, f"unknown enum value {value}")
+
+
+def ms_to_duration(ms: int) -> Duration:
+    d = Duration()
+    d.FromMilliseconds(ms)
+    return d
+
+
+def duration_ms(field: str, d: Duration, present: bool, default: int) -> int:
+    if not present:
+        return default
+    if d.seconds < 0 or d.nanos < 0:
+        raise InvalidArgument(field, "must not be negative")
+    return int(d.ToMilliseconds())
+
+
+def ms_to_timestamp(ms: int) -> Timestamp:
+    t = Timestamp()
+    t.FromMilliseconds(ms)
+    return t
+
+
+def schedule_to_pb(s: Schedule) -> pb.Schedule:
+    p, r = s.policies, s.policies.retry
+    out = pb.Schedule(
+        id=s.id,
+        tenant=s.tenant,
+        spec=s.spec,
+        time_zone=s.time_zone,
+        worker_pool=s.worker_pool,
+        task_type=s.task_type,
+        payload=s.payload,
+        labels=s.labels,
+        state=_STATE[s.state],
+        paused_reason=s.paused_reason,
+        version=s.version,
+        policies=pb.SchedulePolicies(
+            missed_runs=pb.MissedRunPolicySettings(
+                policy=_MISSED[p.missed_runs],
+                catchup_window=ms_to_duration(p.catchup_window_ms),
+                catchup_cap=p.catchup_cap,
+            ),
+            overlap=_OVERLAP[p.overlap],
+            dst_gap=_GAP[p.dst_gap] if p.dst_gap else pb.DST_GAP_POLICY_UNSPECIFIED,
+            dst_overlap=_DST_OVERLAP[p.dst_overlap] if p.dst_overlap else pb.DST_OVERLAP_POLICY_UNSPECIFIED,
+            jitter=ms_to_duration(p.jitter_ms),
+            retry=pb.RetryPolicy(
+                max_attempts=r.max_attempts,
+                initial_backoff=ms_to_duration(r.initial_backoff_ms),
+                max_backoff=ms_to_duration(r.max_backoff_ms),
+                backoff_multiplier=r.multiplier,
+                max_unknown_attempts=r.max_unknown_attempts,
+            ),
+            execution_timeout=ms_to_duration(p.execution_timeout_ms),
+        ),
+    )
+    if s.start_ms is not None:
+        out.start_at.CopyFrom(ms_to_timestamp(s.start_ms))
+    if s.end_ms is not None:
+        out.end_at.CopyFrom(ms_to_timestamp(s.end_ms))
+    return out
+
+
+def schedule_from_pb(m: pb.Schedule) -> Schedule:
+    """Domain schedule from a request; field paths in errors match the proto (`policies.jitter`)."""
+    dp, dr = Policies(), RetryPolicy()
+    pp, mr, rp = m.policies, m.policies.missed_runs, m.policies.retry
+    retry = RetryPolicy(
+        max_attempts=rp.max_attempts if rp.HasField("max_attempts") else dr.max_attempts,
+        initial_backoff_ms=duration_ms("policies.retry.initial_backoff", rp.initial_backoff,
+                                       rp.HasField("initial_backoff"), dr.initial_backoff_ms),
+        max_backoff_ms=duration_ms("policies.retry.max_backoff", rp.max_backoff, rp.HasField("max_backoff"),
+                                   dr.max_backoff_ms),
+        multiplier=rp.backoff_multiplier if rp.HasField("backoff_multiplier") else dr.multiplier,
+        max_unknown_attempts=(rp.max_unknown_attempts if rp.HasField("max_unknown_attempts")
+                              else dr.max_unknown_attempts),
+    )
+    policies = Policies(
+        missed_runs=_inverse("policies.missed_runs.policy", _MISSED, mr.policy, dp.missed_runs),  # type: ignore[arg-type]
+        catchup_window_ms=duration_ms("policies.missed_runs.catchup_window", mr.catchup_window,
+                                      mr.HasField("catchup_window"), dp.catchup_window_ms),
+        catchup_cap=mr.catchup_cap if mr.HasField("catchup_cap") else dp.catchup_cap,
+        overlap=_inverse("policies.overlap", _OVERLAP, pp.overlap, dp.overlap),  # type: ignore[arg-type]
+        dst_gap=_inverse("policies.dst_gap", _GAP, pp.dst_gap, None),  # type: ignore[arg-type]
+        dst_overlap=_inverse("policies.dst_overlap", _DST_OVERLAP, pp.dst_overlap, None),  # type: ignore[arg-type]
+        jitter_ms=duration_ms("policies.jitter", pp.jitter, pp.HasField("jitter"), dp.jitter_ms),
+        retry=retry,
+        execution_timeout_ms=duration_ms("policies.execution_timeout", pp.execution_timeout,
+                                         pp.HasField("execution_timeout"), dp.execution_timeout_ms),
+    )
+    return Schedule(
+        id=m.id,
+        tenant=m.tenant,
+        spec=m.spec,
+        worker_pool=m.worker_pool,
+        task_type=m.task_type,
+        time_zone=m.time_zone or "UTC",
+        payload=m.payload,
+        labels=dict(m.labels),
+        state=_inverse("state", _STATE, m.state, ScheduleState.ACTIVE),  # type: ignore[arg-type]
+        start_ms=m.start_at.ToMilliseconds() if m.HasField("start_at") else None,
+        end_ms=m.end_at.ToMilliseconds() if m.HasField("end_at") else None,
+        policies=policies,
+        version=m.version,
+        paused_reason=m.paused_reason,
+    )
