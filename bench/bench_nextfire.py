@@ -5,7 +5,8 @@ Two access patterns, both measured for every case:
   scattered   one next-fire from each of n start instants spread over 2026-2027, the planner's pattern
               (one next-fire per execution, near "now"); croniter reuses one object via set_current,
               so neither side pays for parsing.
-Prints per-case microseconds and the ratio (croniter / ours), then the geometric mean of the ratios. The issue's target is a ratio of at least 5. Absolute numbers vary with the machine's load;
+Prints per-case microseconds and the ratio (croniter / ours), then the geometric mean of the ratios.
+The issue's target is a ratio of at least 5. Absolute numbers vary with the machine's load;
 the ratio is what to compare, since both run interleaved in one process.
 
     python bench/bench_nextfire.py            # full: 20,000 successive next-fires per case, 5 rounds

@@ -25,7 +25,6 @@ from scheduler.errors import FencedOut, OutcomeUnknown, SchedError
 from scheduler.planner.rebalance import OwnershipSnapshot, RebalanceDecision, decide
 from scheduler.store.cache import PrefixCache
 from scheduler.store.etcd.errors import EtcdError
-from scheduler.store.etcd.errors import OutcomeUnknown as EtcdOutcomeUnknown
 from scheduler.store.etcd.ops import Compare, delete, get, put
 from scheduler.store.fenced import Fence
 from scheduler.store.keyspace import Keyspace
@@ -271,7 +270,7 @@ class Ownership:
             r = await self._kv.txn([Compare.create_revision(key, "==", 0)],
                                    [put(key, value, lease=session.lease_id)], [get(key)],
                                    timeout=self._s.rpc_timeout)
-        except EtcdOutcomeUnknown:
+        except OutcomeUnknown:
             # The claim may have landed: our owner key, created under our lease, says so.
             kv = await self._kv.get(key, timeout=self._s.rpc_timeout)
             if kv is None or kv.lease != session.lease_id:

@@ -10,6 +10,7 @@ import pytest
 
 from scheduler.store.etcd import (
     Compacted,
+    Compare,
     EtcdClient,
     EtcdConfig,
     EtcdError,
@@ -21,6 +22,7 @@ from scheduler.store.etcd import (
     Unauthenticated,
     Unavailable,
 )
+from scheduler.store.etcd._pb import txn_request
 from scheduler.store.etcd.connection import Connection, grpc_target
 from scheduler.store.etcd.errors import from_rpc_error
 from tests.etcd_cluster import EtcdFactory
@@ -126,6 +128,11 @@ def test_config_refuses_bad_settings(settings: dict[str, Any]) -> None:
         EtcdConfig(**settings)
 
 
+def test_compare_operand_type_is_checked() -> None:
+    with pytest.raises(TypeError):
+        txn_request([Compare.value("k", "==", 1)], [], [])  # type: ignore[arg-type]
+
+
 @pytest.mark.etcd
 async def test_write_to_a_frozen_etcd_is_outcome_unknown(etcd_factory: EtcdFactory) -> None:
     server = etcd_factory()
@@ -141,6 +148,8 @@ async def test_write_to_a_frozen_etcd_is_outcome_unknown(etcd_factory: EtcdFacto
                 await etcd.range("k", timeout=0.5)
         finally:
             server.resume(0)
-        # The write may or may not have landed (etcd got it once it resumed); it landed at most once.
+        # The write may or may not have landed: etcd reads it from its socket once resumed, and in
+        # practice applies it, after the client gave up. That is why a timeout is not "failed".
+        # Either way it landed at most once: the client did not send it again.
         kv = await etcd.get("k", timeout=5)
         assert kv is None or kv.version == 1

@@ -146,13 +146,6 @@ async def test_txn_compares_and_both_branches(etcd_client: EtcdClient, key_prefi
     await etcd_client.lease_revoke(lease.id)
 
 
-def test_compare_operand_type_is_checked() -> None:
-    from scheduler.store.etcd import _pb
-
-    with pytest.raises(TypeError):
-        _pb.txn_request([Compare.value("k", "==", 1)], [], [])  # type: ignore[arg-type]
-
-
 async def test_request_too_large(etcd_client: EtcdClient, key_prefix: str) -> None:
     # etcd's own limit (--max-request-bytes, 1.5 MiB) and gRPC's (about 2 MiB) both map to one error.
     for size in (int(1.6 * 1024 * 1024), 3 * 1024 * 1024):

@@ -101,8 +101,9 @@ async def test_keeper_fences_itself_when_etcd_stops_answering(etcd_factory: Etcd
         finally:
             server.resume(0)
         assert reason is LeaseLostReason.LOCAL_DEADLINE
-        # Noticed at the deadline (not later than a scheduler hiccup), and the deadline was in time.
-        assert keeper.deadline() <= noticed < keeper.deadline() + 0.3
+        # Noticed at the deadline (give or take an event-loop hiccup on a busy 2-core box), and the
+        # deadline itself came before etcd could have expired the lease.
+        assert keeper.deadline() <= noticed < keeper.deadline() + 0.5
         assert keeper.deadline() < keeper.last_ack + lease.ttl
         await asyncio.sleep(0.5)  # etcd is back: a late acknowledgement must not revive the lease
         assert not keeper.alive()

@@ -134,3 +134,27 @@ async def test_watch_resumes_across_an_etcd_restart_without_losing_events(etcd_f
         assert [e.kv.value for e in seen] == [str(i).encode() for i in range(6)]
         assert watcher.reconnects >= 1
         await watcher.close()
+
+
+async def test_watch_notices_a_frozen_member_by_keepalive_and_resumes(etcd_factory: EtcdFactory) -> None:
+    # A SIGSTOPped etcd keeps its TCP connections open: only HTTP/2 pings reveal it. 5 s is the
+    # fastest ping etcd accepts (--grpc-keepalive-min-time).
+    server = etcd_factory()
+    async with EtcdClient(server.config(keepalive_time=5, keepalive_timeout=1)) as etcd:
+        start = await etcd.put("/f/0", b"0")
+        watcher = etcd.watch("/f/", prefix=True, start_revision=start.revision)
+        await _events(watcher, 1)
+        pending = asyncio.ensure_future(_events(watcher, 1, within=30))
+        server.pause(0)
+        try:
+            for _ in range(100):  # the stream must break within keepalive_time + keepalive_timeout
+                if watcher.reconnects:
+                    break
+                await asyncio.sleep(0.1)
+        finally:
+            server.resume(0)
+        assert watcher.reconnects >= 1, "a frozen etcd went unnoticed for 10 s"
+        put = await etcd.put("/f/1", b"1", timeout=10)
+        (event,) = await pending
+        assert event.revision == put.revision
+        await watcher.close()

@@ -1,4 +1,3 @@
-# ruff: noqa: ASYNC109  -- `timeout` becomes the gRPC deadline, which etcd also sees and honours.
 """EtcdClient: the asyncio etcd v3 client used by the store layer.
 
 Every RPC takes a `timeout` (seconds; None means `EtcdConfig.timeout`). Reads raise `Unavailable`

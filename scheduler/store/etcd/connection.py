@@ -1,4 +1,3 @@
-# ruff: noqa: ASYNC109  -- `timeout` becomes the gRPC deadline, which etcd also sees and honours.
 """Settings, the gRPC channel, authentication and the single call path of every unary RPC.
 
 Retry policy lives here and only here: reads may retry on UNAVAILABLE within their timeout; writes
@@ -118,6 +117,9 @@ def _channel(config: EtcdConfig) -> grpc.aio.Channel:
         ("grpc.lb_policy_name", config.lb_policy),
         ("grpc.keepalive_time_ms", int(config.keepalive_time * 1000)),
         ("grpc.keepalive_timeout_ms", int(config.keepalive_timeout * 1000)),
+        # Recent grpc-core waits for a ping ack per this separate knob (default 60 s), measured here:
+        # without it a SIGSTOPped etcd went unnoticed for a minute despite keepalive_timeout.
+        ("grpc.http2.ping_timeout_ms", int(config.keepalive_timeout * 1000)),
         # Keep pinging an idle watch stream: the default stops after 2 pings without data.
         ("grpc.http2.max_pings_without_data", 0),
         ("grpc.initial_reconnect_backoff_ms", 100),
@@ -170,7 +172,7 @@ class Connection:
             if stale_token is not None and self._token != stale_token:
                 return
             request = _pb.authenticate_request(self.config.username or "", self.config.password or "")
-            # Without a token on purpose: etcd rejects a stale one even on Authenticate.
+            # Sent without a token: Authenticate needs none, and a stale one must not get in its way.
             response = await self._call(self.stubs.auth.Authenticate, request, False, timeout, with_token=False)
             self._token = str(response.token)
             self.authentications += 1

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import grpc
 
+from scheduler import errors as base
+
 __all__ = [
     "Compacted",
     "EtcdError",
@@ -27,15 +29,15 @@ __all__ = [
 ]
 
 
-class EtcdError(Exception):
-    """Root of every error raised by the etcd client."""
+class EtcdError(base.SchedError):
+    """Root of every error raised by the etcd client (under the project's one error root)."""
 
     def __init__(self, message: str, *, code: grpc.StatusCode | None = None) -> None:
         super().__init__(message)
         self.code = code
 
 
-class OutcomeUnknown(EtcdError):
+class OutcomeUnknown(EtcdError, base.OutcomeUnknown):
     """A write whose result is unknown (timeout, lost connection): it may have been applied. Re-read."""
 
 

@@ -171,11 +171,12 @@ class LeaseKeeper:
                 if isinstance(from_rpc_error(exc, write=False), LeaseNotFound):
                     self._mark_lost(LeaseLostReason.EXPIRED)
                     break
-                if await reauthenticate_after(self._conn, exc, token):
-                    continue
+                await reauthenticate_after(self._conn, exc, token)  # then back off like any other break
                 log.info("lease %x keepalive stream broke: %s %s", self.lease_id, exc.code(), exc.details())
             except _StreamStalled:
                 log.info("lease %x keepalive unanswered for %.2fs, reopening", self.lease_id, self.ack_timeout)
+            except asyncio.InvalidStateError:
+                log.info("lease %x keepalive stream ended while writing, reopening", self.lease_id)
             if self.lost_reason is None:
                 await asyncio.sleep(max(0.0, min(pause, self.remaining())))
                 pause = min(pause * 2, _BACKOFF[1])

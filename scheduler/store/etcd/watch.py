@@ -173,15 +173,16 @@ class Watcher:
 
     async def _on_stream_error(self, exc: grpc.aio.AioRpcError, token: str | None) -> None:
         self._drop(f"{exc.code()} {exc.details()}")
-        if await reauthenticate_after(self._conn, exc, token):
-            return
-        err = from_rpc_error(exc, write=False)
-        if not isinstance(err, Unavailable):
-            self._closed = True
-            raise err from exc
+        if not await reauthenticate_after(self._conn, exc, token):
+            err = from_rpc_error(exc, write=False)
+            if not isinstance(err, Unavailable):
+                self._closed = True
+                raise err from exc
+        # Back off even after a re-authentication, so that a token etcd keeps refusing cannot spin.
         pause = self._pause * random.uniform(0.5, 1.0)
         self._pause = min(self._pause * 2, _BACKOFF[1])
-        log.info("watch %r broke (%s); resuming from revision %d in %.2fs", self._key, err, self._next_rev, pause)
+        log.info("watch %r broke (%s %s); resuming from revision %d in %.2fs",
+                 self._key, exc.code(), exc.details(), self._next_rev, pause)
         await asyncio.sleep(pause)
 
     def _drop(self, why: str) -> None:
