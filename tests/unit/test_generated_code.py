@@ -6,11 +6,12 @@ import filecmp
 import importlib.util
 import sys
 from pathlib import Path
+from types import ModuleType
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _load_gen_script():  # type: ignore[no-untyped-def]
+def _load_gen_script() -> ModuleType:
     spec = importlib.util.spec_from_file_location("gen_protos", ROOT / "scripts" / "gen_protos.py")
     assert spec and spec.loader
     mod = importlib.util.module_from_spec(spec)
