@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from scheduler.errors import FencedOut, SchedError
-from scheduler.store.etcd.ops import Compare, DeleteOp, Op, PutOp, RangeOp, get
+from scheduler.store.etcd.ops import Compare, DeleteOp, Op, PutOp, RangeOp, TxnOp, get
 from scheduler.store.etcd.types import RangeResult, TxnResult
 from scheduler.store.kv import KV
 
@@ -43,6 +43,8 @@ def _op_size(op: Op) -> int:
         return len(op.key) + len(op.value) + 16
     if isinstance(op, DeleteOp):
         return len(op.key) + len(op.range_end) + 8
+    if isinstance(op, TxnOp):
+        return 16 + sum(len(c.key) + 24 for c in op.compare) + sum(_op_size(o) for o in (*op.success, *op.failure))
     return len(op.key) + len(op.range_end) + 32
 
 
@@ -71,7 +73,7 @@ async def fenced_txn(
     ops: Sequence[Op],
     *,
     compares: Sequence[Compare] = (),
-    max_ops: int = 128,
+    max_ops: int = 127,
     max_bytes: int = 1_000_000,
     timeout: float | None = None,
     disable_fencing: bool = False,

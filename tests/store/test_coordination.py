@@ -258,3 +258,24 @@ async def test_deleting_someone_elses_claim_is_impossible_on_release(fast_client
     r = await fast_client.txn([Compare.create_revision(ks.owner(0), "==", mine)], [delete(ks.owner(0))])
     assert not r.succeeded
     assert await fast_client.get(ks.owner(0)) is not None
+
+
+async def test_nested_txns_create_only_if_absent_under_one_fence(etcd_client: EtcdClient, key_prefix: str) -> None:
+    """The execution ledger's pattern: one fenced batch, each record created only if absent, so a
+    duplicate is skipped without failing the batch and never overwritten."""
+    from scheduler.store.etcd.ops import TxnOp, txn
+
+    owner = f"{key_prefix}owner".encode()
+    token = await claim(etcd_client, owner, "a")
+    await etcd_client.put(f"{key_prefix}e1", b"first")
+    ops: list[TxnOp] = [
+        txn([Compare.create_revision(f"{key_prefix}e{i}", "==", 0)], [put(f"{key_prefix}e{i}", b"second")])
+        for i in range(127)
+    ]
+    (r,) = await fenced_txn(etcd_client, Fence(0, owner, token), ops)
+    created = [getattr(x, "succeeded", None) for x in r.responses]
+    assert created[1] is False
+    assert created.count(True) == 126
+    got = await etcd_client.get(f"{key_prefix}e1")
+    assert got is not None
+    assert got.value == b"first"

@@ -11,7 +11,7 @@ import grpc
 
 from scheduler._gen.etcd.etcdserverpb import rpc_pb2 as _rpc
 from scheduler._gen.etcd.etcdserverpb import rpc_pb2_grpc as _rpc_grpc
-from scheduler.store.etcd.ops import Compare, DeleteOp, Op, PutOp, RangeOp
+from scheduler.store.etcd.ops import Compare, DeleteOp, Op, PutOp, RangeOp, TxnOp
 from scheduler.store.etcd.types import (
     DeleteResult,
     EventType,
@@ -93,6 +93,8 @@ def _fill_op(m: Any, op: Op) -> None:
         p.prev_kv = op.prev_kv
     elif isinstance(op, DeleteOp):
         m.request_delete_range.CopyFrom(delete_request(op))
+    elif isinstance(op, TxnOp):
+        _fill_txn(m.request_txn, op.compare, op.success, op.failure)
     else:
         m.request_range.CopyFrom(range_request(op))
 
@@ -108,14 +110,18 @@ def _fill_compare(m: Any, c: Compare) -> None:
     setattr(m, field, c.operand)  # also selects the target_union member
 
 
-def txn_request(compare: Sequence[Compare], success: Sequence[Op], failure: Sequence[Op]) -> Any:
-    request = _rpc.TxnRequest()
+def _fill_txn(request: Any, compare: Sequence[Compare], success: Sequence[Op], failure: Sequence[Op]) -> None:
     for c in compare:
         _fill_compare(request.compare.add(), c)
     for op in success:
         _fill_op(request.success.add(), op)
     for op in failure:
         _fill_op(request.failure.add(), op)
+
+
+def txn_request(compare: Sequence[Compare], success: Sequence[Op], failure: Sequence[Op]) -> Any:
+    request = _rpc.TxnRequest()
+    _fill_txn(request, compare, success, failure)
     return request
 
 
@@ -214,7 +220,10 @@ def _op_result(r: Any, h: ResponseHeader) -> OpResult:
         return delete_result(r.response_delete_range, h)
     if kind == "response_range":
         return range_result(r.response_range, h)
-    raise ValueError(f"unexpected txn response kind {kind!r}")  # nested txns are never sent
+    if kind == "response_txn":
+        t = r.response_txn
+        return TxnResult(h, bool(t.succeeded), tuple(_op_result(op, h) for op in t.responses))
+    raise ValueError(f"unexpected txn response kind {kind!r}")
 
 
 def txn_result(r: Any) -> TxnResult:

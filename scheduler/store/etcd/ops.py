@@ -6,6 +6,8 @@ compare and the writes it protects travel in one request, so etcd applies both o
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import enum
 from dataclasses import dataclass
 from typing import Literal, TypedDict, Unpack
@@ -151,7 +153,27 @@ class DeleteOp:
     prev_kv: bool = False
 
 
-Op = RangeOp | PutOp | DeleteOp
+@dataclass(frozen=True, slots=True)
+class TxnOp:
+    """A txn nested inside another txn's branch (etcd >= 3.3). Its compares guard only its own ops,
+    so one outer txn can carry the fence for a batch while each record is created only if absent:
+    `TxnOp([Compare.create_revision(k, "==", 0)], [put(k, v)])` skips a duplicate without failing
+    the batch."""
+
+    compare: tuple[Compare, ...]
+    success: tuple[Op, ...] = ()
+    failure: tuple[Op, ...] = ()
+
+    @property
+    def key(self) -> bytes:  # for size estimates and error messages
+        return b"<txn>"
+
+
+Op = RangeOp | PutOp | DeleteOp | TxnOp
+
+
+def txn(compare: Sequence[Compare], success: Sequence[Op] = (), failure: Sequence[Op] = ()) -> TxnOp:
+    return TxnOp(tuple(compare), tuple(success), tuple(failure))
 
 
 def get(key: Key, **options: Unpack[RangeOptions]) -> RangeOp:

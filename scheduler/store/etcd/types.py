@@ -105,7 +105,6 @@ class DeleteResult:
         return self.header.revision
 
 
-OpResult = RangeResult | PutResult | DeleteResult
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +116,9 @@ class TxnResult:
     @property
     def revision(self) -> int:
         return self.header.revision
+
+
+OpResult = RangeResult | PutResult | DeleteResult | TxnResult  # TxnResult: a nested txn's answer
 
 
 @dataclass(frozen=True, slots=True)
