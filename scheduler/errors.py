@@ -34,3 +34,15 @@ class OutcomeUnknown(SchedError):
 
 class FencedOut(SchedError):
     """A fenced write's ownership compare failed: the partition belongs to someone else now."""
+
+
+class NotFound(SchedError):
+    """The schedule, execution or dead letter does not exist."""
+
+
+class AlreadyExists(SchedError):
+    """A create found the id taken."""
+
+
+class VersionMismatch(SchedError):
+    """Optimistic concurrency: the stored version is not the one the caller read."""

@@ -7,7 +7,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from scheduler.timeplan.hashing import stable_u64
+
 _PART_WIDTH = 5  # up to 65,536 partitions
+_MS_WIDTH = 13  # epoch milliseconds until the year 2286
+
+
+def partition_for(schedule_id: str, partitions: int) -> int:
+    """`stable_u64("P\\x00" + id) % P`: a compatibility contract, like the H hash (never change it)."""
+    return stable_u64(f"P\x00{schedule_id}") % partitions
 
 
 @dataclass(frozen=True)
@@ -45,6 +53,43 @@ class Keyspace:
 
     def checkpoint(self, partition: int) -> bytes:
         return self._k("checkpoints", f"{partition:0{_PART_WIDTH}d}")
+
+    # ---- schedules, ledger (issue 4) ------------------------------------------------------------
+
+    def schedules(self, partition: int) -> bytes:
+        return self._k("schedules", f"{partition:0{_PART_WIDTH}d}", "")
+
+    def schedule(self, partition: int, schedule_id: str) -> bytes:
+        return self._k("schedules", f"{partition:0{_PART_WIDTH}d}", schedule_id)
+
+    @property
+    def all_schedules(self) -> bytes:
+        return self._k("schedules", "")
+
+    def executions(self, partition: int, schedule_id: str | None = None) -> bytes:
+        if schedule_id is None:
+            return self._k("executions", f"{partition:0{_PART_WIDTH}d}", "")
+        return self._k("executions", f"{partition:0{_PART_WIDTH}d}", schedule_id, "")
+
+    def execution(self, partition: int, schedule_id: str, planned_ms: int) -> bytes:
+        return self._k("executions", f"{partition:0{_PART_WIDTH}d}", schedule_id, f"{planned_ms:0{_MS_WIDTH}d}")
+
+    def skips(self, partition: int, schedule_id: str | None = None) -> bytes:
+        if schedule_id is None:
+            return self._k("skips", f"{partition:0{_PART_WIDTH}d}", "")
+        return self._k("skips", f"{partition:0{_PART_WIDTH}d}", schedule_id, "")
+
+    def skip(self, partition: int, schedule_id: str, after_ms: int, through_ms: int) -> bytes:
+        return self._k("skips", f"{partition:0{_PART_WIDTH}d}", schedule_id,
+                       f"{after_ms:0{_MS_WIDTH}d}-{through_ms:0{_MS_WIDTH}d}")
+
+    def dead_letters(self, partition: int | None = None) -> bytes:
+        if partition is None:
+            return self._k("dead", "")
+        return self._k("dead", f"{partition:0{_PART_WIDTH}d}", "")
+
+    def dead_letter(self, partition: int, schedule_id: str, planned_ms: int) -> bytes:
+        return self._k("dead", f"{partition:0{_PART_WIDTH}d}", schedule_id, f"{planned_ms:0{_MS_WIDTH}d}")
 
     def drain(self, node_id: str) -> bytes:
         return self._k("drain", node_id)

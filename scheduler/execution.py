@@ -1,0 +1,211 @@
+"""Execution records and their state machine: pure functions from (record, event, now) to a new record.
+
+Every transition is a compare-and-swap in etcd keyed on the record's mod_revision and checked here on
+the attempt number, so any planner may record a result and a stale attempt never overwrites a newer
+one (DESIGN.md, Execution identity and the ledger). The record carries the schedule's retry policy,
+so whichever planner receives a result can decide the next state without loading the schedule.
+
+States: scheduled -> dispatched(attempt n) -> running -> succeeded | retry_wait -> dispatched(n+1)...
+        | dead_letter (retries exhausted or a permanent error; replay -> scheduled, discard -> failed);
+        plus skipped(reason) and cancelled. `failed` is terminal only after a discarded dead letter.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+
+from scheduler.errors import SchedError
+from scheduler.model import RetryPolicy
+from scheduler.timeplan.hashing import stable_u64
+
+
+class ExecState(StrEnum):
+    SCHEDULED = "scheduled"
+    DISPATCHED = "dispatched"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    RETRY_WAIT = "retry_wait"
+    DEAD_LETTER = "dead_letter"
+    SKIPPED = "skipped"
+    CANCELLED = "cancelled"
+
+
+TERMINAL = frozenset({ExecState.SUCCEEDED, ExecState.FAILED, ExecState.SKIPPED, ExecState.CANCELLED})
+# An attempt may be out on a worker in these states.
+IN_FLIGHT = frozenset({ExecState.DISPATCHED, ExecState.RUNNING})
+
+
+class Trigger(StrEnum):
+    SCHEDULED = "scheduled"
+    MANUAL = "manual"
+    RERUN = "rerun"
+    BACKFILL = "backfill"
+    REPLAY = "replay"
+
+
+class ErrorClass(StrEnum):
+    TRANSIENT = "transient"  # timeouts, 429, 5xx, connection errors: backoff and retry
+    PERMANENT = "permanent"  # bad payload, other 4xx: never retried
+    UNKNOWN = "unknown"  # anything else: retried a bounded number of times
+    TIMEOUT = "timeout"  # the attempt's deadline passed or its heartbeats stopped: like transient
+
+
+class Disposition(StrEnum):
+    RECORDED = "recorded"
+    DUPLICATE = "duplicate"  # this attempt's result is already recorded
+    STALE = "stale"  # a newer attempt exists, or the execution is cancelled/terminal
+
+
+class TransitionError(SchedError):
+    """The event does not apply to the record's current state."""
+
+
+@dataclass(frozen=True)
+class Attempt:
+    attempt: int
+    worker: str
+    planner: str
+    token: str  # "<partition>:<revision>" of the dispatching owner
+    dispatched_ms: int
+    deadline_ms: int
+    started_ms: int = 0
+    finished_ms: int = 0
+    error_class: ErrorClass | None = None
+    message: str = ""
+    succeeded: bool = False
+
+
+@dataclass(frozen=True)
+class Execution:
+    id: str
+    schedule_id: str
+    tenant: str
+    pool: str
+    task_type: str
+    planned_ms: int
+    due_ms: int  # planned + deterministic jitter
+    trigger: Trigger
+    retry: RetryPolicy
+    timeout_ms: int
+    state: ExecState = ExecState.SCHEDULED
+    attempt: int = 0  # number of the latest dispatched attempt (0: never dispatched)
+    attempts: tuple[Attempt, ...] = ()
+    next_attempt_ms: int = 0  # retry_wait: not before this
+    skip_reason: str = ""
+    mod_revision: int = field(default=0, compare=False)  # etcd's, for the next CAS; not stored
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL
+
+    @property
+    def current(self) -> Attempt | None:
+        return self.attempts[-1] if self.attempts else None
+
+
+def dispatchable(e: Execution, now_ms: int) -> bool:
+    if e.state is ExecState.SCHEDULED:
+        return e.due_ms <= now_ms
+    if e.state is ExecState.RETRY_WAIT:
+        return e.next_attempt_ms <= now_ms
+    return False
+
+
+def dispatch(e: Execution, *, worker: str, planner: str, token: str, now_ms: int) -> Execution:
+    """Hand attempt n+1 to a worker. The deadline is recorded so a new owner waits for it."""
+    if not dispatchable(e, now_ms):
+        raise TransitionError(f"{e.id}: cannot dispatch in state {e.state} (due {e.due_ms}, now {now_ms})")
+    n = e.attempt + 1
+    a = Attempt(n, worker, planner, token, now_ms, now_ms + e.timeout_ms)
+    return replace(e, state=ExecState.DISPATCHED, attempt=n, attempts=(*e.attempts, a), next_attempt_ms=0)
+
+
+def started(e: Execution, attempt: int, now_ms: int) -> Execution:
+    if e.attempt != attempt or e.state is not ExecState.DISPATCHED:
+        raise TransitionError(f"{e.id}: attempt {attempt} cannot start in state {e.state}/{e.attempt}")
+    cur = e.current
+    assert cur is not None
+    return replace(e, state=ExecState.RUNNING, attempts=(*e.attempts[:-1], replace(cur, started_ms=now_ms)))
+
+
+def backoff_ms(e: Execution, attempt: int) -> int:
+    """Exponential backoff with full jitter, the jitter derived from (execution, attempt) so that a
+    replayed decision is the same wherever it is made."""
+    r = e.retry
+    cap = min(r.max_backoff_ms, int(r.initial_backoff_ms * r.multiplier ** (attempt - 1)))
+    frac = stable_u64(f"{e.id}\x00R\x00{attempt}") / 2**64
+    return int(cap * frac)
+
+
+def _should_retry(e: Execution, error_class: ErrorClass) -> bool:
+    if error_class is ErrorClass.PERMANENT or e.attempt >= e.retry.max_attempts:
+        return False
+    if error_class is ErrorClass.UNKNOWN:
+        unknown = sum(1 for a in e.attempts if a.error_class is ErrorClass.UNKNOWN)
+        return unknown < e.retry.max_unknown_attempts
+    return True
+
+
+def result(
+    e: Execution,
+    attempt: int,
+    *,
+    succeeded: bool,
+    error_class: ErrorClass | None,
+    message: str,
+    now_ms: int,
+    retry_after_ms: int = 0,
+) -> tuple[Execution, Disposition]:
+    """Record attempt `attempt`'s outcome; a late or repeated report changes nothing."""
+    if e.attempt != attempt or e.state not in IN_FLIGHT:
+        cur = e.current
+        if cur is not None and cur.attempt == attempt and cur.finished_ms:
+            return e, Disposition.DUPLICATE
+        return e, Disposition.STALE
+    cur = e.current
+    assert cur is not None
+    ec = None if succeeded else (error_class or ErrorClass.UNKNOWN)
+    done = replace(cur, finished_ms=now_ms, succeeded=succeeded, error_class=ec, message=message[:2000])
+    attempts = (*e.attempts[:-1], done)
+    if succeeded:
+        return replace(e, state=ExecState.SUCCEEDED, attempts=attempts), Disposition.RECORDED
+    e2 = replace(e, attempts=attempts)
+    assert ec is not None
+    if _should_retry(e2, ec):
+        wait = max(backoff_ms(e2, attempt), retry_after_ms)
+        return replace(e2, state=ExecState.RETRY_WAIT, next_attempt_ms=now_ms + wait), Disposition.RECORDED
+    return replace(e2, state=ExecState.DEAD_LETTER), Disposition.RECORDED
+
+
+def timed_out(e: Execution, now_ms: int) -> bool:
+    cur = e.current
+    return e.state in IN_FLIGHT and cur is not None and cur.deadline_ms <= now_ms
+
+
+def cancel(e: Execution, reason: str) -> Execution:
+    if e.terminal:
+        raise TransitionError(f"{e.id}: already {e.state}")
+    return replace(e, state=ExecState.CANCELLED, skip_reason=reason)
+
+
+def skip(e: Execution, reason: str) -> Execution:
+    """Withdraw a pre-written execution that never ran (pause, schedule change)."""
+    if e.state is not ExecState.SCHEDULED:
+        raise TransitionError(f"{e.id}: only a scheduled execution can be skipped, not {e.state}")
+    return replace(e, state=ExecState.SKIPPED, skip_reason=reason)
+
+
+def replay(e: Execution, now_ms: int) -> Execution:
+    """Operator replay of a dead letter: same id, a fresh retry budget, due now."""
+    if e.state is not ExecState.DEAD_LETTER:
+        raise TransitionError(f"{e.id}: only dead letters can be replayed, not {e.state}")
+    return replace(e, state=ExecState.RETRY_WAIT, next_attempt_ms=now_ms,
+                   retry=replace(e.retry, max_attempts=e.attempt + e.retry.max_attempts))
+
+
+def discard(e: Execution) -> Execution:
+    if e.state is not ExecState.DEAD_LETTER:
+        raise TransitionError(f"{e.id}: only dead letters can be discarded, not {e.state}")
+    return replace(e, state=ExecState.FAILED)

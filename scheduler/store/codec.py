@@ -1,0 +1,116 @@
+"""JSON encodings of domain objects as stored in etcd (compact keys; version-tolerant decoding).
+
+Stored values outlive processes and versions: decoders take missing fields from the dataclass
+defaults, so adding a field never breaks reading old records.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+from scheduler.execution import Attempt, ErrorClass, ExecState, Execution, Trigger
+from scheduler.model import Policies, RetryPolicy, Schedule, ScheduleState
+from scheduler.timeplan import DstGap, DstOverlap, MissedRuns, Overlap
+
+_SEP = (",", ":")
+
+
+def _retry_to(r: RetryPolicy) -> dict[str, Any]:
+    return {"n": r.max_attempts, "i": r.initial_backoff_ms, "x": r.max_backoff_ms, "k": r.multiplier,
+            "u": r.max_unknown_attempts}
+
+
+def _retry_from(d: dict[str, Any]) -> RetryPolicy:
+    dr = RetryPolicy()
+    return RetryPolicy(int(d.get("n", dr.max_attempts)), int(d.get("i", dr.initial_backoff_ms)),
+                       int(d.get("x", dr.max_backoff_ms)), float(d.get("k", dr.multiplier)),
+                       int(d.get("u", dr.max_unknown_attempts)))
+
+
+def encode_schedule(s: Schedule, *, activated_ms: int) -> bytes:
+    """`activated_ms`: when the current spec/state took effect; planned times before it are not owed."""
+    p = s.policies
+    d = {
+        "id": s.id, "tenant": s.tenant, "spec": s.spec, "tz": s.time_zone, "pool": s.worker_pool,
+        "task": s.task_type, "payload": base64.b64encode(s.payload).decode(), "labels": s.labels,
+        "state": s.state.value, "paused_reason": s.paused_reason, "start": s.start_ms, "end": s.end_ms,
+        "activated": activated_ms,
+        "pol": {"missed": p.missed_runs.value, "window": p.catchup_window_ms, "cap": p.catchup_cap,
+                "overlap": p.overlap.value, "gap": p.dst_gap.value if p.dst_gap else None,
+                "fold": p.dst_overlap.value if p.dst_overlap else None, "jitter": p.jitter_ms,
+                "retry": _retry_to(p.retry), "timeout": p.execution_timeout_ms},
+    }
+    return json.dumps(d, separators=_SEP).encode()
+
+
+def decode_schedule(value: bytes, version: int) -> tuple[Schedule, int]:
+    """(schedule with its etag version = the key's mod_revision, activated_ms)."""
+    d = json.loads(value)
+    pol, dp = d.get("pol", {}), Policies()
+    policies = Policies(
+        missed_runs=MissedRuns(pol.get("missed", dp.missed_runs.value)),
+        catchup_window_ms=int(pol.get("window", dp.catchup_window_ms)),
+        catchup_cap=int(pol.get("cap", dp.catchup_cap)),
+        overlap=Overlap(pol.get("overlap", dp.overlap.value)),
+        dst_gap=DstGap(pol["gap"]) if pol.get("gap") else None,
+        dst_overlap=DstOverlap(pol["fold"]) if pol.get("fold") else None,
+        jitter_ms=int(pol.get("jitter", 0)),
+        retry=_retry_from(pol.get("retry", {})),
+        execution_timeout_ms=int(pol.get("timeout", dp.execution_timeout_ms)),
+    )
+    s = Schedule(
+        id=d["id"], tenant=d["tenant"], spec=d["spec"], worker_pool=d["pool"], task_type=d["task"],
+        time_zone=d.get("tz", "UTC"), payload=base64.b64decode(d.get("payload", "")), labels=d.get("labels", {}),
+        state=ScheduleState(d.get("state", "active")), start_ms=d.get("start"), end_ms=d.get("end"),
+        policies=policies, version=version, paused_reason=d.get("paused_reason", ""),
+    )
+    return s, int(d.get("activated", 0))
+
+
+def _attempt_to(a: Attempt) -> dict[str, Any]:
+    d: dict[str, Any] = {"n": a.attempt, "w": a.worker, "p": a.planner, "t": a.token, "d": a.dispatched_ms,
+                         "dl": a.deadline_ms}
+    if a.started_ms:
+        d["s"] = a.started_ms
+    if a.finished_ms:
+        d["f"] = a.finished_ms
+        d["ok"] = a.succeeded
+    if a.error_class is not None:
+        d["ec"] = a.error_class.value
+    if a.message:
+        d["m"] = a.message
+    return d
+
+
+def _attempt_from(d: dict[str, Any]) -> Attempt:
+    return Attempt(int(d["n"]), d["w"], d["p"], d["t"], int(d["d"]), int(d["dl"]), int(d.get("s", 0)),
+                   int(d.get("f", 0)), ErrorClass(d["ec"]) if d.get("ec") else None, d.get("m", ""),
+                   bool(d.get("ok", False)))
+
+
+def encode_execution(e: Execution) -> bytes:
+    d: dict[str, Any] = {
+        "id": e.id, "sid": e.schedule_id, "ten": e.tenant, "pool": e.pool, "task": e.task_type,
+        "pl": e.planned_ms, "due": e.due_ms, "tr": e.trigger.value, "retry": _retry_to(e.retry),
+        "to": e.timeout_ms, "st": e.state.value, "n": e.attempt,
+    }
+    if e.attempts:
+        d["at"] = [_attempt_to(a) for a in e.attempts]
+    if e.next_attempt_ms:
+        d["next"] = e.next_attempt_ms
+    if e.skip_reason:
+        d["why"] = e.skip_reason
+    return json.dumps(d, separators=_SEP).encode()
+
+
+def decode_execution(value: bytes, mod_revision: int = 0) -> Execution:
+    d = json.loads(value)
+    return Execution(
+        id=d["id"], schedule_id=d["sid"], tenant=d["ten"], pool=d["pool"], task_type=d["task"],
+        planned_ms=int(d["pl"]), due_ms=int(d["due"]), trigger=Trigger(d.get("tr", "scheduled")),
+        retry=_retry_from(d.get("retry", {})), timeout_ms=int(d["to"]), state=ExecState(d["st"]),
+        attempt=int(d.get("n", 0)), attempts=tuple(_attempt_from(a) for a in d.get("at", ())),
+        next_attempt_ms=int(d.get("next", 0)), skip_reason=d.get("why", ""), mod_revision=mod_revision,
+    )

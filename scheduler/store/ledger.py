@@ -1,0 +1,82 @@
+"""The execution ledger in etcd: record keys, create-if-absent and compare-and-swap operations.
+
+- Materialization: `create_ops` returns nested txns `if create_revision(key) == 0 then put`, to be
+  committed inside the owner's fenced batch: a second create of the same execution id is skipped,
+  never overwritten, and never fails the batch.
+- Transitions: `cas_op` guards the put with `mod_revision(key) == the revision we read`, so two
+  planners recording results for the same execution cannot both win, and a decision made on a stale
+  read is refused (re-read and decide again). Entering the dead-letter state also writes the
+  dead-letter index key; leaving it (replay, discard) deletes it, in the same nested txn.
+- Skips: one record per skipped range `(after, through]` of one schedule (timeplan.missed).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import replace
+
+from scheduler.execution import ExecState, Execution
+from scheduler.store.codec import decode_execution, encode_execution
+from scheduler.store.etcd.ops import Compare, Op, TxnOp, delete, put, txn
+from scheduler.store.etcd.types import TxnResult
+from scheduler.store.keyspace import Keyspace, partition_for
+from scheduler.store.kv import KV
+from scheduler.timeplan.missed import SkipRange
+
+
+def split_execution_id(execution_id: str) -> tuple[str, str]:
+    sid, _, planned = execution_id.rpartition("@")
+    return sid, planned
+
+
+class Ledger:
+    def __init__(self, ks: Keyspace, partitions: int) -> None:
+        self.ks, self.partitions = ks, partitions
+
+    def key(self, e: Execution) -> bytes:
+        return self.ks.execution(partition_for(e.schedule_id, self.partitions), e.schedule_id, e.planned_ms)
+
+    def create_ops(self, execs: Sequence[Execution]) -> list[TxnOp]:
+        out = []
+        for e in execs:
+            k = self.key(e)
+            out.append(txn([Compare.create_revision(k, "==", 0)], [put(k, encode_execution(e))]))
+        return out
+
+    def cas_op(self, new: Execution, read_revision: int, *, payload: bytes = b"", now_ms: int = 0) -> TxnOp:
+        """Write `new` if the record is still at `read_revision` (its mod_revision when read)."""
+        k = self.key(new)
+        p = partition_for(new.schedule_id, self.partitions)
+        ops: list[Op] = [put(k, encode_execution(new))]
+        dl = self.ks.dead_letter(p, new.schedule_id, new.planned_ms)
+        if new.state is ExecState.DEAD_LETTER:
+            ops.append(put(dl, json.dumps({"id": new.id, "tenant": new.tenant, "task": new.task_type,
+                                           "dead_ms": now_ms, "payload": payload.hex()}).encode()))
+        else:
+            ops.append(delete(dl))
+        return txn([Compare.mod_revision(k, "==", read_revision)], ops)
+
+    def skip_op(self, partition: int, schedule_id: str, r: SkipRange) -> Op:
+        return put(self.ks.skip(partition, schedule_id, r.after_ms, r.through_ms),
+                   json.dumps({"reason": r.reason.value}).encode())
+
+    async def get(self, kv: KV, schedule_id: str, planned_ms: int, *, timeout: float | None = None) -> Execution | None:
+        p = partition_for(schedule_id, self.partitions)
+        got = await kv.get(self.ks.execution(p, schedule_id, planned_ms), timeout=timeout)
+        return None if got is None else decode_execution(got.value, got.mod_revision)
+
+    async def list_partition(
+        self, kv: KV, partition: int, *, schedule_id: str | None = None, timeout: float | None = None
+    ) -> tuple[list[Execution], int]:
+        r = await kv.range(self.ks.executions(partition, schedule_id), prefix=True, timeout=timeout)
+        return [decode_execution(x.value, x.mod_revision) for x in r.kvs], r.revision
+
+    @staticmethod
+    def cas_results(r: TxnResult) -> list[bool]:
+        """Which nested CASes/creates of one committed txn took effect (in op order)."""
+        return [bool(getattr(x, "succeeded", True)) for x in r.responses]
+
+    @staticmethod
+    def with_revision(e: Execution, revision: int) -> Execution:
+        return replace(e, mod_revision=revision)

@@ -1,0 +1,90 @@
+"""The schedule store: one key per schedule under its partition, the key's mod_revision as the etag.
+
+Schedules are written by the API (any node), not by partition owners, so these writes are not
+fenced: they are compare-and-swaps on the schedule key itself. Owners learn of changes by watching
+their partitions' schedule prefixes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from scheduler.errors import AlreadyExists, NotFound, VersionMismatch
+from scheduler.model import Schedule
+from scheduler.store.codec import decode_schedule, encode_schedule
+from scheduler.store.etcd.ops import Compare, delete, get, put
+from scheduler.store.keyspace import Keyspace, partition_for
+from scheduler.store.kv import KV
+
+
+@dataclass(frozen=True)
+class StoredSchedule:
+    schedule: Schedule  # .version = etcd mod_revision
+    activated_ms: int  # planned times before this are not owed (creation, resume, spec change)
+    partition: int
+
+
+def _activation_changed(old: Schedule, new: Schedule) -> bool:
+    """Changes after which planned times are computed afresh from the update time."""
+    return (old.spec, old.time_zone, old.start_ms, old.end_ms, old.state, old.policies.dst_gap,
+            old.policies.dst_overlap) != (new.spec, new.time_zone, new.start_ms, new.end_ms, new.state,
+                                          new.policies.dst_gap, new.policies.dst_overlap)
+
+
+class ScheduleStore:
+    def __init__(self, kv: KV, ks: Keyspace, partitions: int, timeout: float = 1.0) -> None:
+        self.kv, self.ks, self.partitions, self.timeout = kv, ks, partitions, timeout
+
+    def partition(self, schedule_id: str) -> int:
+        return partition_for(schedule_id, self.partitions)
+
+    async def create(self, s: Schedule, now_ms: int) -> StoredSchedule:
+        p = self.partition(s.id)
+        key = self.ks.schedule(p, s.id)
+        r = await self.kv.txn([Compare.create_revision(key, "==", 0)],
+                              [put(key, encode_schedule(s, activated_ms=now_ms))], timeout=self.timeout)
+        if not r.succeeded:
+            raise AlreadyExists(f"schedule {s.id!r} already exists")
+        return StoredSchedule(replace(s, version=r.revision), now_ms, p)
+
+    async def get(self, schedule_id: str) -> StoredSchedule:
+        p = self.partition(schedule_id)
+        kv = await self.kv.get(self.ks.schedule(p, schedule_id), timeout=self.timeout)
+        if kv is None:
+            raise NotFound(f"schedule {schedule_id!r} not found")
+        s, activated = decode_schedule(kv.value, kv.mod_revision)
+        return StoredSchedule(s, activated, p)
+
+    async def update(self, s: Schedule, expected_version: int | None, now_ms: int) -> StoredSchedule:
+        """Replace the schedule; `expected_version` None means last writer wins."""
+        cur = await self.get(s.id)
+        if expected_version is not None and cur.schedule.version != expected_version:
+            raise VersionMismatch(f"schedule {s.id!r} is at version {cur.schedule.version}, not {expected_version}")
+        activated = now_ms if _activation_changed(cur.schedule, s) else cur.activated_ms
+        key = self.ks.schedule(cur.partition, s.id)
+        r = await self.kv.txn([Compare.mod_revision(key, "==", cur.schedule.version)],
+                              [put(key, encode_schedule(s, activated_ms=activated))], [get(key)],
+                              timeout=self.timeout)
+        if not r.succeeded:
+            raise VersionMismatch(f"schedule {s.id!r} changed concurrently; read it again")
+        return StoredSchedule(replace(s, version=r.revision), activated, cur.partition)
+
+    async def delete(self, schedule_id: str, expected_version: int | None = None) -> None:
+        p = self.partition(schedule_id)
+        key = self.ks.schedule(p, schedule_id)
+        cmp = [Compare.mod_revision(key, "==", expected_version)] if expected_version else \
+            [Compare.create_revision(key, ">", 0)]
+        res = await self.kv.txn(cmp, [delete(key)], timeout=self.timeout)
+        if not res.succeeded:
+            if expected_version:
+                raise VersionMismatch(f"schedule {schedule_id!r} is not at version {expected_version}")
+            raise NotFound(f"schedule {schedule_id!r} not found")
+
+    async def list_partition(self, partition: int) -> tuple[list[StoredSchedule], int]:
+        """All schedules of a partition and the revision they were read at (to watch from)."""
+        r = await self.kv.range(self.ks.schedules(partition), prefix=True, timeout=self.timeout)
+        out = []
+        for kv in r.kvs:
+            s, activated = decode_schedule(kv.value, kv.mod_revision)
+            out.append(StoredSchedule(s, activated, partition))
+        return out, r.revision
