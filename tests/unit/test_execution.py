@@ -1,0 +1,141 @@
+"""The execution state machine: every transition, stale and duplicate results, retry classes."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from scheduler.execution import (
+    Disposition,
+    ErrorClass,
+    ExecState,
+    Execution,
+    TransitionError,
+    Trigger,
+    backoff_ms,
+    cancel,
+    discard,
+    dispatch,
+    replay,
+    result,
+    skip,
+    started,
+    timed_out,
+)
+from scheduler.model import RetryPolicy
+from scheduler.store.codec import decode_execution, encode_execution
+
+T0 = 1_767_225_600_000
+E = Execution(
+    id="s@2026-01-01T00:00:00.000Z", schedule_id="s", tenant="t", pool="p", task_type="x", planned_ms=T0,
+    due_ms=T0 + 500, trigger=Trigger.SCHEDULED, retry=RetryPolicy(max_attempts=3, max_unknown_attempts=2),
+    timeout_ms=10_000,
+)
+
+
+def go(e: Execution, now: int = T0 + 1000) -> Execution:
+    return dispatch(e, worker="w1", planner="p1", token="3:42", now_ms=now)
+
+
+def test_not_dispatchable_before_due() -> None:
+    with pytest.raises(TransitionError):
+        dispatch(E, worker="w", planner="p", token="0:1", now_ms=T0)
+
+
+def test_success_path() -> None:
+    e = go(E)
+    assert (e.state, e.attempt, e.current and e.current.deadline_ms) == (ExecState.DISPATCHED, 1, T0 + 11_000)
+    e = started(e, 1, T0 + 1100)
+    e2, d = result(e, 1, succeeded=True, error_class=None, message="", now_ms=T0 + 2000)
+    assert d is Disposition.RECORDED
+    assert e2.state is ExecState.SUCCEEDED
+    assert e2.terminal
+
+
+def test_repeated_result_is_a_duplicate_and_changes_nothing() -> None:
+    e, _ = result(go(E), 1, succeeded=True, error_class=None, message="", now_ms=T0 + 2000)
+    e2, d = result(e, 1, succeeded=False, error_class=ErrorClass.PERMANENT, message="late", now_ms=T0 + 3000)
+    assert d is Disposition.DUPLICATE
+    assert e2 == e
+
+
+def test_late_result_of_an_old_attempt_is_stale() -> None:
+    e, _ = result(go(E), 1, succeeded=False, error_class=ErrorClass.TRANSIENT, message="", now_ms=T0 + 2000)
+    assert e.state is ExecState.RETRY_WAIT
+    e = go(e, now=e.next_attempt_ms)
+    assert e.attempt == 2
+    e2, d = result(e, 1, succeeded=True, error_class=None, message="", now_ms=T0 + 9000)
+    assert d is Disposition.STALE
+    assert e2.state is ExecState.DISPATCHED
+
+
+def test_transient_retries_until_max_attempts_then_dead_letter() -> None:
+    e = E
+    for n in (1, 2, 3):
+        e = go(e, now=max(e.next_attempt_ms, T0 + 1000))
+        e, _ = result(e, n, succeeded=False, error_class=ErrorClass.TRANSIENT, message="503", now_ms=T0 + n * 10_000)
+    assert e.state is ExecState.DEAD_LETTER
+    assert [a.error_class for a in e.attempts] == [ErrorClass.TRANSIENT] * 3
+
+
+def test_permanent_is_never_retried() -> None:
+    e, _ = result(go(E), 1, succeeded=False, error_class=ErrorClass.PERMANENT, message="400", now_ms=T0 + 2000)
+    assert e.state is ExecState.DEAD_LETTER
+
+
+def test_unknown_errors_have_their_own_smaller_budget() -> None:
+    e = replace(E, retry=RetryPolicy(max_attempts=10, max_unknown_attempts=2))
+    e, _ = result(go(e), 1, succeeded=False, error_class=ErrorClass.UNKNOWN, message="?", now_ms=T0 + 2000)
+    assert e.state is ExecState.RETRY_WAIT
+    e = go(e, now=e.next_attempt_ms)
+    e, _ = result(e, 2, succeeded=False, error_class=ErrorClass.UNKNOWN, message="?", now_ms=T0 + 3000)
+    assert e.state is ExecState.DEAD_LETTER
+
+
+def test_retry_after_is_honoured() -> None:
+    e, _ = result(go(E), 1, succeeded=False, error_class=ErrorClass.TRANSIENT, message="429", now_ms=T0,
+                  retry_after_ms=120_000)
+    assert e.next_attempt_ms >= T0 + 120_000
+
+
+def test_backoff_is_full_jitter_and_deterministic() -> None:
+    e = replace(E, retry=RetryPolicy(initial_backoff_ms=1000, max_backoff_ms=8000, multiplier=2.0))
+    for attempt, cap in [(1, 1000), (2, 2000), (3, 4000), (4, 8000), (9, 8000)]:
+        b = backoff_ms(e, attempt)
+        assert 0 <= b <= cap
+        assert b == backoff_ms(e, attempt)
+
+
+def test_timeout_detection() -> None:
+    e = go(E)
+    assert not timed_out(e, T0 + 10_999)
+    assert timed_out(e, T0 + 11_000)
+
+
+def test_cancel_skip_replay_discard() -> None:
+    assert cancel(go(E), "requested").state is ExecState.CANCELLED
+    assert skip(E, "paused").state is ExecState.SKIPPED
+    with pytest.raises(TransitionError):
+        skip(go(E), "paused")
+    dead, _ = result(go(E), 1, succeeded=False, error_class=ErrorClass.PERMANENT, message="", now_ms=T0 + 2000)
+    r = replay(dead, T0 + 5000)
+    assert r.state is ExecState.RETRY_WAIT
+    r = go(r, now=T0 + 5000)
+    assert r.attempt == 2
+    assert r.id == E.id, "a replay keeps the execution id (the idempotency key)"
+    assert discard(dead).state is ExecState.FAILED
+    with pytest.raises(TransitionError):
+        replay(E, T0)
+
+
+def test_cancelled_execution_ignores_late_results() -> None:
+    e = cancel(go(E), "overlap")
+    e2, d = result(e, 1, succeeded=True, error_class=None, message="", now_ms=T0 + 2000)
+    assert d is Disposition.STALE
+    assert e2.state is ExecState.CANCELLED
+
+
+def test_record_round_trips_through_its_stored_form() -> None:
+    e, _ = result(go(E), 1, succeeded=False, error_class=ErrorClass.TRANSIENT, message="boom", now_ms=T0 + 2000)
+    assert decode_execution(encode_execution(e)) == e
