@@ -1,9 +1,9 @@
-"""One planner node: etcd client, session, partition ownership, and the per-partition loops.
+"""One planner node: etcd client, session, partition ownership, and a planner loop per owned partition.
 
-Until the planner loop of issue 4 lands, each owned partition runs a checkpoint loop that advances
-the partition's watermark to "now" through fenced writes every `tick` seconds. That is the shape the
-planner loop has (fenced batch ending in the checkpoint), and it is what the coordination drills
-exercise: claims, takeovers, fenced-out stale writers, watermarks that never go back.
+The node watches the whole schedules/ prefix once (one stream, not one per partition) and routes
+each change to the planner of the partition it belongs to. A partition's planner is restarted from
+etcd's state after anything that may have left its snapshot stale (a lost compare-and-swap, an
+unknown outcome, an etcd error); it ends for good when the partition is lost.
 """
 
 from __future__ import annotations
@@ -11,18 +11,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from dataclasses import replace
 
 from scheduler.clock import Clock
 from scheduler.config import CoordinationSettings, EtcdSettings
-from scheduler.errors import FencedOut, OutcomeUnknown
+from scheduler.errors import FencedOut, NotFound, OutcomeUnknown
+from scheduler.execution import Execution
 from scheduler.planner.ownership import LostReason, NotOwner, Ownership
-from scheduler.store.checkpoint import advance, read_checkpoint
+from scheduler.planner.partition import DispatchSink, PartitionPlanner, Restart
+from scheduler.planner.settings import PlannerSettings
+from scheduler.store.codec import decode_schedule
 from scheduler.store.etcd import EtcdClient, EtcdConfig
-from scheduler.store.etcd.errors import EtcdError
-from scheduler.store.fenced import CompareFailed, Fence, FenceStats, fenced_txn
+from scheduler.store.etcd.errors import Compacted, EtcdError
+from scheduler.store.etcd.types import EventType
+from scheduler.store.fenced import CompareFailed, Fence, FenceStats
 from scheduler.store.keyspace import Keyspace
 from scheduler.store.kv import KV
+from scheduler.store.ledger import Ledger
+from scheduler.store.schedules import ScheduleStore, StoredSchedule
 
 log = logging.getLogger("scheduler.node")
 
@@ -41,14 +46,46 @@ def etcd_client(s: EtcdSettings, rpc_timeout: float) -> EtcdClient:
     )
 
 
+class NullDispatcher:
+    """No workers attached: executions are materialized and wait in the ledger."""
+
+    def capacity(self, pool: str) -> int:
+        return 0
+
+    def submit(self, e: Execution, payload: bytes, token: str) -> None:
+        raise AssertionError("nothing is dispatched without capacity")
+
+    def cancel(self, e: Execution, reason: str) -> None:
+        return None
+
+
 class PlannerNode:
     def __init__(
-        self, kv: KV, ks: Keyspace, settings: CoordinationSettings, clock: Clock, *, tick: float = 0.1
+        self,
+        kv: KV,
+        ks: Keyspace,
+        settings: CoordinationSettings,
+        clock: Clock,
+        *,
+        planner: PlannerSettings | None = None,
+        dispatcher: DispatchSink | None = None,
     ) -> None:
-        self.kv, self.ks, self.s, self.clock, self.tick = kv, ks, settings, clock, tick
+        self.kv, self.ks, self.s, self.clock = kv, ks, settings, clock
+        self.planner_settings = planner or PlannerSettings()
+        self.dispatcher: DispatchSink = dispatcher or NullDispatcher()
         self.ownership = Ownership(kv, ks, settings, clock, listener=self)
+        self.store = ScheduleStore(kv, ks, settings.partitions, timeout=settings.rpc_timeout)
+        self.ledger = Ledger(ks, settings.partitions)
         self.fence_stats = FenceStats()
+        self.planners: dict[int, PartitionPlanner] = {}
         self._loops: dict[int, asyncio.Task[None]] = {}
+
+    async def payload_of(self, schedule_id: str) -> bytes:
+        """The schedule's payload, kept with a dead letter so that a replay runs with it."""
+        try:
+            return (await self.store.get(schedule_id)).schedule.payload
+        except NotFound:
+            return b""
 
     # OwnershipListener
     def on_acquired(self, fence: Fence) -> None:
@@ -56,46 +93,77 @@ class PlannerNode:
         old = self._loops.pop(fence.partition, None)
         if old is not None:
             old.cancel()
-        self._loops[fence.partition] = asyncio.create_task(self._partition_loop(fence.partition))
+        self._loops[fence.partition] = asyncio.create_task(self._partition(fence.partition))
 
     def on_lost(self, partition: int, reason: LostReason) -> None:
         log.warning("lost", extra={"event": "lost", "partition": partition, "reason": reason.value})
+        self.planners.pop(partition, None)
         task = self._loops.pop(partition, None)
         if task is not None and task is not asyncio.current_task():
-            task.cancel()  # stop dispatch for this partition at once
+            task.cancel()  # stop planning and dispatching for this partition at once
 
-    async def _partition_loop(self, partition: int) -> None:
-        ck = None
+    async def _partition(self, partition: int) -> None:
         while True:
+            planner = PartitionPlanner(
+                partition, kv=self.kv, ks=self.ks, ownership=self.ownership, store=self.store, ledger=self.ledger,
+                dispatcher=self.dispatcher, settings=self.planner_settings, clock=self.clock,
+                node_id=self.s.node_id, rpc_timeout=self.s.rpc_timeout,
+                disable_fencing=self.s.unsafe_disable_fencing, fence_stats=self.fence_stats,
+            )
+            self.planners[partition] = planner
             try:
-                if ck is None:
-                    ck = await read_checkpoint(self.kv, self.ks, partition, timeout=self.s.rpc_timeout)
-                await asyncio.sleep(self.tick)
-                async with self.ownership.writing(partition) as fence:
-                    wm = max(ck.watermark_ms, self.clock.wall_ms())
-                    compares, ops, new = advance(self.ks, ck, wm, self.s.node_id, fence.token)
-                    rs = await fenced_txn(
-                        self.kv, fence, ops, compares=compares, timeout=self.s.rpc_timeout,
-                        disable_fencing=self.s.unsafe_disable_fencing, stats=self.fence_stats,
-                    )
-                    ck = replace(new, mod_revision=rs[-1].revision)
-                    log.debug("checkpoint", extra={"event": "write", "partition": partition,
-                                                   "token": fence.token, "revision": rs[-1].revision})
+                await planner.run()
             except NotOwner:
                 return
             except FencedOut as e:
                 log.warning("fenced out", extra={"event": "fenced_out", "partition": partition, "error": str(e)})
                 return
-            except (OutcomeUnknown, CompareFailed, EtcdError) as e:
-                log.info("re-reading checkpoint after %s", type(e).__name__, extra={"partition": partition})
-                ck = None
-                await asyncio.sleep(self.tick)
+            except (Restart, OutcomeUnknown, CompareFailed, EtcdError) as e:
+                log.info("restarting partition planner: %s", e, extra={"partition": partition})
+                await asyncio.sleep(self.planner_settings.loop_interval)
+
+    async def _watch_schedules(self) -> None:
+        """Route schedule changes to the owning partition planners."""
+        rev = 0
+        while True:
+            try:
+                if rev == 0:
+                    rev = (await self.kv.range(self.ks.all_schedules, prefix=True, count_only=True)).revision
+                watch = self.kv.watch(self.ks.all_schedules, prefix=True, start_revision=rev + 1)
+                try:
+                    async for batch in watch:
+                        for ev in batch.events:
+                            rev = max(rev, ev.revision)
+                            self._route(ev.type, ev.kv.key, ev.kv.value, ev.kv.mod_revision)
+                finally:
+                    await watch.close()
+            except Compacted:
+                rev = 0  # planners reload on their own restarts; fresh events from now on
+                for p in self.planners.values():
+                    p.wake.set()
+            except EtcdError as e:
+                log.warning("schedule watch: %s", e)
+                await asyncio.sleep(0.2)
+
+    def _route(self, kind: EventType, key: bytes, value: bytes, mod_revision: int) -> None:
+        parts = key.rsplit(b"/", 2)
+        partition, sid = int(parts[-2]), parts[-1].decode()
+        planner = self.planners.get(partition)
+        if planner is None:
+            return
+        if kind is EventType.PUT:
+            s, activated = decode_schedule(value, mod_revision)
+            planner.on_schedule_put(StoredSchedule(s, activated, partition))
+        else:
+            planner.on_schedule_delete(sid)
 
     async def run(self) -> None:
+        watcher = asyncio.create_task(self._watch_schedules())
         try:
             await self.ownership.run()
         finally:
+            watcher.cancel()
             for t in self._loops.values():
                 t.cancel()
             with contextlib.suppress(Exception):
-                await asyncio.gather(*self._loops.values(), return_exceptions=True)
+                await asyncio.gather(watcher, *self._loops.values(), return_exceptions=True)

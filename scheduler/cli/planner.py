@@ -17,6 +17,7 @@ from scheduler.config import CoordinationSettings, EtcdSettings
 from scheduler.errors import InvalidArgument
 from scheduler.node import PlannerNode, etcd_client
 from scheduler.planner.ownership import ClusterMismatch
+from scheduler.planner.settings import PlannerSettings
 from scheduler.store.keyspace import Keyspace
 
 
@@ -38,7 +39,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                        description="Run one planner node. Settings: flags, then SCHED_* variables, then --config.")
     p.add_argument("--config", metavar="FILE", help="TOML file with settings (flat keys, as the flag names)")
     p.add_argument("--log-level", default="info")
-    p.add_argument("--tick", type=float, default=0.1, help="checkpoint loop period, seconds")
+    p.add_argument("--tick", type=float, default=0.05, help="planner loop period per partition, seconds")
     add_settings_flags(p, EtcdSettings, CoordinationSettings)
     p.set_defaults(func=run)
 
@@ -66,7 +67,8 @@ def run(args: argparse.Namespace) -> int:
 
 async def _main(etcd: EtcdSettings, coord: CoordinationSettings, tick: float) -> int:
     kv = etcd_client(etcd, coord.rpc_timeout)
-    node = PlannerNode(kv, Keyspace(etcd.etcd_prefix), coord, SYSTEM_CLOCK, tick=tick)
+    node = PlannerNode(kv, Keyspace(etcd.etcd_prefix), coord, SYSTEM_CLOCK,
+                       planner=PlannerSettings(loop_interval=tick))
     task = asyncio.create_task(node.run())
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -221,7 +221,11 @@ class Ownership:
         finally:
             self._drop_all(LostReason.SESSION_LOST)
             self.session = None
-            await session.close(revoke=False)
+            # Shutting down (cancelled): revoke, so that peers stop counting us as a member now and
+            # take our released partitions at once instead of after the TTL. A lost session is not
+            # revoked: etcd may be unreachable, and the lease expires anyway.
+            task = asyncio.current_task()
+            await session.close(revoke=task is not None and task.cancelling() > 0)
 
     async def _wait_for_change(self, lost: asyncio.Task[object]) -> None:
         waits = [asyncio.ensure_future(e.wait()) for e in (self.members.changed, self.owners.changed, self._wake)]

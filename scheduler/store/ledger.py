@@ -52,14 +52,15 @@ class Ledger:
         dl = self.ks.dead_letter(p, new.schedule_id, new.planned_ms)
         if new.state is ExecState.DEAD_LETTER:
             ops.append(put(dl, json.dumps({"id": new.id, "tenant": new.tenant, "task": new.task_type,
-                                           "dead_ms": now_ms, "payload": payload.hex()}).encode()))
+                                           "dead_ms": now_ms, "payload": payload.hex()},
+                                          separators=(",", ":")).encode()))
         else:
             ops.append(delete(dl))
         return txn([Compare.mod_revision(k, "==", read_revision)], ops)
 
     def skip_op(self, partition: int, schedule_id: str, r: SkipRange) -> Op:
         return put(self.ks.skip(partition, schedule_id, r.after_ms, r.through_ms),
-                   json.dumps({"reason": r.reason.value}).encode())
+                   json.dumps({"reason": r.reason.value}, separators=(",", ":")).encode())
 
     async def get(self, kv: KV, schedule_id: str, planned_ms: int, *, timeout: float | None = None) -> Execution | None:
         p = partition_for(schedule_id, self.partitions)

@@ -1,0 +1,363 @@
+"""The planner loop of one owned partition: snapshot -> decide -> act, every `loop_interval`.
+
+On claim it reads the checkpoint watermark W, the partition's schedules and its unfinished
+executions, and applies each schedule's missed-run policy to the planned times it is owed
+(`(max(W, activated), now - grace]`). Then each round:
+
+1. materialize: every planned time up to `now + lookahead` becomes an execution record (created
+   only if absent, inside the owner's fenced batch) or, for a paused schedule, a skip record; the
+   checkpoint moves to the horizon in the last txn;
+2. dispatch: due executions pass the overlap policy (from the ledger's view of running and buffered
+   executions), are marked dispatched(attempt n, deadline) with a compare-and-swap, and go to the
+   dispatch queue;
+3. time out: in-flight attempts past their recorded deadline get a TIMEOUT result (retry or dead
+   letter).
+
+Any FencedOut ends the loop at once (the ownership layer drops the partition); OutcomeUnknown and
+lost compare-and-swaps end it too, and the node restarts it from etcd's state, which is always safe
+because creates are idempotent and transitions are CAS.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Protocol
+
+from scheduler.clock import Clock
+from scheduler.execution import (
+    IN_FLIGHT,
+    ErrorClass,
+    ExecState,
+    Execution,
+    Trigger,
+    cancel,
+    dispatch,
+    dispatchable,
+    result,
+    skip,
+    timed_out,
+)
+from scheduler.model import ScheduleState, execution_id
+from scheduler.planner.ownership import Ownership
+from scheduler.planner.settings import PlannerSettings
+from scheduler.store.checkpoint import Checkpoint, advance, read_checkpoint
+from scheduler.store.etcd.ops import Op
+from scheduler.store.fenced import FenceStats, fenced_txn
+from scheduler.store.keyspace import Keyspace
+from scheduler.store.kv import KV
+from scheduler.store.ledger import Ledger
+from scheduler.store.schedules import ScheduleStore, StoredSchedule
+from scheduler.timeplan import Plan, SkipReason, jitter_ms
+from scheduler.timeplan.missed import SkipRange, decide_missed
+from scheduler.timeplan.overlap import OverlapAction, decide_overlap
+
+log = logging.getLogger(__name__)
+
+
+class Restart(Exception):
+    """State may be stale (a lost CAS, an unknown outcome): reload from etcd."""
+
+
+class DispatchSink(Protocol):
+    def capacity(self, pool: str) -> int:
+        """How many more assignments workers of this pool can take now (granted credits)."""
+        ...
+
+    def submit(self, e: Execution, payload: bytes, token: str) -> None: ...
+
+    def cancel(self, e: Execution, reason: str) -> None: ...
+
+
+@dataclass
+class _Sched:
+    stored: StoredSchedule
+    plan: Plan
+
+
+@dataclass
+class PlannerStats:
+    created: int = 0
+    skipped_ranges: int = 0
+    dispatched: int = 0
+    timed_out: int = 0
+    rounds: int = 0
+
+
+class PartitionPlanner:
+    def __init__(
+        self,
+        partition: int,
+        *,
+        kv: KV,
+        ks: Keyspace,
+        ownership: Ownership,
+        store: ScheduleStore,
+        ledger: Ledger,
+        dispatcher: DispatchSink,
+        settings: PlannerSettings,
+        clock: Clock,
+        node_id: str,
+        rpc_timeout: float = 1.0,
+        disable_fencing: bool = False,
+        fence_stats: FenceStats | None = None,
+    ) -> None:
+        self.p = partition
+        self.kv, self.ks, self.ownership, self.store, self.ledger = kv, ks, ownership, store, ledger
+        self.dispatcher, self.s, self.clock, self.node_id = dispatcher, settings, clock, node_id
+        self.rpc_timeout, self.disable_fencing = rpc_timeout, disable_fencing
+        self.fence_stats = fence_stats or FenceStats()
+        self.stats = PlannerStats()
+        self.schedules: dict[str, _Sched] = {}
+        self.heap: list[tuple[int, str]] = []  # (next planned ms, schedule id); stale entries skipped
+        self.pending: dict[str, Execution] = {}  # unfinished executions of this partition, by id
+        self.ck = Checkpoint(partition, 0, 0)
+        self.wake = asyncio.Event()
+
+    # ---- snapshot ---------------------------------------------------------------------------------
+
+    async def load(self) -> int:
+        """Read checkpoint, schedules and unfinished executions; returns the revision to watch from."""
+        self.ck = await read_checkpoint(self.kv, self.ks, self.p, timeout=self.rpc_timeout)
+        stored, rev = await self.store.list_partition(self.p)
+        execs, _ = await self.ledger.list_partition(self.kv, self.p, timeout=self.rpc_timeout)
+        self.pending = {e.id: e for e in execs if not e.terminal}
+        self.schedules.clear()
+        self.heap.clear()
+        for st in stored:
+            self._add_schedule(st)
+        return rev
+
+    def _add_schedule(self, st: StoredSchedule) -> None:
+        try:
+            plan = st.schedule.plan()
+        except Exception:  # stored specs were validated; a newer engine refusing one must not stop the loop
+            log.exception("cannot plan schedule", extra={"schedule_id": st.schedule.id, "partition": self.p})
+            return
+        self.schedules[st.schedule.id] = _Sched(st, plan)
+        cursor = max(self.ck.watermark_ms, st.activated_ms)
+        nxt = plan.next_after_ms(cursor)
+        if nxt is not None:
+            heapq.heappush(self.heap, (nxt, st.schedule.id))
+
+    def on_schedule_put(self, st: StoredSchedule) -> None:
+        """A create or update seen by watch: re-plan from the later of the watermark and activation."""
+        old = self.schedules.get(st.schedule.id)
+        if old is not None and old.stored.schedule.version >= st.schedule.version:
+            return
+        self._add_schedule(st)
+        self.wake.set()
+
+    def on_schedule_delete(self, schedule_id: str) -> None:
+        self.schedules.pop(schedule_id, None)
+        self.wake.set()
+
+    # ---- decide + act ---------------------------------------------------------------------------
+
+    async def _commit(self, ops: Sequence[Op]) -> list[bool]:
+        """Fenced commit of a batch; returns per-op success of nested creates/CASes."""
+        if not ops:
+            return []
+        async with self.ownership.writing(self.p) as fence:
+            rs = await fenced_txn(self.kv, fence, ops, timeout=self.rpc_timeout, disable_fencing=self.disable_fencing,
+                                  stats=self.fence_stats)
+        return [ok for r in rs for ok in self.ledger.cas_results(r)]
+
+    def _new_execution(self, sch: _Sched, planned_ms: int, due_ms: int) -> Execution:
+        s = sch.stored.schedule
+        return Execution(
+            id=execution_id(s.id, planned_ms), schedule_id=s.id, tenant=s.tenant, pool=s.worker_pool,
+            task_type=s.task_type, planned_ms=planned_ms, due_ms=due_ms, trigger=Trigger.SCHEDULED,
+            retry=s.policies.retry, timeout_ms=s.policies.execution_timeout_ms,
+        )
+
+    def catch_up(self, now_ms: int) -> tuple[list[Execution], list[tuple[str, SkipRange]]]:
+        """Missed-run decisions for every schedule owed planned times older than the grace."""
+        runs: list[Execution] = []
+        skips: list[tuple[str, SkipRange]] = []
+        horizon = now_ms - self.s.late_grace_ms
+        for sid, sch in self.schedules.items():
+            s = sch.stored.schedule
+            owed_from = max(self.ck.watermark_ms, sch.stored.activated_ms)
+            if horizon <= owed_from:
+                continue
+            if s.state is ScheduleState.PAUSED:
+                if sch.plan.any_between_ms(owed_from, horizon):
+                    skips.append((sid, SkipRange(SkipReason.PAUSED, owed_from, horizon)))
+                continue
+            p = s.policies
+            d = decide_missed(sch.plan, owed_from, horizon, p.missed_runs, p.catchup_window_ms, p.catchup_cap)
+            runs += [self._new_execution(sch, t, now_ms) for t in d.run]
+            skips += [(sid, r) for r in d.skipped]
+        # The heap restarts after the catch-up horizon for everyone.
+        self.heap = []
+        for sid, sch in self.schedules.items():
+            cursor = max(self.ck.watermark_ms, sch.stored.activated_ms, horizon)
+            nxt = sch.plan.next_after_ms(cursor)
+            if nxt is not None:
+                self.heap.append((nxt, sid))
+        heapq.heapify(self.heap)
+        return runs, skips
+
+    def plan_round(self, horizon_ms: int) -> tuple[list[Execution], list[tuple[str, SkipRange]]]:
+        """Planned times up to the horizon: executions for active schedules, skips for paused ones."""
+        execs: list[Execution] = []
+        skips: list[tuple[str, SkipRange]] = []
+        heap = self.heap
+        while heap and heap[0][0] <= horizon_ms:
+            t, sid = heapq.heappop(heap)
+            sch = self.schedules.get(sid)
+            if sch is None:
+                continue  # deleted
+            cursor = max(self.ck.watermark_ms, sch.stored.activated_ms)
+            if t <= cursor:  # a stale heap entry from before a re-plan
+                continue
+            s = sch.stored.schedule
+            if s.state is ScheduleState.PAUSED:
+                skips.append((sid, SkipRange(SkipReason.PAUSED, t - 1, t)))
+            else:
+                due = t + jitter_ms(s.id, t, s.policies.jitter_ms)
+                execs.append(self._new_execution(sch, t, due))
+            nxt = sch.plan.next_after_ms(t)
+            if nxt is not None:
+                heapq.heappush(heap, (nxt, sid))
+        return execs, skips
+
+    async def write_planned(
+        self, execs: list[Execution], skips: list[tuple[str, SkipRange]], watermark_ms: int
+    ) -> None:
+        ops: list[Op] = list(self.ledger.create_ops(execs))
+        ops += [self.ledger.skip_op(self.p, sid, r) for sid, r in skips]
+        created = await self._commit(ops)
+        for e, ok in zip(execs, created, strict=False):
+            if ok:
+                self.pending[e.id] = e
+        self.stats.created += sum(created[: len(execs)])
+        self.stats.skipped_ranges += len(skips)
+        if watermark_ms > self.ck.watermark_ms:
+            async with self.ownership.writing(self.p) as fence:
+                compares, cops, new = advance(self.ks, self.ck, watermark_ms, self.node_id, fence.token)
+                rs = await fenced_txn(self.kv, fence, cops, compares=compares, timeout=self.rpc_timeout,
+                                      disable_fencing=self.disable_fencing, stats=self.fence_stats)
+            self.ck = replace(new, mod_revision=rs[-1].revision)
+        if any(not ok for ok in created[: len(execs)]):
+            # Records that already existed (an earlier owner's lookahead): load their real state.
+            raise Restart("some executions already existed")
+
+    async def dispatch_due(self, now_ms: int) -> None:
+        by_schedule: dict[str, list[Execution]] = {}
+        for e in self.pending.values():
+            by_schedule.setdefault(e.schedule_id, []).append(e)
+        cas: list[tuple[Execution, Execution]] = []  # (old, new)
+        budget: dict[str, int] = {}
+        for sid, es in by_schedule.items():
+            sch = self.schedules.get(sid)
+            es.sort(key=lambda x: x.planned_ms)
+            running = tuple(x.id for x in es if x.state in IN_FLIGHT)
+            waiting = [x for x in es if dispatchable(x, now_ms)]
+            if not waiting:
+                continue
+            if sch is None or sch.stored.schedule.state is ScheduleState.PAUSED:
+                for x in waiting:
+                    if x.state is ExecState.SCHEDULED:
+                        cas.append((x, skip(x, SkipReason.PAUSED.value if sch else "schedule_deleted")))
+                continue
+            policy = sch.stored.schedule.policies.overlap
+            for i, x in enumerate(waiting):
+                pool = x.pool
+                if pool not in budget:
+                    budget[pool] = self.dispatcher.capacity(pool)
+                if x.state is ExecState.RETRY_WAIT:
+                    action = OverlapAction.START  # a retry is the same run, not a new one
+                else:
+                    buffered = tuple(y.id for y in waiting[:i] if y.state is ExecState.SCHEDULED)
+                    action = decide_overlap(policy, running, buffered).action
+                if action is OverlapAction.SKIP:
+                    cas.append((x, skip(x, SkipReason.OVERLAP_SKIP.value)))
+                    continue
+                if action is OverlapAction.BUFFER:
+                    break  # it and everything after it wait for the running one
+                if action is OverlapAction.CANCEL_THEN_START:
+                    for rid in running:
+                        r = self.pending[rid]
+                        if r.state in IN_FLIGHT:
+                            cas.append((r, cancel(r, "overlap")))
+                            self.dispatcher.cancel(r, "overlap")
+                    running = ()
+                if budget[pool] <= 0:
+                    break
+                budget[pool] -= 1
+                fence = self.ownership.fence(self.p)
+                if fence is None:
+                    return
+                new = dispatch(x, worker="", planner=self.node_id, token=f"{self.p}:{fence.token}", now_ms=now_ms)
+                cas.append((x, new))
+                running = (*running, x.id)
+        if not cas:
+            return
+        ok = await self._commit([self.ledger.cas_op(new, old.mod_revision, now_ms=now_ms) for old, new in cas])
+        lost = False
+        for (_old, new), applied in zip(cas, ok, strict=False):
+            if not applied:
+                lost = True
+                continue
+            if new.terminal:
+                self.pending.pop(new.id, None)
+            else:
+                self.pending[new.id] = new
+            if new.state is ExecState.DISPATCHED:
+                sch = self.schedules.get(new.schedule_id)
+                payload = sch.stored.schedule.payload if sch else b""
+                cur = new.current
+                self.dispatcher.submit(new, payload, cur.token if cur else "")
+                self.stats.dispatched += 1
+        if lost:
+            raise Restart("a dispatch compare-and-swap lost: someone else changed the record")
+
+    async def time_out(self, now_ms: int) -> None:
+        late = [e for e in self.pending.values() if timed_out(e, now_ms)]
+        if not late:
+            return
+        cas = []
+        for e in late:
+            new, _ = result(e, e.attempt, succeeded=False, error_class=ErrorClass.TIMEOUT,
+                            message="deadline passed without a result", now_ms=now_ms)
+            cas.append((e, new))
+        ok = await self._commit([self.ledger.cas_op(new, old.mod_revision, now_ms=now_ms) for old, new in cas])
+        for (_, new), applied in zip(cas, ok, strict=False):
+            if applied:
+                self.stats.timed_out += 1
+                self.pending[new.id] = new
+        if not all(ok):
+            raise Restart("a timeout compare-and-swap lost: a result arrived meanwhile")
+
+    def record_transition(self, e: Execution) -> None:
+        """A result recorded by this node's dispatcher: keep the snapshot current."""
+        if e.terminal:
+            self.pending.pop(e.id, None)
+        else:
+            self.pending[e.id] = e
+        self.wake.set()
+
+    # ---- the loop -----------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        await self.load()
+        now = self.clock.wall_ms()
+        runs, skips = self.catch_up(now)
+        await self.write_planned(runs, skips, max(self.ck.watermark_ms, now - self.s.late_grace_ms))
+        while True:
+            now = self.clock.wall_ms()
+            horizon = now + self.s.lookahead_ms
+            execs, skips = self.plan_round(horizon)
+            await self.write_planned(execs, skips, horizon)
+            await self.dispatch_due(now)
+            await self.time_out(now)
+            self.stats.rounds += 1
+            self.wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.wake.wait(), self.s.loop_interval)

@@ -1,0 +1,29 @@
+"""Planner loop settings (part of the planner process's settings; see scheduler/config.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from scheduler.config import Settings
+from scheduler.errors import InvalidArgument
+
+
+@dataclass(frozen=True)
+class PlannerSettings(Settings):
+    lookahead_ms: int = 2_000  # executions are written this far ahead of their due time
+    loop_interval: float = 0.05  # seconds between planner rounds per partition
+    late_grace_ms: int = 5_000  # a planned time less late than this is on time, not "missed"
+    retention_ms: int = 7 * 86_400_000  # terminal records older than this are deleted
+    retention_count: int = 1_000  # and at most this many kept per schedule
+    api_port: int = 0  # gRPC port (0: pick a free one)
+    api_host: str = "127.0.0.1"
+
+    def validate(self) -> None:
+        if not 0 <= self.lookahead_ms <= 60_000:
+            raise InvalidArgument("lookahead_ms", "must be in 0-60000")
+        if not 0.005 <= self.loop_interval <= 5:
+            raise InvalidArgument("loop_interval", "must be in 0.005-5 seconds")
+        if self.late_grace_ms < 0:
+            raise InvalidArgument("late_grace_ms", "must not be negative")
+        if self.retention_count < 1:
+            raise InvalidArgument("retention_count", "must be at least 1")

@@ -1,0 +1,166 @@
+"""The per-partition planner loop against a real etcd, in one process, with a fake dispatcher."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import replace
+
+import pytest
+
+from scheduler.clock import SYSTEM_CLOCK
+from scheduler.config import CoordinationSettings
+from scheduler.execution import ErrorClass, ExecState, Execution
+from scheduler.model import Policies, Schedule, ScheduleState
+from scheduler.node import PlannerNode
+from scheduler.planner.results import record_result
+from scheduler.planner.settings import PlannerSettings
+from scheduler.store.etcd import EtcdClient
+from scheduler.store.keyspace import Keyspace
+from scheduler.timeplan import MissedRuns, Overlap
+from tests.etcd_cluster import EtcdCluster
+
+pytestmark = pytest.mark.etcd
+
+COORD = CoordinationSettings(node_id="n1", lease_ttl=2, renew_interval=0.5, rpc_timeout=0.5, safety_margin=0.3,
+                             partitions=4)
+FAST = PlannerSettings(lookahead_ms=500, loop_interval=0.05, late_grace_ms=1_000)
+
+
+class FakeDispatcher:
+    """Completes every execution at once through the real result path, unless told to hold them."""
+
+    def __init__(self, kv: EtcdClient, node: PlannerNode | None = None, outcome: str = "ok") -> None:
+        self.kv, self.node, self.outcome = kv, node, outcome
+        self.submitted: list[Execution] = []
+        self.cancelled: list[str] = []
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    def capacity(self, pool: str) -> int:
+        return 1000
+
+    def submit(self, e: Execution, payload: bytes, token: str) -> None:
+        self.submitted.append(e)
+        if self.outcome == "hold":
+            return
+        t = asyncio.create_task(self._finish(e))
+        self.tasks.add(t)
+        t.add_done_callback(self.tasks.discard)
+
+    def cancel(self, e: Execution, reason: str) -> None:
+        self.cancelled.append(e.id)
+
+    async def _finish(self, e: Execution) -> None:
+        assert self.node is not None
+        ok = self.outcome == "ok"
+        new, _ = await record_result(self.kv, self.node.ledger, e.schedule_id, e.planned_ms, e.attempt,
+                                     succeeded=ok, error_class=None if ok else ErrorClass.PERMANENT,
+                                     message="", now_ms=SYSTEM_CLOCK.wall_ms(), payload_of=self.node.payload_of)
+        p = self.node.planners.get(self.node.store.partition(e.schedule_id))
+        if p is not None:
+            p.record_transition(new)
+
+
+@pytest.fixture
+async def kv(etcd_server: EtcdCluster) -> AsyncIterator[EtcdClient]:
+    async with EtcdClient(etcd_server.config(timeout=0.5)) as c:
+        yield c
+
+
+async def run_node(node: PlannerNode, seconds: float) -> None:
+    t = asyncio.create_task(node.run())
+    try:
+        await asyncio.sleep(seconds)
+    finally:
+        t.cancel()
+        await asyncio.gather(t, return_exceptions=True)
+
+
+def sched(i: int, **kw: object) -> Schedule:
+    return replace(Schedule(id=f"s{i}", tenant="t", spec="* * * * * *", worker_pool="p", task_type="x"), **kw)  # type: ignore[arg-type]
+
+
+async def executions(node: PlannerNode, kv: EtcdClient) -> list[Execution]:
+    out: list[Execution] = []
+    for p in range(COORD.partitions):
+        es, _ = await node.ledger.list_partition(kv, p)
+        out += es
+    return out
+
+
+async def test_materializes_and_completes_every_second(kv: EtcdClient, key_prefix: str) -> None:
+    ks = Keyspace(key_prefix.rstrip("/"))
+    node = PlannerNode(kv, ks, COORD, SYSTEM_CLOCK, planner=FAST)
+    disp = FakeDispatcher(kv, node)
+    node.dispatcher = disp
+    t0 = SYSTEM_CLOCK.wall_ms()
+    for i in range(10):
+        await node.store.create(sched(i), t0)
+    await run_node(node, 4.0)
+    es = await executions(node, kv)
+    done = [e for e in es if e.state is ExecState.SUCCEEDED]
+    per_schedule = {e.schedule_id for e in done}
+    assert per_schedule == {f"s{i}" for i in range(10)}
+    assert len(done) >= 10 * 2, f"only {len(done)} completed"
+    ids = [e.id for e in disp.submitted]
+    assert len(ids) == len(set(ids)), "an execution was dispatched twice"
+    assert all(e.planned_ms > t0 for e in es), "planned times before creation are never owed"
+
+
+async def test_paused_schedule_writes_skips_not_executions(kv: EtcdClient, key_prefix: str) -> None:
+    ks = Keyspace(key_prefix.rstrip("/"))
+    node = PlannerNode(kv, ks, COORD, SYSTEM_CLOCK, planner=FAST)
+    node.dispatcher = FakeDispatcher(kv, node)
+    await node.store.create(sched(1, state=ScheduleState.PAUSED), SYSTEM_CLOCK.wall_ms())
+    await run_node(node, 2.5)
+    assert await executions(node, kv) == []
+    p = node.store.partition("s1")
+    skips = await kv.range(ks.skips(p, "s1"), prefix=True)
+    assert skips.count >= 1
+    assert all(b'"paused"' in s.value for s in skips.kvs)
+
+
+async def test_missed_runs_after_an_outage_follow_the_policy(kv: EtcdClient, key_prefix: str) -> None:
+    ks = Keyspace(key_prefix.rstrip("/"))
+    node = PlannerNode(kv, ks, COORD, SYSTEM_CLOCK, planner=FAST)
+    disp = FakeDispatcher(kv, node, outcome="hold")
+    node.dispatcher = disp
+    long_ago = SYSTEM_CLOCK.wall_ms() - 60_000  # created a minute ago, nobody planned since
+    await node.store.create(sched(1, policies=Policies(missed_runs=MissedRuns.ALL, catchup_cap=5,
+                                                        catchup_window_ms=30_000, overlap=Overlap.ALLOW_ALL)),
+                            long_ago)
+    await node.store.create(sched(2, policies=Policies(missed_runs=MissedRuns.SKIP)), long_ago)
+    await run_node(node, 1.5)
+    es = await executions(node, kv)
+    late1 = [e for e in es if e.schedule_id == "s1" and e.due_ms - e.planned_ms > 900]
+    assert len(late1) == 5, "catch-up runs the 5 most recent missed times"
+    assert not [e for e in es if e.schedule_id == "s2" and e.due_ms - e.planned_ms > 900]
+    reasons = {(kv_.key.split(b"/")[-2], kv_.value) for kv_ in (await kv.range(ks.skips(0), prefix=True)).kvs}
+    for p in range(COORD.partitions):
+        reasons |= {(kv_.key.split(b"/")[-2], kv_.value) for kv_ in (await kv.range(ks.skips(p), prefix=True)).kvs}
+    assert (b"s1", b'{"reason":"outside_catchup_window"}') in reasons
+    assert (b"s1", b'{"reason":"over_cap"}') in reasons
+    assert (b"s2", b'{"reason":"policy_skip"}') in reasons
+
+
+async def test_overlap_skip_records_instead_of_running(kv: EtcdClient, key_prefix: str) -> None:
+    ks = Keyspace(key_prefix.rstrip("/"))
+    node = PlannerNode(kv, ks, COORD, SYSTEM_CLOCK, planner=FAST)
+    disp = FakeDispatcher(kv, node, outcome="hold")  # the first run never finishes
+    node.dispatcher = disp
+    await node.store.create(sched(1, policies=Policies(overlap=Overlap.SKIP)), SYSTEM_CLOCK.wall_ms())
+    await run_node(node, 3.0)
+    es = await executions(node, kv)
+    assert len(disp.submitted) == 1
+    assert sum(1 for e in es if e.state is ExecState.SKIPPED and e.skip_reason == "overlap_skip") >= 1
+
+
+async def test_permanent_failure_goes_to_dead_letters(kv: EtcdClient, key_prefix: str) -> None:
+    ks = Keyspace(key_prefix.rstrip("/"))
+    node = PlannerNode(kv, ks, COORD, SYSTEM_CLOCK, planner=FAST)
+    node.dispatcher = FakeDispatcher(kv, node, outcome="fail")
+    await node.store.create(sched(1, spec="@every 1s", payload=b"keep me"), SYSTEM_CLOCK.wall_ms())
+    await run_node(node, 2.0)
+    dead = await kv.range(ks.dead_letters(), prefix=True)
+    assert dead.count >= 1
+    assert b"keep me".hex().encode() in dead.kvs[0].value
