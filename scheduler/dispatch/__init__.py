@@ -1,0 +1,1 @@
+"""Dispatch: the fair queue of due executions and the WorkerService streams that carry them."""
