@@ -11,13 +11,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from dataclasses import replace
+from typing import Any
 
+from scheduler._gen.scheduler.v1 import cluster_pb2
 from scheduler.clock import Clock
 from scheduler.config import CoordinationSettings, EtcdSettings
+from scheduler.dispatch.service import Dispatcher
 from scheduler.errors import FencedOut, NotFound, OutcomeUnknown
-from scheduler.execution import Execution
-from scheduler.planner.ownership import LostReason, NotOwner, Ownership
+from scheduler.execution import Disposition, Execution
+from scheduler.planner.ownership import LostReason, MemberInfo, NotOwner, Ownership
 from scheduler.planner.partition import DispatchSink, PartitionPlanner, Restart
+from scheduler.planner.results import record_result
 from scheduler.planner.settings import PlannerSettings
 from scheduler.store.codec import decode_schedule
 from scheduler.store.etcd import EtcdClient, EtcdConfig
@@ -79,6 +84,36 @@ class PlannerNode:
         self.fence_stats = FenceStats()
         self.planners: dict[int, PartitionPlanner] = {}
         self._loops: dict[int, asyncio.Task[None]] = {}
+
+    def advertise(self, api_address: str) -> None:
+        """Set the address registered with our membership (known once the server is bound)."""
+        self.s = replace(self.s, api_address=api_address)
+        self.ownership.advertise(api_address)
+
+    def make_dispatcher(self, **options: Any) -> Dispatcher:
+        """The gRPC-facing dispatcher, wired to this node's ledger, members and planners."""
+
+        async def record(sid: str, planned_ms: int, attempt: int, **kw: Any) -> tuple[Execution, Disposition]:
+            return await record_result(self.kv, self.ledger, sid, planned_ms, attempt, payload_of=self.payload_of,
+                                       timeout=self.s.rpc_timeout, **kw)
+
+        d = Dispatcher(node_id=self.s.node_id, region=self.s.region, kv=self.kv, ledger=self.ledger, clock=self.clock,
+                       record=record, planners=self.planner_infos, on_transition=self._on_transition, **options)
+        self.dispatcher = d
+        return d
+
+    def planner_infos(self) -> list[cluster_pb2.PlannerInfo]:
+        out = []
+        for kv in self.ownership.members.items.values():
+            m = MemberInfo.decode(kv.value)
+            out.append(cluster_pb2.PlannerInfo(node_id=m.node_id, region=m.region, api_address=m.api_address,
+                                               liveness=cluster_pb2.PLANNER_LIVENESS_ALIVE))
+        return out
+
+    def _on_transition(self, e: Execution) -> None:
+        planner = self.planners.get(self.store.partition(e.schedule_id))
+        if planner is not None:
+            planner.record_transition(e)
 
     async def payload_of(self, schedule_id: str) -> bytes:
         """The schedule's payload, kept with a dead letter so that a replay runs with it."""

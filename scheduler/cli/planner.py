@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import logging
 import signal
 import sys
 from typing import Any
@@ -18,7 +19,10 @@ from scheduler.errors import InvalidArgument
 from scheduler.node import PlannerNode, etcd_client
 from scheduler.planner.ownership import ClusterMismatch
 from scheduler.planner.settings import PlannerSettings
+from scheduler.server import start_server
 from scheduler.store.keyspace import Keyspace
+
+log = logging.getLogger("scheduler.cli.planner")
 
 
 def _flag(name: str) -> str:
@@ -39,8 +43,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                        description="Run one planner node. Settings: flags, then SCHED_* variables, then --config.")
     p.add_argument("--config", metavar="FILE", help="TOML file with settings (flat keys, as the flag names)")
     p.add_argument("--log-level", default="info")
-    p.add_argument("--tick", type=float, default=0.05, help="planner loop period per partition, seconds")
-    add_settings_flags(p, EtcdSettings, CoordinationSettings)
+    add_settings_flags(p, EtcdSettings, CoordinationSettings, PlannerSettings)
     p.set_defaults(func=run)
 
 
@@ -50,25 +53,32 @@ def _names(cls: type[Any]) -> frozenset[str]:
 
 def run(args: argparse.Namespace) -> int:
     flags = vars(args)
+    classes = (EtcdSettings, CoordinationSettings, PlannerSettings)
+    every = frozenset().union(*(_names(c) for c in classes))
     try:
-        etcd = EtcdSettings.load({k: flags[k] for k in _names(EtcdSettings)}, toml_file=args.config,
-                                 shared_keys=_names(CoordinationSettings))
-        coord = CoordinationSettings.load({k: flags[k] for k in _names(CoordinationSettings)},
-                                          toml_file=args.config, shared_keys=_names(EtcdSettings))
+        etcd, coord, planner = (
+            c.load({k: flags[k] for k in _names(c)}, toml_file=args.config, shared_keys=every - _names(c))
+            for c in classes
+        )
     except InvalidArgument as e:
         return fail_invalid(e)
     logs.setup(args.log_level)
     try:
-        return asyncio.run(_main(etcd, coord, args.tick))
+        return asyncio.run(_main(etcd, coord, planner))  # type: ignore[arg-type]
     except ClusterMismatch as e:
         print(f"schedctl: {e}", file=sys.stderr)
         return Exit.INVALID
 
 
-async def _main(etcd: EtcdSettings, coord: CoordinationSettings, tick: float) -> int:
+async def _main(etcd: EtcdSettings, coord: CoordinationSettings, planner: PlannerSettings) -> int:
     kv = etcd_client(etcd, coord.rpc_timeout)
-    node = PlannerNode(kv, Keyspace(etcd.etcd_prefix), coord, SYSTEM_CLOCK,
-                       planner=PlannerSettings(loop_interval=tick))
+    # Bind first: the address workers should dial is registered with the node's membership.
+    node = PlannerNode(kv, Keyspace(etcd.etcd_prefix), coord, SYSTEM_CLOCK, planner=planner)
+    dispatcher = node.make_dispatcher()
+    server, port = await start_server(dispatcher, planner.api_host, planner.api_port)
+    if not coord.api_address:
+        node.advertise(f"{planner.api_host}:{port}")
+    log.info("serving", extra={"event": "serving", "address": f"{planner.api_host}:{port}"})
     task = asyncio.create_task(node.run())
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -82,5 +92,6 @@ async def _main(etcd: EtcdSettings, coord: CoordinationSettings, tick: float) ->
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await task
+    await server.stop(grace=1.0)
     await kv.close()
     return Exit.OK

@@ -15,7 +15,7 @@ import contextlib
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Protocol
 
@@ -103,6 +103,10 @@ class Ownership:
         self._wake = asyncio.Event()
         self._changed_owned = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
+
+    def advertise(self, api_address: str) -> None:
+        """Before run(): the API address to register (known once the gRPC server is bound)."""
+        self._s = replace(self._s, api_address=api_address)
 
     # ---- what writers use ------------------------------------------------------------------------
 

@@ -1,0 +1,301 @@
+"""The planner side of `WorkerService`: one bidirectional stream per connected worker.
+
+Protocol (docs/workers.md has the worker's view):
+- the worker opens with Hello (pool, region, capacity, task types, attempts it is running: re-attach);
+  we answer Welcome (our id, region, heartbeat timing, every planner for discovery) and, for a
+  re-attach, Reattached with the attempts we accept (the ledger still shows that attempt in flight)
+  and those we reject (a newer attempt exists or the execution ended: the worker must stop it);
+- Credits are additive: each grants that many more assignments; we never send more than granted;
+- Assignments are batched: one message carries as many as the worker has credits for;
+- Results are recorded in the ledger by compare-and-swap (any planner may record any result) and
+  acknowledged with their disposition; a worker re-sends unacknowledged results on its next stream;
+- Drain lists assignments the worker received but will not start: we record them as transient
+  failures so that they are retried (same execution id, next attempt);
+- Cancel tells a worker to stop one attempt (overlap cancel_other, pause, cancel requests).
+
+Items wait in a fair queue (per tenant, capped per task type) until some worker of their pool has
+credit; workers in this planner's region are served first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+from google.protobuf.duration_pb2 import Duration
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from scheduler._gen.scheduler.v1 import cluster_pb2, execution_pb2
+from scheduler._gen.scheduler.v1 import worker_service_pb2 as wpb
+from scheduler.clock import Clock
+from scheduler.dispatch.queue import FairQueue
+from scheduler.errors import NotFound, SchedError
+from scheduler.execution import IN_FLIGHT, Disposition, ErrorClass, Execution
+from scheduler.model import parse_rfc3339
+from scheduler.store.kv import KV
+from scheduler.store.ledger import Ledger, split_execution_id
+
+log = logging.getLogger(__name__)
+
+_ERROR_CLASS = {
+    execution_pb2.ERROR_CLASS_TRANSIENT: ErrorClass.TRANSIENT,
+    execution_pb2.ERROR_CLASS_PERMANENT: ErrorClass.PERMANENT,
+    execution_pb2.ERROR_CLASS_UNKNOWN: ErrorClass.UNKNOWN,
+    execution_pb2.ERROR_CLASS_TIMEOUT: ErrorClass.TIMEOUT,
+}
+_DISPOSITION = {
+    Disposition.RECORDED: wpb.RESULT_DISPOSITION_RECORDED,
+    Disposition.DUPLICATE: wpb.RESULT_DISPOSITION_DUPLICATE,
+    Disposition.STALE: wpb.RESULT_DISPOSITION_STALE,
+}
+_TRIGGER = {
+    "scheduled": execution_pb2.TRIGGER_SCHEDULED, "manual": execution_pb2.TRIGGER_MANUAL,
+    "rerun": execution_pb2.TRIGGER_RERUN, "backfill": execution_pb2.TRIGGER_BACKFILL,
+    "replay": execution_pb2.TRIGGER_REPLAY,
+}
+
+
+def _ts(ms: int) -> Timestamp:
+    t = Timestamp()
+    t.FromMilliseconds(ms)
+    return t
+
+
+def _dur(seconds: float) -> Duration:
+    d = Duration()
+    d.FromMilliseconds(int(seconds * 1000))
+    return d
+
+
+@dataclass
+class _Item:
+    e: Execution
+    payload: bytes
+    token: str  # "<partition>:<revision>"
+
+
+@dataclass
+class _Conn:
+    worker_id: str
+    pool: str
+    region: str
+    task_types: frozenset[str]
+    out: asyncio.Queue[wpb.PlannerMessage | None]
+    credits: int = 0
+    running: dict[tuple[str, int], str] = field(default_factory=dict)  # (execution id, attempt) -> task type
+
+
+Recorder = Callable[..., Awaitable[tuple[Execution, Disposition]]]
+
+
+class Dispatcher:
+    """DispatchSink for the planner loops and the WorkerService servicer, in one object
+    (registered with worker_service_pb2_grpc.add_WorkerServiceServicer_to_server)."""
+
+    def __init__(
+        self,
+        *,
+        node_id: str,
+        region: str,
+        kv: KV,
+        ledger: Ledger,
+        clock: Clock,
+        record: Recorder,
+        planners: Callable[[], list[cluster_pb2.PlannerInfo]],
+        on_transition: Callable[[Execution], None] = lambda e: None,
+        heartbeat_interval: float = 1.0,
+        heartbeat_timeout: float = 5.0,
+        type_caps: dict[str, int] | None = None,
+        tenant_weights: dict[str, int] | None = None,
+    ) -> None:
+        self.node_id, self.region, self.kv, self.ledger, self.clock = node_id, region, kv, ledger, clock
+        self._record, self._planners, self._on_transition = record, planners, on_transition
+        self.hb_interval, self.hb_timeout = heartbeat_interval, heartbeat_timeout
+        self.queue: FairQueue[_Item] = FairQueue(tenant_weights, type_caps)
+        self.conns: dict[int, _Conn] = {}
+        self._ids = itertools.count()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.sent = 0
+        self.results = 0
+
+    # ---- DispatchSink (called by partition planners) --------------------------------------------------
+
+    def capacity(self, pool: str) -> int:
+        credit = sum(c.credits for c in self.conns.values() if c.pool == pool)
+        return max(0, credit - self.queue.depth(pool))
+
+    def submit(self, e: Execution, payload: bytes, token: str) -> None:
+        self.queue.put(e.pool, e.tenant, e.task_type, _Item(e, payload, token))
+        self._pump()
+
+    def cancel(self, e: Execution, reason: str) -> None:
+        self.queue.remove(lambda it: it.e.id == e.id)
+        for c in self.conns.values():
+            if (e.id, e.attempt) in c.running:
+                c.out.put_nowait(wpb.PlannerMessage(cancel=wpb.Cancel(
+                    execution_id=e.id, attempt=e.attempt, reason=wpb.CANCEL_REASON_OVERLAP if reason == "overlap"
+                    else wpb.CANCEL_REASON_REQUESTED, message=reason)))
+
+    # ---- sending ----------------------------------------------------------------------------------
+
+    def _assignment(self, it: _Item) -> wpb.Assignment:
+        e = it.e
+        part, _, rev = it.token.partition(":")
+        cur = e.current
+        return wpb.Assignment(
+            execution_id=e.id, schedule_id=e.schedule_id, tenant=e.tenant, task_type=e.task_type,
+            planned_at=_ts(e.planned_ms), attempt=e.attempt,
+            fencing_token=execution_pb2.FencingToken(partition=int(part or 0), revision=int(rev or 0)),
+            payload=it.payload, deadline=_ts(cur.deadline_ms if cur else 0), trigger=_TRIGGER[e.trigger.value],
+            timeout=_dur(e.timeout_ms / 1000),
+        )
+
+    def _pump(self) -> None:
+        if not len(self.queue):
+            return
+        conns = sorted(self.conns.values(), key=lambda c: c.region != self.region)  # own region first
+        for c in conns:
+            batch: list[wpb.Assignment] = []
+            while c.credits > 0:
+                it = self.queue.take(c.pool, accepts=lambda t, c=c: not c.task_types or t in c.task_types)  # type: ignore[misc]
+                if it is None:
+                    break
+                c.credits -= 1
+                c.running[(it.e.id, it.e.attempt)] = it.e.task_type
+                batch.append(self._assignment(it))
+            if batch:
+                self.sent += len(batch)
+                c.out.put_nowait(wpb.PlannerMessage(assignments=wpb.Assignments(assignments=batch)))
+            if not len(self.queue):
+                return
+
+    # ---- receiving --------------------------------------------------------------------------------------
+
+    async def _handle_results(self, c: _Conn, results: list[wpb.Result]) -> None:
+        acks = []
+        for r in results:
+            key = (r.execution_id, r.attempt)
+            task_type = c.running.pop(key, None)
+            if task_type is not None:
+                self.queue.finished(task_type)
+            sid, planned = split_execution_id(r.execution_id)
+            try:
+                planned_ms = parse_rfc3339(planned, "execution_id")
+                ok = r.outcome == execution_pb2.ATTEMPT_OUTCOME_SUCCEEDED
+                ec = None if ok else _ERROR_CLASS.get(r.error_class, ErrorClass.UNKNOWN)
+                if r.outcome == execution_pb2.ATTEMPT_OUTCOME_TIMED_OUT:
+                    ec = ErrorClass.TIMEOUT
+                e, disp = await self._record(
+                    sid, planned_ms, r.attempt, succeeded=ok, error_class=ec, message=r.message,
+                    now_ms=self.clock.wall_ms(), retry_after_ms=int(r.retry_after.ToMilliseconds()),
+                )
+            except (NotFound, SchedError) as err:
+                log.warning("result not recorded: %s", err, extra={"execution_id": r.execution_id})
+                continue  # not acknowledged: the worker sends it again, maybe to another planner
+            self.results += 1
+            if disp is Disposition.RECORDED:
+                self._on_transition(e)
+            log.info("result", extra={"event": "result", "execution_id": r.execution_id, "attempt": r.attempt,
+                                      "disposition": disp.value, "state": e.state.value})
+            acks.append(wpb.ResultAckEntry(execution_id=r.execution_id, attempt=r.attempt,
+                                           disposition=_DISPOSITION[disp]))
+        if acks:
+            c.out.put_nowait(wpb.PlannerMessage(result_ack=wpb.ResultAck(acks=acks)))
+        self._pump()
+
+    async def _reattach(self, c: _Conn, running: list[wpb.RunningAttempt]) -> None:
+        accepted, rejected = [], []
+        for ra in running:
+            sid, planned = split_execution_id(ra.execution_id)
+            try:
+                e = await self.ledger.get(self.kv, sid, parse_rfc3339(planned, "execution_id"))
+            except SchedError:
+                e = None
+            if e is not None and e.attempt == ra.attempt and e.state in IN_FLIGHT:
+                c.running[(ra.execution_id, ra.attempt)] = e.task_type
+                accepted.append(wpb.AttemptRef(execution_id=ra.execution_id, attempt=ra.attempt))
+            else:
+                why = "unknown execution" if e is None else f"execution is {e.state.value} at attempt {e.attempt}"
+                rejected.append(wpb.RejectedAttempt(execution_id=ra.execution_id, attempt=ra.attempt, reason=why))
+        c.out.put_nowait(wpb.PlannerMessage(reattached=wpb.Reattached(accepted=accepted, rejected=rejected)))
+
+    async def _returned(self, c: _Conn, refs: list[wpb.AttemptRef]) -> None:
+        """Assignments a draining worker hands back unstarted: retried elsewhere, same id."""
+        results = [wpb.Result(execution_id=r.execution_id, attempt=r.attempt,
+                              outcome=execution_pb2.ATTEMPT_OUTCOME_FAILED,
+                              error_class=execution_pb2.ERROR_CLASS_TRANSIENT, message="returned by a draining worker")
+                   for r in refs]
+        await self._handle_results(c, results)
+
+    async def _read(self, c: _Conn, it: AsyncIterator[wpb.WorkerMessage]) -> None:
+        async for msg in it:
+            kind = msg.WhichOneof("body")
+            if kind == "credits":
+                c.credits += msg.credits.credits
+                self._pump()
+            elif kind == "results":
+                await self._handle_results(c, list(msg.results.results))
+            elif kind == "heartbeat":
+                pass  # liveness of attempts is bounded by their recorded deadline
+            elif kind == "drain":
+                c.credits = 0
+                await self._returned(c, list(msg.drain.returned))
+
+    # ---- the RPCs --------------------------------------------------------------------------------------
+
+    async def Connect(
+        self, request_iterator: AsyncIterator[wpb.WorkerMessage], context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[wpb.PlannerMessage]:
+        first = await anext(aiter(request_iterator), None)
+        if first is None or first.WhichOneof("body") != "hello":
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "hello: the first message must be a Hello")
+            return
+        h = first.hello
+        if not h.worker_id or not h.pool:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "hello.worker_id and hello.pool are required")
+            return
+        conn_id = next(self._ids)
+        c = _Conn(h.worker_id, h.pool, h.region, frozenset(h.task_types), asyncio.Queue())
+        self.conns[conn_id] = c
+        log.info("worker connected", extra={"event": "worker_connected", "worker": h.worker_id, "pool": h.pool})
+        yield wpb.PlannerMessage(welcome=wpb.Welcome(
+            planner_id=self.node_id, region=self.region, server_time=_ts(self.clock.wall_ms()),
+            planners=self._planners(), heartbeat_interval=_dur(self.hb_interval),
+            heartbeat_timeout=_dur(self.hb_timeout)))
+        if h.running:
+            await self._reattach(c, list(h.running))
+        reader = asyncio.create_task(self._read(c, request_iterator))
+        reader.add_done_callback(lambda _t: c.out.put_nowait(None))
+        try:
+            while (msg := await c.out.get()) is not None:
+                yield msg
+        finally:
+            reader.cancel()
+            with contextlib.suppress(BaseException):
+                await reader
+            del self.conns[conn_id]
+            # Attempts it was running stay in flight in the ledger until a result (possibly via another
+            # planner after a reconnect) or their recorded deadline.
+            for (_eid, _n), task_type in c.running.items():
+                self.queue.finished(task_type)
+            log.info("worker disconnected", extra={"event": "worker_disconnected", "worker": h.worker_id})
+
+    async def DiscoverPlanners(
+        self, request: wpb.DiscoverPlannersRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> wpb.DiscoverPlannersResponse:
+        ps = self._planners()
+        if request.region:
+            ps = [p for p in ps if p.region == request.region]
+        return wpb.DiscoverPlannersResponse(planners=ps)
+
+    def connected_workers(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for c in self.conns.values():
+            out[c.pool] = out.get(c.pool, 0) + 1
+        return out

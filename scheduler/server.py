@@ -1,0 +1,31 @@
+"""The planner node's gRPC server: WorkerService today (ScheduleService and AdminService come with
+issue 5), plus the standard health service and server reflection so generic tools work against it."""
+
+from __future__ import annotations
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from scheduler._gen.scheduler.v1 import worker_service_pb2, worker_service_pb2_grpc
+from scheduler.dispatch.service import Dispatcher
+
+# Big enough for a batch of assignments carrying 64 KiB payloads each.
+_MAX_MESSAGE = 32 * 1024 * 1024
+
+
+async def start_server(dispatcher: Dispatcher, host: str, port: int) -> tuple[grpc.aio.Server, int]:
+    server = grpc.aio.server(options=[("grpc.max_receive_message_length", _MAX_MESSAGE),
+                                      ("grpc.max_send_message_length", _MAX_MESSAGE)])
+    worker_service_pb2_grpc.add_WorkerServiceServicer_to_server(dispatcher, server)
+    hs = health.aio.HealthServicer()  # type: ignore[attr-defined]  # re-exported at run time; stubs lag
+    health_pb2_grpc.add_HealthServicer_to_server(hs, server)
+    names = (worker_service_pb2.DESCRIPTOR.services_by_name["WorkerService"].full_name, reflection.SERVICE_NAME,
+             health.SERVICE_NAME)
+    reflection.enable_server_reflection(names, server)
+    bound = server.add_insecure_port(f"{host}:{port}")
+    if bound == 0:
+        raise OSError(f"cannot listen on {host}:{port}")
+    await server.start()
+    await hs.set("", health_pb2.HealthCheckResponse.SERVING)
+    return server, bound
