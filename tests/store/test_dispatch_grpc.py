@@ -63,7 +63,7 @@ async def test_assign_run_report(kv: EtcdClient, key_prefix: str) -> None:
 
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
-            stub = wgrpc.WorkerServiceStub(ch)  # type: ignore[no-untyped-call]
+            stub = wgrpc.WorkerServiceStub(ch)
             call = stub.Connect(requests())
             welcome = await call.read()
             assert welcome.welcome.planner_id == "n1"
