@@ -46,7 +46,7 @@ from scheduler.model import ScheduleState, execution_id
 from scheduler.planner.ownership import Ownership
 from scheduler.planner.settings import PlannerSettings
 from scheduler.store.checkpoint import Checkpoint, advance, read_checkpoint
-from scheduler.store.etcd.ops import Op
+from scheduler.store.etcd.ops import Compare, Op, delete, txn
 from scheduler.store.fenced import FenceStats, fenced_txn
 from scheduler.store.keyspace import Keyspace
 from scheduler.store.kv import KV
@@ -343,6 +343,31 @@ class PartitionPlanner:
             self.pending[e.id] = e
         self.wake.set()
 
+    async def sweep(self, now_ms: int) -> int:
+        """Delete terminal records past the retention period or count (never dead letters), and
+        skip records past the period. Fenced like every owner write. Returns how many were deleted."""
+        execs, _ = await self.ledger.list_partition(self.kv, self.p, timeout=self.rpc_timeout)
+        cutoff = now_ms - self.s.retention_ms
+        by_schedule: dict[str, list[Execution]] = {}
+        for e in execs:
+            if e.terminal:
+                by_schedule.setdefault(e.schedule_id, []).append(e)
+        doomed: list[Op] = []
+        for es in by_schedule.values():
+            es.sort(key=lambda x: x.planned_ms, reverse=True)
+            for i, e in enumerate(es):
+                if i >= self.s.retention_count or e.planned_ms < cutoff:
+                    # Only if unchanged since we read it: a replay may have brought it back to life.
+                    k = self.ledger.key(e)
+                    doomed.append(txn([Compare.mod_revision(k, "==", e.mod_revision)], [delete(k)]))
+        skips = await self.kv.range(self.ks.skips(self.p), prefix=True, keys_only=True, timeout=self.rpc_timeout)
+        for kv in skips.kvs:
+            through = int(kv.key.rsplit(b"-", 1)[1])
+            if through < cutoff:
+                doomed.append(delete(kv.key))
+        await self._commit(doomed)
+        return len(doomed)
+
     # ---- the loop -----------------------------------------------------------------------------------
 
     async def run(self) -> None:
@@ -350,8 +375,12 @@ class PartitionPlanner:
         now = self.clock.wall_ms()
         runs, skips = self.catch_up(now)
         await self.write_planned(runs, skips, max(self.ck.watermark_ms, now - self.s.late_grace_ms))
+        next_sweep = self.clock.monotonic() + self.s.retention_interval
         while True:
             now = self.clock.wall_ms()
+            if self.clock.monotonic() >= next_sweep:
+                await self.sweep(now)
+                next_sweep = self.clock.monotonic() + self.s.retention_interval
             horizon = now + self.s.lookahead_ms
             execs, skips = self.plan_round(horizon)
             await self.write_planned(execs, skips, horizon)

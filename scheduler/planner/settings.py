@@ -15,6 +15,7 @@ class PlannerSettings(Settings):
     late_grace_ms: int = 5_000  # a planned time less late than this is on time, not "missed"
     retention_ms: int = 7 * 86_400_000  # terminal records older than this are deleted
     retention_count: int = 1_000  # and at most this many kept per schedule
+    retention_interval: float = 10.0  # seconds between retention sweeps of a partition
     api_port: int = 0  # gRPC port (0: pick a free one)
     api_host: str = "127.0.0.1"
 

@@ -30,8 +30,9 @@ FAST = PlannerSettings(lookahead_ms=500, loop_interval=0.05, late_grace_ms=1_000
 class FakeDispatcher:
     """Completes every execution at once through the real result path, unless told to hold them."""
 
-    def __init__(self, kv: EtcdClient, node: PlannerNode | None = None, outcome: str = "ok") -> None:
-        self.kv, self.node, self.outcome = kv, node, outcome
+    def __init__(self, kv: EtcdClient, node: PlannerNode | None = None, outcome: str = "ok",
+                 fail: frozenset[str] = frozenset()) -> None:
+        self.kv, self.node, self.outcome, self.fail = kv, node, outcome, fail
         self.submitted: list[Execution] = []
         self.cancelled: list[str] = []
         self.tasks: set[asyncio.Task[None]] = set()
@@ -52,7 +53,7 @@ class FakeDispatcher:
 
     async def _finish(self, e: Execution) -> None:
         assert self.node is not None
-        ok = self.outcome == "ok"
+        ok = self.outcome == "ok" and e.schedule_id not in self.fail
         new, _ = await record_result(self.kv, self.node.ledger, e.schedule_id, e.planned_ms, e.attempt,
                                      succeeded=ok, error_class=None if ok else ErrorClass.PERMANENT,
                                      message="", now_ms=SYSTEM_CLOCK.wall_ms(), payload_of=self.node.payload_of)
@@ -164,3 +165,19 @@ async def test_permanent_failure_goes_to_dead_letters(kv: EtcdClient, key_prefix
     dead = await kv.range(ks.dead_letters(), prefix=True)
     assert dead.count >= 1
     assert b"keep me".hex().encode() in dead.kvs[0].value
+
+
+async def test_retention_removes_old_terminal_records_but_keeps_dead_letters(kv: EtcdClient, key_prefix: str) -> None:
+    ks = Keyspace(key_prefix.rstrip("/"))
+    node = PlannerNode(kv, ks, COORD, SYSTEM_CLOCK,
+                       planner=replace(FAST, retention_count=3, retention_interval=0.5))
+    node.dispatcher = FakeDispatcher(kv, node)
+    await node.store.create(sched(1), SYSTEM_CLOCK.wall_ms())
+    await node.store.create(sched(2, spec="@every 1s"), SYSTEM_CLOCK.wall_ms())
+    node.dispatcher = FakeDispatcher(kv, node, fail=frozenset({"s2"}))
+    await run_node(node, 4.0)
+    es = await executions(node, kv)
+    done = [e for e in es if e.schedule_id == "s1" and e.state is ExecState.SUCCEEDED]
+    assert 1 <= len(done) <= 3 + 2, f"{len(done)} terminal records kept for s1, limit 3 (+ those since the sweep)"
+    dead = [e for e in es if e.schedule_id == "s2" and e.state is ExecState.DEAD_LETTER]
+    assert len(dead) >= 3, "dead letters are never removed by retention"
