@@ -258,13 +258,14 @@ class PartitionPlanner:
             sch = self.schedules.get(sid)
             es.sort(key=lambda x: x.planned_ms)
             running = tuple(x.id for x in es if x.state in IN_FLIGHT)
+            if sch is None or sch.stored.schedule.state is ScheduleState.PAUSED:
+                # Pause (or delete) takes effect at once: pre-written executions are withdrawn now,
+                # not when they come due.
+                why = SkipReason.PAUSED.value if sch else "schedule_deleted"
+                cas += [(x, skip(x, why)) for x in es if x.state is ExecState.SCHEDULED]
+                continue
             waiting = [x for x in es if dispatchable(x, now_ms)]
             if not waiting:
-                continue
-            if sch is None or sch.stored.schedule.state is ScheduleState.PAUSED:
-                for x in waiting:
-                    if x.state is ExecState.SCHEDULED:
-                        cas.append((x, skip(x, SkipReason.PAUSED.value if sch else "schedule_deleted")))
                 continue
             policy = sch.stored.schedule.policies.overlap
             for i, x in enumerate(waiting):

@@ -181,3 +181,27 @@ async def test_retention_removes_old_terminal_records_but_keeps_dead_letters(kv:
     assert 1 <= len(done) <= 3 + 2, f"{len(done)} terminal records kept for s1, limit 3 (+ those since the sweep)"
     dead = [e for e in es if e.schedule_id == "s2" and e.state is ExecState.DEAD_LETTER]
     assert len(dead) >= 3, "dead letters are never removed by retention"
+
+
+async def test_pause_withdraws_pre_written_executions_at_once(kv: EtcdClient, key_prefix: str) -> None:
+    ks = Keyspace(key_prefix.rstrip("/"))
+    node = PlannerNode(kv, ks, COORD, SYSTEM_CLOCK, planner=replace(FAST, lookahead_ms=5_000))
+    disp = FakeDispatcher(kv, node)
+    node.dispatcher = disp
+    st = await node.store.create(sched(1), SYSTEM_CLOCK.wall_ms())
+    t = asyncio.create_task(node.run())
+    try:
+        await asyncio.sleep(1.5)
+        ahead = [e for e in await executions(node, kv) if e.state is ExecState.SCHEDULED]
+        assert len(ahead) >= 3, "lookahead pre-writes future executions"
+        paused_at = SYSTEM_CLOCK.wall_ms()
+        await node.store.update(replace(st.schedule, state=ScheduleState.PAUSED), None, paused_at)
+        await asyncio.sleep(1.0)
+        es = await executions(node, kv)
+        assert not [e for e in es if e.state is ExecState.SCHEDULED]
+        withdrawn = [e for e in es if e.state is ExecState.SKIPPED and e.skip_reason == "paused"]
+        assert len(withdrawn) >= 3
+        assert not [e for e in disp.submitted if e.planned_ms > paused_at + 200]
+    finally:
+        t.cancel()
+        await asyncio.gather(t, return_exceptions=True)
