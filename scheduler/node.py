@@ -144,6 +144,7 @@ class PlannerNode:
                 dispatcher=self.dispatcher, settings=self.planner_settings, clock=self.clock,
                 node_id=self.s.node_id, rpc_timeout=self.s.rpc_timeout,
                 disable_fencing=self.s.unsafe_disable_fencing, fence_stats=self.fence_stats,
+                max_ops=self.s.max_txn_ops,
             )
             self.planners[partition] = planner
             try:

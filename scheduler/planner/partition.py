@@ -47,7 +47,8 @@ from scheduler.planner.ownership import Ownership
 from scheduler.planner.settings import PlannerSettings
 from scheduler.store.checkpoint import Checkpoint, advance, read_checkpoint
 from scheduler.store.etcd.ops import Compare, Op, delete, txn
-from scheduler.store.fenced import FenceStats, fenced_txn
+from scheduler.store.etcd.types import TxnResult
+from scheduler.store.fenced import Fence, FenceStats, fenced_txn
 from scheduler.store.keyspace import Keyspace
 from scheduler.store.kv import KV
 from scheduler.store.ledger import Ledger
@@ -105,6 +106,7 @@ class PartitionPlanner:
         rpc_timeout: float = 1.0,
         disable_fencing: bool = False,
         fence_stats: FenceStats | None = None,
+        max_ops: int = 127,
     ) -> None:
         self.p = partition
         self.kv, self.ks, self.ownership, self.store, self.ledger = kv, ks, ownership, store, ledger
@@ -117,6 +119,7 @@ class PartitionPlanner:
         self.pending: dict[str, Execution] = {}  # unfinished executions of this partition, by id
         self.ck = Checkpoint(partition, 0, 0)
         self.wake = asyncio.Event()
+        self.max_ops = max_ops
 
     # ---- snapshot ---------------------------------------------------------------------------------
 
@@ -158,13 +161,17 @@ class PartitionPlanner:
 
     # ---- decide + act ---------------------------------------------------------------------------
 
+    async def _fenced(self, fence: Fence, ops: Sequence[Op], compares: Sequence[Compare] = ()) -> list[TxnResult]:
+        return await fenced_txn(self.kv, fence, ops, compares=compares, max_ops=self.max_ops,
+                                timeout=self.rpc_timeout, disable_fencing=self.disable_fencing,
+                                stats=self.fence_stats)
+
     async def _commit(self, ops: Sequence[Op]) -> list[bool]:
         """Fenced commit of a batch; returns per-op success of nested creates/CASes."""
         if not ops:
             return []
         async with self.ownership.writing(self.p) as fence:
-            rs = await fenced_txn(self.kv, fence, ops, timeout=self.rpc_timeout, disable_fencing=self.disable_fencing,
-                                  stats=self.fence_stats)
+            rs = await self._fenced(fence, ops)
         return [ok for r in rs for ok in self.ledger.cas_results(r)]
 
     def _new_execution(self, sch: _Sched, planned_ms: int, due_ms: int) -> Execution:
@@ -230,21 +237,32 @@ class PartitionPlanner:
     async def write_planned(
         self, execs: list[Execution], skips: list[tuple[str, SkipRange]], watermark_ms: int
     ) -> None:
+        """Creates, skips and the checkpoint in ONE fenced txn when they fit (the common case); a larger
+        batch goes in chunks with the checkpoint last. An idle partition writes its checkpoint only
+        every `checkpoint_interval_ms`, so hundreds of idle partitions do not flood etcd."""
         ops: list[Op] = list(self.ledger.create_ops(execs))
         ops += [self.ledger.skip_op(self.p, sid, r) for sid, r in skips]
-        created = await self._commit(ops)
+        lag = watermark_ms - self.ck.watermark_ms
+        write_ck = lag > 0 and (bool(ops) or lag >= self.s.checkpoint_interval_ms)
+        if not ops and not write_ck:
+            return
+        async with self.ownership.writing(self.p) as fence:
+            compares, ck_ops, new = advance(self.ks, self.ck, watermark_ms, self.node_id, fence.token)
+            if write_ck and len(ops) + len(ck_ops) <= self.max_ops:
+                rs = await self._fenced(fence, [*ops, *ck_ops], compares)
+            else:
+                rs = await self._fenced(fence, ops) if ops else []
+                if write_ck:
+                    rs += await self._fenced(fence, ck_ops, compares)
+        if write_ck:
+            self.ck = replace(new, mod_revision=rs[-1].revision)
+        created = [ok for r in rs for ok in self.ledger.cas_results(r)][: len(execs)]
         for e, ok in zip(execs, created, strict=False):
             if ok:
                 self.pending[e.id] = e
-        self.stats.created += sum(created[: len(execs)])
+        self.stats.created += sum(created)
         self.stats.skipped_ranges += len(skips)
-        if watermark_ms > self.ck.watermark_ms:
-            async with self.ownership.writing(self.p) as fence:
-                compares, cops, new = advance(self.ks, self.ck, watermark_ms, self.node_id, fence.token)
-                rs = await fenced_txn(self.kv, fence, cops, compares=compares, timeout=self.rpc_timeout,
-                                      disable_fencing=self.disable_fencing, stats=self.fence_stats)
-            self.ck = replace(new, mod_revision=rs[-1].revision)
-        if any(not ok for ok in created[: len(execs)]):
+        if not all(created):
             # Records that already existed (an earlier owner's lookahead): load their real state.
             raise Restart("some executions already existed")
 

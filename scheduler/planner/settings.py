@@ -12,6 +12,7 @@ from scheduler.errors import InvalidArgument
 class PlannerSettings(Settings):
     lookahead_ms: int = 2_000  # executions are written this far ahead of their due time
     loop_interval: float = 0.05  # seconds between planner rounds per partition
+    checkpoint_interval_ms: int = 1_000  # an idle partition moves its checkpoint this often
     late_grace_ms: int = 5_000  # a planned time less late than this is on time, not "missed"
     retention_ms: int = 7 * 86_400_000  # terminal records older than this are deleted
     retention_count: int = 1_000  # and at most this many kept per schedule
