@@ -105,6 +105,13 @@ class Execution:
         return self.attempts[-1] if self.attempts else None
 
 
+def deadline_slack_ms(timeout_ms: int) -> int:
+    """The recorded deadline trails the worker's own timeout (counted from when it received the
+    assignment) by this much, so that a slow network cannot let the planner start attempt n+1 while
+    attempt n is still allowed to run: the worker gives up first, then the planner times it out."""
+    return min(max(2_000, timeout_ms // 10), 30_000)
+
+
 def dispatchable(e: Execution, now_ms: int) -> bool:
     if e.state is ExecState.SCHEDULED:
         return e.due_ms <= now_ms
@@ -118,7 +125,7 @@ def dispatch(e: Execution, *, worker: str, planner: str, token: str, now_ms: int
     if not dispatchable(e, now_ms):
         raise TransitionError(f"{e.id}: cannot dispatch in state {e.state} (due {e.due_ms}, now {now_ms})")
     n = e.attempt + 1
-    a = Attempt(n, worker, planner, token, now_ms, now_ms + e.timeout_ms)
+    a = Attempt(n, worker, planner, token, now_ms, now_ms + e.timeout_ms + deadline_slack_ms(e.timeout_ms))
     return replace(e, state=ExecState.DISPATCHED, attempt=n, attempts=(*e.attempts, a), next_attempt_ms=0)
 
 

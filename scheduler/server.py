@@ -15,8 +15,14 @@ _MAX_MESSAGE = 32 * 1024 * 1024
 
 
 async def start_server(dispatcher: Dispatcher, host: str, port: int) -> tuple[grpc.aio.Server, int]:
-    server = grpc.aio.server(options=[("grpc.max_receive_message_length", _MAX_MESSAGE),
-                                      ("grpc.max_send_message_length", _MAX_MESSAGE)])
+    server = grpc.aio.server(options=[
+        ("grpc.max_receive_message_length", _MAX_MESSAGE),
+        ("grpc.max_send_message_length", _MAX_MESSAGE),
+        # Workers ping every 10 s so that they notice a frozen planner; let them (docs/workers.md).
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+        ("grpc.http2.max_ping_strikes", 0),
+    ])
     worker_service_pb2_grpc.add_WorkerServiceServicer_to_server(dispatcher, server)
     hs = health.aio.HealthServicer()  # type: ignore[attr-defined]  # re-exported at run time; stubs lag
     health_pb2_grpc.add_HealthServicer_to_server(hs, server)

@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from scheduler import __version__
-from scheduler.cli import planner, preview
+from scheduler.cli import planner, preview, worker
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -15,6 +15,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
     preview.register(sub)
     planner.register(sub)
+    worker.register(sub)
     return ap
 
 

@@ -45,7 +45,7 @@ def test_not_dispatchable_before_due() -> None:
 
 def test_success_path() -> None:
     e = go(E)
-    assert (e.state, e.attempt, e.current and e.current.deadline_ms) == (ExecState.DISPATCHED, 1, T0 + 11_000)
+    assert (e.state, e.attempt, e.current and e.current.deadline_ms) == (ExecState.DISPATCHED, 1, T0 + 13_000)
     e = started(e, 1, T0 + 1100)
     e2, d = result(e, 1, succeeded=True, error_class=None, message="", now_ms=T0 + 2000)
     assert d is Disposition.RECORDED
@@ -109,8 +109,8 @@ def test_backoff_is_full_jitter_and_deterministic() -> None:
 
 def test_timeout_detection() -> None:
     e = go(E)
-    assert not timed_out(e, T0 + 10_999)
-    assert timed_out(e, T0 + 11_000)
+    assert not timed_out(e, T0 + 12_999), "the worker's own timeout (10 s from receipt) comes first"
+    assert timed_out(e, T0 + 13_000)
 
 
 def test_cancel_skip_replay_discard() -> None:

@@ -6,9 +6,8 @@ compare and the writes it protects travel in one request, so etcd applies both o
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, TypedDict, Unpack
 

@@ -1,0 +1,186 @@
+"""End-to-end throughput on this machine: etcd, planner(s) and worker(s) as separate processes.
+
+N schedules fire every second (`* * * * * *`, so N executions/s are due), a no-op handler runs them.
+Measured over a steady window after a warm-up, all in the same run:
+
+- executions/s durably materialized (execution keys created in etcd during the window),
+- executions/s completed end to end (records that reached `succeeded` in the window),
+- start lag p50 / p99 / max (worker start time minus planned time),
+- etcd requests per execution (etcd's own grpc_server_handled_total, window delta / completed),
+- the ceiling: raw etcd batched-put throughput (txns of 100 puts) measured first on the same etcd,
+  and the ratio materialized / ceiling.
+
+    python bench/bench_e2e.py                 # full: 3 offered rates, 40 s windows
+    python bench/bench_e2e.py --quick         # CI smoke: one small rate, 6 s window
+    python bench/bench_e2e.py --rates 2000,5000 --planners 2 --workers 2 --seconds 60
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from scheduler.clock import SYSTEM_CLOCK  # noqa: E402
+from scheduler.model import Policies, Schedule  # noqa: E402
+from scheduler.store.etcd import EtcdClient  # noqa: E402
+from scheduler.store.etcd.ops import put  # noqa: E402
+from scheduler.store.keyspace import Keyspace  # noqa: E402
+from scheduler.store.schedules import ScheduleStore  # noqa: E402
+from scheduler.timeplan import Overlap  # noqa: E402
+from tests.etcd_cluster import EtcdCluster, find_binary, free_port  # noqa: E402
+
+PARTITIONS = 32
+PREFIX = "/bench"
+
+
+@dataclass
+class Result:
+    rate: int
+    materialized_per_s: float
+    completed_per_s: float
+    lag_p50: float
+    lag_p99: float
+    lag_max: float
+    etcd_requests_per_exec: float
+    ceiling_keys_per_s: float
+
+
+def _metric_total(url: str) -> float:
+    text = urllib.request.urlopen(url, timeout=5).read().decode()
+    return sum(float(m.group(1)) for m in re.finditer(r'^grpc_server_handled_total\{[^}]*\} (\S+)$', text, re.M))
+
+
+async def ceiling(kv: EtcdClient, seconds: float) -> float:
+    """Raw etcd batched-put throughput from this process: txns of 100 puts, 8 in flight."""
+    n = 0
+    end = time.monotonic() + seconds
+
+    async def one(i: int) -> None:
+        nonlocal n
+        while time.monotonic() < end:
+            await kv.txn([], [put(f"/ceiling/{i}/{n + j}", b"x" * 200) for j in range(100)])
+            n += 100
+
+    t0 = time.monotonic()
+    await asyncio.gather(*(one(i) for i in range(8)))
+    rate = n / (time.monotonic() - t0)
+    await kv.delete("/ceiling/", prefix=True)
+    return rate
+
+
+def _spawn(argv: list[str], log: Path) -> subprocess.Popen[bytes]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SCHED_")}
+    with log.open("ab") as f:
+        return subprocess.Popen(argv, stdout=f, stderr=f, stdin=subprocess.DEVNULL, env=env)
+
+
+def _stop(p: subprocess.Popen[bytes]) -> None:
+    if p.poll() is None:
+        os.kill(p.pid, signal.SIGTERM)
+        try:
+            p.wait(20)
+        except subprocess.TimeoutExpired:
+            os.kill(p.pid, signal.SIGKILL)
+            p.wait()
+
+
+async def run_rate(rate: int, args: argparse.Namespace, workdir: Path) -> Result:
+    etcd_bin = find_binary("etcd")
+    assert etcd_bin, "etcd not found: run scripts/setup.sh"
+    cluster = EtcdCluster(workdir / f"etcd-{rate}", binary=etcd_bin, auto_compaction_mode="periodic",
+                          auto_compaction_retention="1m").start()
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        async with EtcdClient(cluster.config(timeout=5.0)) as kv:
+            ceil = await ceiling(kv, 3.0 if args.quick else 8.0)
+            store = ScheduleStore(kv, Keyspace(PREFIX), PARTITIONS, timeout=5.0)
+            now = SYSTEM_CLOCK.wall_ms()
+            pol = Policies(overlap=Overlap.ALLOW_ALL)
+            for start in range(0, rate, 200):
+                await asyncio.gather(*(store.create(Schedule(id=f"b{i:06d}", tenant=f"t{i % 10}", spec="* * * * * *",
+                                                             worker_pool="bench", task_type="noop", policies=pol), now)
+                                       for i in range(start, min(rate, start + 200))))
+            ports = [free_port() for _ in range(args.planners)]
+            addrs = ",".join(f"127.0.0.1:{p}" for p in ports)
+            schedctl = str(Path(sys.executable).parent / "schedctl")
+            for i, port in enumerate(ports):
+                procs.append(_spawn([schedctl, "planner", "--node-id", f"p{i}", "--etcd-endpoints",
+                                     ",".join(cluster.endpoints), "--etcd-prefix", PREFIX,
+                                     "--partitions", str(PARTITIONS), "--api-port", str(port),
+                                     "--log-level", "warning", "--lookahead-ms", "1000",
+                                     "--retention-ms", "20000", "--retention-count", "5"],
+                                    workdir / f"planner{i}.log"))
+            outs = [workdir / f"lags-{rate}-{i}.json" for i in range(args.workers)]
+            for i in range(args.workers):
+                procs.append(_spawn([sys.executable, str(ROOT / "bench" / "noop_worker.py"), "--id", f"w{i}",
+                                     "--planners", addrs, "--out", str(outs[i])], workdir / f"worker{i}.log"))
+            await asyncio.sleep(args.warmup)
+            metrics = f"http://{cluster.endpoints[0]}/metrics"  # etcd serves Prometheus metrics on its client URL
+            rev0 = (await kv.range("/none")).revision
+            req0 = _metric_total(metrics)
+            w0 = SYSTEM_CLOCK.wall_ms()
+            await asyncio.sleep(args.seconds)
+            w1 = SYSTEM_CLOCK.wall_ms()
+            req1 = _metric_total(metrics)
+            created = (await kv.range(f"{PREFIX}/executions/", prefix=True, count_only=True,
+                                      min_create_revision=rev0 + 1)).count
+            for p in procs[args.planners:]:
+                _stop(p)
+            lags: list[tuple[int, int]] = []
+            for o in outs:
+                if o.exists():
+                    lags += [(int(a), int(b)) for a, b in json.loads(o.read_text())]
+            window = [lag for planned, lag in lags if w0 <= planned < w1]
+            window.sort()
+            span = (w1 - w0) / 1000
+            done = len(window)
+
+            def pct(q: float) -> float:
+                return float(window[min(len(window) - 1, int(q * len(window)))]) if window else float("nan")
+
+            return Result(rate, created / span, done / span, pct(0.5), pct(0.99), float(window[-1]) if window else
+                          float("nan"), (req1 - req0) / max(done, 1), ceil)
+    finally:
+        for p in procs:
+            _stop(p)
+        cluster.close()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--rates", default=None, help="offered executions/s, comma-separated")
+    ap.add_argument("--planners", type=int, default=1)
+    ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--seconds", type=float, default=None)
+    ap.add_argument("--warmup", type=float, default=None)
+    args = ap.parse_args()
+    rates = [int(r) for r in (args.rates or ("200" if args.quick else "1000,2000,4000")).split(",")]
+    args.seconds = args.seconds or (6.0 if args.quick else 40.0)
+    args.warmup = args.warmup or (6.0 if args.quick else 10.0)
+    with tempfile.TemporaryDirectory() as tmp:
+        print(f"{'offered/s':>9} {'materialized/s':>14} {'completed/s':>11} {'lag p50 ms':>10} {'p99 ms':>7} "
+              f"{'max ms':>7} {'etcd req/exec':>13} {'ceiling keys/s':>14} {'mat/ceiling':>11}")
+        for rate in rates:
+            r = asyncio.run(run_rate(rate, args, Path(tmp)))
+            print(f"{r.rate:>9} {r.materialized_per_s:>14.0f} {r.completed_per_s:>11.0f} {r.lag_p50:>10.0f} "
+                  f"{r.lag_p99:>7.0f} {r.lag_max:>7.0f} {r.etcd_requests_per_exec:>13.2f} "
+                  f"{r.ceiling_keys_per_s:>14.0f} {r.materialized_per_s / r.ceiling_keys_per_s:>11.3f}")
+
+
+if __name__ == "__main__":
+    main()

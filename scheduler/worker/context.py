@@ -1,0 +1,75 @@
+"""What a handler knows about the attempt it runs: identity, fencing token, time limits, cancellation."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from scheduler.clock import Clock
+from scheduler.model import format_rfc3339_ms
+from scheduler.timeplan.plan import to_ms
+
+
+@dataclass(frozen=True)
+class FencingToken:
+    """Partition ownership the attempt was dispatched under. Pass `str(token)` (`<partition>:<revision>`)
+    to side effects: a sink that remembers the highest revision per partition can refuse a stale
+    planner's work. Compare only tokens of the same partition."""
+
+    partition: int
+    revision: int
+
+    def __str__(self) -> str:
+        return f"{self.partition}:{self.revision}"
+
+
+@dataclass
+class ExecutionContext:
+    execution_id: str
+    schedule_id: str
+    tenant: str
+    task_type: str
+    attempt: int
+    fencing_token: FencingToken
+    planned_at: datetime  # aware, UTC
+    deadline: datetime | None  # planner wall time after which the planner times the attempt out
+    trigger: str  # scheduled, manual, rerun, backfill, replay (lower case; unspecified if not given)
+    worker_id: str
+    clock: Clock = field(repr=False)
+    # Monotonic instant (of `clock`) when the worker stops the handler; None = no limit. Taken from the
+    # assignment's timeout at receipt, so a skewed wall clock cannot shorten or stretch it.
+    local_deadline: float | None = field(default=None, repr=False)
+    cancel_event: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
+    cancel_reason: str = ""
+
+    @property
+    def idempotency_key(self) -> str:
+        """The execution id: the same for every attempt of this planned time. Make a repeat harmless."""
+        return self.execution_id
+
+    @property
+    def cancelled(self) -> bool:
+        """True once the planner asked to stop this attempt (or the worker is stopping it)."""
+        return self.cancel_event.is_set()
+
+    @property
+    def planned_at_rfc3339(self) -> str:
+        """Planned time as RFC 3339 UTC with milliseconds, the form used in execution ids."""
+        return format_rfc3339_ms(to_ms(self.planned_at))
+
+    def remaining(self) -> float | None:
+        """Seconds left before the worker stops the handler (>= 0), or None without a limit."""
+        if self.local_deadline is None:
+            return None
+        return max(0.0, self.local_deadline - self.clock.monotonic())
+
+    def log_fields(self) -> dict[str, object]:
+        """Fields every execution log line carries, so logs join on the ids without parsing text."""
+        return {
+            "execution_id": self.execution_id,
+            "schedule_id": self.schedule_id,
+            "attempt": self.attempt,
+            "fencing_token": str(self.fencing_token),
+            "task_type": self.task_type,
+        }

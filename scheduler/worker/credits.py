@@ -1,0 +1,125 @@
+"""Sharing one worker's slots between its planner streams (pure bookkeeping; no I/O, time passed in).
+
+The invariant: busy + sum(unused credits of every stream) <= capacity, so the planners together can
+never make the worker run more than `concurrency` attempts, whatever they do with their credits.
+
+Credits cannot be taken back on a live stream (the protocol has no revoke), so the book grants them
+where they will be used:
+- every stream first gets one "probe" credit, so any planner can start sending work;
+- a stream that uses credits asks for more: each assignment received adds two to its `want` (one to
+  replace the credit it used, one to grow), so a busy planner's window doubles every round trip;
+- free slots go first to the streams holding the fewest unused credits, then to the one granted
+  least recently, so planners with work share the slots round-robin;
+- a stream that has received nothing for `idle_after` seconds wants no more than its probe back.
+Credits parked on an idle planner while another planner starves are reclaimed by re-opening the idle
+stream (`reclaim()`): closing a stream is the only way the protocol returns credits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class _Line:
+    opened_at: float
+    unused: int = 0  # granted on this stream and not yet used by an assignment
+    want: int = 1  # credits to grant when slots are free; starts with the probe
+    last_used: float | None = None  # monotonic time of the last assignment received
+    last_grant: int = -1  # sequence number of the last grant, for round-robin
+    closing: bool = False  # we half-closed the stream: grant nothing more, but honour what it holds
+
+
+class CreditBook:
+    def __init__(self, capacity: int, idle_after: float) -> None:
+        self.capacity = capacity
+        self.idle_after = idle_after
+        self.busy = 0  # attempts received and not finished (pending or running)
+        self.draining = False  # grant nothing more
+        self._lines: dict[str, _Line] = {}
+        self._seq = 0
+
+    @property
+    def free(self) -> int:
+        return self.capacity - self.busy - sum(line.unused for line in self._lines.values())
+
+    def unused(self, key: str) -> int:
+        line = self._lines.get(key)
+        return line.unused if line else 0
+
+    def open(self, key: str, now: float) -> None:
+        """A stream got its Welcome: it holds no credits yet (credits never carry over streams)."""
+        self._lines[key] = _Line(opened_at=now)
+
+    def quiesce(self, key: str) -> None:
+        """We are ending the stream: it gets no more credits, and its unused ones stay counted until
+        the planner has closed its side (it may still use them on the way)."""
+        line = self._lines.get(key)
+        if line is not None:
+            line.closing = True
+
+    def close(self, key: str) -> None:
+        """The stream ended: the planner forgets its credits, so they are free again."""
+        self._lines.pop(key, None)
+
+    def received(self, key: str, n: int, now: float) -> int:
+        """`n` assignments arrived on `key`; returns how many were within its credits (the rest break
+        the protocol and must be refused without running)."""
+        line = self._lines.get(key)
+        if line is None:
+            return 0
+        ok = min(n, line.unused)
+        line.unused -= ok
+        self.busy += ok
+        line.want = min(self.capacity, line.want + 2 * ok)
+        line.last_used = now
+        return ok
+
+    def finished(self, n: int = 1) -> None:
+        """`n` attempts ended (or were handed back, or were duplicates): their slots are free."""
+        self.busy -= n
+        assert self.busy >= 0, "more attempts finished than were received"
+
+    def allocate(self, now: float) -> dict[str, int]:
+        """Grant free slots; returns the credits to send per stream."""
+        if self.draining:
+            return {}
+        for line in self._lines.values():
+            if line.last_used is not None and now - line.last_used >= self.idle_after:
+                line.want = min(line.want, 1 if line.unused == 0 else 0)
+        grants: dict[str, int] = {}
+        free = self.free
+        while free > 0:
+            wanting = [(line.unused, line.last_grant, key)
+                       for key, line in self._lines.items() if line.want > 0 and not line.closing]
+            if not wanting:
+                break
+            _, _, key = min(wanting)
+            line = self._lines[key]
+            line.unused += 1
+            line.want -= 1
+            line.last_grant = self._seq
+            self._seq += 1
+            grants[key] = grants.get(key, 0) + 1
+            free -= 1
+        return grants
+
+    def reclaim(self, now: float) -> str | None:
+        """A stream to re-open because it sits on credits while another stream is starved (wants
+        credits, holds none, and no slot is free). Only idle streams are chosen, and a stream is left
+        alone for `idle_after` after it opened, so this cannot churn."""
+        if self.draining or self.free > 0:
+            return None
+        starved = [k for k, line in self._lines.items() if line.want > 0 and line.unused == 0 and not line.closing]
+        if not starved:
+            return None
+        idle = [
+            (line.unused, key)
+            for key, line in self._lines.items()
+            if key not in starved
+            and not line.closing
+            and line.unused > 0
+            and now - line.opened_at >= self.idle_after
+            and (line.last_used is None or now - line.last_used >= self.idle_after)
+        ]
+        return max(idle)[1] if idle else None

@@ -1,0 +1,128 @@
+"""Worker-stream messages <-> the SDK's objects. The only worker module that builds or reads
+protobuf fields (STYLE: convert at the edge)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from google.protobuf.duration_pb2 import Duration
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from scheduler._gen.scheduler.v1 import execution_pb2 as epb
+from scheduler._gen.scheduler.v1 import worker_service_pb2 as wpb
+from scheduler.clock import Clock
+from scheduler.timeplan.plan import from_ms
+from scheduler.worker.attempt import Attempt, ErrorClass, Outcome, Status
+from scheduler.worker.context import ExecutionContext, FencingToken
+
+_STATUS = {
+    Status.SUCCEEDED: epb.ATTEMPT_OUTCOME_SUCCEEDED,
+    Status.FAILED: epb.ATTEMPT_OUTCOME_FAILED,
+    Status.CANCELLED: epb.ATTEMPT_OUTCOME_CANCELLED,
+}
+_ERROR_CLASS = {
+    ErrorClass.NONE: epb.ERROR_CLASS_UNSPECIFIED,
+    ErrorClass.TRANSIENT: epb.ERROR_CLASS_TRANSIENT,
+    ErrorClass.PERMANENT: epb.ERROR_CLASS_PERMANENT,
+    ErrorClass.UNKNOWN: epb.ERROR_CLASS_UNKNOWN,
+    ErrorClass.TIMEOUT: epb.ERROR_CLASS_TIMEOUT,
+}
+
+
+def _ts(ms: int) -> Timestamp:
+    t = Timestamp()
+    t.FromMilliseconds(ms)
+    return t
+
+
+def _token_pb(t: FencingToken) -> epb.FencingToken:
+    return epb.FencingToken(partition=t.partition, revision=t.revision)
+
+
+def trigger_name(value: int) -> str:
+    try:
+        return str(epb.Trigger.Name(value)).removeprefix("TRIGGER_").lower()
+    except ValueError:  # an enum value newer than this SDK
+        return f"trigger_{value}"
+
+
+def context_from_assignment(a: wpb.Assignment, worker_id: str, clock: Clock) -> tuple[ExecutionContext, float | None]:
+    """The handler's context, and the execution timeout in seconds (None: no limit).
+
+    The limit is the assignment's `timeout` counted on the worker's monotonic clock from receipt;
+    an older planner that sends only `deadline` gets `deadline - worker wall time`, skew and all.
+    """
+    timeout: float | None = None
+    if a.HasField("timeout") and (a.timeout.seconds or a.timeout.nanos):
+        timeout = a.timeout.ToMilliseconds() / 1000
+    elif a.HasField("deadline"):
+        timeout = max(0.0, (a.deadline.ToMilliseconds() - clock.wall_ms()) / 1000)
+    ctx = ExecutionContext(
+        execution_id=a.execution_id,
+        schedule_id=a.schedule_id,
+        tenant=a.tenant,
+        task_type=a.task_type,
+        attempt=a.attempt,
+        fencing_token=FencingToken(a.fencing_token.partition, a.fencing_token.revision),
+        planned_at=from_ms(a.planned_at.ToMilliseconds()),
+        deadline=from_ms(a.deadline.ToMilliseconds()) if a.HasField("deadline") else None,
+        trigger=trigger_name(a.trigger),
+        worker_id=worker_id,
+        clock=clock,
+        local_deadline=None if timeout is None else clock.monotonic() + timeout,
+    )
+    return ctx, timeout
+
+
+def result_pb(attempt: Attempt, outcome: Outcome, finished_ms: int) -> wpb.Result:
+    ctx = attempt.ctx
+    r = wpb.Result(
+        execution_id=ctx.execution_id,
+        attempt=ctx.attempt,
+        fencing_token=_token_pb(ctx.fencing_token),
+        outcome=_STATUS[outcome.status],
+        error_class=_ERROR_CLASS[outcome.error_class],
+        message=outcome.message,
+        started_at=_ts(attempt.started_ms if attempt.started_ms is not None else finished_ms),
+        finished_at=_ts(finished_ms),
+    )
+    if outcome.retry_after is not None:
+        d = Duration()
+        d.FromMilliseconds(max(0, round(outcome.retry_after * 1000)))
+        r.retry_after.CopyFrom(d)
+    return r
+
+
+def running_pb(attempts: Iterable[Attempt]) -> list[wpb.RunningAttempt]:
+    return [
+        wpb.RunningAttempt(
+            execution_id=a.ctx.execution_id,
+            attempt=a.ctx.attempt,
+            fencing_token=_token_pb(a.ctx.fencing_token),
+            started_at=_ts(a.started_ms),
+        )
+        for a in attempts
+        if a.started_ms is not None
+    ]
+
+
+def attempt_refs(attempts: Iterable[Attempt]) -> list[wpb.AttemptRef]:
+    return [wpb.AttemptRef(execution_id=a.ctx.execution_id, attempt=a.ctx.attempt) for a in attempts]
+
+
+def drain_message(reason: str, grace: float, returned: Iterable[Attempt]) -> wpb.WorkerMessage:
+    g = Duration()
+    g.FromMilliseconds(round(grace * 1000))
+    return wpb.WorkerMessage(drain=wpb.Drain(reason=reason, grace=g, returned=attempt_refs(returned)))
+
+
+def heartbeat_message(running: Iterable[Attempt], now_ms: int) -> wpb.WorkerMessage:
+    return wpb.WorkerMessage(heartbeat=wpb.Heartbeat(running=running_pb(running), worker_time=_ts(now_ms)))
+
+
+def credits_message(n: int) -> wpb.WorkerMessage:
+    return wpb.WorkerMessage(credits=wpb.Credits(credits=n))
+
+
+def results_message(results: list[wpb.Result]) -> wpb.WorkerMessage:
+    return wpb.WorkerMessage(results=wpb.Results(results=results))

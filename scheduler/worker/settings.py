@@ -1,0 +1,76 @@
+"""`WorkerSettings`: everything a worker process is configured with (flags > SCHED_* > TOML)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from dataclasses import dataclass
+
+from scheduler.config import Settings
+from scheduler.errors import InvalidArgument
+from scheduler.model import ID_RE, MAX_NAME_LEN
+
+DEFAULT_PLANNER = "127.0.0.1:7000"
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _check_address(field: str, address: str) -> None:
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65_536:
+        raise InvalidArgument(field, f"{address!r} is not host:port")
+
+
+@dataclass(frozen=True)
+class WorkerSettings(Settings):
+    worker_id: str = ""  # empty: <hostname>:<pid>
+    pool: str = "default"
+    region: str = "default"
+    planners: tuple[str, ...] = (DEFAULT_PLANNER,)  # seeds; the others are discovered
+    concurrency: int = 8  # most attempts running at once, across all planners
+    heartbeat_interval: float = 1.0  # seconds; used only when a planner's Welcome does not say
+    drain_grace: float = 30.0  # on SIGTERM: how long running attempts may go on before they are stopped
+    cancel_grace: float = 5.0  # after a Cancel: how long a handler may clean up before its task is cancelled
+    result_ack_timeout: float = 10.0  # a result with no ResultAck after this long is sent again
+    credit_idle_after: float = 5.0  # a planner sending nothing this long keeps only one credit (see credits.py)
+    reconnect_backoff_min: float = 0.1
+    reconnect_backoff_max: float = 5.0
+    welcome_timeout: float = 5.0  # a planner that does not answer Hello within this is re-dialled
+    discovery_interval: float = 30.0  # how often to ask for the planner list again
+    keepalive_time: float = 10.0  # gRPC keepalive pings, so a frozen planner is noticed and left
+    flush_timeout: float = 5.0  # at shutdown: how long to wait for the last results to be acknowledged
+    shell_kill_grace: float = 2.0  # shell executor: SIGTERM, then SIGKILL the process group after this
+    http_timeout: float = 30.0  # http executor: default when the payload has no timeout_s
+    log_level: str = "info"
+
+    @property
+    def resolved_worker_id(self) -> str:
+        return self.worker_id or default_worker_id()
+
+    def validate(self) -> None:
+        if self.worker_id and (len(self.worker_id) > 256 or any(c.isspace() for c in self.worker_id)):
+            raise InvalidArgument("worker_id", "must be at most 256 characters without spaces")
+        for name in ("pool", "region"):
+            value = getattr(self, name)
+            if not value or len(value) > MAX_NAME_LEN or not ID_RE.match(value):
+                raise InvalidArgument(name, f"{value!r} must be 1-{MAX_NAME_LEN} characters of A-Z a-z 0-9 . _ : -")
+        if not self.planners:
+            raise InvalidArgument("planners", "at least one planner address is required")
+        for i, address in enumerate(self.planners):
+            _check_address(f"planners[{i}]", address)
+        if not 1 <= self.concurrency <= 10_000:
+            raise InvalidArgument("concurrency", f"{self.concurrency} is outside 1-10000")
+        for name in ("heartbeat_interval", "result_ack_timeout", "credit_idle_after", "reconnect_backoff_min",
+                     "welcome_timeout", "discovery_interval", "keepalive_time", "http_timeout"):
+            if getattr(self, name) <= 0:
+                raise InvalidArgument(name, "must be positive")
+        for name in ("drain_grace", "cancel_grace", "flush_timeout", "shell_kill_grace"):
+            if getattr(self, name) < 0:
+                raise InvalidArgument(name, "must not be negative")
+        if self.reconnect_backoff_max < self.reconnect_backoff_min:
+            raise InvalidArgument("reconnect_backoff_max", "must be >= reconnect_backoff_min")
+        if self.log_level.upper() not in logging.getLevelNamesMapping():
+            raise InvalidArgument("log_level", f"{self.log_level!r} is not a level (debug, info, warning, error)")

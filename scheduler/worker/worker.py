@@ -1,0 +1,378 @@
+"""The worker SDK: register async handlers, connect to every planner, run what they assign.
+
+    worker = Worker(pool="billing", planners=["10.0.0.5:7000"], region="eu-west-1", concurrency=8)
+
+    @worker.task("invoice")
+    async def invoice(ctx: ExecutionContext, payload: bytes) -> None:
+        ...  # ctx.idempotency_key makes a repeat harmless; pass str(ctx.fencing_token) to side effects
+
+    await worker.run()  # until worker.drain(grace) or worker.close()
+
+Protocol decisions (the planner-side dispatcher must match them) are listed in docs/workers.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+from collections.abc import Callable, Iterable
+from types import TracebackType
+from typing import Any, Protocol, Self, runtime_checkable
+
+from scheduler import __version__
+from scheduler._gen.scheduler.v1 import worker_service_pb2 as wpb
+from scheduler.clock import SYSTEM_CLOCK, Clock
+from scheduler.worker import protocol
+from scheduler.worker.attempt import Attempt, AttemptKey, ErrorClass, Handler, Outcome, State, Status, Stop
+from scheduler.worker.credits import CreditBook
+from scheduler.worker.outbox import Disposition, Outbox
+from scheduler.worker.planners import PlannerSet
+from scheduler.worker.settings import WorkerSettings
+from scheduler.worker.stream import PlannerStream
+
+log = logging.getLogger("scheduler.worker")
+
+SDK_VERSION = f"sched-python/{__version__}"
+_RESULTS_PER_MESSAGE = 256
+_FORGET = {wpb.RESULT_DISPOSITION_RECORDED, wpb.RESULT_DISPOSITION_DUPLICATE, wpb.RESULT_DISPOSITION_STALE}
+
+
+@runtime_checkable
+class Closable(Protocol):
+    """A handler with resources (the HTTP executor's connection pool) is closed with the worker."""
+
+    async def aclose(self) -> None: ...
+
+
+class Worker:
+    def __init__(
+        self,
+        pool: str | None = None,
+        planners: Iterable[str] | None = None,
+        region: str | None = None,
+        concurrency: int | None = None,
+        worker_id: str | None = None,
+        *,
+        settings: WorkerSettings | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        """Arguments given here override the same fields of `settings` (the timing knobs live there)."""
+        given: dict[str, Any] = {
+            "pool": pool, "region": region, "concurrency": concurrency, "worker_id": worker_id,
+            "planners": None if planners is None else tuple(planners),
+        }
+        s = dataclasses.replace(settings or WorkerSettings(), **{k: v for k, v in given.items() if v is not None})
+        s.validate()
+        self.settings = s
+        self.worker_id = s.resolved_worker_id
+        self.clock = clock
+        self.book = CreditBook(s.concurrency, s.credit_idle_after)
+        self.outbox = Outbox(s.result_ack_timeout)
+        self.planners = PlannerSet(self, s)
+        self._handlers: dict[str, Handler] = {}
+        self._attempts: dict[AttemptKey, Attempt] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._flush_pending = False
+        self._started = False
+        self._draining: tuple[str, float] | None = None  # (reason, grace) once drain() began
+        self._closing = False
+        self._closed = asyncio.Event()
+        self._acked = asyncio.Event()  # set whenever the outbox becomes empty
+
+    # --- registration and lifecycle -------------------------------------------------------------
+
+    def task(self, task_type: str) -> Callable[[Handler], Handler]:
+        """Decorator registering the handler for `task_type`; also `worker.task("t")(handler)`."""
+        if self._started:
+            raise RuntimeError("register handlers before the worker starts: Hello announces the task types")
+
+        def register(handler: Handler) -> Handler:
+            if task_type in self._handlers:
+                raise ValueError(f"task type {task_type!r} already has a handler")
+            self._handlers[task_type] = handler
+            return handler
+
+        return register
+
+    @property
+    def task_types(self) -> list[str]:
+        return sorted(self._handlers)
+
+    @property
+    def streams(self) -> dict[str, PlannerStream]:
+        return self.planners.streams
+
+    @property
+    def running(self) -> list[Attempt]:
+        return [a for a in self._attempts.values() if a.state is State.RUNNING]
+
+    async def start(self) -> None:
+        if self._started:
+            return
+        self._started = True
+        self.planners.start()
+        self._tasks.append(asyncio.create_task(self._maintain(), name="worker-maintain"))
+        self._tasks.append(asyncio.create_task(self.planners.discover_forever(), name="worker-discover"))
+
+    async def run(self) -> None:
+        """Start and return once the worker has been drained or closed."""
+        await self.start()
+        await self._closed.wait()
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    async def drain(self, grace: float | None = None, reason: str = "drain") -> None:
+        """Shut down gracefully: take no new work, hand back what has not started, let running attempts
+        finish within `grace` seconds, stop the rest (reported TRANSIENT "worker draining", so they are
+        retried elsewhere), wait for the results to be acknowledged, close."""
+        if self._draining is not None or self._closing:
+            await self._closed.wait()
+            return
+        grace = self.settings.drain_grace if grace is None else grace
+        self._draining = (reason, grace)
+        self.book.draining = True
+        log.info("worker draining", extra={"reason": reason, "grace_s": grace, "running": len(self._attempts)})
+        for stream in list(self.streams.values()):
+            if stream.connected:
+                self._send_drain(stream, self._hand_back(stream.address))
+        for a in self._attempts.values():  # unstarted, but their planner's stream is down: fail them softly
+            if a.state is State.PENDING:
+                a.request_stop(Stop.DRAIN)
+        tasks = [a.task for a in self._attempts.values() if a.task is not None]
+        if tasks:
+            await asyncio.wait(tasks, timeout=grace)
+        for a in list(self._attempts.values()):
+            a.request_stop(Stop.DRAIN)
+        tasks = [a.task for a in self._attempts.values() if a.task is not None]
+        if tasks:
+            await asyncio.wait(tasks)
+        self._flush_now()
+        if len(self.outbox) and not self._closing:
+            self._acked.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._acked.wait(), self.settings.flush_timeout)
+        await self.close()
+
+    async def close(self) -> None:
+        """Stop at once: cancel running handlers (their results are not sent), close every stream."""
+        if self._closing:
+            await self._closed.wait()
+            return
+        self._closing = True
+        self._acked.set()  # a drain waiting for acknowledgements stops waiting: nobody will answer now
+        self.book.draining = True
+        for t in self._tasks:
+            t.cancel()
+        attempt_tasks = [a.task for a in self._attempts.values() if a.task is not None]
+        for t in attempt_tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, *attempt_tasks, return_exceptions=True)
+        await self.planners.close()
+        for handler in self._handlers.values():
+            if isinstance(handler, Closable):
+                with contextlib.suppress(Exception):
+                    await handler.aclose()
+        log.info("worker closed", extra={"unacknowledged_results": len(self.outbox)})
+        self._closed.set()
+
+    # --- callbacks from the planner streams -------------------------------------------------------
+
+    def hello(self) -> wpb.WorkerMessage:
+        return wpb.WorkerMessage(hello=wpb.Hello(
+            worker_id=self.worker_id,
+            pool=self.settings.pool,
+            region=self.settings.region,
+            capacity=self.settings.concurrency,
+            task_types=self.task_types,
+            sdk_version=SDK_VERSION,
+            running=protocol.running_pb(self.running),  # re-attach what we still run
+        ))
+
+    def heartbeat(self) -> wpb.WorkerMessage:
+        return protocol.heartbeat_message(self.running, self.clock.wall_ms())
+
+    def stream_up(self, stream: PlannerStream, welcome: wpb.Welcome) -> None:
+        if self.planners.is_duplicate(stream):
+            return
+        self.book.open(stream.address, self.clock.monotonic())
+        if self._draining is not None:
+            self._send_drain(stream, [])
+        self.planners.learn(welcome.planners)
+        self._grant()
+        self._flush_soon()
+
+    def stream_closing(self, stream: PlannerStream) -> None:
+        self.book.quiesce(stream.address)
+
+    def stream_down(self, stream: PlannerStream) -> None:
+        self.book.close(stream.address)
+        self.outbox.stream_lost(stream.address)
+        self._grant()
+        self._flush_soon()
+
+    def on_message(self, stream: PlannerStream, msg: wpb.PlannerMessage) -> None:
+        kind = msg.WhichOneof("body")
+        if kind == "assignments":
+            self._on_assignments(stream, list(msg.assignments.assignments))
+        elif kind == "cancel":
+            self._on_cancel(msg.cancel)
+        elif kind == "result_ack":
+            self._on_ack(msg.result_ack)
+        elif kind == "reattached":
+            self._on_reattached(stream, msg.reattached)
+        else:  # a second Welcome, or a message newer than this SDK: nothing to do
+            log.debug("ignored planner message", extra={"planner": stream.address, "kind": kind})
+
+    # --- planner messages ---------------------------------------------------------------------------
+
+    def _on_assignments(self, stream: PlannerStream, assignments: list[wpb.Assignment]) -> None:
+        within = self.book.received(stream.address, len(assignments), self.clock.monotonic())
+        handed_back: list[Attempt] = []
+        for i, a in enumerate(assignments):
+            ctx, timeout = protocol.context_from_assignment(a, self.worker_id, self.clock)
+            attempt = Attempt(ctx, a.payload, self._handlers.get(a.task_type), stream.address, timeout)
+            if attempt.key in self._attempts:  # already running here (a planner re-sent it): run it once
+                log.warning("duplicate assignment ignored", extra={**ctx.log_fields(), "planner": stream.address})
+                if i < within:
+                    self.book.finished()
+            elif i >= within:
+                # The planner sent more than it had credits for: refuse without running, retried elsewhere.
+                log.error("assignment beyond granted credits refused", extra={**ctx.log_fields(),
+                                                                              "planner": stream.address})
+                self._report(attempt, Outcome(Status.FAILED, ErrorClass.TRANSIENT,
+                                              "refused: assignment beyond the credits granted"))
+            elif self._draining is not None:
+                self.book.finished()
+                handed_back.append(attempt)  # crossed our Drain on the wire: hand it back too
+            else:
+                self._attempts[attempt.key] = attempt
+                attempt.task = asyncio.create_task(self._execute(attempt), name=f"attempt {ctx.execution_id}")
+        if handed_back:
+            self._send_drain(stream, handed_back)
+        self._grant()
+
+    def _on_cancel(self, c: wpb.Cancel) -> None:
+        attempt = self._attempts.get((c.execution_id, c.attempt))
+        if attempt is None:  # finished already (its result is on the way) or never ours
+            return
+        reason = wpb.CancelReason.Name(c.reason) if c.reason in wpb.CancelReason.values() else str(c.reason)
+        message = f"cancelled by the planner ({reason.removeprefix('CANCEL_REASON_').lower()})"
+        message += f": {c.message}" if c.message else ""
+        log.info("execution cancel requested", extra={**attempt.ctx.log_fields(), "reason": message})
+        attempt.request_stop(Stop.CANCEL, self.settings.cancel_grace, message)
+
+    def _on_ack(self, ack: wpb.ResultAck) -> None:
+        now = self.clock.monotonic()
+        for e in ack.acks:
+            forget = e.disposition in _FORGET
+            self.outbox.acked((e.execution_id, e.attempt), Disposition.FORGET if forget else Disposition.RETRY, now)
+        if not len(self.outbox):
+            self._acked.set()
+
+    def _on_reattached(self, stream: PlannerStream, r: wpb.Reattached) -> None:
+        for ref in r.accepted:
+            attempt = self._attempts.get((ref.execution_id, ref.attempt))
+            if attempt is not None:
+                attempt.origin = stream.address
+                log.info("execution re-attached", extra={**attempt.ctx.log_fields(), "planner": stream.address})
+        for rej in r.rejected:
+            attempt = self._attempts.get((rej.execution_id, rej.attempt))
+            if attempt is not None:
+                # A newer attempt may already run elsewhere: stop now, and send no result (it would be STALE).
+                log.warning("execution re-attach rejected; stopping it",
+                            extra={**attempt.ctx.log_fields(), "planner": stream.address, "reason": rej.reason})
+                attempt.request_stop(Stop.REJECTED, 0.0, f"re-attach rejected: {rej.reason}")
+
+    # --- running attempts ------------------------------------------------------------------------------
+
+    async def _execute(self, attempt: Attempt) -> None:
+        fields = attempt.ctx.log_fields()
+        if attempt.stop is None:  # not cancelled while it waited to start
+            log.info("execution started", extra={**fields, "planner": attempt.origin, "timeout_s": attempt.timeout})
+        try:
+            outcome = await attempt.run()
+        finally:
+            self._forget(attempt)
+        if attempt.state is State.RETURNED:
+            return
+        attempt.state = State.DONE
+        if attempt.stop is Stop.REJECTED:
+            log.info("execution stopped after rejected re-attach", extra=fields)
+        else:
+            self._report(attempt, outcome)
+        self._grant()
+
+    def _report(self, attempt: Attempt, outcome: Outcome) -> None:
+        finished = self.clock.wall_ms()
+        started = attempt.started_ms if attempt.started_ms is not None else finished
+        log.info("execution finished", extra={
+            **attempt.ctx.log_fields(), "outcome": outcome.status.value, "error_class": outcome.error_class.value,
+            "error": outcome.message, "duration_ms": finished - started, "retry_after_s": outcome.retry_after})
+        self.outbox.add(protocol.result_pb(attempt, outcome, finished), attempt.origin)
+        self._acked.clear()
+        self._flush_soon()
+
+    def _forget(self, attempt: Attempt) -> None:
+        if self._attempts.get(attempt.key) is attempt:
+            del self._attempts[attempt.key]
+            self.book.finished()
+
+    def _hand_back(self, address: str) -> list[Attempt]:
+        """Attempts from `address` whose handler has not started: returned, never run."""
+        back = [a for a in self._attempts.values() if a.state is State.PENDING and a.origin == address]
+        for a in back:
+            self._forget(a)
+            a.state = State.RETURNED
+            if a.task is not None:
+                a.task.cancel()
+        return back
+
+    def _send_drain(self, stream: PlannerStream, returned: list[Attempt]) -> None:
+        assert self._draining is not None
+        reason, grace = self._draining
+        for a in returned:
+            log.info("execution handed back unstarted", extra={**a.ctx.log_fields(), "planner": stream.address})
+        stream.send(protocol.drain_message(reason, grace, returned))
+
+    # --- credits and results ---------------------------------------------------------------------------
+
+    def _grant(self) -> None:
+        for address, n in self.book.allocate(self.clock.monotonic()).items():
+            stream = self.streams.get(address)
+            if stream is None or not stream.send(protocol.credits_message(n)):
+                # Cannot happen while the book opens and closes lines with the streams; say so loudly.
+                log.error("credits granted to a stream that cannot take them", extra={"planner": address})
+
+    def _flush_soon(self) -> None:
+        """Send pending results at the end of this loop iteration, so results finishing together
+        travel in one Results message."""
+        if not self._flush_pending:
+            self._flush_pending = True
+            asyncio.get_running_loop().call_soon(self._flush_now)
+
+    def _flush_now(self) -> None:
+        self._flush_pending = False
+        for address, results in self.outbox.route(self.planners.connected, self.clock.monotonic()).items():
+            for i in range(0, len(results), _RESULTS_PER_MESSAGE):
+                self.streams[address].send(protocol.results_message(results[i:i + _RESULTS_PER_MESSAGE]))
+
+    async def _maintain(self) -> None:
+        """Periodic chores: resend overdue results, grant slots freed by idleness, reclaim parked credits."""
+        while True:
+            await asyncio.sleep(min(0.25, self.settings.result_ack_timeout / 4))
+            self._flush_now()
+            self._grant()
+            victim = self.book.reclaim(self.clock.monotonic())
+            if victim is not None and victim in self.streams:
+                log.info("re-opening an idle planner stream to reclaim its credits",
+                         extra={"planner": victim, "credits": self.book.unused(victim)})
+                self.streams[victim].recycle()

@@ -1,0 +1,141 @@
+"""Pure bookkeeping: how credits are shared between planner streams, and how results are routed."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from scheduler._gen.scheduler.v1 import worker_service_pb2 as wpb
+from scheduler.worker.backoff import Backoff
+from scheduler.worker.credits import CreditBook
+from scheduler.worker.outbox import Disposition, Outbox
+
+T0 = 1000.0
+
+
+def _invariant(book: CreditBook, *keys: str) -> None:
+    assert book.busy + sum(book.unused(k) for k in keys) <= book.capacity
+
+
+def test_probe_then_the_window_doubles_with_use() -> None:
+    book = CreditBook(capacity=8, idle_after=5)
+    book.open("a", T0)
+    assert book.allocate(T0) == {"a": 1}
+    assert book.allocate(T0) == {}, "an unused probe asks for nothing more"
+    steps = []
+    for _ in range(3):
+        book.received("a", book.unused("a"), T0)
+        steps.append(book.allocate(T0).get("a", 0))
+        _invariant(book, "a")
+    assert steps == [2, 4, 1], "1 -> 2 -> 4, then only what is left of the 8 slots"
+    book.finished(3)
+    assert book.allocate(T0) == {"a": 3}, "freed slots go back to the stream that keeps using them"
+
+
+def test_every_stream_gets_a_probe_and_starved_streams_take_turns() -> None:
+    book = CreditBook(capacity=2, idle_after=5)
+    for k in ("a", "b", "c"):
+        book.open(k, T0)
+    assert book.allocate(T0) == {"a": 1, "b": 1}
+    book.received("a", 1, T0)
+    book.finished()
+    assert book.allocate(T0) == {"c": 1}, "the stream never granted goes first"
+    book.received("b", 1, T0)
+    book.received("c", 1, T0)
+    book.finished()
+    assert book.allocate(T0) == {"a": 1}, "then the one granted least recently"
+    _invariant(book, "a", "b", "c")
+
+
+def test_assignments_beyond_credits_are_not_counted() -> None:
+    book = CreditBook(capacity=4, idle_after=5)
+    book.open("a", T0)
+    book.allocate(T0)
+    assert book.received("a", 3, T0) == 1
+    assert book.busy == 1
+    assert book.received("gone", 1, T0) == 0
+
+
+def test_idle_stream_asks_only_for_its_probe_again() -> None:
+    book = CreditBook(capacity=8, idle_after=5)
+    book.open("a", T0)
+    book.allocate(T0)
+    book.received("a", 1, T0)  # want 2
+    book.finished()
+    assert book.allocate(T0 + 10) == {"a": 1}, "idle: one probe, not the window it had"
+
+
+def test_draining_and_closing_streams_get_nothing() -> None:
+    book = CreditBook(capacity=4, idle_after=5)
+    book.open("a", T0)
+    book.open("b", T0)
+    book.allocate(T0)
+    book.quiesce("a")
+    book.received("a", 1, T0)  # still honoured on the way out
+    book.finished()
+    assert book.allocate(T0) == {}, "a is closing, b holds its probe"
+    assert book.free == 3, "a's one credit was used and its attempt finished; b holds one"
+    book.close("a")
+    book.draining = True
+    book.received("b", 1, T0)
+    assert book.allocate(T0) == {}
+
+
+@pytest.mark.parametrize(
+    ("now", "starved_has_probe", "draining", "expected"),
+    [
+        (T0 + 6, False, False, "a"),  # idle holder, starved other: re-open the holder
+        (T0 + 1, False, False, None),  # not idle long enough
+        (T0 + 6, True, False, None),  # the other can already send: nobody starves
+        (T0 + 6, False, True, None),  # draining: nothing to win
+    ],
+)
+def test_reclaim(now: float, starved_has_probe: bool, draining: bool, expected: str | None) -> None:
+    book = CreditBook(capacity=2 if starved_has_probe else 1, idle_after=5)
+    book.open("a", T0)  # gets the only credit when there is one (ties go by name)
+    book.open("b", T0)
+    grants = book.allocate(T0)
+    if not starved_has_probe:
+        assert grants == {"a": 1}
+    book.draining = draining
+    assert book.reclaim(now) == expected
+
+
+def test_backoff_grows_with_full_jitter_and_resets() -> None:
+    b = Backoff(0.1, 2.0, random.Random(7))
+    delays = [b.next() for _ in range(8)]
+    assert all(0.01 <= d <= 2.0 for d in delays)
+    assert max(delays[:2]) <= 0.2 and max(delays[4:]) > 0.2
+    b.reset()
+    assert b.next() <= 0.1
+
+
+def _result(n: int) -> wpb.Result:
+    return wpb.Result(execution_id=f"s@{n}", attempt=1)
+
+
+def test_outbox_prefers_the_origin_then_any_stream() -> None:
+    box = Outbox(ack_timeout=10)
+    box.add(_result(1), origin="a")
+    box.add(_result(2), origin="gone")
+    routed = box.route(["a", "b"], T0)
+    assert "s@1" in [r.execution_id for r in routed["a"]]
+    assert sorted(r.execution_id for rs in routed.values() for r in rs) == ["s@1", "s@2"]
+    assert box.route(["a", "b"], T0 + 1) == {}, "in flight, waiting for the ack"
+    box.stream_lost("a")
+    assert sorted(r.execution_id for r in box.route(["b"], T0 + 1)["b"]) == ["s@1", "s@2"], "a broke: resend on b"
+    assert box.route([], T0 + 100) == {}, "nothing connected: keep them"
+
+
+def test_outbox_ack_retry_and_timeout() -> None:
+    box = Outbox(ack_timeout=10, retry_base=1, retry_cap=1)
+    box.add(_result(1), origin="a")
+    box.route(["a", "b"], T0)
+    box.acked(("s@1", 1), Disposition.RETRY, T0)
+    assert box.route(["a", "b"], T0) == {}, "RETRY waits its backoff"
+    assert list(box.route(["a", "b"], T0 + 1.5)) == ["a"]
+    assert list(box.route(["a", "b"], T0 + 12)) == ["b"], "no answer within ack_timeout: another planner"
+    box.acked(("s@1", 1), Disposition.FORGET, T0 + 12)
+    box.acked(("s@9", 1), Disposition.FORGET, T0 + 12)  # unknown: ignored
+    assert len(box) == 0

@@ -1,0 +1,123 @@
+"""The shell executor with real /bin/sh processes: exit-code classes, environment, timeouts, kills."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from scheduler.worker import PermanentError, TaskTimeout, TransientError
+from scheduler.worker.attempt import ErrorClass, classify
+from scheduler.worker.executors.shell import CommandFailed, ShellExecutor
+from tests.worker.conftest import make_ctx
+
+
+def _payload(command: str, **kw: object) -> bytes:
+    import json
+
+    return json.dumps({"command": command, **kw}).encode()
+
+
+def _dead(pid: int) -> bool:
+    """Gone or a zombie waiting for a parent to reap it: either way it runs no more."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] == "Z"
+
+
+async def test_success_sees_the_execution_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SCHED_PLANNERS", "10.0.0.1:7000")  # the worker's own settings stay private
+    out = tmp_path / "env"
+    cmd = ('printf "%s\\n" "$SCHED_EXECUTION_ID" "$SCHED_SCHEDULE_ID" "$SCHED_PLANNED_AT" "$SCHED_ATTEMPT" '
+           f'"$SCHED_FENCING_TOKEN" "$GREETING" "${{SCHED_PLANNERS-unset}}" > {out}')
+    await ShellExecutor()(make_ctx(), _payload(cmd, env={"GREETING": "hi", "SCHED_ATTEMPT": "99"}))
+    assert out.read_text().splitlines() == [
+        "nightly@2026-03-08T07:00:00.000Z", "nightly", "2026-03-08T07:00:00.000Z", "3", "12:9001", "hi", "unset"]
+
+
+@pytest.mark.parametrize(
+    ("code", "exc", "error_class"),
+    [
+        (75, TransientError, ErrorClass.TRANSIENT),  # EX_TEMPFAIL
+        (65, PermanentError, ErrorClass.PERMANENT),  # EX_DATAERR
+        (64, PermanentError, ErrorClass.PERMANENT),  # EX_USAGE
+        (78, PermanentError, ErrorClass.PERMANENT),  # EX_CONFIG
+        (3, CommandFailed, ErrorClass.UNKNOWN),
+        (79, CommandFailed, ErrorClass.UNKNOWN),
+        (1, CommandFailed, ErrorClass.UNKNOWN),
+    ],
+)
+async def test_exit_codes(code: int, exc: type[Exception], error_class: ErrorClass) -> None:
+    with pytest.raises(exc) as info:
+        await ShellExecutor()(make_ctx(), _payload(f"echo something went wrong >&2; exit {code}"))
+    assert classify(info.value).error_class is error_class
+    assert f"exit code {code}" in str(info.value) and "something went wrong" in str(info.value)
+
+
+async def test_killed_by_signal_is_unknown() -> None:
+    with pytest.raises(CommandFailed, match="killed by signal SIGKILL"):
+        await ShellExecutor()(make_ctx(), _payload("kill -9 $$"))
+
+
+async def test_timeout_kills_the_whole_process_group(tmp_path: Path) -> None:
+    pidfile = tmp_path / "pid"
+    ex = ShellExecutor(kill_grace=0.5)
+    with pytest.raises(TaskTimeout, match=r"0\.3 s timeout") as info:
+        await ex(make_ctx(), _payload(f"sleep 30 & echo $! > {pidfile}; echo started; wait", timeout_s=0.3))
+    assert classify(info.value).error_class is ErrorClass.TIMEOUT
+    assert "started" in str(info.value)
+    child = int(pidfile.read_text())
+    await asyncio.sleep(0.1)
+    assert _dead(child), "the background child of the shell was killed too"
+
+
+async def test_worker_deadline_limits_the_command(tmp_path: Path) -> None:
+    with pytest.raises(TaskTimeout):
+        await ShellExecutor(kill_grace=0.2)(make_ctx(timeout=0.3), _payload("sleep 30", timeout_s=60))
+
+
+async def test_cancel_kills_the_process_group(tmp_path: Path) -> None:
+    pidfile = tmp_path / "pid"
+    ex = ShellExecutor(kill_grace=0.5)
+    task = asyncio.create_task(ex(make_ctx(), _payload(f"trap '' TERM; sleep 30 & echo $! > {pidfile}; wait")))
+    while not pidfile.exists() or not pidfile.read_text().strip():
+        await asyncio.sleep(0.01)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert _dead(int(pidfile.read_text())), "SIGKILL after the grace reached a child that ignored SIGTERM"
+
+
+async def test_background_child_does_not_hold_the_result(tmp_path: Path) -> None:
+    pidfile = tmp_path / "pid"
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    # `sleep` keeps the output pipe open after the shell exits; the result must not wait for it.
+    await ShellExecutor()(make_ctx(), _payload(f"sleep 5 & echo $! > {pidfile}; exit 0"))
+    assert loop.time() - start < 2
+    os.kill(int(pidfile.read_text()), signal.SIGKILL)  # left alone by design; the test cleans up
+
+
+@pytest.mark.parametrize(
+    ("payload", "field"),
+    [
+        (b"not json", "payload: not valid JSON"),
+        (b"[1]", "payload: must be a JSON object"),
+        (b"{}", "payload.command: required"),
+        (b'{"command": ""}', "payload.command: required"),
+        (b'{"command": "true", "timeout_s": 0}', "payload.timeout_s:"),
+        (b'{"command": "true", "timeout_s": "5"}', "payload.timeout_s:"),
+        (b'{"command": "true", "env": {"A": 1}}', "payload.env.A: must be a string"),
+        (b'{"command": "true", "env": []}', "payload.env: must be an object"),
+        (b'{"command": "true", "timeout": 5}', "payload.timeout: unknown field"),
+    ],
+)
+async def test_invalid_payload_is_permanent_and_names_the_field(payload: bytes, field: str) -> None:
+    with pytest.raises(PermanentError) as info:
+        await ShellExecutor()(make_ctx(), payload)
+    assert str(info.value).startswith(field)
