@@ -25,6 +25,7 @@ from scheduler.planner.partition import DispatchSink, PartitionPlanner, Restart
 from scheduler.planner.results import record_result
 from scheduler.planner.settings import PlannerSettings
 from scheduler.store.codec import decode_schedule
+from scheduler.store.combiner import WriteCombiner
 from scheduler.store.etcd import EtcdClient, EtcdConfig
 from scheduler.store.etcd.errors import Compacted, EtcdError
 from scheduler.store.etcd.types import EventType
@@ -82,7 +83,11 @@ class PlannerNode:
         self.store = ScheduleStore(kv, ks, settings.partitions, timeout=settings.rpc_timeout)
         self.ledger = Ledger(ks, settings.partitions)
         self.fence_stats = FenceStats()
+        self.combiner = WriteCombiner(kv, max_ops=settings.max_txn_ops, max_bytes=settings.max_txn_bytes,
+                                      timeout=settings.rpc_timeout, disable_fencing=settings.unsafe_disable_fencing,
+                                      stats=self.fence_stats)
         self.planners: dict[int, PartitionPlanner] = {}
+        self.restarts = 0  # partition planners restarted from etcd's state (a lost CAS, an unknown outcome)
         self._loops: dict[int, asyncio.Task[None]] = {}
 
     def advertise(self, api_address: str) -> None:
@@ -98,7 +103,8 @@ class PlannerNode:
                                        timeout=self.s.rpc_timeout, **kw)
 
         d = Dispatcher(node_id=self.s.node_id, region=self.s.region, kv=self.kv, ledger=self.ledger, clock=self.clock,
-                       record=record, planners=self.planner_infos, on_transition=self._on_transition, **options)
+                       record=record, planners=self.planner_infos, on_transition=self._on_transition,
+                       lookup=self.lookup_pending, **options)
         self.dispatcher = d
         return d
 
@@ -109,6 +115,12 @@ class PlannerNode:
             out.append(cluster_pb2.PlannerInfo(node_id=m.node_id, region=m.region, api_address=m.api_address,
                                                liveness=cluster_pb2.PLANNER_LIVENESS_ALIVE))
         return out
+
+    def lookup_pending(self, execution_id: str) -> Execution | None:
+        """An unfinished execution of a partition this node plans, as its planner last wrote it."""
+        sid = execution_id.rpartition("@")[0]
+        planner = self.planners.get(self.store.partition(sid))
+        return None if planner is None else planner.pending.get(execution_id)
 
     def _on_transition(self, e: Execution) -> None:
         planner = self.planners.get(self.store.partition(e.schedule_id))
@@ -144,7 +156,7 @@ class PlannerNode:
                 dispatcher=self.dispatcher, settings=self.planner_settings, clock=self.clock,
                 node_id=self.s.node_id, rpc_timeout=self.s.rpc_timeout,
                 disable_fencing=self.s.unsafe_disable_fencing, fence_stats=self.fence_stats,
-                max_ops=self.s.max_txn_ops,
+                max_ops=self.s.max_txn_ops, combiner=self.combiner,
             )
             self.planners[partition] = planner
             try:
@@ -155,6 +167,7 @@ class PlannerNode:
                 log.warning("fenced out", extra={"event": "fenced_out", "partition": partition, "error": str(e)})
                 return
             except (Restart, OutcomeUnknown, CompareFailed, EtcdError) as e:
+                self.restarts += 1
                 log.info("restarting partition planner: %s", e, extra={"partition": partition})
                 await asyncio.sleep(self.planner_settings.loop_interval)
 

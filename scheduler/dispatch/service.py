@@ -24,7 +24,7 @@ import contextlib
 import itertools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import grpc
@@ -36,7 +36,7 @@ from scheduler._gen.scheduler.v1 import worker_service_pb2 as wpb
 from scheduler.clock import Clock
 from scheduler.dispatch.queue import FairQueue
 from scheduler.errors import NotFound, SchedError
-from scheduler.execution import IN_FLIGHT, Disposition, ErrorClass, Execution
+from scheduler.execution import IN_FLIGHT, Disposition, ErrorClass, ExecState, Execution, result
 from scheduler.model import parse_rfc3339
 from scheduler.store.kv import KV
 from scheduler.store.ledger import Ledger, split_execution_id
@@ -109,6 +109,7 @@ class Dispatcher:
         record: Recorder,
         planners: Callable[[], list[cluster_pb2.PlannerInfo]],
         on_transition: Callable[[Execution], None] = lambda e: None,
+        lookup: Callable[[str], Execution | None] = lambda eid: None,
         heartbeat_interval: float = 1.0,
         heartbeat_timeout: float = 5.0,
         type_caps: dict[str, int] | None = None,
@@ -116,6 +117,7 @@ class Dispatcher:
     ) -> None:
         self.node_id, self.region, self.kv, self.ledger, self.clock = node_id, region, kv, ledger, clock
         self._record, self._planners, self._on_transition = record, planners, on_transition
+        self._lookup = lookup
         self.hb_interval, self.hb_timeout = heartbeat_interval, heartbeat_timeout
         self.queue: FairQueue[_Item] = FairQueue(tenant_weights, type_caps)
         self.conns: dict[int, _Conn] = {}
@@ -177,20 +179,59 @@ class Dispatcher:
 
     # ---- receiving --------------------------------------------------------------------------------------
 
-    async def _handle_results(self, c: _Conn, results: list[wpb.Result]) -> None:
-        acks = []
+    def _outcome(self, r: wpb.Result) -> tuple[bool, ErrorClass | None]:
+        ok = r.outcome == execution_pb2.ATTEMPT_OUTCOME_SUCCEEDED
+        ec = None if ok else _ERROR_CLASS.get(r.error_class, ErrorClass.UNKNOWN)
+        if r.outcome == execution_pb2.ATTEMPT_OUTCOME_TIMED_OUT:
+            ec = ErrorClass.TIMEOUT
+        return ok, ec
+
+    async def _fast_path(self, results: list[wpb.Result]) -> tuple[list[wpb.ResultAckEntry], list[wpb.Result]]:
+        """Results for executions this node owns and holds in memory: one txn of CASes for all of
+        them, no reads. Whatever does not apply cleanly goes to the slow path (read, decide, CAS)."""
+        now = self.clock.wall_ms()
+        cands: list[tuple[wpb.Result, Execution, Execution]] = []
+        slow: list[wpb.Result] = []
         for r in results:
-            key = (r.execution_id, r.attempt)
-            task_type = c.running.pop(key, None)
+            old = self._lookup(r.execution_id)
+            if old is None or old.attempt != r.attempt or old.state not in IN_FLIGHT:
+                slow.append(r)
+                continue
+            ok, ec = self._outcome(r)
+            new, disp = result(old, r.attempt, succeeded=ok, error_class=ec, message=r.message, now_ms=now,
+                               retry_after_ms=int(r.retry_after.ToMilliseconds()))
+            if disp is not Disposition.RECORDED or new.state is ExecState.DEAD_LETTER:
+                slow.append(r)  # dead letters keep the payload: the slow path looks it up
+                continue
+            cands.append((r, old, new))
+        acks: list[wpb.ResultAckEntry] = []
+        if cands:
+            try:
+                tr = await self.kv.txn([], [self.ledger.cas_op(new, old.mod_revision, now_ms=now)
+                                            for _, old, new in cands])
+            except SchedError:
+                return acks, slow + [r for r, _, _ in cands]
+            for (r, _old, new), applied in zip(cands, self.ledger.cas_results(tr), strict=False):
+                if not applied:
+                    slow.append(r)
+                    continue
+                self._on_transition(replace(new, mod_revision=tr.revision))
+                acks.append(wpb.ResultAckEntry(execution_id=r.execution_id, attempt=r.attempt,
+                                               disposition=wpb.RESULT_DISPOSITION_RECORDED))
+        return acks, slow
+
+    async def _handle_results(self, c: _Conn, results: list[wpb.Result]) -> None:
+        for r in results:
+            task_type = c.running.pop((r.execution_id, r.attempt), None)
             if task_type is not None:
                 self.queue.finished(task_type)
+        acks, slow = await self._fast_path(results)
+        self.results += len(acks)
+        for r in slow:
             sid, planned = split_execution_id(r.execution_id)
             try:
                 planned_ms = parse_rfc3339(planned, "execution_id")
-                ok = r.outcome == execution_pb2.ATTEMPT_OUTCOME_SUCCEEDED
-                ec = None if ok else _ERROR_CLASS.get(r.error_class, ErrorClass.UNKNOWN)
-                if r.outcome == execution_pb2.ATTEMPT_OUTCOME_TIMED_OUT:
-                    ec = ErrorClass.TIMEOUT
+                ok, ec = self._outcome(r)
                 e, disp = await self._record(
                     sid, planned_ms, r.attempt, succeeded=ok, error_class=ec, message=r.message,
                     now_ms=self.clock.wall_ms(), retry_after_ms=int(r.retry_after.ToMilliseconds()),

@@ -46,6 +46,7 @@ from scheduler.model import ScheduleState, execution_id
 from scheduler.planner.ownership import Ownership
 from scheduler.planner.settings import PlannerSettings
 from scheduler.store.checkpoint import Checkpoint, advance, read_checkpoint
+from scheduler.store.combiner import WriteCombiner
 from scheduler.store.etcd.ops import Compare, Op, delete, txn
 from scheduler.store.etcd.types import TxnResult
 from scheduler.store.fenced import Fence, FenceStats, fenced_txn
@@ -107,8 +108,10 @@ class PartitionPlanner:
         disable_fencing: bool = False,
         fence_stats: FenceStats | None = None,
         max_ops: int = 127,
+        combiner: WriteCombiner | None = None,
     ) -> None:
         self.p = partition
+        self.combiner = combiner
         self.kv, self.ks, self.ownership, self.store, self.ledger = kv, ks, ownership, store, ledger
         self.dispatcher, self.s, self.clock, self.node_id = dispatcher, settings, clock, node_id
         self.rpc_timeout, self.disable_fencing = rpc_timeout, disable_fencing
@@ -162,17 +165,19 @@ class PartitionPlanner:
     # ---- decide + act ---------------------------------------------------------------------------
 
     async def _fenced(self, fence: Fence, ops: Sequence[Op], compares: Sequence[Compare] = ()) -> list[TxnResult]:
+        if self.combiner is not None:
+            return await self.combiner.submit(fence, ops, compares)
         return await fenced_txn(self.kv, fence, ops, compares=compares, max_ops=self.max_ops,
                                 timeout=self.rpc_timeout, disable_fencing=self.disable_fencing,
                                 stats=self.fence_stats)
 
-    async def _commit(self, ops: Sequence[Op]) -> list[bool]:
+    async def _commit(self, ops: Sequence[Op]) -> list[tuple[bool, int]]:
         """Fenced commit of a batch; returns per-op success of nested creates/CASes."""
         if not ops:
             return []
         async with self.ownership.writing(self.p) as fence:
             rs = await self._fenced(fence, ops)
-        return [ok for r in rs for ok in self.ledger.cas_results(r)]
+        return [(ok, r.revision) for r in rs for ok in self.ledger.cas_results(r)]
 
     def _new_execution(self, sch: _Sched, planned_ms: int, due_ms: int) -> Execution:
         s = sch.stored.schedule
@@ -256,10 +261,11 @@ class PartitionPlanner:
                     rs += await self._fenced(fence, ck_ops, compares)
         if write_ck:
             self.ck = replace(new, mod_revision=rs[-1].revision)
-        created = [ok for r in rs for ok in self.ledger.cas_results(r)][: len(execs)]
-        for e, ok in zip(execs, created, strict=False):
+        results = [(ok, r.revision) for r in rs for ok in self.ledger.cas_results(r)][: len(execs)]
+        created = [ok for ok, _ in results]
+        for e, (ok, rev) in zip(execs, results, strict=False):
             if ok:
-                self.pending[e.id] = e
+                self.pending[e.id] = replace(e, mod_revision=rev)  # the next CAS compares against it
         self.stats.created += sum(created)
         self.stats.skipped_ranges += len(skips)
         if not all(created):
@@ -320,10 +326,11 @@ class PartitionPlanner:
             return
         ok = await self._commit([self.ledger.cas_op(new, old.mod_revision, now_ms=now_ms) for old, new in cas])
         lost = False
-        for (_old, new), applied in zip(cas, ok, strict=False):
+        for (_old, new), (applied, rev) in zip(cas, ok, strict=False):
             if not applied:
                 lost = True
                 continue
+            new = replace(new, mod_revision=rev)
             if new.terminal:
                 self.pending.pop(new.id, None)
             else:
@@ -347,11 +354,11 @@ class PartitionPlanner:
                             message="deadline passed without a result", now_ms=now_ms)
             cas.append((e, new))
         ok = await self._commit([self.ledger.cas_op(new, old.mod_revision, now_ms=now_ms) for old, new in cas])
-        for (_, new), applied in zip(cas, ok, strict=False):
+        for (_, new), (applied, rev) in zip(cas, ok, strict=False):
             if applied:
                 self.stats.timed_out += 1
-                self.pending[new.id] = new
-        if not all(ok):
+                self.pending[new.id] = replace(new, mod_revision=rev)
+        if not all(a for a, _ in ok):
             raise Restart("a timeout compare-and-swap lost: a result arrived meanwhile")
 
     def record_transition(self, e: Execution) -> None:

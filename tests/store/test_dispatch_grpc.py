@@ -89,6 +89,7 @@ async def test_assign_run_report(kv: EtcdClient, key_prefix: str) -> None:
         assert len(ids) == len(set(ids))
         done = {e.id for e in await all_executions(node, kv) if e.state is ExecState.SUCCEEDED}
         assert {a.execution_id for a in acks} <= done
+        assert node.restarts == 0
     finally:
         node_task.cancel()
         await asyncio.gather(node_task, return_exceptions=True)
