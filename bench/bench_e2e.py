@@ -121,7 +121,7 @@ async def run_rate(rate: int, args: argparse.Namespace, workdir: Path) -> Result
                 procs.append(_spawn([schedctl, "planner", "--node-id", f"p{i}", "--etcd-endpoints",
                                      ",".join(cluster.endpoints), "--etcd-prefix", PREFIX,
                                      "--partitions", str(PARTITIONS), "--api-port", str(port),
-                                     "--log-level", "warning", "--lookahead-ms", "1000",
+                                     "--log-level", args.log_level, "--lookahead-ms", "1000",
                                      "--retention-ms", "20000", "--retention-count", "5"],
                                     workdir / f"planner{i}.log"))
             outs = [workdir / f"lags-{rate}-{i}.json" for i in range(args.workers)]
@@ -168,11 +168,15 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--seconds", type=float, default=None)
     ap.add_argument("--warmup", type=float, default=None)
+    ap.add_argument("--log-level", default="warning")
+    ap.add_argument("--workdir", default=None, help="keep logs here instead of a temporary directory")
     args = ap.parse_args()
     rates = [int(r) for r in (args.rates or ("200" if args.quick else "1000,2000,4000")).split(",")]
     args.seconds = args.seconds or (6.0 if args.quick else 40.0)
     args.warmup = args.warmup or (6.0 if args.quick else 10.0)
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp_dir:
+        tmp = args.workdir or tmp_dir
+        Path(tmp).mkdir(parents=True, exist_ok=True)
         print(f"{'offered/s':>9} {'materialized/s':>14} {'completed/s':>11} {'lag p50 ms':>10} {'p99 ms':>7} "
               f"{'max ms':>7} {'etcd req/exec':>13} {'ceiling keys/s':>14} {'mat/ceiling':>11}")
         for rate in rates:

@@ -37,13 +37,12 @@ from scheduler.execution import (
     Trigger,
     cancel,
     dispatch,
-    dispatchable,
     result,
     skip,
-    timed_out,
 )
 from scheduler.model import ScheduleState, execution_id
 from scheduler.planner.ownership import Ownership
+from scheduler.planner.pending import PendingIndex
 from scheduler.planner.settings import PlannerSettings
 from scheduler.store.checkpoint import Checkpoint, advance, read_checkpoint
 from scheduler.store.combiner import WriteCombiner
@@ -119,7 +118,8 @@ class PartitionPlanner:
         self.stats = PlannerStats()
         self.schedules: dict[str, _Sched] = {}
         self.heap: list[tuple[int, str]] = []  # (next planned ms, schedule id); stale entries skipped
-        self.pending: dict[str, Execution] = {}  # unfinished executions of this partition, by id
+        self.pending = PendingIndex()  # unfinished executions of this partition
+        self._withdraw: set[str] = set()  # schedules paused or deleted: withdraw their pre-written runs
         self.ck = Checkpoint(partition, 0, 0)
         self.wake = asyncio.Event()
         self.max_ops = max_ops
@@ -131,7 +131,10 @@ class PartitionPlanner:
         self.ck = await read_checkpoint(self.kv, self.ks, self.p, timeout=self.rpc_timeout)
         stored, rev = await self.store.list_partition(self.p)
         execs, _ = await self.ledger.list_partition(self.kv, self.p, timeout=self.rpc_timeout)
-        self.pending = {e.id: e for e in execs if not e.terminal}
+        self.pending.clear()
+        for e in execs:
+            self.pending.put(e)
+        self._withdraw = set(self.pending_schedule_ids())
         self.schedules.clear()
         self.heap.clear()
         for st in stored:
@@ -156,10 +159,13 @@ class PartitionPlanner:
         if old is not None and old.stored.schedule.version >= st.schedule.version:
             return
         self._add_schedule(st)
+        if st.schedule.state is ScheduleState.PAUSED:
+            self._withdraw.add(st.schedule.id)
         self.wake.set()
 
     def on_schedule_delete(self, schedule_id: str) -> None:
         self.schedules.pop(schedule_id, None)
+        self._withdraw.add(schedule_id)
         self.wake.set()
 
     # ---- decide + act ---------------------------------------------------------------------------
@@ -265,32 +271,46 @@ class PartitionPlanner:
         created = [ok for ok, _ in results]
         for e, (ok, rev) in zip(execs, results, strict=False):
             if ok:
-                self.pending[e.id] = replace(e, mod_revision=rev)  # the next CAS compares against it
+                self.pending.put(replace(e, mod_revision=rev))  # the next CAS compares against it
         self.stats.created += sum(created)
         self.stats.skipped_ranges += len(skips)
         if not all(created):
             # Records that already existed (an earlier owner's lookahead): load their real state.
             raise Restart("some executions already existed")
 
-    async def dispatch_due(self, now_ms: int) -> None:
-        by_schedule: dict[str, list[Execution]] = {}
-        for e in self.pending.values():
-            by_schedule.setdefault(e.schedule_id, []).append(e)
-        cas: list[tuple[Execution, Execution]] = []  # (old, new)
-        budget: dict[str, int] = {}
-        for sid, es in by_schedule.items():
+    def pending_schedule_ids(self) -> set[str]:
+        return {e.schedule_id for e in self.pending.values()}
+
+    def _withdrawals(self) -> list[tuple[Execution, Execution]]:
+        """Pause and delete take effect at once: pre-written executions are withdrawn now, not when
+        they come due."""
+        cas = []
+        for sid in self._withdraw:
             sch = self.schedules.get(sid)
-            es.sort(key=lambda x: x.planned_ms)
-            running = tuple(x.id for x in es if x.state in IN_FLIGHT)
+            if sch is not None and sch.stored.schedule.state is not ScheduleState.PAUSED:
+                continue
+            why = SkipReason.PAUSED.value if sch else "schedule_deleted"
+            cas += [(x, skip(x, why)) for x in self.pending.of_schedule(sid) if x.state is ExecState.SCHEDULED]
+        self._withdraw.clear()
+        return cas
+
+    async def dispatch_due(self, now_ms: int) -> None:
+        cas: list[tuple[Execution, Execution]] = self._withdrawals()  # (old, new)
+        budget: dict[str, int] = {}
+        pools = {sch.stored.schedule.worker_pool for sch in self.schedules.values()}
+        # Items beyond worker capacity would only be deferred again: do not even take them out. Items
+        # of paused/deleted schedules need no capacity; a few extra cover them.
+        limit = sum(self.dispatcher.capacity(pool) for pool in pools) + 16
+        for sid, waiting in self.pending.ready(now_ms, limit).items():
+            sch = self.schedules.get(sid)
             if sch is None or sch.stored.schedule.state is ScheduleState.PAUSED:
-                # Pause (or delete) takes effect at once: pre-written executions are withdrawn now,
-                # not when they come due.
                 why = SkipReason.PAUSED.value if sch else "schedule_deleted"
-                cas += [(x, skip(x, why)) for x in es if x.state is ExecState.SCHEDULED]
+                cas += [(x, skip(x, why)) for x in waiting if x.state is ExecState.SCHEDULED]
+                for x in waiting:
+                    if x.state is not ExecState.SCHEDULED:
+                        self.pending.defer(x)  # a retry of a paused schedule waits for the resume
                 continue
-            waiting = [x for x in es if dispatchable(x, now_ms)]
-            if not waiting:
-                continue
+            running = self.pending.running(sid)
             policy = sch.stored.schedule.policies.overlap
             for i, x in enumerate(waiting):
                 pool = x.pool
@@ -304,17 +324,17 @@ class PartitionPlanner:
                 if action is OverlapAction.SKIP:
                     cas.append((x, skip(x, SkipReason.OVERLAP_SKIP.value)))
                     continue
-                if action is OverlapAction.BUFFER:
-                    break  # it and everything after it wait for the running one
+                if action is OverlapAction.BUFFER or budget[pool] <= 0:
+                    for y in waiting[i:]:
+                        self.pending.defer(y)  # wait for the running one, or for worker capacity
+                    break
                 if action is OverlapAction.CANCEL_THEN_START:
                     for rid in running:
-                        r = self.pending[rid]
-                        if r.state in IN_FLIGHT:
+                        r = self.pending.get(rid)
+                        if r is not None and r.state in IN_FLIGHT:
                             cas.append((r, cancel(r, "overlap")))
                             self.dispatcher.cancel(r, "overlap")
                     running = ()
-                if budget[pool] <= 0:
-                    break
                 budget[pool] -= 1
                 fence = self.ownership.fence(self.p)
                 if fence is None:
@@ -331,10 +351,7 @@ class PartitionPlanner:
                 lost = True
                 continue
             new = replace(new, mod_revision=rev)
-            if new.terminal:
-                self.pending.pop(new.id, None)
-            else:
-                self.pending[new.id] = new
+            self.pending.put(new)
             if new.state is ExecState.DISPATCHED:
                 sch = self.schedules.get(new.schedule_id)
                 payload = sch.stored.schedule.payload if sch else b""
@@ -345,7 +362,7 @@ class PartitionPlanner:
             raise Restart("a dispatch compare-and-swap lost: someone else changed the record")
 
     async def time_out(self, now_ms: int) -> None:
-        late = [e for e in self.pending.values() if timed_out(e, now_ms)]
+        late = self.pending.expired(now_ms)
         if not late:
             return
         cas = []
@@ -357,16 +374,13 @@ class PartitionPlanner:
         for (_, new), (applied, rev) in zip(cas, ok, strict=False):
             if applied:
                 self.stats.timed_out += 1
-                self.pending[new.id] = replace(new, mod_revision=rev)
+                self.pending.put(replace(new, mod_revision=rev))
         if not all(a for a, _ in ok):
             raise Restart("a timeout compare-and-swap lost: a result arrived meanwhile")
 
     def record_transition(self, e: Execution) -> None:
         """A result recorded by this node's dispatcher: keep the snapshot current."""
-        if e.terminal:
-            self.pending.pop(e.id, None)
-        else:
-            self.pending[e.id] = e
+        self.pending.put(e)
         self.wake.set()
 
     async def sweep(self, now_ms: int) -> int:

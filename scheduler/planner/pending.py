@@ -1,0 +1,112 @@
+"""The partition planner's view of its unfinished executions, indexed so that each round touches only
+what is due: a heap of ready times (due for scheduled, next attempt for retry-wait), a heap of
+deadlines for in-flight attempts, and the executions of each schedule (for overlap decisions).
+
+Heaps hold (time, seq, id) and are cleaned lazily: an entry is acted on only if the execution is still
+in the state and at the time that put it there.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Iterator
+
+from scheduler.execution import IN_FLIGHT, ExecState, Execution
+
+
+def _ready_ms(e: Execution) -> int | None:
+    if e.state is ExecState.SCHEDULED:
+        return e.due_ms
+    if e.state is ExecState.RETRY_WAIT:
+        return e.next_attempt_ms
+    return None
+
+
+class PendingIndex:
+    def __init__(self) -> None:
+        self._by_id: dict[str, Execution] = {}
+        self._by_schedule: dict[str, dict[str, Execution]] = {}
+        self._ready: list[tuple[int, int, str]] = []
+        self._deadlines: list[tuple[int, int, str]] = []
+        self._seq = itertools.count()
+
+    def __len__(self) -> int:
+        return len(self._by_id)
+
+    def __contains__(self, execution_id: str) -> bool:
+        return execution_id in self._by_id
+
+    def get(self, execution_id: str) -> Execution | None:
+        return self._by_id.get(execution_id)
+
+    def values(self) -> Iterator[Execution]:
+        return iter(list(self._by_id.values()))
+
+    def of_schedule(self, schedule_id: str) -> list[Execution]:
+        return sorted(self._by_schedule.get(schedule_id, {}).values(), key=lambda e: e.planned_ms)
+
+    def running(self, schedule_id: str) -> tuple[str, ...]:
+        return tuple(e.id for e in self.of_schedule(schedule_id) if e.state in IN_FLIGHT)
+
+    def put(self, e: Execution) -> None:
+        if e.terminal:
+            self.remove(e.id)
+            return
+        self._by_id[e.id] = e
+        self._by_schedule.setdefault(e.schedule_id, {})[e.id] = e
+        ready = _ready_ms(e)
+        if ready is not None:
+            heapq.heappush(self._ready, (ready, next(self._seq), e.id))
+        cur = e.current
+        if e.state in IN_FLIGHT and cur is not None:
+            heapq.heappush(self._deadlines, (cur.deadline_ms, next(self._seq), e.id))
+
+    def remove(self, execution_id: str) -> None:
+        e = self._by_id.pop(execution_id, None)
+        if e is not None:
+            sched = self._by_schedule.get(e.schedule_id)
+            if sched is not None:
+                sched.pop(execution_id, None)
+                if not sched:
+                    del self._by_schedule[e.schedule_id]
+
+    def clear(self) -> None:
+        self._by_id.clear()
+        self._by_schedule.clear()
+        self._ready.clear()
+        self._deadlines.clear()
+
+    def ready(self, now_ms: int, limit: int | None = None) -> dict[str, list[Execution]]:
+        """Executions whose time has come (at most `limit`, earliest first), by schedule, oldest planned
+        time first. Callers that do not act on one (buffered, no worker capacity) hand it back with
+        `defer()`; asking only for what can be dispatched keeps a backlog from being re-sorted every
+        round."""
+        out: dict[str, list[Execution]] = {}
+        seen: set[str] = set()
+        while self._ready and self._ready[0][0] <= now_ms and (limit is None or len(seen) < limit):
+            t, _, eid = heapq.heappop(self._ready)
+            e = self._by_id.get(eid)
+            if e is None or eid in seen or _ready_ms(e) != t:
+                continue  # finished, or moved on since this entry was pushed
+            seen.add(eid)
+            out.setdefault(e.schedule_id, []).append(e)
+        for es in out.values():
+            es.sort(key=lambda e: e.planned_ms)
+        return out
+
+    def defer(self, e: Execution) -> None:
+        ready = _ready_ms(e)
+        if ready is not None and e.id in self._by_id:
+            heapq.heappush(self._ready, (ready, next(self._seq), e.id))
+
+    def expired(self, now_ms: int) -> list[Execution]:
+        """In-flight attempts whose recorded deadline has passed."""
+        out = []
+        while self._deadlines and self._deadlines[0][0] <= now_ms:
+            t, _, eid = heapq.heappop(self._deadlines)
+            e = self._by_id.get(eid)
+            cur = None if e is None else e.current
+            if e is not None and e.state in IN_FLIGHT and cur is not None and cur.deadline_ms == t:
+                out.append(e)
+        return out
