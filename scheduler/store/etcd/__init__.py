@@ -11,6 +11,7 @@ writes are never retried, a timed-out write is `OutcomeUnknown`, a compacted wat
 from scheduler.store.etcd import ops
 from scheduler.store.etcd.client import EtcdClient
 from scheduler.store.etcd.connection import Clock, EtcdConfig
+from scheduler.store.etcd.deadline import LeaseLostReason
 from scheduler.store.etcd.errors import (
     Compacted,
     EtcdError,
@@ -23,7 +24,7 @@ from scheduler.store.etcd.errors import (
     Unauthenticated,
     Unavailable,
 )
-from scheduler.store.etcd.lease import LeaseKeeper, LeaseLostReason
+from scheduler.store.etcd.lease import LeaseKeeper
 from scheduler.store.etcd.ops import Compare, CompareTarget, DeleteOp, Op, PutOp, RangeOp, prefix_end
 from scheduler.store.etcd.types import (
     DeleteResult,

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import logging
 import math
 from collections import deque
@@ -25,7 +24,8 @@ import grpc
 
 from scheduler.store.etcd import _pb
 from scheduler.store.etcd.connection import EOF, Connection, reauthenticate_after
-from scheduler.store.etcd.errors import LeaseLost, LeaseNotFound, from_rpc_error
+from scheduler.store.etcd.deadline import LeaseDeadline, LeaseLostReason
+from scheduler.store.etcd.errors import LeaseNotFound, from_rpc_error
 from scheduler.store.etcd.types import Lease
 
 __all__ = ["LeaseKeeper", "LeaseLostReason"]
@@ -35,16 +35,11 @@ log = logging.getLogger(__name__)
 _BACKOFF = (0.05, 1.0)  # pause before reopening a broken stream: first, largest (seconds)
 
 
-class LeaseLostReason(enum.Enum):
-    EXPIRED = "etcd reports the lease gone (TTL <= 0: expired or revoked)"
-    LOCAL_DEADLINE = "no keepalive acknowledged before the local deadline"
-
-
 class _StreamStalled(Exception):
     """The oldest keepalive on this stream went unanswered for too long: reopen the stream."""
 
 
-class LeaseKeeper:
+class LeaseKeeper(LeaseDeadline):
     def __init__(
         self,
         conn: Connection,
@@ -54,52 +49,11 @@ class LeaseKeeper:
         renew_interval: float | None = None,
         ack_timeout: float | None = None,
     ) -> None:
-        if not 0 <= safety_margin < lease.ttl:
-            raise ValueError(f"safety_margin must be in [0, ttl={lease.ttl}), got {safety_margin}")
+        super().__init__(conn.clock, lease, safety_margin=safety_margin, renew_interval=renew_interval,
+                         ack_timeout=ack_timeout)
         self._conn = conn
-        self._clock = conn.clock
-        self.lease_id = lease.id
-        self.ttl = lease.ttl
-        self.safety_margin = safety_margin
-        self.renew_interval = lease.ttl / 3 if renew_interval is None else renew_interval
-        if not 0 < self.renew_interval < lease.ttl - safety_margin:
-            raise ValueError("renew_interval must be > 0 and below ttl - safety_margin")
-        # An unanswered keepalive older than this means the stream (or its member) is stuck.
-        self.ack_timeout = self.renew_interval if ack_timeout is None else ack_timeout
-        self._last_ack = lease.sent_at  # the grant counts as the first acknowledged renewal
-        self._lost: LeaseLostReason | None = None
-        self._lost_event = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.streams_opened = 0
-        self.acks = 0
-
-    # ---- what callers read ----------------------------------------------------------------------
-
-    @property
-    def last_ack(self) -> float:
-        """Monotonic send time of the latest acknowledged keepalive (or of the grant)."""
-        return self._last_ack
-
-    def deadline(self) -> float:
-        """After this monotonic time the caller must act as if the lease were gone."""
-        return self._last_ack + self.ttl - self.safety_margin
-
-    def remaining(self) -> float:
-        return self.deadline() - self._clock()
-
-    @property
-    def lost_reason(self) -> LeaseLostReason | None:
-        self._observe_deadline()
-        return self._lost
-
-    def alive(self) -> bool:
-        return self.lost_reason is None
-
-    def check(self) -> None:
-        """Raise `LeaseLost` unless the lease is held with time to spare."""
-        reason = self.lost_reason
-        if reason is not None:
-            raise LeaseLost(f"lease {self.lease_id:x} lost: {reason.value}")
 
     async def wait_lost(self) -> LeaseLostReason:
         """Wait until the lease is lost. Wakes at the deadline by itself, so it returns in time
@@ -132,27 +86,6 @@ class LeaseKeeper:
         await self.stop()
 
     # ---- internals ------------------------------------------------------------------------------
-
-    def _mark_lost(self, reason: LeaseLostReason) -> None:
-        if self._lost is None:
-            self._lost = reason
-            self._lost_event.set()
-            log.warning("lease %x lost: %s", self.lease_id, reason.value)
-
-    def _observe_deadline(self) -> None:
-        if self._lost is None and self._clock() >= self.deadline():
-            self._mark_lost(LeaseLostReason.LOCAL_DEADLINE)
-
-    def _on_ack(self, sent_at: float, ttl: int) -> None:
-        self._observe_deadline()  # a late answer must not revive a lease whose deadline has passed
-        if self._lost is not None:
-            return
-        if ttl <= 0:
-            self._mark_lost(LeaseLostReason.EXPIRED)
-            return
-        self.ttl = min(self.ttl, ttl)  # etcd echoes the granted TTL; never assume more than granted
-        self._last_ack = max(self._last_ack, sent_at)
-        self.acks += 1
 
     async def _run(self) -> None:
         try:
