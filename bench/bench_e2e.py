@@ -122,7 +122,7 @@ async def run_rate(rate: int, args: argparse.Namespace, workdir: Path) -> Result
                                      ",".join(cluster.endpoints), "--etcd-prefix", PREFIX,
                                      "--partitions", str(PARTITIONS), "--api-port", str(port),
                                      "--log-level", args.log_level, "--lookahead-ms", "1000",
-                                     "--retention-ms", "20000", "--retention-count", "5"],
+                                     "--retention-ms", "600000", "--retention-count", "100000"],
                                     workdir / f"planner{i}.log"))
             outs = [workdir / f"lags-{rate}-{i}.json" for i in range(args.workers)]
             for i in range(args.workers):

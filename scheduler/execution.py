@@ -12,8 +12,9 @@ States: scheduled -> dispatched(attempt n) -> running -> succeeded | retry_wait 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields
 from enum import StrEnum
+from typing import Any, TypeVar
 
 from scheduler.errors import SchedError
 from scheduler.model import RetryPolicy
@@ -60,6 +61,33 @@ class Disposition(StrEnum):
 
 class TransitionError(SchedError):
     """The event does not apply to the record's current state."""
+
+
+_T = TypeVar("_T")
+
+
+_FIELDS: dict[type, frozenset[str]] = {}
+
+
+def _evolve(obj: _T, **changes: Any) -> _T:
+    """`dataclasses.replace` for these plain frozen records (no __post_init__, no slots, no
+    InitVar), without its per-call field introspection: it is on the path of every transition.
+    A misspelt field name still fails loudly, as with replace()."""
+    cls = type(obj)
+    names = _FIELDS.get(cls)
+    if names is None:
+        names = _FIELDS[cls] = frozenset(f.name for f in fields(cls))  # type: ignore[arg-type]
+    if not names.issuperset(changes):
+        raise TypeError(f"{cls.__name__} has no field(s) {sorted(set(changes) - names)}")
+    new = object.__new__(cls)
+    d = new.__dict__
+    d.update(obj.__dict__)
+    d.update(changes)
+    return new
+
+
+def with_revision(e: Execution, revision: int) -> Execution:
+    return _evolve(e, mod_revision=revision)
 
 
 @dataclass(frozen=True)
@@ -126,7 +154,7 @@ def dispatch(e: Execution, *, worker: str, planner: str, token: str, now_ms: int
         raise TransitionError(f"{e.id}: cannot dispatch in state {e.state} (due {e.due_ms}, now {now_ms})")
     n = e.attempt + 1
     a = Attempt(n, worker, planner, token, now_ms, now_ms + e.timeout_ms + deadline_slack_ms(e.timeout_ms))
-    return replace(e, state=ExecState.DISPATCHED, attempt=n, attempts=(*e.attempts, a), next_attempt_ms=0)
+    return _evolve(e, state=ExecState.DISPATCHED, attempt=n, attempts=(*e.attempts, a), next_attempt_ms=0)
 
 
 def started(e: Execution, attempt: int, now_ms: int) -> Execution:
@@ -134,7 +162,7 @@ def started(e: Execution, attempt: int, now_ms: int) -> Execution:
         raise TransitionError(f"{e.id}: attempt {attempt} cannot start in state {e.state}/{e.attempt}")
     cur = e.current
     assert cur is not None
-    return replace(e, state=ExecState.RUNNING, attempts=(*e.attempts[:-1], replace(cur, started_ms=now_ms)))
+    return _evolve(e, state=ExecState.RUNNING, attempts=(*e.attempts[:-1], _evolve(cur, started_ms=now_ms)))
 
 
 def backoff_ms(e: Execution, attempt: int) -> int:
@@ -174,16 +202,16 @@ def result(
     cur = e.current
     assert cur is not None
     ec = None if succeeded else (error_class or ErrorClass.UNKNOWN)
-    done = replace(cur, finished_ms=now_ms, succeeded=succeeded, error_class=ec, message=message[:2000])
+    done = _evolve(cur, finished_ms=now_ms, succeeded=succeeded, error_class=ec, message=message[:2000])
     attempts = (*e.attempts[:-1], done)
     if succeeded:
-        return replace(e, state=ExecState.SUCCEEDED, attempts=attempts), Disposition.RECORDED
-    e2 = replace(e, attempts=attempts)
+        return _evolve(e, state=ExecState.SUCCEEDED, attempts=attempts), Disposition.RECORDED
+    e2 = _evolve(e, attempts=attempts)
     assert ec is not None
     if _should_retry(e2, ec):
         wait = max(backoff_ms(e2, attempt), retry_after_ms)
-        return replace(e2, state=ExecState.RETRY_WAIT, next_attempt_ms=now_ms + wait), Disposition.RECORDED
-    return replace(e2, state=ExecState.DEAD_LETTER), Disposition.RECORDED
+        return _evolve(e2, state=ExecState.RETRY_WAIT, next_attempt_ms=now_ms + wait), Disposition.RECORDED
+    return _evolve(e2, state=ExecState.DEAD_LETTER), Disposition.RECORDED
 
 
 def timed_out(e: Execution, now_ms: int) -> bool:
@@ -194,25 +222,25 @@ def timed_out(e: Execution, now_ms: int) -> bool:
 def cancel(e: Execution, reason: str) -> Execution:
     if e.terminal:
         raise TransitionError(f"{e.id}: already {e.state}")
-    return replace(e, state=ExecState.CANCELLED, skip_reason=reason)
+    return _evolve(e, state=ExecState.CANCELLED, skip_reason=reason)
 
 
 def skip(e: Execution, reason: str) -> Execution:
     """Withdraw a pre-written execution that never ran (pause, schedule change)."""
     if e.state is not ExecState.SCHEDULED:
         raise TransitionError(f"{e.id}: only a scheduled execution can be skipped, not {e.state}")
-    return replace(e, state=ExecState.SKIPPED, skip_reason=reason)
+    return _evolve(e, state=ExecState.SKIPPED, skip_reason=reason)
 
 
 def replay(e: Execution, now_ms: int) -> Execution:
     """Operator replay of a dead letter: same id, a fresh retry budget, due now."""
     if e.state is not ExecState.DEAD_LETTER:
         raise TransitionError(f"{e.id}: only dead letters can be replayed, not {e.state}")
-    return replace(e, state=ExecState.RETRY_WAIT, next_attempt_ms=now_ms,
-                   retry=replace(e.retry, max_attempts=e.attempt + e.retry.max_attempts))
+    return _evolve(e, state=ExecState.RETRY_WAIT, next_attempt_ms=now_ms,
+                   retry=_evolve(e.retry, max_attempts=e.attempt + e.retry.max_attempts))
 
 
 def discard(e: Execution) -> Execution:
     if e.state is not ExecState.DEAD_LETTER:
         raise TransitionError(f"{e.id}: only dead letters can be discarded, not {e.state}")
-    return replace(e, state=ExecState.FAILED)
+    return _evolve(e, state=ExecState.FAILED)

@@ -24,7 +24,7 @@ import contextlib
 import itertools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
@@ -36,7 +36,7 @@ from scheduler._gen.scheduler.v1 import worker_service_pb2 as wpb
 from scheduler.clock import Clock
 from scheduler.dispatch.queue import FairQueue
 from scheduler.errors import NotFound, SchedError
-from scheduler.execution import IN_FLIGHT, Disposition, ErrorClass, ExecState, Execution, result
+from scheduler.execution import IN_FLIGHT, Disposition, ErrorClass, ExecState, Execution, result, with_revision
 from scheduler.model import parse_rfc3339
 from scheduler.store.kv import KV
 from scheduler.store.ledger import Ledger, split_execution_id
@@ -125,6 +125,11 @@ class Dispatcher:
         self._tasks: set[asyncio.Task[None]] = set()
         self.sent = 0
         self.results = 0
+        # Results read from every stream wait here while earlier ones are being recorded: the stream
+        # readers never block on etcd, and results arriving together share one txn.
+        self._inbox: list[tuple[_Conn, list[wpb.Result]]] = []
+        self._recorder: asyncio.Task[None] | None = None
+        self._pump_pending = False
 
     # ---- DispatchSink (called by partition planners) --------------------------------------------------
 
@@ -134,7 +139,10 @@ class Dispatcher:
 
     def submit(self, e: Execution, payload: bytes, token: str) -> None:
         self.queue.put(e.pool, e.tenant, e.task_type, _Item(e, payload, token))
-        self._pump()
+        # Pumped at the end of this loop iteration, so a round's dispatches share one Assignments message.
+        if not self._pump_pending:
+            self._pump_pending = True
+            asyncio.get_running_loop().call_soon(self._pump)
 
     def cancel(self, e: Execution, reason: str) -> None:
         self.queue.remove(lambda it: it.e.id == e.id)
@@ -159,6 +167,7 @@ class Dispatcher:
         )
 
     def _pump(self) -> None:
+        self._pump_pending = False
         if not len(self.queue):
             return
         conns = sorted(self.conns.values(), key=lambda c: c.region != self.region)  # own region first
@@ -186,6 +195,8 @@ class Dispatcher:
             ec = ErrorClass.TIMEOUT
         return ok, ec
 
+    _MAX_CAS_PER_TXN = 120  # under etcd's default --max-txn-ops (128)
+
     async def _fast_path(self, results: list[wpb.Result]) -> tuple[list[wpb.ResultAckEntry], list[wpb.Result]]:
         """Results for executions this node owns and holds in memory: one txn of CASes for all of
         them, no reads. Whatever does not apply cleanly goes to the slow path (read, decide, CAS)."""
@@ -205,28 +216,81 @@ class Dispatcher:
                 continue
             cands.append((r, old, new))
         acks: list[wpb.ResultAckEntry] = []
-        if cands:
+        n = self._MAX_CAS_PER_TXN
+        chunks = [cands[i:i + n] for i in range(0, len(cands), n)]
+
+        async def commit(chunk: list[tuple[wpb.Result, Execution, Execution]]) -> None:
             try:
-                tr = await self.kv.txn([], [self.ledger.cas_op(new, old.mod_revision, now_ms=now)
-                                            for _, old, new in cands])
+                tr = await self.kv.txn([], [self.ledger.cas_op(new, old.mod_revision, now_ms=now,
+                                                              old_state=old.state)
+                                            for _, old, new in chunk])
             except SchedError:
-                return acks, slow + [r for r, _, _ in cands]
-            for (r, _old, new), applied in zip(cands, self.ledger.cas_results(tr), strict=False):
+                slow.extend(r for r, _, _ in chunk)
+                return
+            for (r, _old, new), applied in zip(chunk, self.ledger.cas_results(tr), strict=False):
                 if not applied:
                     slow.append(r)
                     continue
-                self._on_transition(replace(new, mod_revision=tr.revision))
+                self._on_transition(with_revision(new, tr.revision))
                 acks.append(wpb.ResultAckEntry(execution_id=r.execution_id, attempt=r.attempt,
                                                disposition=wpb.RESULT_DISPOSITION_RECORDED))
+
+        if len(chunks) == 1:
+            await commit(chunks[0])
+        elif chunks:
+            await asyncio.gather(*(commit(c) for c in chunks))
         return acks, slow
 
-    async def _handle_results(self, c: _Conn, results: list[wpb.Result]) -> None:
+    def _finished(self, c: _Conn, results: list[wpb.Result]) -> None:
         for r in results:
             task_type = c.running.pop((r.execution_id, r.attempt), None)
             if task_type is not None:
                 self.queue.finished(task_type)
+
+    def _enqueue_results(self, c: _Conn, results: list[wpb.Result]) -> None:
+        """Hand results to the recorder task and return at once. Acks still go out only after the
+        results are recorded."""
+        self._finished(c, results)
+        self._inbox.append((c, results))
+        if self._recorder is None or self._recorder.done():
+            self._recorder = asyncio.create_task(self._record_inbox())
+            self._tasks.add(self._recorder)
+            self._recorder.add_done_callback(self._tasks.discard)
+
+    _RESULT_LINGER = 0.005  # seconds a small batch of results waits for more to share its txn
+
+    async def _record_inbox(self) -> None:
+        while self._inbox:
+            if sum(len(rs) for _, rs in self._inbox) < self._MAX_CAS_PER_TXN:
+                await asyncio.sleep(self._RESULT_LINGER)
+            batch, self._inbox = self._inbox, []
+            results = [r for _, rs in batch for r in rs]
+            owner = {(r.execution_id, r.attempt): c for c, rs in batch for r in rs}
+            try:
+                acks, slow = await self._fast_path(results)
+                self.results += len(acks)
+                by_conn: dict[int, tuple[_Conn, list[wpb.ResultAckEntry]]] = {}
+                for a in acks:
+                    c = owner[(a.execution_id, a.attempt)]
+                    by_conn.setdefault(id(c), (c, []))[1].append(a)
+                for c, rs in batch:
+                    mine = {(r.execution_id, r.attempt) for r in rs}
+                    await self._record_slow(c, [r for r in slow if (r.execution_id, r.attempt) in mine],
+                                            by_conn.pop(id(c), (c, []))[1])
+                for c, conn_acks in by_conn.values():
+                    await self._record_slow(c, [], conn_acks)
+            except Exception:  # not acknowledged: the workers send them again
+                log.exception("recording results failed")
+            self._pump()
+
+    async def _handle_results(self, c: _Conn, results: list[wpb.Result]) -> None:
+        self._finished(c, results)
         acks, slow = await self._fast_path(results)
         self.results += len(acks)
+        await self._record_slow(c, slow, acks)
+        self._pump()
+
+    async def _record_slow(self, c: _Conn, slow: list[wpb.Result], acks: list[wpb.ResultAckEntry]) -> None:
         for r in slow:
             sid, planned = split_execution_id(r.execution_id)
             try:
@@ -248,7 +312,6 @@ class Dispatcher:
                                            disposition=_DISPOSITION[disp]))
         if acks:
             c.out.put_nowait(wpb.PlannerMessage(result_ack=wpb.ResultAck(acks=acks)))
-        self._pump()
 
     async def _reattach(self, c: _Conn, running: list[wpb.RunningAttempt]) -> None:
         accepted, rejected = [], []
@@ -281,7 +344,7 @@ class Dispatcher:
                 c.credits += msg.credits.credits
                 self._pump()
             elif kind == "results":
-                await self._handle_results(c, list(msg.results.results))
+                self._enqueue_results(c, list(msg.results.results))
             elif kind == "heartbeat":
                 pass  # liveness of attempts is bounded by their recorded deadline
             elif kind == "drain":

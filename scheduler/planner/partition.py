@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import heapq
+import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -31,6 +32,7 @@ from typing import Protocol
 from scheduler.clock import Clock
 from scheduler.execution import (
     IN_FLIGHT,
+    TERMINAL,
     ErrorClass,
     ExecState,
     Execution,
@@ -39,6 +41,7 @@ from scheduler.execution import (
     dispatch,
     result,
     skip,
+    with_revision,
 )
 from scheduler.model import ScheduleState, execution_id
 from scheduler.planner.ownership import Ownership
@@ -53,7 +56,7 @@ from scheduler.store.keyspace import Keyspace
 from scheduler.store.kv import KV
 from scheduler.store.ledger import Ledger
 from scheduler.store.schedules import ScheduleStore, StoredSchedule
-from scheduler.timeplan import Plan, SkipReason, jitter_ms
+from scheduler.timeplan import Overlap, Plan, SkipReason, jitter_ms
 from scheduler.timeplan.missed import SkipRange, decide_missed
 from scheduler.timeplan.overlap import OverlapAction, decide_overlap
 
@@ -123,6 +126,10 @@ class PartitionPlanner:
         self.ck = Checkpoint(partition, 0, 0)
         self.wake = asyncio.Event()
         self.max_ops = max_ops
+        # Schedules paused or deleted that may still have pending executions: only while there are
+        # some does a round take ready items beyond worker capacity (to skip or hold them).
+        self._inactive: set[str] = set()
+        self._pools: frozenset[str] | None = None  # worker pools of the schedules (cache)
 
     # ---- snapshot ---------------------------------------------------------------------------------
 
@@ -137,8 +144,12 @@ class PartitionPlanner:
         self._withdraw = set(self.pending_schedule_ids())
         self.schedules.clear()
         self.heap.clear()
+        self._pools = None
         for st in stored:
             self._add_schedule(st)
+        self._inactive = {sid for sid in self._withdraw if sid not in self.schedules}
+        self._inactive |= {sid for sid, sch in self.schedules.items()
+                           if sch.stored.schedule.state is ScheduleState.PAUSED}
         return rev
 
     def _add_schedule(self, st: StoredSchedule) -> None:
@@ -148,6 +159,11 @@ class PartitionPlanner:
             log.exception("cannot plan schedule", extra={"schedule_id": st.schedule.id, "partition": self.p})
             return
         self.schedules[st.schedule.id] = _Sched(st, plan)
+        self._pools = None
+        if st.schedule.state is ScheduleState.PAUSED:
+            self._inactive.add(st.schedule.id)
+        else:
+            self._inactive.discard(st.schedule.id)
         cursor = max(self.ck.watermark_ms, st.activated_ms)
         nxt = plan.next_after_ms(cursor)
         if nxt is not None:
@@ -165,7 +181,9 @@ class PartitionPlanner:
 
     def on_schedule_delete(self, schedule_id: str) -> None:
         self.schedules.pop(schedule_id, None)
+        self._pools = None
         self._withdraw.add(schedule_id)
+        self._inactive.add(schedule_id)
         self.wake.set()
 
     # ---- decide + act ---------------------------------------------------------------------------
@@ -271,7 +289,7 @@ class PartitionPlanner:
         created = [ok for ok, _ in results]
         for e, (ok, rev) in zip(execs, results, strict=False):
             if ok:
-                self.pending.put(replace(e, mod_revision=rev))  # the next CAS compares against it
+                self.pending.put(with_revision(e, rev))  # the next CAS compares against it
         self.stats.created += sum(created)
         self.stats.skipped_ranges += len(skips)
         if not all(created):
@@ -297,10 +315,13 @@ class PartitionPlanner:
     async def dispatch_due(self, now_ms: int) -> None:
         cas: list[tuple[Execution, Execution]] = self._withdrawals()  # (old, new)
         budget: dict[str, int] = {}
-        pools = {sch.stored.schedule.worker_pool for sch in self.schedules.values()}
+        if self._pools is None:
+            self._pools = frozenset(sch.stored.schedule.worker_pool for sch in self.schedules.values())
         # Items beyond worker capacity would only be deferred again: do not even take them out. Items
-        # of paused/deleted schedules need no capacity; a few extra cover them.
-        limit = sum(self.dispatcher.capacity(pool) for pool in pools) + 16
+        # of paused/deleted schedules need no capacity; a few extra cover them while there are any.
+        limit = sum(self.dispatcher.capacity(pool) for pool in self._pools) + (16 if self._inactive else 0)
+        if limit <= 0 and not cas:
+            return
         for sid, waiting in self.pending.ready(now_ms, limit).items():
             sch = self.schedules.get(sid)
             if sch is None or sch.stored.schedule.state is ScheduleState.PAUSED:
@@ -310,13 +331,14 @@ class PartitionPlanner:
                     if x.state is not ExecState.SCHEDULED:
                         self.pending.defer(x)  # a retry of a paused schedule waits for the resume
                 continue
-            running = self.pending.running(sid)
             policy = sch.stored.schedule.policies.overlap
+            allow_all = policy is Overlap.ALLOW_ALL  # always START: no need for the running set
+            running = () if allow_all else self.pending.running(sid)
             for i, x in enumerate(waiting):
                 pool = x.pool
                 if pool not in budget:
                     budget[pool] = self.dispatcher.capacity(pool)
-                if x.state is ExecState.RETRY_WAIT:
+                if x.state is ExecState.RETRY_WAIT or allow_all:
                     action = OverlapAction.START  # a retry is the same run, not a new one
                 else:
                     buffered = tuple(y.id for y in waiting[:i] if y.state is ExecState.SCHEDULED)
@@ -324,9 +346,12 @@ class PartitionPlanner:
                 if action is OverlapAction.SKIP:
                     cas.append((x, skip(x, SkipReason.OVERLAP_SKIP.value)))
                     continue
-                if action is OverlapAction.BUFFER or budget[pool] <= 0:
+                if action is OverlapAction.BUFFER:
+                    self.pending.defer(x)  # waits for the running one; later ones see it as buffered
+                    continue
+                if budget[pool] <= 0:
                     for y in waiting[i:]:
-                        self.pending.defer(y)  # wait for the running one, or for worker capacity
+                        self.pending.defer(y)  # waits for worker capacity
                     break
                 if action is OverlapAction.CANCEL_THEN_START:
                     for rid in running:
@@ -341,16 +366,18 @@ class PartitionPlanner:
                     return
                 new = dispatch(x, worker="", planner=self.node_id, token=f"{self.p}:{fence.token}", now_ms=now_ms)
                 cas.append((x, new))
-                running = (*running, x.id)
+                if not allow_all:
+                    running = (*running, x.id)
         if not cas:
             return
-        ok = await self._commit([self.ledger.cas_op(new, old.mod_revision, now_ms=now_ms) for old, new in cas])
+        ok = await self._commit([self.ledger.cas_op(new, old.mod_revision, now_ms=now_ms, old_state=old.state)
+                                  for old, new in cas])
         lost = False
         for (_old, new), (applied, rev) in zip(cas, ok, strict=False):
             if not applied:
                 lost = True
                 continue
-            new = replace(new, mod_revision=rev)
+            new = with_revision(new, rev)
             self.pending.put(new)
             if new.state is ExecState.DISPATCHED:
                 sch = self.schedules.get(new.schedule_id)
@@ -370,11 +397,12 @@ class PartitionPlanner:
             new, _ = result(e, e.attempt, succeeded=False, error_class=ErrorClass.TIMEOUT,
                             message="deadline passed without a result", now_ms=now_ms)
             cas.append((e, new))
-        ok = await self._commit([self.ledger.cas_op(new, old.mod_revision, now_ms=now_ms) for old, new in cas])
+        ok = await self._commit([self.ledger.cas_op(new, old.mod_revision, now_ms=now_ms, old_state=old.state)
+                                  for old, new in cas])
         for (_, new), (applied, rev) in zip(cas, ok, strict=False):
             if applied:
                 self.stats.timed_out += 1
-                self.pending.put(replace(new, mod_revision=rev))
+                self.pending.put(with_revision(new, rev))
         if not all(a for a, _ in ok):
             raise Restart("a timeout compare-and-swap lost: a result arrived meanwhile")
 
@@ -386,20 +414,21 @@ class PartitionPlanner:
     async def sweep(self, now_ms: int) -> int:
         """Delete terminal records past the retention period or count (never dead letters), and
         skip records past the period. Fenced like every owner write. Returns how many were deleted."""
-        execs, _ = await self.ledger.list_partition(self.kv, self.p, timeout=self.rpc_timeout)
+        # Only the state, schedule and planned time of each record matter here: no full decode.
+        listing = await self.kv.range(self.ks.executions(self.p), prefix=True, timeout=self.rpc_timeout)
         cutoff = now_ms - self.s.retention_ms
-        by_schedule: dict[str, list[Execution]] = {}
-        for e in execs:
-            if e.terminal:
-                by_schedule.setdefault(e.schedule_id, []).append(e)
+        by_schedule: dict[str, list[tuple[int, bytes, int]]] = {}  # (planned ms, key, mod_revision)
+        for x in listing.kvs:
+            d = json.loads(x.value)
+            if ExecState(d["st"]) in TERMINAL:
+                by_schedule.setdefault(d["sid"], []).append((int(d["pl"]), x.key, x.mod_revision))
         doomed: list[Op] = []
         for es in by_schedule.values():
-            es.sort(key=lambda x: x.planned_ms, reverse=True)
-            for i, e in enumerate(es):
-                if i >= self.s.retention_count or e.planned_ms < cutoff:
+            es.sort(key=lambda x: x[0], reverse=True)
+            for i, (planned_ms, k, mod_revision) in enumerate(es):
+                if i >= self.s.retention_count or planned_ms < cutoff:
                     # Only if unchanged since we read it: a replay may have brought it back to life.
-                    k = self.ledger.key(e)
-                    doomed.append(txn([Compare.mod_revision(k, "==", e.mod_revision)], [delete(k)]))
+                    doomed.append(txn([Compare.mod_revision(k, "==", mod_revision)], [delete(k)]))
         skips = await self.kv.range(self.ks.skips(self.p), prefix=True, keys_only=True, timeout=self.rpc_timeout)
         for kv in skips.kvs:
             through = int(kv.key.rsplit(b"-", 1)[1])
@@ -415,7 +444,9 @@ class PartitionPlanner:
         now = self.clock.wall_ms()
         runs, skips = self.catch_up(now)
         await self.write_planned(runs, skips, max(self.ck.watermark_ms, now - self.s.late_grace_ms))
-        next_sweep = self.clock.monotonic() + self.s.retention_interval
+        # Partitions sweep at staggered times (first sweep after 0.5-1x the interval), so that the
+        # listings of all partitions a node claimed together do not land in the same instant.
+        next_sweep = self.clock.monotonic() + self.s.retention_interval * (0.5 + (self.p % 16) / 32)
         while True:
             now = self.clock.wall_ms()
             if self.clock.monotonic() >= next_sweep:

@@ -15,6 +15,8 @@ from scheduler.model import Policies, RetryPolicy, Schedule, ScheduleState
 from scheduler.timeplan import DstGap, DstOverlap, MissedRuns, Overlap
 
 _SEP = (",", ":")
+# One encoder for all records: json.dumps with non-default arguments builds a new encoder per call.
+_dumps = json.JSONEncoder(separators=_SEP).encode
 
 
 def _retry_to(r: RetryPolicy) -> dict[str, Any]:
@@ -102,7 +104,7 @@ def encode_execution(e: Execution) -> bytes:
         d["next"] = e.next_attempt_ms
     if e.skip_reason:
         d["why"] = e.skip_reason
-    return json.dumps(d, separators=_SEP).encode()
+    return _dumps(d).encode()
 
 
 def decode_execution(value: bytes, mod_revision: int = 0) -> Execution:

@@ -20,7 +20,7 @@ from scheduler.errors import OutcomeUnknown
 from scheduler.store.etcd.errors import EtcdError
 from scheduler.store.etcd.ops import Compare, Op
 from scheduler.store.etcd.types import TxnResult
-from scheduler.store.fenced import Fence, FenceStats, fenced_txn, split_ops
+from scheduler.store.fenced import Fence, FenceStats, fenced_txn, nested_width, split_ops
 from scheduler.store.kv import KV
 
 
@@ -30,6 +30,10 @@ class _Batch:
     ops: list[Op]
     compares: list[Compare]
     done: asyncio.Future[list[TxnResult]] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+
+    @property
+    def width(self) -> int:  # the widest nested txn: it needs that many ops left over by the parent
+        return max((nested_width(op) for op in self.ops), default=0)
 
 
 class WriteCombiner:
@@ -53,10 +57,11 @@ class WriteCombiner:
 
     async def submit(self, fence: Fence, ops: Sequence[Op], compares: Sequence[Compare] = ()) -> list[TxnResult]:
         """Like fenced_txn (same errors), but possibly sharing one etcd txn with other partitions."""
-        fits = len(ops) + len(compares) + 1 <= self.max_ops and len(split_ops(ops, self.max_ops, self.max_bytes)) <= 1
-        if not fits:
-            return await self._alone(_Batch(fence, list(ops), list(compares)))
         b = _Batch(fence, list(ops), list(compares))
+        fits = (len(ops) + len(compares) + 1 + b.width <= self.max_ops
+                and len(split_ops(ops, self.max_ops, self.max_bytes)) <= 1)
+        if not fits:
+            return await self._alone(b)
         self._queue.append(b)
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.create_task(self._flush())
@@ -72,11 +77,15 @@ class WriteCombiner:
         await asyncio.sleep(0)  # let the other partitions of this loop iteration submit too
         while self._queue:
             group: list[_Batch] = []
-            n = 0
-            while self._queue and n + len(self._queue[0].ops) + len(self._queue[0].compares) + 1 <= self.max_ops:
-                b = self._queue.pop(0)
-                group.append(b)
-                n += len(b.ops) + len(b.compares) + 1
+            n = width = 0
+            while self._queue:
+                head = self._queue[0]
+                w = max(width, head.width)
+                if group and n + len(head.ops) + len(head.compares) + 1 + w > self.max_ops:
+                    break
+                group.append(self._queue.pop(0))
+                n += len(head.ops) + len(head.compares) + 1
+                width = w
             if len(group) == 1:
                 await self._settle_alone(group[0])
                 continue
@@ -84,7 +93,9 @@ class WriteCombiner:
 
     async def _settle_alone(self, b: _Batch) -> None:
         try:
-            b.done.set_result(await self._alone(b))
+            r = await self._alone(b)
+            if not b.done.done():
+                b.done.set_result(r)
         except BaseException as e:  # handed to the waiting writer, whatever it is
             if not b.done.done():
                 b.done.set_exception(e)
@@ -101,7 +112,8 @@ class WriteCombiner:
             r = await self.kv.txn(compares, ops, timeout=self.timeout)
         except OutcomeUnknown as e:
             for b in group:  # every batch in it may or may not have landed: each writer re-reads
-                b.done.set_exception(e)
+                if not b.done.done():  # a writer cancelled meanwhile has nobody to tell
+                    b.done.set_exception(e)
             return
         except EtcdError:
             # Refused as a whole (e.g. a request limit): nothing was applied, so each batch alone.
@@ -118,4 +130,5 @@ class WriteCombiner:
         for b in group:
             part = TxnResult(r.header, True, r.responses[i:i + len(b.ops)])
             i += len(b.ops)
-            b.done.set_result([part])
+            if not b.done.done():
+                b.done.set_result([part])

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from scheduler.errors import FencedOut, SchedError
-from scheduler.store.etcd.ops import Compare, DeleteOp, Op, PutOp, RangeOp, TxnOp, get
+from scheduler.store.etcd.ops import Compare, DeleteOp, Op, PutOp, TxnOp, get
 from scheduler.store.etcd.types import RangeResult, TxnResult
 from scheduler.store.kv import KV
 
@@ -48,20 +48,32 @@ def _op_size(op: Op) -> int:
     return len(op.key) + len(op.range_end) + 32
 
 
+def nested_width(op: Op) -> int:
+    """Ops a nested txn uses from its parent's budget: etcd lets a nested txn use only the ops its
+    parent left over (`max-txn-ops` minus the parent's own count)."""
+    if isinstance(op, TxnOp):
+        return max(len(op.compare), len(op.success), len(op.failure))
+    return 0
+
+
 def split_ops(ops: Sequence[Op], max_ops: int, max_bytes: int) -> list[list[Op]]:
-    """Chunks that respect etcd's ops-per-txn and request-size limits, in the original order."""
+    """Chunks that respect etcd's ops-per-txn and request-size limits, in the original order. A chunk
+    holding nested txns is shorter by the widest one, so that it fits in what the parent leaves."""
     chunks: list[list[Op]] = []
     cur: list[Op] = []
     size = 0
+    width = 0
     for op in ops:
         n = _op_size(op)
+        w = nested_width(op)
         if n > max_bytes:
             raise SchedError(f"one operation on {op.key!r} is {n} bytes, above the {max_bytes}-byte txn limit")
-        if cur and (len(cur) >= max_ops or size + n > max_bytes):
+        if cur and (len(cur) >= max_ops or len(cur) + max(width, w) > max_ops or size + n > max_bytes):
             chunks.append(cur)
-            cur, size = [], 0
+            cur, size, width = [], 0, 0
         cur.append(op)
         size += n
+        width = max(width, w)
     if cur:
         chunks.append(cur)
     return chunks
@@ -106,6 +118,3 @@ async def fenced_txn(
         results.append(r)
     return results
 
-
-def range_ops_only(ops: Sequence[Op]) -> bool:
-    return all(isinstance(op, RangeOp) for op in ops)

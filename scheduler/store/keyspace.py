@@ -5,6 +5,7 @@ Partitions are zero-padded so that a prefix range lists them in order.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from scheduler.timeplan.hashing import stable_u64
@@ -13,8 +14,10 @@ _PART_WIDTH = 5  # up to 65,536 partitions
 _MS_WIDTH = 13  # epoch milliseconds until the year 2286
 
 
+@functools.lru_cache(maxsize=1 << 17)
 def partition_for(schedule_id: str, partitions: int) -> int:
-    """`stable_u64("P\\x00" + id) % P`: a compatibility contract, like the H hash (never change it)."""
+    """`stable_u64("P\\x00" + id) % P`: a compatibility contract, like the H hash (never change it).
+    Cached: it is on the path of every ledger write (a SHA-256 each time otherwise)."""
     return stable_u64(f"P\x00{schedule_id}") % partitions
 
 

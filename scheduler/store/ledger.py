@@ -44,18 +44,24 @@ class Ledger:
             out.append(txn([Compare.create_revision(k, "==", 0)], [put(k, encode_execution(e))]))
         return out
 
-    def cas_op(self, new: Execution, read_revision: int, *, payload: bytes = b"", now_ms: int = 0) -> TxnOp:
-        """Write `new` if the record is still at `read_revision` (its mod_revision when read)."""
+    def cas_op(self, new: Execution, read_revision: int, *, payload: bytes = b"", now_ms: int = 0,
+               old_state: ExecState | None = None) -> TxnOp:
+        """Write `new` if the record is still at `read_revision` (its mod_revision when read).
+
+        `old_state`: the record's state at `read_revision`, when the caller knows it. A record that
+        was not a dead letter there has no dead-letter index key (leaving that state deletes it in
+        the same txn), so the delete is left out; if the record moved on, the compare fails anyway."""
         k = self.key(new)
-        p = partition_for(new.schedule_id, self.partitions)
         ops: list[Op] = [put(k, encode_execution(new))]
-        dl = self.ks.dead_letter(p, new.schedule_id, new.planned_ms)
         if new.state is ExecState.DEAD_LETTER:
+            p = partition_for(new.schedule_id, self.partitions)
+            dl = self.ks.dead_letter(p, new.schedule_id, new.planned_ms)
             ops.append(put(dl, json.dumps({"id": new.id, "tenant": new.tenant, "task": new.task_type,
                                            "dead_ms": now_ms, "payload": payload.hex()},
                                           separators=(",", ":")).encode()))
-        else:
-            ops.append(delete(dl))
+        elif old_state is None or old_state is ExecState.DEAD_LETTER:
+            p = partition_for(new.schedule_id, self.partitions)
+            ops.append(delete(self.ks.dead_letter(p, new.schedule_id, new.planned_ms)))
         return txn([Compare.mod_revision(k, "==", read_revision)], ops)
 
     def skip_op(self, partition: int, schedule_id: str, r: SkipRange) -> Op:

@@ -23,7 +23,7 @@ class Disposition(Enum):
 class _Pending:
     result: wpb.Result
     origin: str  # stream of the planner that dispatched the attempt: preferred for the first send
-    backoff: Backoff
+    backoff: Backoff | None  # made on the first RETRY answer (most results never need one)
     sent_on: str | None = None
     sent_at: float = 0.0
     not_before: float = 0.0
@@ -34,23 +34,41 @@ class Outbox:
         self.ack_timeout = ack_timeout
         self._retry = (retry_base, retry_cap)
         self._items: dict[AttemptKey, _Pending] = {}
+        # Sending new results must not cost a scan of every result awaiting its ack: `_fresh` holds
+        # those to send at once, and the full scan (overdue acks, RETRY backoffs) happens only when
+        # `_scan_at` (the earliest time one of them can be due) has come.
+        self._fresh: dict[AttemptKey, None] = {}
+        self._scan_at = float("inf")
 
     def __len__(self) -> int:
         return len(self._items)
 
     def add(self, result: wpb.Result, origin: str) -> None:
-        self._items[(result.execution_id, result.attempt)] = _Pending(result, origin, Backoff(*self._retry))
+        key = (result.execution_id, result.attempt)
+        self._items[key] = _Pending(result, origin, None)
+        self._fresh[key] = None
 
     def route(self, connected: list[str], now: float) -> dict[str, list[wpb.Result]]:
         """Which results to send now, grouped by stream: unsent ones and those whose answer is overdue,
         on their origin stream if it is up, otherwise spread over the connected streams."""
         if not connected:
             return {}
+        if now >= self._scan_at:
+            keys: list[AttemptKey] = list(self._items)
+            self._scan_at = float("inf")
+        else:
+            keys = list(self._fresh)
+        self._fresh.clear()
         out: dict[str, list[wpb.Result]] = {}
         spread = 0
-        for p in self._items.values():
+        for key in keys:
+            p = self._items.get(key)
+            if p is None:
+                continue
             overdue = p.sent_on is not None and now - p.sent_at >= self.ack_timeout
             if (p.sent_on is not None and not overdue) or now < p.not_before:
+                self._scan_at = min(self._scan_at, p.sent_at + self.ack_timeout if p.sent_on is not None
+                                    else p.not_before)
                 continue
             if p.origin in connected and p.sent_on != p.origin:
                 target = p.origin
@@ -60,6 +78,8 @@ class Outbox:
                 spread += 1
             p.sent_on, p.sent_at = target, now
             out.setdefault(target, []).append(p.result)
+        if out:
+            self._scan_at = min(self._scan_at, now + self.ack_timeout)
         return out
 
     def acked(self, key: AttemptKey, disposition: Disposition, now: float) -> None:
@@ -68,15 +88,20 @@ class Outbox:
             return
         if disposition is Disposition.FORGET:
             del self._items[key]
+            self._fresh.pop(key, None)
         else:  # the planner could not record it now (etcd unreachable...): back off, then resend
             p.sent_on = None
+            if p.backoff is None:
+                p.backoff = Backoff(*self._retry)
             p.not_before = now + p.backoff.next()
+            self._scan_at = min(self._scan_at, p.not_before)
 
     def stream_lost(self, stream: str) -> None:
         """Results in flight on a broken stream have no answer coming: send them again elsewhere."""
-        for p in self._items.values():
+        for key, p in self._items.items():
             if p.sent_on == stream:
                 p.sent_on = None
+                self._fresh[key] = None
 
     def keys(self) -> Iterable[AttemptKey]:
         return self._items.keys()

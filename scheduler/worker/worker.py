@@ -36,6 +36,7 @@ log = logging.getLogger("scheduler.worker")
 
 SDK_VERSION = f"sched-python/{__version__}"
 _RESULTS_PER_MESSAGE = 256
+_RESULT_LINGER = 0.002  # seconds results wait for others finishing soon after, to share one message
 _FORGET = {wpb.RESULT_DISPOSITION_RECORDED, wpb.RESULT_DISPOSITION_DUPLICATE, wpb.RESULT_DISPOSITION_STALE}
 
 
@@ -75,6 +76,7 @@ class Worker:
         self._attempts: dict[AttemptKey, Attempt] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._flush_pending = False
+        self._grant_pending = False  # slots freed since the last grant: granted with the next flush
         self._started = False
         self._draining: tuple[str, float] | None = None  # (reason, grace) once drain() began
         self._closing = False
@@ -309,7 +311,10 @@ class Worker:
             log.info("execution stopped after rejected re-attach", extra=fields)
         else:
             self._report(attempt, outcome)
-        self._grant()
+        # Freed slots are granted with the next flush: one Credits message for all the attempts that
+        # finished meanwhile, not one per attempt (each stream message costs both sides a write).
+        self._grant_pending = True
+        self._flush_soon()
 
     def _report(self, attempt: Attempt, outcome: Outcome) -> None:
         finished = self.clock.wall_ms()
@@ -353,17 +358,19 @@ class Worker:
                 log.error("credits granted to a stream that cannot take them", extra={"planner": address})
 
     def _flush_soon(self) -> None:
-        """Send pending results at the end of this loop iteration, so results finishing together
-        travel in one Results message."""
+        """Send pending results very soon, so results finishing together travel in one Results message."""
         if not self._flush_pending:
             self._flush_pending = True
-            asyncio.get_running_loop().call_soon(self._flush_now)
+            asyncio.get_running_loop().call_later(_RESULT_LINGER, self._flush_now)
 
     def _flush_now(self) -> None:
         self._flush_pending = False
         for address, results in self.outbox.route(self.planners.connected, self.clock.monotonic()).items():
             for i in range(0, len(results), _RESULTS_PER_MESSAGE):
                 self.streams[address].send(protocol.results_message(results[i:i + _RESULTS_PER_MESSAGE]))
+        if self._grant_pending:
+            self._grant_pending = False
+            self._grant()
 
     async def _maintain(self) -> None:
         """Periodic chores: resend overdue results, grant slots freed by idleness, reclaim parked credits."""

@@ -10,8 +10,8 @@ import pytest
 
 from scheduler.clock import SYSTEM_CLOCK
 from scheduler.config import CoordinationSettings
-from scheduler.execution import ErrorClass, ExecState, Execution
-from scheduler.model import Policies, Schedule, ScheduleState
+from scheduler.execution import ErrorClass, ExecState, Execution, Trigger
+from scheduler.model import Policies, RetryPolicy, Schedule, ScheduleState, execution_id
 from scheduler.node import PlannerNode
 from scheduler.planner.results import record_result
 from scheduler.planner.settings import PlannerSettings
@@ -206,3 +206,56 @@ async def test_pause_withdraws_pre_written_executions_at_once(kv: EtcdClient, ke
     finally:
         t.cancel()
         await asyncio.gather(t, return_exceptions=True)
+
+
+async def test_a_lost_attempt_times_out_and_is_retried_with_the_same_id(kv: EtcdClient, key_prefix: str) -> None:
+    """A worker that dies mid-execution never reports: the attempt times out at its recorded
+    deadline and the next attempt carries the same execution id (the idempotency key)."""
+    ks = Keyspace(key_prefix.rstrip("/"))
+    node = PlannerNode(kv, ks, COORD, SYSTEM_CLOCK, planner=FAST)
+    disp = FakeDispatcher(kv, node, outcome="hold")  # the "worker" takes it and dies
+    node.dispatcher = disp
+    pol = Policies(execution_timeout_ms=1_000, retry=RetryPolicy(max_attempts=3, initial_backoff_ms=100,
+                                                                  max_backoff_ms=200))
+    await node.store.create(sched(1, spec="0 0 1 1 *", policies=pol), SYSTEM_CLOCK.wall_ms())
+    now = SYSTEM_CLOCK.wall_ms()
+    # A manual run due now (the schedule itself fires once a year).
+    e = Execution(id=execution_id("s1", now), schedule_id="s1", tenant="t", pool="p", task_type="x",
+                  planned_ms=now, due_ms=now, trigger=Trigger.MANUAL, retry=pol.retry, timeout_ms=1_000)
+    await kv.txn([], node.ledger.create_ops([e]))
+    await run_node(node, 9.0)
+    attempts = [x for x in disp.submitted if x.id == e.id]
+    assert [x.attempt for x in attempts][:2] == [1, 2], f"attempts: {[x.attempt for x in attempts]}"
+    final = await node.ledger.get(kv, "s1", now)
+    assert final is not None
+    assert final.attempts[0].error_class is ErrorClass.TIMEOUT
+
+
+async def test_cancel_other_cancels_the_running_execution(kv: EtcdClient, key_prefix: str) -> None:
+    ks = Keyspace(key_prefix.rstrip("/"))
+    node = PlannerNode(kv, ks, COORD, SYSTEM_CLOCK, planner=FAST)
+    disp = FakeDispatcher(kv, node, outcome="hold")
+    node.dispatcher = disp
+    await node.store.create(sched(1, policies=Policies(overlap=Overlap.CANCEL_OTHER)), SYSTEM_CLOCK.wall_ms())
+    await run_node(node, 3.0)
+    es = await executions(node, kv)
+    cancelled = [e for e in es if e.state is ExecState.CANCELLED]
+    assert len(disp.submitted) >= 2
+    assert len(cancelled) >= 1
+    assert set(disp.cancelled) >= {e.id for e in cancelled}
+    assert sum(1 for e in es if e.state in (ExecState.DISPATCHED, ExecState.RUNNING)) == 1
+
+
+async def test_buffer_one_keeps_one_and_skips_the_rest(kv: EtcdClient, key_prefix: str) -> None:
+    ks = Keyspace(key_prefix.rstrip("/"))
+    node = PlannerNode(kv, ks, COORD, SYSTEM_CLOCK, planner=FAST)
+    disp = FakeDispatcher(kv, node, outcome="hold")
+    node.dispatcher = disp
+    await node.store.create(sched(1, policies=Policies(overlap=Overlap.BUFFER_ONE)), SYSTEM_CLOCK.wall_ms())
+    await run_node(node, 3.5)
+    es = await executions(node, kv)
+    assert len(disp.submitted) == 1, "the first one never finishes"
+    due = SYSTEM_CLOCK.wall_ms() - 600
+    waiting = [e for e in es if e.state is ExecState.SCHEDULED and e.due_ms <= due]
+    assert len(waiting) == 1, f"one buffered behind the running one, got {len(waiting)}"
+    assert sum(1 for e in es if e.skip_reason == "overlap_skip") >= 1
