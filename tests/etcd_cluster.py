@@ -7,7 +7,6 @@ finalizers, by an atexit hook as a backstop, and on Linux by a parent-death sign
 
 from __future__ import annotations
 
-import atexit
 import json
 import os
 import shutil
@@ -16,7 +15,6 @@ import socket
 import ssl
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from collections.abc import Callable, Sequence
@@ -25,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from scheduler.store.etcd import EtcdConfig
+from tests.processes import forget, spawn
 
 ETCD_MISSING = (
     "etcd binary not found: set SCHED_ETCD_BIN to an etcd 3.5 binary, or run scripts/setup.sh "
@@ -33,18 +32,6 @@ ETCD_MISSING = (
 
 EtcdFactory = Callable[..., "EtcdCluster"]  # the `etcd_factory` fixture: options -> started cluster
 
-_LIVE: dict[int, subprocess.Popen[bytes]] = {}  # pid -> process, for the atexit backstop
-
-
-def _kill_leftovers() -> None:
-    for pid, proc in list(_LIVE.items()):
-        if proc.poll() is None:
-            os.kill(pid, signal.SIGKILL)
-            proc.wait()
-        _LIVE.pop(pid, None)
-
-
-atexit.register(_kill_leftovers)
 
 
 def find_binary(name: str = "etcd") -> str | None:
@@ -223,15 +210,8 @@ class EtcdCluster:
     def _spawn(self, m: Member) -> None:
         if m.running:
             raise RuntimeError(f"{m.name} is already running (pid {m.pid})")
-        argv = self._args(m)
-        setpriv = shutil.which("setpriv")
-        # The death signal fires when the *thread* that forked exits, so only use it from the main thread.
-        if setpriv and sys.platform == "linux" and threading.current_thread() is threading.main_thread():
-            argv = [setpriv, "--pdeathsig", "KILL", "--", *argv]  # setpriv execs etcd: same pid
-        with m.log_path.open("ab") as log:
-            m.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        m.process = spawn(self._args(m), m.log_path)
         m.paused = False
-        _LIVE[m.process.pid] = m.process
 
     def kill(self, i: int) -> None:
         """SIGKILL member i (no graceful shutdown; its data dir stays for restart())."""
@@ -250,7 +230,7 @@ class EtcdCluster:
             m.process.wait(timeout)
         except subprocess.TimeoutExpired:
             self._signal_and_reap(m, signal.SIGKILL)
-        _LIVE.pop(m.pid, None)
+        forget(m.pid)
 
     def restart(self, i: int, timeout: float = 30.0) -> None:
         """Start member i again with the same name, ports and data dir (kills it first if running)."""
@@ -281,7 +261,7 @@ class EtcdCluster:
         if m.process.poll() is None:
             os.kill(m.pid, sig)
             m.process.wait()
-        _LIVE.pop(m.pid, None)
+        forget(m.pid)
         m.paused = False
 
     # ---- health ---------------------------------------------------------------------------------

@@ -12,14 +12,12 @@ Each planner writes its JSON log lines to its own file; `events()` parses the on
 from __future__ import annotations
 
 import asyncio
-import atexit
 import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -31,6 +29,7 @@ from scheduler.store.etcd.errors import EtcdError
 from scheduler.store.etcd.types import EventType
 from scheduler.store.keyspace import Keyspace
 from scheduler.store.kv import KV
+from tests.processes import forget, spawn
 
 # Fast timings for drills: renew + 2 x rpc_timeout (1.3) <= lease_ttl - safety_margin (1.7); a
 # planner round (which advances the partition's checkpoint) every 50 ms.
@@ -42,18 +41,6 @@ FAST: dict[str, str] = {
     "loop_interval": "0.05",
 }
 
-_LIVE: dict[int, subprocess.Popen[bytes]] = {}  # pid -> process, for the atexit backstop
-
-
-def _kill_leftovers() -> None:
-    for pid, proc in list(_LIVE.items()):
-        if proc.poll() is None:
-            os.kill(pid, signal.SIGKILL)
-            proc.wait()
-        _LIVE.pop(pid, None)
-
-
-atexit.register(_kill_leftovers)
 
 
 def schedctl_binary() -> str:
@@ -92,16 +79,9 @@ class PlannerProcess:
     def start(self) -> PlannerProcess:
         if self.running:
             raise RuntimeError(f"planner {self.node_id} is already running (pid {self.pid})")
-        argv = self.argv
-        setpriv = shutil.which("setpriv")
-        # The death signal fires when the forking *thread* exits: only use it from the main thread.
-        if setpriv and sys.platform == "linux" and threading.current_thread() is threading.main_thread():
-            argv = [setpriv, "--pdeathsig", "KILL", "--", *argv]  # setpriv execs: same pid
-        with self.log_path.open("ab") as log:
-            self.process = subprocess.Popen(argv, stdout=log, stderr=log, stdin=subprocess.DEVNULL, env=self.env)
+        self.process = spawn(self.argv, self.log_path, env=self.env)
         self.paused = False
         self.started_at = time.monotonic()
-        _LIVE[self.process.pid] = self.process
         return self
 
     # ---- signals (by pid) -----------------------------------------------------------------------
@@ -114,7 +94,7 @@ class PlannerProcess:
             os.kill(self.pid, signal.SIGKILL)
             self.process.wait()
         self.paused = False
-        _LIVE.pop(self.pid, None)
+        forget(self.pid)
 
     def terminate(self, timeout: float = 15.0) -> int:
         """SIGTERM (the planner drains: hands its partitions over, then exits); SIGKILL if it hangs.
@@ -128,7 +108,7 @@ class PlannerProcess:
                 self.process.wait(timeout)
             except subprocess.TimeoutExpired:
                 self.kill()
-        _LIVE.pop(self.pid, None)
+        forget(self.pid)
         rc = self.process.poll()
         assert rc is not None
         return rc

@@ -30,6 +30,7 @@ from scheduler.store.schedules import ScheduleStore
 from scheduler.timeplan import MissedRuns, Overlap, parse_spec
 from tests.etcd_cluster import EtcdFactory, free_port
 from tests.integration.planners import PlannerSet
+from tests.processes import forget, spawn
 
 pytestmark = pytest.mark.etcd
 
@@ -42,9 +43,8 @@ WORKER = str(Path(__file__).with_name("effect_worker.py"))
 
 def start_worker(wid: str, planners: list[str], effects: Path, log: Path) -> subprocess.Popen[bytes]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SCHED_")}
-    with log.open("ab") as f:
-        return subprocess.Popen([sys.executable, WORKER, "--id", wid, "--planners", ",".join(planners),
-                                 "--effects", str(effects)], stdout=f, stderr=f, stdin=subprocess.DEVNULL, env=env)
+    return spawn([sys.executable, WORKER, "--id", wid, "--planners", ",".join(planners), "--effects", str(effects)],
+                 log, env=env)
 
 
 def stop_process(p: subprocess.Popen[bytes], timeout: float = 15.0) -> None:
@@ -55,6 +55,7 @@ def stop_process(p: subprocess.Popen[bytes], timeout: float = 15.0) -> None:
         except subprocess.TimeoutExpired:
             os.kill(p.pid, signal.SIGKILL)
             p.wait()
+    forget(p.pid)
 
 
 async def test_engine_survives_kill_and_pause(etcd_factory: EtcdFactory, tmp_path: Path) -> None:

@@ -1,0 +1,51 @@
+"""Processes that tests start: spawned so that nothing outlives the test run.
+
+Finalizers stop them by pid; as backstops, an atexit hook SIGKILLs any still registered, and on
+Linux each is started under `setpriv --pdeathsig KILL` so that even a SIGKILLed pytest leaves no
+etcd, planner or worker behind. Nothing is ever stopped by name.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+_LIVE: dict[int, subprocess.Popen[bytes]] = {}  # pid -> process, for the atexit backstop
+
+
+def _kill_leftovers() -> None:
+    for pid, proc in list(_LIVE.items()):
+        if proc.poll() is None:
+            os.kill(pid, signal.SIGKILL)
+            proc.wait()
+        _LIVE.pop(pid, None)
+
+
+atexit.register(_kill_leftovers)
+
+
+def spawn(argv: Sequence[str], log_path: Path, *, env: Mapping[str, str] | None = None,
+          stderr_to_log: bool = True) -> subprocess.Popen[bytes]:
+    """Start argv with stdout (and stderr) appended to log_path, registered for the backstops."""
+    args = list(argv)
+    setpriv = shutil.which("setpriv")
+    # The death signal fires when the forking *thread* exits: only use it from the main thread.
+    if setpriv and sys.platform == "linux" and threading.current_thread() is threading.main_thread():
+        args = [setpriv, "--pdeathsig", "KILL", "--", *args]  # setpriv execs: same pid
+    with log_path.open("ab") as log:
+        proc = subprocess.Popen(args, stdout=log, stderr=log if stderr_to_log else subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, env=None if env is None else dict(env))
+    _LIVE[proc.pid] = proc
+    return proc
+
+
+def forget(pid: int) -> None:
+    """The process was stopped and reaped by its owner."""
+    _LIVE.pop(pid, None)
