@@ -28,11 +28,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
-from google.protobuf.duration_pb2 import Duration
-from google.protobuf.timestamp_pb2 import Timestamp
 
 from scheduler._gen.scheduler.v1 import cluster_pb2, execution_pb2
 from scheduler._gen.scheduler.v1 import worker_service_pb2 as wpb
+from scheduler.api.convert import ms_to_duration, ms_to_timestamp
 from scheduler.clock import Clock
 from scheduler.dispatch.queue import FairQueue
 from scheduler.errors import NotFound, SchedError
@@ -59,18 +58,6 @@ _TRIGGER = {
     "rerun": execution_pb2.TRIGGER_RERUN, "backfill": execution_pb2.TRIGGER_BACKFILL,
     "replay": execution_pb2.TRIGGER_REPLAY,
 }
-
-
-def _ts(ms: int) -> Timestamp:
-    t = Timestamp()
-    t.FromMilliseconds(ms)
-    return t
-
-
-def _dur(seconds: float) -> Duration:
-    d = Duration()
-    d.FromMilliseconds(int(seconds * 1000))
-    return d
 
 
 @dataclass
@@ -160,10 +147,11 @@ class Dispatcher:
         cur = e.current
         return wpb.Assignment(
             execution_id=e.id, schedule_id=e.schedule_id, tenant=e.tenant, task_type=e.task_type,
-            planned_at=_ts(e.planned_ms), attempt=e.attempt,
+            planned_at=ms_to_timestamp(e.planned_ms), attempt=e.attempt,
             fencing_token=execution_pb2.FencingToken(partition=int(part or 0), revision=int(rev or 0)),
-            payload=it.payload, deadline=_ts(cur.deadline_ms if cur else 0), trigger=_TRIGGER[e.trigger.value],
-            timeout=_dur(e.timeout_ms / 1000),
+            payload=it.payload, deadline=ms_to_timestamp(cur.deadline_ms if cur else 0),
+            trigger=_TRIGGER[e.trigger.value],
+            timeout=ms_to_duration(e.timeout_ms),
         )
 
     def _pump(self) -> None:
@@ -369,9 +357,9 @@ class Dispatcher:
         self.conns[conn_id] = c
         log.info("worker connected", extra={"event": "worker_connected", "worker": h.worker_id, "pool": h.pool})
         yield wpb.PlannerMessage(welcome=wpb.Welcome(
-            planner_id=self.node_id, region=self.region, server_time=_ts(self.clock.wall_ms()),
-            planners=self._planners(), heartbeat_interval=_dur(self.hb_interval),
-            heartbeat_timeout=_dur(self.hb_timeout)))
+            planner_id=self.node_id, region=self.region, server_time=ms_to_timestamp(self.clock.wall_ms()),
+            planners=self._planners(), heartbeat_interval=ms_to_duration(int(self.hb_interval * 1000)),
+            heartbeat_timeout=ms_to_duration(int(self.hb_timeout * 1000))))
         if h.running:
             await self._reattach(c, list(h.running))
         reader = asyncio.create_task(self._read(c, request_iterator))

@@ -6,10 +6,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from google.protobuf.duration_pb2 import Duration
-from google.protobuf.timestamp_pb2 import Timestamp
 
 from scheduler._gen.scheduler.v1 import execution_pb2 as epb
 from scheduler._gen.scheduler.v1 import worker_service_pb2 as wpb
+from scheduler.api.convert import ms_to_timestamp
 from scheduler.clock import Clock
 from scheduler.timeplan.plan import from_ms
 from scheduler.worker.attempt import Attempt, ErrorClass, Outcome, Status
@@ -27,12 +27,6 @@ _ERROR_CLASS = {
     ErrorClass.UNKNOWN: epb.ERROR_CLASS_UNKNOWN,
     ErrorClass.TIMEOUT: epb.ERROR_CLASS_TIMEOUT,
 }
-
-
-def _ts(ms: int) -> Timestamp:
-    t = Timestamp()
-    t.FromMilliseconds(ms)
-    return t
 
 
 def _token_pb(t: FencingToken) -> epb.FencingToken:
@@ -83,8 +77,8 @@ def result_pb(attempt: Attempt, outcome: Outcome, finished_ms: int) -> wpb.Resul
         outcome=_STATUS[outcome.status],
         error_class=_ERROR_CLASS[outcome.error_class],
         message=outcome.message,
-        started_at=_ts(attempt.started_ms if attempt.started_ms is not None else finished_ms),
-        finished_at=_ts(finished_ms),
+        started_at=ms_to_timestamp(attempt.started_ms if attempt.started_ms is not None else finished_ms),
+        finished_at=ms_to_timestamp(finished_ms),
     )
     if outcome.retry_after is not None:
         d = Duration()
@@ -99,7 +93,7 @@ def running_pb(attempts: Iterable[Attempt]) -> list[wpb.RunningAttempt]:
             execution_id=a.ctx.execution_id,
             attempt=a.ctx.attempt,
             fencing_token=_token_pb(a.ctx.fencing_token),
-            started_at=_ts(a.started_ms),
+            started_at=ms_to_timestamp(a.started_ms),
         )
         for a in attempts
         if a.started_ms is not None
@@ -117,7 +111,7 @@ def drain_message(reason: str, grace: float, returned: Iterable[Attempt]) -> wpb
 
 
 def heartbeat_message(running: Iterable[Attempt], now_ms: int) -> wpb.WorkerMessage:
-    return wpb.WorkerMessage(heartbeat=wpb.Heartbeat(running=running_pb(running), worker_time=_ts(now_ms)))
+    return wpb.WorkerMessage(heartbeat=wpb.Heartbeat(running=running_pb(running), worker_time=ms_to_timestamp(now_ms)))
 
 
 def credits_message(n: int) -> wpb.WorkerMessage:
