@@ -46,3 +46,11 @@ class AlreadyExists(SchedError):
 
 class VersionMismatch(SchedError):
     """Optimistic concurrency: the stored version is not the one the caller read."""
+
+
+class FailedPrecondition(SchedError):
+    """The current state forbids the call (a paused schedule triggered, a running execution re-run)."""
+
+
+class ResourceExhausted(SchedError):
+    """A limit was hit (too many planned times in a backfill, too many schedules in a page)."""
