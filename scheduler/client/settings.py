@@ -1,0 +1,49 @@
+"""Where the client finds the server: an explicit argument, then `SCHED_SERVER`, then a TOML file.
+
+Same precedence and validation as every other settings class (scheduler/config.py): flags >
+`SCHED_*` environment > TOML. The file is `--config`, else `$SCHED_CONFIG`, else
+`$XDG_CONFIG_HOME/schedctl/config.toml` (`~/.config/...`) when it exists.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from scheduler.config import Settings
+from scheduler.errors import InvalidArgument
+
+DEFAULT_SERVER = "127.0.0.1:7000"  # `schedctl dev` and `schedctl planner --api-port 7000` listen here
+
+
+@dataclass(frozen=True)
+class ClientSettings(Settings):
+    server: str = DEFAULT_SERVER  # host:port of any planner node
+    request_timeout: float = 10.0  # seconds per call (retries included)
+
+    def validate(self) -> None:
+        host, sep, port = self.server.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65_536:
+            raise InvalidArgument("server", f"{self.server!r} is not host:port (e.g. 127.0.0.1:7000)")
+        if self.request_timeout <= 0:
+            raise InvalidArgument("request_timeout", "must be positive")
+
+
+def default_config_file(env: Mapping[str, str] | None = None) -> Path | None:
+    env = os.environ if env is None else env
+    if env.get("SCHED_CONFIG"):
+        return Path(env["SCHED_CONFIG"])
+    base = Path(env["XDG_CONFIG_HOME"]) if env.get("XDG_CONFIG_HOME") else Path.home() / ".config"
+    path = base / "schedctl" / "config.toml"
+    return path if path.is_file() else None
+
+
+def load_client_settings(flags: Mapping[str, Any], config: str | Path | None = None,
+                         env: Mapping[str, str] | None = None,
+                         shared_keys: frozenset[str] = frozenset()) -> ClientSettings:
+    """`shared_keys`: other processes' setting names allowed in the same TOML file (a planner's file
+    can serve the CLI on the same host)."""
+    return ClientSettings.load(flags, env=env, toml_file=config or default_config_file(env), shared_keys=shared_keys)
