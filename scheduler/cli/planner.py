@@ -12,7 +12,10 @@ import sys
 from typing import Any
 
 from scheduler import logs
+from scheduler._gen.scheduler.v1 import cluster_pb2 as cpb
+from scheduler.cli.common import client_parent, enum_name, print_json, run_call
 from scheduler.cli.output import Exit, fail_invalid
+from scheduler.client import SchedulerClient
 from scheduler.clock import SYSTEM_CLOCK
 from scheduler.config import CoordinationSettings, EtcdSettings
 from scheduler.errors import InvalidArgument
@@ -45,6 +48,28 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--log-level", default="info")
     add_settings_flags(p, EtcdSettings, CoordinationSettings, PlannerSettings)
     p.set_defaults(func=run)
+    # `schedctl planner drain NODE` is an optional sub-action: without it, `schedctl planner [flags]`
+    # runs a planner exactly as before.
+    actions = p.add_subparsers(dest="action", required=False, metavar="[drain]")
+    d = actions.add_parser("drain", parents=[client_parent()],
+                           help="tell a running planner to hand its partitions over",
+                           description="Tell planner NODE_ID (through any node's API) to hand its partitions over "
+                                       "and stop claiming; it keeps serving the API.")
+    d.add_argument("node_id", metavar="NODE_ID")
+    d.add_argument("--reason", default="")
+    d.set_defaults(func=_drain)
+
+
+def _drain(args: argparse.Namespace) -> int:
+    async def body(c: SchedulerClient) -> int:
+        info = await c.drain_planner(args.node_id, reason=args.reason)
+        if args.json:
+            print_json(info)
+        else:
+            liveness = enum_name(cpb.PlannerLiveness, info.liveness, "PLANNER_LIVENESS_")
+            print(f"{info.node_id} ({info.region}): {liveness}")
+        return Exit.OK
+    return run_call(args, body)
 
 
 def _names(cls: type[Any]) -> frozenset[str]:

@@ -1,0 +1,76 @@
+"""`schedctl cluster status` and `schedctl region switchover`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from scheduler._gen.scheduler.v1 import cluster_pb2 as cpb
+from scheduler.cli.common import client_parent, duration_text, enum_name, opt_ts, print_json, run_call, table
+from scheduler.cli.output import Exit
+from scheduler.client import SchedulerClient
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    conn = client_parent()
+    top = sub.add_parser("cluster", help="cluster status (server)")
+    verbs = top.add_subparsers(dest="verb", required=True, metavar="VERB")
+    p = verbs.add_parser("status", parents=[conn],
+                         help="planners, partitions, queues and workers as one node sees them")
+    p.add_argument("--partitions", action="store_true", help="list every partition (owner, token, lag)")
+    p.set_defaults(func=_status)
+
+    top = sub.add_parser("region", help="region switchover (server)")
+    verbs = top.add_subparsers(dest="verb", required=True, metavar="VERB")
+    p = verbs.add_parser("switchover", parents=[conn], help="make another region primary at once (also failback)")
+    p.add_argument("region", metavar="REGION", help="the region to make primary")
+    p.add_argument("--reason", default="")
+    p.add_argument("--expected-version", type=int, metavar="N", help="refuse (exit 4) unless the policy is at N")
+    p.set_defaults(func=_switchover)
+
+
+def show_policy(r: Any) -> str:
+    return f"primary region {r.primary_region or '-'} (version {r.version}, since {opt_ts(r, 'updated_at')})" + (
+        f": {r.reason}" if r.reason else "")
+
+
+def _status(args: argparse.Namespace) -> int:
+    async def body(c: SchedulerClient) -> int:
+        st = await c.cluster_status()
+        if args.json:
+            print_json(st)
+            return Exit.OK
+        owned = [p for p in st.partitions if p.owner]
+        lags = [p.lag.ToMilliseconds() for p in st.partitions if p.HasField("lag")]
+        out = sys.stdout
+        out.write(f"answered by {st.answered_by} at {opt_ts(st, 'server_time')}; {show_policy(st.region_policy)}\n")
+        out.write(f"partitions: {len(owned)}/{st.partition_count} owned; max watermark lag "
+                  f"{duration_text(max(lags)) if lags else '-'}; dispatch queue depth {st.dispatch_queue_depth}\n\n")
+        table(["PLANNER", "REGION", "LIVENESS", "PARTITIONS", "QUEUE", "WORKERS", "ADDRESS", "LAST_SEEN"],
+              [(p.planner.node_id, p.planner.region,
+                enum_name(cpb.PlannerLiveness, p.planner.liveness, "PLANNER_LIVENESS_"), p.partitions_owned,
+                p.dispatch_queue_depth, p.connected_workers, p.planner.api_address or "-",
+                opt_ts(p.planner, "last_seen")) for p in st.planners])
+        out.write("\n")
+        table(["POOL", "REGION", "WORKERS", "CAPACITY", "RUNNING"],
+              [(w.pool, w.region, w.connected_workers, w.capacity, w.running) for w in st.worker_pools])
+        if args.partitions:
+            out.write("\n")
+            table(["PARTITION", "OWNER", "REGION", "TOKEN", "WATERMARK", "LAG"],
+                  [(p.partition, p.owner or "-", p.owner_region or "-",
+                    p.fencing_token.revision if p.HasField("fencing_token") else "-", opt_ts(p, "watermark"),
+                    duration_text(p.lag.ToMilliseconds()) if p.HasField("lag") else "-") for p in st.partitions])
+        return Exit.OK
+    return run_call(args, body)
+
+
+def _switchover(args: argparse.Namespace) -> int:
+    async def body(c: SchedulerClient) -> int:
+        policy = await c.switchover(args.region, reason=args.reason, expected_version=args.expected_version)
+        if args.json:
+            print_json(policy)
+        else:
+            print(show_policy(policy))
+        return Exit.OK
+    return run_call(args, body)

@@ -1,0 +1,112 @@
+"""`schedctl exec list|get|cancel`: executions, newest first by default."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from scheduler._gen.scheduler.v1 import execution_pb2 as epb
+from scheduler.cli.common import (
+    client_parent,
+    enum_choices,
+    enum_name,
+    enum_value,
+    opt_ts,
+    print_json,
+    run_call,
+    table,
+    to_dict,
+)
+from scheduler.cli.output import Exit
+from scheduler.client import SchedulerClient
+from scheduler.model import parse_rfc3339
+
+_STATE = "EXECUTION_STATE_"
+_TRIGGER = "TRIGGER_"
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    top = sub.add_parser("exec", help="list, inspect and cancel executions (server)",
+                         description="Executions of schedules on a running cluster (`--server`).")
+    verbs = top.add_subparsers(dest="verb", required=True, metavar="VERB")
+    conn = client_parent()
+
+    p = verbs.add_parser("list", parents=[conn], help="list executions (newest planned time first)",
+                         description="List executions, newest planned time first within a schedule.")
+    p.add_argument("--schedule", "-s", default="", metavar="ID", help="only this schedule's")
+    p.add_argument("--tenant", default="")
+    p.add_argument("--state", action="append", choices=enum_choices(epb.ExecutionState, _STATE),
+                   help="only in this state (repeatable)")
+    p.add_argument("--since", metavar="RFC3339", help="planned at or after")
+    p.add_argument("--until", metavar="RFC3339", help="planned before")
+    p.add_argument("--oldest-first", action="store_true")
+    p.add_argument("--limit", type=int, default=50, metavar="N", help="at most N (default 50; 0: all)")
+    p.set_defaults(func=_list)
+
+    p = verbs.add_parser("get", parents=[conn], help="show one execution with its attempts")
+    p.add_argument("execution_id", metavar="EXECUTION_ID", help="<schedule_id>@<planned time>")
+    p.set_defaults(func=_get)
+
+    p = verbs.add_parser("cancel", parents=[conn], help="cancel a non-terminal execution")
+    p.add_argument("execution_id", metavar="EXECUTION_ID")
+    p.add_argument("--reason", default="")
+    p.set_defaults(func=_cancel)
+
+
+def show_execution(e: Any, as_json: bool) -> None:
+    if as_json:
+        print_json(e)
+        return
+    rows: list[tuple[str, object]] = [
+        ("execution_id", e.execution_id), ("schedule_id", e.schedule_id), ("tenant", e.tenant),
+        ("state", enum_name(epb.ExecutionState, e.state, _STATE)),
+        ("trigger", enum_name(epb.Trigger, e.trigger, _TRIGGER)), ("planned_at", opt_ts(e, "planned_at")),
+        ("due_at", opt_ts(e, "due_at")), ("attempt", e.attempt), ("task_type", e.task_type),
+        ("worker_pool", e.worker_pool), ("next_attempt_at", opt_ts(e, "next_attempt_at")),
+    ]
+    if e.skip_reason:
+        rows.append(("skip_reason", enum_name(epb.SkipReason, e.skip_reason, "SKIP_REASON_")))
+    if e.state_message:
+        rows.append(("message", e.state_message))
+    width = max(len(k) for k, _ in rows)
+    sys.stdout.write("".join(f"{k.ljust(width)}  {v}\n" for k, v in rows))
+    if e.attempts:
+        sys.stdout.write("\n")
+        table(["ATTEMPT", "OUTCOME", "WORKER", "STARTED", "FINISHED", "ERROR"],
+              [(a.attempt, enum_name(epb.AttemptOutcome, a.outcome, "ATTEMPT_OUTCOME_"), a.worker_id or "-",
+                opt_ts(a, "started_at"), opt_ts(a, "finished_at"), a.error_message or "-") for a in e.attempts])
+
+
+def _list(args: argparse.Namespace) -> int:
+    states = [enum_value(epb.ExecutionState, _STATE, s) for s in args.state or ()]
+    since = parse_rfc3339(args.since, "since") if args.since else None
+    until = parse_rfc3339(args.until, "until") if args.until else None
+
+    async def body(c: SchedulerClient) -> int:
+        found = [e async for e in c.iter_executions(
+            limit=args.limit or None, schedule_id=args.schedule, tenant=args.tenant, states=states,
+            planned_start=since, planned_end=until, newest_first=not args.oldest_first)]
+        if args.json:
+            print_json({"executions": [to_dict(e) for e in found]})
+        else:
+            table(["EXECUTION_ID", "STATE", "TRIGGER", "ATTEMPT", "UPDATED", "MESSAGE"],
+                  [(e.execution_id, enum_name(epb.ExecutionState, e.state, _STATE),
+                    enum_name(epb.Trigger, e.trigger, _TRIGGER), e.attempt, opt_ts(e, "updated_at"),
+                    e.state_message or "-") for e in found])
+        return Exit.OK
+    return run_call(args, body)
+
+
+def _get(args: argparse.Namespace) -> int:
+    async def body(c: SchedulerClient) -> int:
+        show_execution(await c.get_execution(args.execution_id), args.json)
+        return Exit.OK
+    return run_call(args, body)
+
+
+def _cancel(args: argparse.Namespace) -> int:
+    async def body(c: SchedulerClient) -> int:
+        show_execution(await c.cancel_execution(args.execution_id, reason=args.reason), args.json)
+        return Exit.OK
+    return run_call(args, body)

@@ -1,0 +1,269 @@
+"""`schedctl schedule create|get|list|update|delete|pause|resume|trigger|rerun|backfill|preview`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from tqdm import tqdm
+
+from scheduler._gen.scheduler.v1 import schedule_pb2 as spb
+from scheduler._gen.scheduler.v1 import schedule_service_pb2 as sspb
+from scheduler.cli.common import (
+    client_parent,
+    duration_text,
+    enum_choices,
+    enum_name,
+    enum_value,
+    opt_ts,
+    print_json,
+    run_call,
+    table,
+    to_dict,
+    ts,
+)
+from scheduler.cli.executions import show_execution
+from scheduler.cli.output import Exit, rfc3339
+from scheduler.cli.schedule_input import add_schedule_flags, build_schedule
+from scheduler.client import SchedulerClient
+from scheduler.model import parse_rfc3339
+
+_STATE = "SCHEDULE_STATE_"
+_OVERLAP = "OVERLAP_POLICY_"
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    top = sub.add_parser("schedule", help="create, change and run schedules (server)",
+                         description="Manage schedules on a running cluster (`--server`).")
+    verbs = top.add_subparsers(dest="verb", required=True, metavar="VERB")
+    conn = client_parent()
+
+    def verb(name: str, help: str, func: Any) -> argparse.ArgumentParser:
+        p = verbs.add_parser(name, help=help, description=help[0].upper() + help[1:] + ".", parents=[conn])
+        p.set_defaults(func=func)
+        return p
+
+    p = verb("create", "create a schedule from flags and/or a JSON/TOML file", _create)
+    add_schedule_flags(p, creating=True)
+    p.add_argument("--request-id", default="", help="makes a retried create safe (same id returns the schedule)")
+
+    p = verb("get", "show one schedule", _get)
+    p.add_argument("id")
+
+    p = verb("list", "list schedules (ordered by id)", _list)
+    p.add_argument("--tenant", default="")
+    p.add_argument("--selector", "-l", default="", metavar="SELECTOR",
+                   help="label selector, e.g. 'team=billing,env!=dev'")
+    p.add_argument("--state", choices=enum_choices(spb.ScheduleState, _STATE))
+    p.add_argument("--limit", type=int, default=0, metavar="N", help="at most N (default: all)")
+
+    p = verb("update", "change the given fields of a schedule (the others are kept)", _update)
+    p.add_argument("id")
+    add_schedule_flags(p, creating=False)
+    p.add_argument("--expected-version", type=int, metavar="N", help="refuse (exit 4) unless the stored version is N")
+
+    p = verb("delete", "delete a schedule (its history stays readable)", _delete)
+    p.add_argument("id")
+    p.add_argument("--expected-version", type=int, metavar="N")
+    p.add_argument("--cancel-running", action="store_true", help="also cancel its dispatched or running executions")
+    p.add_argument("--allow-missing", action="store_true", help="succeed if there is no such schedule")
+
+    p = verb("pause", "pause a schedule at once", _pause)
+    p.add_argument("id")
+    p.add_argument("--reason", default="")
+    p.add_argument("--cancel-running", action="store_true", help="also cancel its dispatched or running executions")
+    p.add_argument("--expected-version", type=int, metavar="N")
+
+    p = verb("resume", "resume a paused schedule from now on", _resume)
+    p.add_argument("id")
+    p.add_argument("--expected-version", type=int, metavar="N")
+
+    p = verb("trigger", "run a schedule now, outside its spec", _trigger)
+    p.add_argument("id")
+    p.add_argument("--at", metavar="RFC3339", help="the instant naming the run (makes a retry idempotent)")
+    p.add_argument("--overlap", choices=enum_choices(spb.OverlapPolicy, _OVERLAP), help="for this run only")
+
+    p = verb("rerun", "run one planned time again under its original execution id", _rerun)
+    p.add_argument("id")
+    p.add_argument("planned_at", metavar="PLANNED_AT", help="the planned time (RFC3339), as in the execution id")
+
+    p = verb("backfill", "materialize the planned times of a past range, with progress", _backfill)
+    p.add_argument("id")
+    p.add_argument("--start", required=True, metavar="RFC3339", help="inclusive start")
+    p.add_argument("--end", required=True, metavar="RFC3339", help="exclusive end (not in the future)")
+    p.add_argument("--overlap", choices=enum_choices(spb.OverlapPolicy, _OVERLAP))
+    p.add_argument("--dry-run", action="store_true", help="count, write nothing")
+
+    p = verb("preview", "next planned times of a stored schedule (the server computes them)", _preview)
+    p.add_argument("id")
+    p.add_argument("--after", metavar="RFC3339", help="strictly after this (default: now)")
+    p.add_argument("--count", type=int, default=10, metavar="N")
+
+
+# ---- output ---------------------------------------------------------------------------------------
+
+
+def show_schedule(s: Any, as_json: bool) -> None:
+    if as_json:
+        print_json(s)
+        return
+    p = s.policies
+    rows: list[tuple[str, object]] = [
+        ("id", s.id), ("tenant", s.tenant), ("state", enum_name(spb.ScheduleState, s.state, _STATE)),
+        ("spec", s.spec), ("time_zone", s.time_zone or "UTC"), ("worker_pool", s.worker_pool),
+        ("task_type", s.task_type), ("payload", s.payload.decode(errors="replace") or "-"),
+        ("labels", ",".join(f"{k}={v}" for k, v in sorted(s.labels.items())) or "-"),
+        ("start_at", opt_ts(s, "start_at")), ("end_at", opt_ts(s, "end_at")),
+        ("missed_runs", enum_name(spb.MissedRunPolicy, p.missed_runs.policy, "MISSED_RUN_POLICY_")),
+        ("overlap", enum_name(spb.OverlapPolicy, p.overlap, _OVERLAP)),
+        ("jitter", duration_text(p.jitter.ToMilliseconds())),
+        ("max_attempts", p.retry.max_attempts if p.retry.HasField("max_attempts") else "-"),
+        ("execution_timeout", duration_text(p.execution_timeout.ToMilliseconds())),
+        ("version", s.version), ("created_at", opt_ts(s, "created_at")), ("updated_at", opt_ts(s, "updated_at")),
+    ]
+    if s.paused_reason:
+        rows.insert(3, ("paused_reason", s.paused_reason))
+    width = max(len(k) for k, _ in rows)
+    sys.stdout.write("".join(f"{k.ljust(width)}  {v}\n" for k, v in rows))
+
+
+# ---- verbs ----------------------------------------------------------------------------------------
+
+
+def _create(args: argparse.Namespace) -> int:
+    schedule, _ = build_schedule(args, creating=True)
+
+    async def body(c: SchedulerClient) -> int:
+        show_schedule(await c.create_schedule(schedule, request_id=args.request_id), args.json)
+        return Exit.OK
+    return run_call(args, body)
+
+
+def _get(args: argparse.Namespace) -> int:
+    async def body(c: SchedulerClient) -> int:
+        show_schedule(await c.get_schedule(args.id), args.json)
+        return Exit.OK
+    return run_call(args, body)
+
+
+def _list(args: argparse.Namespace) -> int:
+    state = enum_value(spb.ScheduleState, _STATE, args.state) if args.state else spb.SCHEDULE_STATE_UNSPECIFIED
+
+    async def body(c: SchedulerClient) -> int:
+        found: list[Any] = []
+        async for s in c.iter_schedules(tenant=args.tenant, label_selector=args.selector, state=state):
+            found.append(s)
+            if args.limit and len(found) >= args.limit:
+                break
+        if args.json:
+            print_json({"schedules": [to_dict(s) for s in found]})
+        else:
+            table(["ID", "TENANT", "STATE", "SPEC", "TZ", "POOL", "TASK", "VERSION"],
+                  [(s.id, s.tenant, enum_name(spb.ScheduleState, s.state, _STATE), s.spec, s.time_zone or "UTC",
+                    s.worker_pool, s.task_type, s.version) for s in found])
+        return Exit.OK
+    return run_call(args, body)
+
+
+def _update(args: argparse.Namespace) -> int:
+    schedule, paths = build_schedule(args, creating=False)
+    schedule.id = args.id
+    paths = [p for p in paths if p != "id"]
+    if not paths:
+        print("schedctl: nothing to update: pass the fields to change (e.g. --cron, --payload) or --file",
+              file=sys.stderr)
+        return Exit.INVALID
+
+    async def body(c: SchedulerClient) -> int:
+        s = await c.update_schedule(schedule, update_mask=paths, expected_version=args.expected_version)
+        show_schedule(s, args.json)
+        return Exit.OK
+    return run_call(args, body)
+
+
+def _delete(args: argparse.Namespace) -> int:
+    async def body(c: SchedulerClient) -> int:
+        await c.delete_schedule(args.id, expected_version=args.expected_version,
+                                cancel_running=args.cancel_running, allow_missing=args.allow_missing)
+        if args.json:
+            print_json({"deleted": args.id})
+        else:
+            print(f"deleted {args.id}")
+        return Exit.OK
+    return run_call(args, body)
+
+
+def _pause(args: argparse.Namespace) -> int:
+    async def body(c: SchedulerClient) -> int:
+        show_schedule(await c.pause_schedule(args.id, reason=args.reason, cancel_running=args.cancel_running,
+                                             expected_version=args.expected_version), args.json)
+        return Exit.OK
+    return run_call(args, body)
+
+
+def _resume(args: argparse.Namespace) -> int:
+    async def body(c: SchedulerClient) -> int:
+        show_schedule(await c.resume_schedule(args.id, expected_version=args.expected_version), args.json)
+        return Exit.OK
+    return run_call(args, body)
+
+
+def _trigger(args: argparse.Namespace) -> int:
+    at = parse_rfc3339(args.at, "at") if args.at else None
+    overlap = enum_value(spb.OverlapPolicy, _OVERLAP, args.overlap) if args.overlap else spb.OVERLAP_POLICY_UNSPECIFIED
+
+    async def body(c: SchedulerClient) -> int:
+        show_execution(await c.trigger_schedule(args.id, trigger_time=at, overlap_policy=overlap), args.json)
+        return Exit.OK
+    return run_call(args, body)
+
+
+def _rerun(args: argparse.Namespace) -> int:
+    planned = parse_rfc3339(args.planned_at, "planned_at")
+
+    async def body(c: SchedulerClient) -> int:
+        show_execution(await c.rerun_execution(args.id, planned), args.json)
+        return Exit.OK
+    return run_call(args, body)
+
+
+def _backfill(args: argparse.Namespace) -> int:
+    start, end = parse_rfc3339(args.start, "start"), parse_rfc3339(args.end, "end")
+    overlap = enum_value(spb.OverlapPolicy, _OVERLAP, args.overlap) if args.overlap else spb.OVERLAP_POLICY_UNSPECIFIED
+
+    async def body(c: SchedulerClient) -> int:
+        last = sspb.BackfillProgress()
+        # The bar measures the share of the time range processed (the server does not know the count
+        # of planned times up front); tqdm turns itself off when stderr is not a terminal (disable=None).
+        span = max(1, (end - start) // 1000)
+        with tqdm(total=span, unit="s", unit_scale=True, desc=f"backfill {args.id}", disable=None,
+                  file=sys.stderr, leave=False) as bar:
+            async for p in c.backfill(args.id, start, end, overlap_policy=overlap, dry_run=args.dry_run):
+                last = p
+                if p.HasField("processed_until"):
+                    bar.n = min(span, max(0, (p.processed_until.ToMilliseconds() - start) // 1000))
+                bar.set_postfix(created=p.created, existing=p.existing, skipped=p.skipped, refresh=False)
+                bar.refresh()
+        if args.json:
+            print_json(to_dict(last) | {"dry_run": args.dry_run})
+        else:
+            verb = "would create" if args.dry_run else "created"
+            print(f"{args.id}: {last.planned} planned times in [{rfc3339(start)}, {rfc3339(end)}): "
+                  f"{verb} {last.created}, {last.existing} existed, {last.skipped} skipped (overlap)")
+        return Exit.OK if last.done else Exit.FAILURE
+    return run_call(args, body)
+
+
+def _preview(args: argparse.Namespace) -> int:
+    after = parse_rfc3339(args.after, "after") if args.after else None
+
+    async def body(c: SchedulerClient) -> int:
+        times = [ts(t) for t in await c.preview_schedule(schedule_id=args.id, after=after, count=args.count)]
+        if args.json:
+            print_json({"schedule_id": args.id, "times": times})
+        else:
+            sys.stdout.write("".join(t + "\n" for t in times))
+        return Exit.OK
+    return run_call(args, body)
+

@@ -1,0 +1,254 @@
+"""The real `schedctl` binary against the fake API over gRPC: output, --json, exit codes, messages."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from scheduler._gen.scheduler.v1 import cluster_pb2 as cpb
+from scheduler._gen.scheduler.v1 import execution_pb2 as epb
+from scheduler.cli import planner as planner_cli
+from scheduler.cli.main import build_parser
+from tests.client.fake_server import FakeApi
+from tests.etcd_cluster import free_port
+
+SCHEDCTL = str(Path(sys.executable).parent / "schedctl")
+CLEAN_ENV = {k: v for k, v in os.environ.items() if not k.startswith("SCHED_")} | {"XDG_CONFIG_HOME": "/nonexistent"}
+T0 = 1_780_000_000_000
+
+
+@dataclass
+class Result:
+    rc: int
+    out: str
+    err: str
+
+    def json(self) -> dict[str, object]:
+        value = json.loads(self.out)
+        assert isinstance(value, dict)
+        return value
+
+
+async def schedctl(*args: str, server: str | None = None, env: dict[str, str] | None = None) -> Result:
+    argv = [SCHEDCTL, *args] + (["--server", server] if server else [])
+    proc = await asyncio.create_subprocess_exec(*argv, env={**CLEAN_ENV, **(env or {})},
+                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode is not None
+    return Result(proc.returncode, out.decode(), err.decode())
+
+
+async def test_schedule_crud_tables_and_json(fake: tuple[FakeApi, str]) -> None:
+    api, srv = fake
+    r = await schedctl("schedule", "create", "--id", "hello", "--cron", "*/5 * * * * *", "--command", "echo hi",
+                       "--label", "team=ops", "--max-attempts", "3", "--jitter", "2s", "--overlap", "buffer_one",
+                       server=srv)
+    assert r.rc == 0, r.err
+    assert "hello" in r.out and "version" in r.out
+    sent = api.schedules["hello"]
+    assert (sent.tenant, sent.worker_pool, sent.task_type) == ("default", "default", "shell")
+    assert json.loads(sent.payload) == {"command": "echo hi"}
+    assert sent.policies.retry.max_attempts == 3 and sent.policies.jitter.ToMilliseconds() == 2000
+    assert dict(sent.labels) == {"team": "ops"}
+
+    r = await schedctl("schedule", "get", "hello", "--json", server=srv)
+    assert r.rc == 0 and r.json()["id"] == "hello" and r.json()["version"] == "1"
+
+    r = await schedctl("schedule", "list", server=srv)
+    assert r.rc == 0
+    header, row = r.out.splitlines()
+    assert header.split()[:3] == ["ID", "TENANT", "STATE"] and row.split()[:3] == ["hello", "default", "active"]
+
+    r = await schedctl("schedule", "update", "hello", "--cron", "@hourly", "--expected-version", "1", "--json",
+                       server=srv)
+    assert r.rc == 0, r.err
+    assert r.json()["spec"] == "@hourly"
+    assert list(api.calls[-1][1].update_mask.paths) == ["spec"]  # only what was given is changed
+
+    r = await schedctl("schedule", "update", "hello", "--cron", "@daily", "--expected-version", "1", server=srv)
+    assert r.rc == 4 and "version 1 is stale" in r.err and "get it again" in r.err
+
+    r = await schedctl("schedule", "pause", "hello", "--reason", "maintenance", "--json", server=srv)
+    assert r.rc == 0 and r.json()["state"] == "SCHEDULE_STATE_PAUSED"
+    r = await schedctl("schedule", "trigger", "hello", server=srv)
+    assert r.rc == 4 and "paused" in r.err
+    r = await schedctl("schedule", "resume", "hello", server=srv)
+    assert r.rc == 0 and "active" in r.out
+
+    r = await schedctl("schedule", "preview", "hello", "--count", "3", "--json", server=srv)
+    assert r.rc == 0 and len(r.json()["times"]) == 3  # type: ignore[arg-type]
+
+    r = await schedctl("schedule", "delete", "hello", server=srv)
+    assert r.rc == 0 and "deleted hello" in r.out
+    r = await schedctl("schedule", "get", "hello", server=srv)
+    assert r.rc == 3 and "not found" in r.err
+    r = await schedctl("schedule", "delete", "hello", "--allow-missing", server=srv)
+    assert r.rc == 0
+
+
+async def test_errors_name_the_field_and_exit_codes_follow_the_status(fake: tuple[FakeApi, str]) -> None:
+    _, srv = fake
+    r = await schedctl("schedule", "create", "--id", "bad", "--cron", "61 * * * *", "--command", "true", server=srv)
+    assert (r.rc, r.err.strip()) == (2, "schedctl: schedule.spec.minute: 61 is outside 0-59")
+    # Caught before sending: the field and how to fix it.
+    r = await schedctl("schedule", "create", "--cron", "@hourly", "--command", "true", server=srv)
+    assert r.rc == 2 and "id: is required: pass --id" in r.err
+    r = await schedctl("schedule", "backfill", "x", "--start", "yesterday", "--end", "2026-01-01T00:00:00Z",
+                       server=srv)
+    assert r.rc == 2 and "start: 'yesterday' is not an RFC3339 time" in r.err
+    r = await schedctl("schedule", "update", "x", server=srv)
+    assert r.rc == 2 and "nothing to update" in r.err
+    r = await schedctl("schedule", "create", "--id", "dup", "--cron", "@hourly", "--command", "true", server=srv)
+    assert r.rc == 0
+    r = await schedctl("schedule", "create", "--id", "dup", "--cron", "@hourly", "--command", "true", server=srv)
+    assert r.rc == 4 and "already exists" in r.err and "pick another id" in r.err
+    r = await schedctl("schedule", "list", "--server", "127.0.0.1:notaport")
+    assert r.rc == 2 and "server: '127.0.0.1:notaport' is not host:port" in r.err
+    r = await schedctl("schedule", "list", "--timeout", "1", server=f"127.0.0.1:{free_port()}")
+    assert r.rc == 5 and "cannot reach the scheduler API" in r.err and "SCHED_SERVER" in r.err
+    r = await schedctl("schedule", "get", server=srv)
+    assert r.rc == 2 and "usage:" in r.err
+
+
+async def test_schedule_from_toml_and_json_files(fake: tuple[FakeApi, str], tmp_path: Path) -> None:
+    api, srv = fake
+    toml = tmp_path / "s.toml"
+    toml.write_text('id = "from-toml"\ntenant = "billing"\nspec = "0 2 * * *"\ntime_zone = "Europe/Paris"\n'
+                    'worker_pool = "batch"\ntask_type = "http"\n'
+                    'payload = { url = "http://127.0.0.1:9/hook", method = "POST" }\n'
+                    '[policies]\noverlap = "OVERLAP_POLICY_SKIP"\nexecution_timeout = "90s"\n'
+                    '[policies.retry]\nmax_attempts = 5\n')
+    r = await schedctl("schedule", "create", "-f", str(toml), "--tenant", "override", server=srv)
+    assert r.rc == 0, r.err
+    s = api.schedules["from-toml"]
+    assert (s.tenant, s.time_zone, s.worker_pool, s.task_type) == ("override", "Europe/Paris", "batch", "http")
+    assert json.loads(s.payload) == {"url": "http://127.0.0.1:9/hook", "method": "POST"}
+    assert s.policies.retry.max_attempts == 5 and s.policies.execution_timeout.seconds == 90
+
+    js = tmp_path / "u.json"
+    js.write_text(json.dumps({"spec": "0 3 * * *", "policies": {"retry": {"max_attempts": 2}}}))
+    r = await schedctl("schedule", "update", "from-toml", "-f", str(js), server=srv)
+    assert r.rc == 0, r.err
+    assert sorted(api.calls[-1][1].update_mask.paths) == ["policies.retry.max_attempts", "spec"]
+
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"id": "x", "spek": "@hourly"}')
+    r = await schedctl("schedule", "create", "-f", str(bad), server=srv)
+    assert r.rc == 2 and "file:" in r.err and "spek" in r.err
+
+
+async def test_executions_backfill_and_dead_letters(fake: tuple[FakeApi, str]) -> None:
+    api, srv = fake
+    assert (await schedctl("schedule", "create", "--id", "s", "--cron", "* * * * *", "--command", "true",
+                           server=srv)).rc == 0
+    r = await schedctl("schedule", "backfill", "s", "--start", "2026-05-28T00:00:00Z", "--end",
+                       "2026-05-28T00:25:00Z", server=srv)
+    assert r.rc == 0, r.err
+    assert "25 planned times" in r.out and "created 25" in r.out
+    r = await schedctl("schedule", "backfill", "s", "--start", "2026-05-28T00:00:00Z", "--end",
+                       "2026-05-28T00:25:00Z", "--json", server=srv)
+    assert r.rc == 0 and r.json()["existing"] == "25" and r.json()["done"] is True
+
+    r = await schedctl("exec", "list", "--schedule", "s", "--limit", "5", "--json", server=srv)
+    ex = r.json()["executions"]
+    assert r.rc == 0 and isinstance(ex, list) and len(ex) == 5
+    assert ex[0]["execution_id"] == "s@2026-05-28T00:24:00.000Z"  # newest first
+    r = await schedctl("exec", "list", "--schedule", "s", "--state", "scheduled", "--oldest-first", server=srv)
+    lines = r.out.splitlines()
+    assert r.rc == 0 and len(lines) == 1 + 25 and lines[1].startswith("s@2026-05-28T00:00:00.000Z")
+    eid = "s@2026-05-28T00:03:00.000Z"
+    r = await schedctl("exec", "get", eid, server=srv)
+    assert r.rc == 0 and "backfill" in r.out
+    r = await schedctl("exec", "cancel", eid, "--reason", "not needed", "--json", server=srv)
+    assert r.rc == 0 and r.json()["state"] == "EXECUTION_STATE_CANCELLED"
+    r = await schedctl("exec", "cancel", eid, server=srv)
+    assert r.rc == 4 and "terminal" in r.err
+    r = await schedctl("schedule", "rerun", "s", "2026-05-28T00:03:00Z", "--json", server=srv)
+    assert r.rc == 0 and r.json()["trigger"] == "TRIGGER_RERUN"
+    r = await schedctl("schedule", "trigger", "s", "--at", "2026-05-28T01:00:00.5Z", "--json", server=srv)
+    assert r.rc == 0 and r.json()["execution_id"] == "s@2026-05-28T01:00:00.500Z"
+
+    a = api.add_dead_letter("s", T0)
+    b = api.add_dead_letter("s", T0 + 60_000)
+    r = await schedctl("dlq", "list", server=srv)
+    assert r.rc == 0 and a in r.out and b in r.out and "exit status 1" in r.out
+    r = await schedctl("dlq", "replay", a, "--reason", "fixed the script", server=srv)
+    assert r.rc == 0 and "scheduled" in r.out and api.executions[a].trigger == epb.TRIGGER_REPLAY
+    r = await schedctl("dlq", "discard", b, "--json", server=srv)
+    assert r.rc == 0 and r.json()["state"] == "EXECUTION_STATE_FAILED"
+    r = await schedctl("dlq", "discard", b, server=srv)
+    assert r.rc == 3 and "not a dead letter" in r.err
+
+
+async def test_admin_commands(fake: tuple[FakeApi, str]) -> None:
+    api, srv = fake
+    r = await schedctl("cluster", "status", "--partitions", server=srv)
+    assert r.rc == 0, r.err
+    assert "answered by p1" in r.out and "2/2 owned" in r.out and "PLANNER" in r.out and "PARTITION" in r.out
+    r = await schedctl("cluster", "status", "--json", server=srv)
+    assert r.rc == 0 and r.json()["partition_count"] == 2
+    r = await schedctl("region", "switchover", "default", "--reason", "drill", server=srv)
+    assert r.rc == 0 and "primary region default (version 2" in r.out
+    r = await schedctl("region", "switchover", "mars", server=srv)
+    assert r.rc == 2 and "target_region: no planner has registered in region 'mars'" in r.err
+    r = await schedctl("planner", "drain", "p1", "--reason", "upgrade", server=srv)
+    assert r.rc == 0 and "draining" in r.out
+    assert api.planners["p1"].liveness == cpb.PLANNER_LIVENESS_DRAINING
+    r = await schedctl("planner", "drain", "p9", server=srv)
+    assert r.rc == 3
+
+
+async def test_server_from_env_then_config_file(fake: tuple[FakeApi, str], tmp_path: Path) -> None:
+    _, srv = fake
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'server = "{srv}"\nnode_id = "shared-with-a-planner"\n')
+    r = await schedctl("schedule", "list", "--json", env={"SCHED_CONFIG": str(cfg)})
+    assert r.rc == 0, r.err
+    r = await schedctl("schedule", "list", "--json", env={"SCHED_SERVER": srv})
+    assert r.rc == 0, r.err
+    # The environment beats the file; the flag beats both.
+    dead = f"127.0.0.1:{free_port()}"
+    r = await schedctl("schedule", "list", "--timeout", "1", env={"SCHED_SERVER": dead, "SCHED_CONFIG": str(cfg)})
+    assert r.rc == 5 and dead in r.err
+    r = await schedctl("schedule", "list", "--server", srv, env={"SCHED_SERVER": dead})
+    assert r.rc == 0
+    cfg.write_text('serverr = "x:1"\n')
+    r = await schedctl("schedule", "list", "--config", str(cfg))
+    assert r.rc == 2 and "config.serverr: unknown setting" in r.err
+
+
+async def test_completion_scripts() -> None:
+    for shell, marker in (("bash", "complete"), ("zsh", "#compdef schedctl")):
+        r = await schedctl("completion", shell)
+        assert r.rc == 0 and marker in r.out
+        for word in ("schedule", "backfill", "switchover", "drain", "--expected-version"):
+            assert word in r.out, (shell, word)
+
+
+def test_planner_keeps_running_as_before_and_drain_is_a_sub_action() -> None:
+    # tests/integration/planners.py invokes `schedctl planner --node-id ... --etcd-endpoints ...`.
+    args = build_parser().parse_args(["planner", "--node-id", "p1", "--etcd-endpoints", "127.0.0.1:2379",
+                                      "--lease-ttl", "2", "--log-level", "info"])
+    assert args.func is planner_cli.run and args.node_id == "p1" and args.action is None
+    args = build_parser().parse_args(["planner", "drain", "p2", "--server", "h:1"])
+    assert args.action == "drain" and args.node_id == "p2" and args.server == "h:1"
+
+
+@pytest.mark.parametrize("shell", ["bash", "zsh"])
+def test_completion_script_is_valid_shell(shell: str, tmp_path: Path) -> None:
+    import shutil
+    import subprocess
+    binary = shutil.which(shell)
+    if binary is None:
+        pytest.skip(f"{shell} not installed")
+    script = subprocess.run([SCHEDCTL, "completion", shell], capture_output=True, text=True, check=True).stdout
+    path = tmp_path / f"c.{shell}"
+    path.write_text(script)
+    r = subprocess.run([binary, "-n", str(path)], capture_output=True, text=True, check=False)
+    assert r.returncode == 0, r.stderr
