@@ -1,0 +1,158 @@
+"""`schedctl dev` as a newcomer runs it (README quickstart): the real binary, real etcd, planner and
+worker children, the real CLI in a second "shell". Stopping it must leave no process behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.etcd_cluster import free_port
+from tests.processes import forget, spawn
+
+SCHEDCTL = str(Path(sys.executable).parent / "schedctl")
+CLEAN_ENV = {k: v for k, v in os.environ.items() if not k.startswith("SCHED_")} | {"XDG_CONFIG_HOME": "/nonexistent"}
+
+pytestmark = pytest.mark.etcd  # it starts an etcd of its own
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live descendant of pid, from /proc (no psutil dependency)."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            parents[int(entry)] = int(stat.rsplit(")", 1)[1].split()[1])
+    found: set[int] = set()
+    frontier = {pid}
+    while frontier:
+        frontier = {c for c, p in parents.items() if p in frontier} - found
+        found |= frontier
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+class Dev:
+    def __init__(self, tmp: Path, workers: int = 2, data_dir: Path | None = None) -> None:
+        self.port = free_port()
+        self.server = f"127.0.0.1:{self.port}"
+        self.log = tmp / "dev.log"
+        argv = [SCHEDCTL, "dev", "--listen", self.server, "--workers", str(workers)]
+        if data_dir is not None:
+            argv += ["--data-dir", str(data_dir)]
+        self.proc = spawn(argv, self.log, env=CLEAN_ENV)
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def wait_ready(self, timeout: float = 90) -> None:
+        deadline = time.monotonic() + timeout
+        while "cluster ready" not in self.text():
+            assert self.proc.poll() is None, f"schedctl dev exited {self.proc.returncode}:\n{self.text()}"
+            assert time.monotonic() < deadline, f"schedctl dev not ready in {timeout}s:\n{self.text()}"
+            time.sleep(0.2)
+
+    def stop(self, sig: signal.Signals = signal.SIGTERM, timeout: float = 60) -> int:
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, sig)
+        try:
+            rc = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise AssertionError(f"schedctl dev did not stop within {timeout}s:\n{self.text()}") from None
+        forget(self.proc.pid)
+        return rc
+
+
+@pytest.fixture
+def dev_factory(tmp_path: Path) -> Iterator[list[Dev]]:
+    started: list[Dev] = []
+    yield started
+    for d in started:
+        kids = descendants(d.proc.pid)
+        if d.proc.poll() is None:
+            d.stop(signal.SIGKILL)
+        for pid in kids:  # last resort, by pid: the test failed before checking them
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def schedctl(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([SCHEDCTL, *args], env=CLEAN_ENV, capture_output=True, text=True, timeout=timeout,
+                          check=False)
+
+
+def test_readme_quickstart(dev_factory: list[Dev], tmp_path: Path) -> None:
+    dev = Dev(tmp_path)
+    dev_factory.append(dev)
+    dev.wait_ready()
+    out = dev.text()
+    assert f"API      {dev.server}" in out
+    data_dir = Path(re.search(r"data in (\S+)", out)[1])  # type: ignore[index]
+    assert data_dir.is_dir()
+    kids = descendants(dev.proc.pid)
+    # etcd, the planner and two workers (each may sit behind no wrapper: pids are the processes).
+    assert len(kids) >= 4, kids
+
+    # The second shell: the README's commands.
+    r = schedctl("schedule", "create", "--server", dev.server, "--id", "hello", "--cron", "*/5 * * * * *",
+                 "--command", "echo hello from $SCHED_EXECUTION_ID")
+    assert r.returncode == 0, r.stderr + dev.text()
+    deadline = time.monotonic() + 60
+    done: list[dict[str, object]] = []
+    while len(done) < 2:
+        r = schedctl("exec", "list", "--server", dev.server, "--schedule", "hello", "--json")
+        assert r.returncode == 0, r.stderr
+        done = [e for e in json.loads(r.stdout)["executions"] if e["state"] == "EXECUTION_STATE_SUCCEEDED"]
+        assert time.monotonic() < deadline, f"fewer than two successful runs in 60s: {r.stdout}"
+        time.sleep(1)
+    assert all(str(e["execution_id"]).startswith("hello@") for e in done)
+    r = schedctl("exec", "list", "--server", dev.server, "--schedule", "hello")
+    assert r.returncode == 0 and "succeeded" in r.stdout
+
+    assert dev.stop(signal.SIGTERM) == 0, dev.text()
+    assert "stopped" in dev.text()
+    leftovers = [pid for pid in kids if alive(pid)]
+    assert not leftovers, f"processes left behind: {leftovers}"
+    assert not data_dir.exists(), "the temporary data directory was not removed"
+
+
+def test_sigkilled_dev_leaves_no_orphans(dev_factory: list[Dev], tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    dev = Dev(tmp_path, workers=1, data_dir=data)
+    dev_factory.append(dev)
+    dev.wait_ready()
+    kids = descendants(dev.proc.pid)
+    assert len(kids) >= 3, kids
+    dev.stop(signal.SIGKILL)  # no handler runs: only the parent-death signal can clean up
+    deadline = time.monotonic() + 15
+    while any(alive(pid) for pid in kids):
+        assert time.monotonic() < deadline, f"orphans: {[p for p in kids if alive(p)]}"
+        time.sleep(0.1)
+    assert (data / "etcd").is_dir() and (data / "logs" / "planner.log").is_file()  # --data-dir is kept
+
+
+def test_bad_options_exit_2_naming_the_field() -> None:
+    r = schedctl("dev", "--listen", "localhost")
+    assert r.returncode == 2 and "listen: 'localhost' is not host:port" in r.stderr
+    r = schedctl("dev", "--workers", "-1")
+    assert r.returncode == 2 and "workers: -1 is outside 0-64" in r.stderr
