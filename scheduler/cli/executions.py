@@ -90,12 +90,23 @@ def _list(args: argparse.Namespace) -> int:
         if args.json:
             print_json({"executions": [to_dict(e) for e in found]})
         else:
-            table(["EXECUTION_ID", "STATE", "TRIGGER", "ATTEMPT", "UPDATED", "MESSAGE"],
+            table(["EXECUTION_ID", "STATE", "TRIGGER", "ATTEMPT", "FINISHED", "MESSAGE"],
                   [(e.execution_id, enum_name(epb.ExecutionState, e.state, _STATE),
-                    enum_name(epb.Trigger, e.trigger, _TRIGGER), e.attempt, opt_ts(e, "updated_at"),
-                    e.state_message or "-") for e in found])
+                    enum_name(epb.Trigger, e.trigger, _TRIGGER), e.attempt, _finished(e), _message(e))
+                   for e in found])
         return Exit.OK
     return run_call(args, body)
+
+
+def _finished(e: Any) -> str:
+    """When the latest attempt ended (`-` while it runs)."""
+    return opt_ts(e.attempts[-1], "finished_at") if e.attempts else "-"
+
+
+def _message(e: Any) -> str:
+    """The operator's note, else the latest attempt's error, on one line."""
+    text = e.state_message or (e.attempts[-1].error_message if e.attempts else "") or "-"
+    return " ".join(str(text).split())[:120]
 
 
 def _get(args: argparse.Namespace) -> int:
