@@ -151,6 +151,7 @@ async def test_executions_backfill_and_dead_letters(fake: tuple[FakeApi, str]) -
                        "2026-05-28T00:25:00Z", server=srv)
     assert r.rc == 0, r.err
     assert "25 planned times" in r.out and "created 25" in r.out
+    assert r.err == ""  # not a terminal: tqdm draws no bar, nothing but the summary
     r = await schedctl("schedule", "backfill", "s", "--start", "2026-05-28T00:00:00Z", "--end",
                        "2026-05-28T00:25:00Z", "--json", server=srv)
     assert r.rc == 0 and r.json()["existing"] == "25" and r.json()["done"] is True

@@ -3,6 +3,7 @@ worker children, the real CLI in a second "shell". Stopping it must leave no pro
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -10,11 +11,13 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from scheduler.planner.settings import PlannerSettings
 from tests.etcd_cluster import free_port
 from tests.processes import forget, spawn
 
@@ -109,6 +112,14 @@ def test_readme_quickstart(dev_factory: list[Dev], tmp_path: Path) -> None:
     assert f"API      {dev.server}" in out
     data_dir = Path(re.search(r"data in (\S+)", out)[1])  # type: ignore[index]
     assert data_dir.is_dir()
+    urls = re.findall(r"metrics  \S+: (http://\S+)", out)
+    if any(f.name == "metrics_address" for f in dataclasses.fields(PlannerSettings)):
+        assert len(urls) == 1 + 2, out  # the planner and each worker
+        for url in urls:
+            with urllib.request.urlopen(url, timeout=10) as resp:
+                assert resp.status == 200 and b"# HELP" in resp.read()
+    else:
+        assert "metrics  (not available in this build)" in out and not urls
     kids = descendants(dev.proc.pid)
     # etcd, the planner and two workers (each may sit behind no wrapper: pids are the processes).
     assert len(kids) >= 4, kids
