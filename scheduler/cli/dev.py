@@ -204,6 +204,14 @@ def _check(args: argparse.Namespace) -> tuple[str, int]:
         raise InvalidArgument("listen", f"{args.listen!r} is not host:port (e.g. 127.0.0.1:7000)")
     if not 0 <= args.workers <= 64:
         raise InvalidArgument("workers", f"{args.workers} is outside 0-64")
+    # Refuse a taken address before starting anything, rather than after etcd is up. (A race is
+    # possible; the planner's own bind failure is then reported with its log.)
+    with socket.socket(socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host.strip("[]"), int(port)))
+        except OSError as e:
+            raise InvalidArgument("listen", f"cannot listen on {args.listen}: {e.strerror}; pick another --listen "
+                                  "HOST:PORT (is another `schedctl dev` or planner running?)") from None
     return host, int(port)
 
 

@@ -8,6 +8,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -167,3 +168,9 @@ def test_bad_options_exit_2_naming_the_field() -> None:
     assert r.returncode == 2 and "listen: 'localhost' is not host:port" in r.stderr
     r = schedctl("dev", "--workers", "-1")
     assert r.returncode == 2 and "workers: -1 is outside 0-64" in r.stderr
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        address = f"127.0.0.1:{taken.getsockname()[1]}"
+        r = schedctl("dev", "--listen", address)
+    assert r.returncode == 2 and f"listen: cannot listen on {address}: Address already in use" in r.stderr
