@@ -174,3 +174,16 @@ def test_bad_options_exit_2_naming_the_field() -> None:
         address = f"127.0.0.1:{taken.getsockname()[1]}"
         r = schedctl("dev", "--listen", address)
     assert r.returncode == 2 and f"listen: cannot listen on {address}: Address already in use" in r.stderr
+
+
+def test_ctrl_c_reaches_only_the_supervisor_which_stops_every_child(dev_factory: list[Dev], tmp_path: Path) -> None:
+    dev = Dev(tmp_path, workers=1)
+    dev_factory.append(dev)
+    dev.wait_ready()
+    kids = descendants(dev.proc.pid)
+    # A terminal's Ctrl-C signals its foreground process group; the children have their own, so
+    # only the supervisor gets it, as here.
+    assert all(os.getpgid(pid) != os.getpgid(dev.proc.pid) for pid in kids if alive(pid))
+    assert dev.stop(signal.SIGINT) == 0, dev.text()
+    assert "SIGINT: stopping workers, planner, etcd" in dev.text()
+    assert not [pid for pid in kids if alive(pid)]
