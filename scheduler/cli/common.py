@@ -65,6 +65,9 @@ def _hint(err: ClientError, server: str) -> str:
                 "Set --server, SCHED_SERVER or `server` in the config file.")
     if err.code is grpc.StatusCode.DEADLINE_EXCEEDED:
         return f"{server} did not answer in time ({err.message}); raise --timeout or check the planner's health."
+    if err.code is grpc.StatusCode.UNIMPLEMENTED:
+        return (f"the server at {server} does not offer this call ({err.message or 'UNIMPLEMENTED'}): "
+                "is it older than schedctl?")
     if err.code is grpc.StatusCode.ABORTED:
         return f"{err.describe()} (it changed since you read it: get it again, then retry with its version)"
     if err.code is grpc.StatusCode.ALREADY_EXISTS:

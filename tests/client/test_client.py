@@ -198,3 +198,20 @@ def test_sync_wrapper(fake_server_thread: str) -> None:
         with pytest.raises(ClientError) as ei:
             c.get_schedule("nope")
         assert ei.value.code is grpc.StatusCode.NOT_FOUND
+
+
+async def test_plain_status_without_details() -> None:
+    # A server with only the admin service: ScheduleService calls end UNIMPLEMENTED, no rich details.
+    from scheduler._gen.scheduler.v1 import admin_service_pb2_grpc as agrpc
+    server = grpc.aio.server()
+    agrpc.add_AdminServiceServicer_to_server(FakeApi(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        async with SchedulerClient(f"127.0.0.1:{port}") as c:
+            with pytest.raises(ClientError) as ei:
+                await c.get_schedule("x")
+            assert (ei.value.code, ei.value.violations) == (grpc.StatusCode.UNIMPLEMENTED, ())
+            assert (await c.get_time()).node_id == "p1"
+    finally:
+        await server.stop(grace=None)
