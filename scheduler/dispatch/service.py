@@ -35,7 +35,16 @@ from scheduler.api.convert import ms_to_duration, ms_to_timestamp
 from scheduler.clock import Clock
 from scheduler.dispatch.queue import FairQueue
 from scheduler.errors import NotFound, SchedError
-from scheduler.execution import IN_FLIGHT, Disposition, ErrorClass, ExecState, Execution, result, with_revision
+from scheduler.execution import (
+    IN_FLIGHT,
+    Disposition,
+    ErrorClass,
+    ExecState,
+    Execution,
+    log_fields,
+    result,
+    with_revision,
+)
 from scheduler.model import parse_rfc3339
 from scheduler.store.kv import KV
 from scheduler.store.ledger import Ledger, split_execution_id
@@ -306,9 +315,10 @@ class Dispatcher:
                 continue  # not acknowledged: the worker sends it again, maybe to another planner
             self.results += 1
             if disp is Disposition.RECORDED:
-                self._on_transition(e)
-            log.info("result", extra={"event": "result", "execution_id": r.execution_id, "attempt": r.attempt,
-                                      "disposition": disp.value, "state": e.state.value})
+                self._on_transition(e)  # which logs it
+            elif log.isEnabledFor(logging.DEBUG):
+                log.debug("result not applied", extra={"event": "result_ignored", "disposition": disp.value,
+                                                       **log_fields(e), "attempt": r.attempt})
             acks.append(wpb.ResultAckEntry(execution_id=r.execution_id, attempt=r.attempt,
                                            disposition=_DISPOSITION[disp]))
         if acks:

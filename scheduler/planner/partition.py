@@ -38,10 +38,12 @@ from scheduler.execution import (
     Trigger,
     cancel,
     dispatch,
+    log_fields,
     result,
     skip,
     with_revision,
 )
+from scheduler.metrics.planner import PlannerMetrics
 from scheduler.model import ScheduleState, execution_id
 from scheduler.planner.ownership import Ownership
 from scheduler.planner.pending import PendingIndex
@@ -120,8 +122,10 @@ class PartitionPlanner:
         fence_stats: FenceStats | None = None,
         max_ops: int = 127,
         combiner: WriteCombiner | None = None,
+        metrics: PlannerMetrics | None = None,
     ) -> None:
         self.p = partition
+        self.metrics = metrics
         self.combiner = combiner
         self.kv, self.ks, self.ownership, self.store, self.ledger = kv, ks, ownership, store, ledger
         self.dispatcher, self.s, self.clock, self.node_id = dispatcher, settings, clock, node_id
@@ -329,7 +333,7 @@ class PartitionPlanner:
         schedule cannot stall the others: they do not make the loop starved while capacity is left."""
         if not self.starved:
             return False
-        oldest = self.pending.earliest_ready_ms()
+        oldest = self.pending.oldest_ready()
         return oldest is not None and oldest < now_ms - self.s.backlog_ms
 
     def pending_schedule_ids(self) -> set[str]:
@@ -425,6 +429,8 @@ class PartitionPlanner:
         ok = await self._commit([self.ledger.cas_op(new, old.mod_revision, now_ms=now_ms, old_state=old.state)
                                   for old, new in cas])
         lost = False
+        sent: list[Execution] = []
+        debug = log.isEnabledFor(logging.DEBUG)  # per-execution lines only when asked for: hot path
         for (_old, new), (applied, rev) in zip(cas, ok, strict=False):
             if not applied:
                 lost = True
@@ -437,6 +443,17 @@ class PartitionPlanner:
                 cur = new.current
                 self.dispatcher.submit(new, payload, cur.token if cur else "")
                 self.stats.dispatched += 1
+                sent.append(new)
+                if debug:
+                    log.debug("execution dispatched", extra={"event": "dispatch", **log_fields(new, self.p)})
+            elif new.state is ExecState.CANCELLED:
+                log.info("execution cancelled", extra={"event": "cancel", "reason": new.skip_reason,
+                                                       **log_fields(new, self.p)})
+            elif debug:
+                log.debug("execution skipped", extra={"event": "skip", "reason": new.skip_reason,
+                                                      **log_fields(new, self.p, self._token())})
+        if sent and self.metrics is not None:
+            self.metrics.dispatched(sent, now_ms)
         if lost:
             raise Restart("a dispatch compare-and-swap lost: someone else changed the record")
 
@@ -455,8 +472,19 @@ class PartitionPlanner:
             if applied:
                 self.stats.timed_out += 1
                 self.pending.put(with_revision(new, rev))
+                if self.metrics is not None:
+                    self.metrics.attempt_recorded(new)
+                log.info("execution timed out", extra={"event": "timeout", **log_fields(new, self.p)})
+                if new.state is ExecState.DEAD_LETTER:
+                    log.info("execution dead-lettered", extra={"event": "dead_letter", "task_type": new.task_type,
+                                                               **log_fields(new, self.p)})
         if not all(a for a, _ in ok):
             raise Restart("a timeout compare-and-swap lost: a result arrived meanwhile")
+
+    def _token(self) -> str:
+        """This owner's fencing token, for log lines about executions no attempt has carried yet."""
+        fence = self.ownership.fence(self.p)
+        return f"{self.p}:{fence.token}" if fence is not None else ""
 
     def record_transition(self, e: Execution) -> None:
         """A result recorded by this node's dispatcher: keep the snapshot current."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from scheduler.config import Settings
+from scheduler.config import Settings, parse_listen_address
 from scheduler.errors import InvalidArgument
 
 
@@ -21,6 +21,8 @@ class PlannerSettings(Settings):
     retention_interval: float = 10.0  # seconds between retention sweeps of a partition
     api_port: int = 0  # gRPC port (0: pick a free one)
     api_host: str = "127.0.0.1"
+    metrics_address: str = ""  # host:port of the Prometheus endpoint (port 0: pick one); empty or "off": none
+    metrics_schedule_limit: int = 100  # schedules with their own start-lag series; the rest share "_other"
 
     def validate(self) -> None:
         if not 0 <= self.lookahead_ms <= 60_000:
@@ -35,3 +37,6 @@ class PlannerSettings(Settings):
             raise InvalidArgument("late_grace_ms", "must not be negative")
         if self.retention_count < 1:
             raise InvalidArgument("retention_count", "must be at least 1")
+        parse_listen_address("metrics_address", self.metrics_address)
+        if not 0 <= self.metrics_schedule_limit <= 10_000:
+            raise InvalidArgument("metrics_schedule_limit", "must be in 0-10000")
