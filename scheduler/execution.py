@@ -244,3 +244,16 @@ def discard(e: Execution) -> Execution:
     if e.state is not ExecState.DEAD_LETTER:
         raise TransitionError(f"{e.id}: only dead letters can be discarded, not {e.state}")
     return _evolve(e, state=ExecState.FAILED)
+
+
+def log_fields(e: Execution, partition: int | None = None, token: str | None = None) -> dict[str, object]:
+    """The fields every execution event log line carries (docs/operations.md, Logs). The token is the
+    latest attempt's (`<partition>:<revision>`) unless the caller, an owner, gives its own; the partition
+    comes from the token when the caller does not know it."""
+    if token is None:
+        cur = e.current
+        token = cur.token if cur is not None else ""
+    if partition is None and token:
+        partition = int(token.partition(":")[0])
+    return {"execution_id": e.id, "schedule_id": e.schedule_id, "partition": "" if partition is None else partition,
+            "token": token, "attempt": e.attempt, "state": e.state.value}
