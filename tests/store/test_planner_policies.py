@@ -1,19 +1,21 @@
 """Overlap and missed-run policies not covered by test_planner_loop.py, against a real etcd with the
 real planner loop (one process, a fake dispatcher that completes or holds executions through the real
 result path): buffer_all, allow_all, missed-run `latest` and `all` under the cap, each checked from the
-ledger, with every owed planned time accounted for (an execution or a skip range with its reason).
+ledger, with every owed planned time accounted for (an execution or a skip range with its reason);
+and a dead letter made by the planner's own timeout (the worker died on the last attempt) keeps the payload.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 
 import pytest
 
 from scheduler.clock import SYSTEM_CLOCK
-from scheduler.execution import IN_FLIGHT, ExecState, Execution
-from scheduler.model import Policies
+from scheduler.execution import IN_FLIGHT, ErrorClass, ExecState, Execution
+from scheduler.model import Policies, RetryPolicy
 from scheduler.node import PlannerNode
 from scheduler.store.etcd import EtcdClient
 from scheduler.store.keyspace import Keyspace
@@ -133,3 +135,23 @@ async def test_missed_runs_latest_and_all_under_the_cap(kv: EtcdClient, key_pref
         mine = [e for e in es if e.schedule_id == sid]
         gaps = unaccounted(spec, created, done_through, mine, await skip_ranges(kv, ks, sid))
         assert not gaps, f"{sid}: planned times neither run nor skipped: {gaps}"
+
+
+async def test_a_dead_letter_from_a_timeout_keeps_the_payload(kv: EtcdClient, key_prefix: str) -> None:
+    """The last attempt's worker died (no result): the planner's own timeout dead-letters the execution,
+    and the dead letter must keep the payload for a replay, as one recorded from a worker's result does."""
+    ks = Keyspace(key_prefix.rstrip("/"))
+    node = PlannerNode(kv, ks, COORD, SYSTEM_CLOCK, planner=FAST)
+    disp = FakeDispatcher(kv, node, outcome="hold")  # the worker takes it and is never heard of again
+    node.dispatcher = disp
+    pol = Policies(execution_timeout_ms=500, retry=RetryPolicy(max_attempts=1))
+    start = SYSTEM_CLOCK.wall_ms() // 1000 * 1000 + 2000
+    await node.store.create(sched(1, payload=b"replay me", start_ms=start, end_ms=start, policies=pol),
+                            SYSTEM_CLOCK.wall_ms())
+    await run_node(node, 6.0)  # due in <= 2 s, deadline 0.5 s + 2 s slack later
+    e = await node.ledger.get(kv, "s1", start)
+    assert e is not None and e.state is ExecState.DEAD_LETTER, e
+    assert e.attempts[0].error_class is ErrorClass.TIMEOUT
+    got = await kv.get(ks.dead_letter(node.store.partition("s1"), "s1", start))
+    assert got is not None, "no dead-letter index entry"
+    assert bytes.fromhex(json.loads(got.value)["payload"]) == b"replay me"
