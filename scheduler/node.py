@@ -58,6 +58,12 @@ class NullDispatcher:
     def capacity(self, pool: str) -> int:
         return 0
 
+    def reserve(self, pool: str, n: int) -> None:
+        return None
+
+    def release(self, pool: str, n: int) -> None:
+        return None
+
     def submit(self, e: Execution, payload: bytes, token: str) -> None:
         raise AssertionError("nothing is dispatched without capacity")
 
@@ -104,7 +110,7 @@ class PlannerNode:
 
         d = Dispatcher(node_id=self.s.node_id, region=self.s.region, kv=self.kv, ledger=self.ledger, clock=self.clock,
                        record=record, planners=self.planner_infos, on_transition=self._on_transition,
-                       lookup=self.lookup_pending, **options)
+                       lookup=self.lookup_pending, on_capacity=self._wake_starved, **options)
         self.dispatcher = d
         return d
 
@@ -121,6 +127,12 @@ class PlannerNode:
         sid = execution_id.rpartition("@")[0]
         planner = self.planners.get(self.store.partition(sid))
         return None if planner is None else planner.pending.get(execution_id)
+
+    def _wake_starved(self) -> None:
+        for p in self.planners.values():
+            if p.starved:
+                p.starved = False
+                p.wake.set()
 
     def _on_transition(self, e: Execution) -> None:
         planner = self.planners.get(self.store.partition(e.schedule_id))

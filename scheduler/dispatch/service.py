@@ -97,6 +97,7 @@ class Dispatcher:
         planners: Callable[[], list[cluster_pb2.PlannerInfo]],
         on_transition: Callable[[Execution], None] = lambda e: None,
         lookup: Callable[[str], Execution | None] = lambda eid: None,
+        on_capacity: Callable[[], None] = lambda: None,
         heartbeat_interval: float = 1.0,
         heartbeat_timeout: float = 5.0,
         type_caps: dict[str, int] | None = None,
@@ -105,6 +106,7 @@ class Dispatcher:
         self.node_id, self.region, self.kv, self.ledger, self.clock = node_id, region, kv, ledger, clock
         self._record, self._planners, self._on_transition = record, planners, on_transition
         self._lookup = lookup
+        self._on_capacity = on_capacity  # new credits: wake planner loops waiting for capacity
         self.hb_interval, self.hb_timeout = heartbeat_interval, heartbeat_timeout
         self.queue: FairQueue[_Item] = FairQueue(tenant_weights, type_caps)
         self.conns: dict[int, _Conn] = {}
@@ -117,12 +119,23 @@ class Dispatcher:
         self._inbox: list[tuple[_Conn, list[wpb.Result]]] = []
         self._recorder: asyncio.Task[None] | None = None
         self._pump_pending = False
+        self._reserved: dict[str, int] = {}  # capacity held by partition loops committing dispatches
 
     # ---- DispatchSink (called by partition planners) --------------------------------------------------
 
     def capacity(self, pool: str) -> int:
         credit = sum(c.credits for c in self.conns.values() if c.pool == pool)
-        return max(0, credit - self.queue.depth(pool))
+        return max(0, credit - self.queue.depth(pool) - self._reserved.get(pool, 0))
+
+    def reserve(self, pool: str, n: int) -> None:
+        self._reserved[pool] = self._reserved.get(pool, 0) + n
+
+    def release(self, pool: str, n: int) -> None:
+        left = self._reserved.get(pool, 0) - n
+        if left > 0:
+            self._reserved[pool] = left
+        else:
+            self._reserved.pop(pool, None)
 
     def submit(self, e: Execution, payload: bytes, token: str) -> None:
         self.queue.put(e.pool, e.tenant, e.task_type, _Item(e, payload, token))
@@ -331,6 +344,8 @@ class Dispatcher:
             if kind == "credits":
                 c.credits += msg.credits.credits
                 self._pump()
+                if self.capacity(c.pool) > 0:
+                    self._on_capacity()
             elif kind == "results":
                 self._enqueue_results(c, list(msg.results.results))
             elif kind == "heartbeat":

@@ -95,6 +95,14 @@ class PendingIndex:
             es.sort(key=lambda e: e.planned_ms)
         return out
 
+    def has_ready(self, now_ms: int) -> bool:
+        """Whether something may be ready (the earliest entry may be stale: a cheap over-estimate)."""
+        return bool(self._ready) and self._ready[0][0] <= now_ms
+
+    def earliest_ready_ms(self) -> int | None:
+        """Ready time of the earliest waiting entry (possibly stale: an over-estimate of the wait)."""
+        return self._ready[0][0] if self._ready else None
+
     def defer(self, e: Execution) -> None:
         ready = _ready_ms(e)
         if ready is not None and e.id in self._by_id:

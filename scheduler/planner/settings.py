@@ -12,6 +12,8 @@ from scheduler.errors import InvalidArgument
 class PlannerSettings(Settings):
     lookahead_ms: int = 2_000  # executions are written this far ahead of their due time
     loop_interval: float = 0.05  # seconds between planner rounds per partition
+    max_planned_per_round: int = 500  # planned times one partition materializes per round (backpressure)
+    backlog_ms: int = 2_000  # no materializing while due work this late waits for worker capacity
     checkpoint_interval_ms: int = 1_000  # an idle partition moves its checkpoint this often
     late_grace_ms: int = 5_000  # a planned time less late than this is on time, not "missed"
     retention_ms: int = 7 * 86_400_000  # terminal records older than this are deleted
@@ -25,6 +27,10 @@ class PlannerSettings(Settings):
             raise InvalidArgument("lookahead_ms", "must be in 0-60000")
         if not 0.005 <= self.loop_interval <= 5:
             raise InvalidArgument("loop_interval", "must be in 0.005-5 seconds")
+        if not 1 <= self.max_planned_per_round <= 100_000:
+            raise InvalidArgument("max_planned_per_round", "must be in 1-100000")
+        if self.backlog_ms < 0:
+            raise InvalidArgument("backlog_ms", "must not be negative")
         if self.late_grace_ms < 0:
             raise InvalidArgument("late_grace_ms", "must not be negative")
         if self.retention_count < 1:
