@@ -50,12 +50,12 @@ def unaccounted(spec: str, after_ms: int, through_ms: int, es: list[Execution],
 
 
 class Releasable(FakeDispatcher):
-    """Holds every execution until `release()`; from then on completes them at once."""
+    """Holds every execution until `finish_held()`; from then on completes them at once."""
 
     def __init__(self, kv: EtcdClient, node: PlannerNode) -> None:
         super().__init__(kv, node, outcome="hold")
 
-    async def release(self) -> None:
+    async def finish_held(self) -> None:
         self.outcome = "ok"
         await asyncio.gather(*(self._finish(e) for e in list(self.submitted)))
 
@@ -75,7 +75,7 @@ async def test_buffer_all_runs_every_buffered_one_in_order_after_the_running_one
         held_back = [e for e in es if e.state is ExecState.SCHEDULED and e.due_ms <= SYSTEM_CLOCK.wall_ms() - 300]
         assert len(held_back) >= 2, f"every due run waits behind the running one: {len(held_back)}"
         assert not [e for e in es if e.state is ExecState.SKIPPED], "buffer_all skips nothing"
-        await disp.release()
+        await disp.finish_held()
         await asyncio.sleep(1.5)
     finally:
         task.cancel()
