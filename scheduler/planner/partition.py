@@ -470,7 +470,8 @@ class PartitionPlanner:
             new, _ = result(e, e.attempt, succeeded=False, error_class=ErrorClass.TIMEOUT,
                             message="deadline passed without a result", now_ms=now_ms)
             cas.append((e, new))
-        ok = await self._commit([self.ledger.cas_op(new, old.mod_revision, now_ms=now_ms, old_state=old.state)
+        ok = await self._commit([self.ledger.cas_op(new, old.mod_revision, payload=self._dead_payload(new),
+                                                    now_ms=now_ms, old_state=old.state)
                                   for old, new in cas])
         for (_, new), (applied, rev) in zip(cas, ok, strict=False):
             if applied:
@@ -489,6 +490,11 @@ class PartitionPlanner:
         """This owner's fencing token, for log lines about executions no attempt has carried yet."""
         fence = self.ownership.fence(self.p)
         return f"{self.p}:{fence.token}" if fence is not None else ""
+
+    def _dead_payload(self, e: Execution) -> bytes:
+        """A dead letter keeps the schedule's payload for a replay (as results.record_result does)."""
+        sch = self.schedules.get(e.schedule_id)
+        return sch.stored.schedule.payload if sch is not None and e.state is ExecState.DEAD_LETTER else b""
 
     def record_transition(self, e: Execution) -> None:
         """A result recorded by this node's dispatcher: keep the snapshot current."""
