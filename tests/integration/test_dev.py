@@ -3,6 +3,7 @@ worker children, the real CLI in a second "shell". Stopping it must leave no pro
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -185,10 +186,8 @@ def test_ctrl_c_reaches_only_the_supervisor_which_stops_every_child(dev_factory:
     # only the supervisor gets it, as here.
     own = os.getpgid(dev.proc.pid)
     for pid in kids:
-        try:
+        with contextlib.suppress(ProcessLookupError):  # gone already
             assert os.getpgid(pid) != own, f"child {pid} shares the supervisor's process group"
-        except ProcessLookupError:
-            pass  # gone already
     assert dev.stop(signal.SIGINT) == 0, dev.text()
     assert "SIGINT: stopping workers, planner, etcd" in dev.text()
     assert not [pid for pid in kids if alive(pid)]
