@@ -8,6 +8,11 @@ so whichever planner receives a result can decide the next state without loading
 States: scheduled -> dispatched(attempt n) -> running -> succeeded | retry_wait -> dispatched(n+1)...
         | dead_letter (retries exhausted or a permanent error; replay -> scheduled, discard -> failed);
         plus skipped(reason) and cancelled. `failed` is terminal only after a discarded dead letter.
+        An operator's rerun takes a terminal record back to scheduled (same id, next attempt).
+
+Attempt numbers only grow: a rerun or replay starts a fresh retry budget at `attempt_base` (the
+attempt number reached before it), so attempt n of the first run and attempt n+1 of the rerun can
+never be mistaken for each other by a worker, a sink or the CAS.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from typing import Any, TypeVar
 from scheduler.errors import SchedError
 from scheduler.model import RetryPolicy
 from scheduler.timeplan.hashing import stable_u64
+from scheduler.timeplan.policy import Overlap
 
 
 class ExecState(StrEnum):
@@ -122,6 +128,11 @@ class Execution:
     attempts: tuple[Attempt, ...] = ()
     next_attempt_ms: int = 0  # retry_wait: not before this
     skip_reason: str = ""
+    # Per-run overrides set by operator operations (trigger, backfill, rerun, replay); None: the
+    # schedule's own overlap policy and current payload.
+    overlap: Overlap | None = None
+    payload: bytes | None = None  # a replayed dead letter runs with the payload it died with
+    attempt_base: int = 0  # attempts up to this one belong to earlier runs (rerun/replay budget)
     mod_revision: int = field(default=0, compare=False)  # etcd's, for the next CAS; not stored
 
     @property
@@ -175,10 +186,10 @@ def backoff_ms(e: Execution, attempt: int) -> int:
 
 
 def _should_retry(e: Execution, error_class: ErrorClass) -> bool:
-    if error_class is ErrorClass.PERMANENT or e.attempt >= e.retry.max_attempts:
+    if error_class is ErrorClass.PERMANENT or e.attempt - e.attempt_base >= e.retry.max_attempts:
         return False
     if error_class is ErrorClass.UNKNOWN:
-        unknown = sum(1 for a in e.attempts if a.error_class is ErrorClass.UNKNOWN)
+        unknown = sum(1 for a in e.attempts if a.attempt > e.attempt_base and a.error_class is ErrorClass.UNKNOWN)
         return unknown < e.retry.max_unknown_attempts
     return True
 
@@ -232,15 +243,28 @@ def skip(e: Execution, reason: str) -> Execution:
     return _evolve(e, state=ExecState.SKIPPED, skip_reason=reason)
 
 
-def replay(e: Execution, now_ms: int) -> Execution:
-    """Operator replay of a dead letter: same id, a fresh retry budget, due now."""
+def replay(e: Execution, now_ms: int, *, payload: bytes | None = None) -> Execution:
+    """Operator replay of a dead letter: same id, a fresh retry budget, due now, with the payload it
+    died with. It is the same run continued (like a retry), so the overlap policy does not hold it."""
     if e.state is not ExecState.DEAD_LETTER:
         raise TransitionError(f"{e.id}: only dead letters can be replayed, not {e.state}")
-    return _evolve(e, state=ExecState.RETRY_WAIT, next_attempt_ms=now_ms,
-                   retry=_evolve(e.retry, max_attempts=e.attempt + e.retry.max_attempts))
+    return _evolve(e, state=ExecState.SCHEDULED, trigger=Trigger.REPLAY, due_ms=min(e.due_ms, now_ms),
+                   next_attempt_ms=0, attempt_base=e.attempt, overlap=Overlap.ALLOW_ALL,
+                   payload=payload if payload is not None else e.payload)
 
 
 def discard(e: Execution) -> Execution:
     if e.state is not ExecState.DEAD_LETTER:
         raise TransitionError(f"{e.id}: only dead letters can be discarded, not {e.state}")
     return _evolve(e, state=ExecState.FAILED)
+
+
+def rerun(e: Execution, now_ms: int, *, retry: RetryPolicy, timeout_ms: int) -> Execution:
+    """Operator rerun of a finished planned time: back to scheduled under the same id, the next attempt
+    number, the schedule's current retry policy and timeout. The operator asked for this run, so the
+    schedule's overlap policy does not skip it. Dead letters go through `replay` instead."""
+    if not e.terminal:
+        raise TransitionError(f"{e.id}: only a finished execution can be rerun, not {e.state}")
+    return _evolve(e, state=ExecState.SCHEDULED, trigger=Trigger.RERUN, due_ms=min(e.due_ms, now_ms),
+                   next_attempt_ms=0, skip_reason="", attempt_base=e.attempt, retry=retry, timeout_ms=timeout_ms,
+                   overlap=Overlap.ALLOW_ALL, payload=None)

@@ -48,6 +48,7 @@ from scheduler.planner.ownership import Ownership
 from scheduler.planner.pending import PendingIndex
 from scheduler.planner.settings import PlannerSettings
 from scheduler.store.checkpoint import Checkpoint, advance, read_checkpoint
+from scheduler.store.codec import decode_execution
 from scheduler.store.combiner import WriteCombiner
 from scheduler.store.etcd.ops import Compare, Op, delete, txn
 from scheduler.store.etcd.types import TxnResult
@@ -55,6 +56,7 @@ from scheduler.store.fenced import Fence, FenceStats, fenced_txn
 from scheduler.store.keyspace import Keyspace
 from scheduler.store.kv import KV
 from scheduler.store.ledger import Ledger
+from scheduler.store.notices import Notice, parse_notice
 from scheduler.store.schedules import ScheduleStore, StoredSchedule
 from scheduler.timeplan import Overlap, Plan, SkipReason, jitter_ms
 from scheduler.timeplan.missed import SkipRange, decide_missed
@@ -130,6 +132,10 @@ class PartitionPlanner:
         # some does a round take ready items beyond worker capacity (to skip or hold them).
         self._inactive: set[str] = set()
         self._pools: frozenset[str] | None = None  # worker pools of the schedules (cache)
+        # Notices of records others changed (API operations, results recorded elsewhere): key ->
+        # (notice, its mod_revision). `_rescan`: list the partition's notices from etcd next round.
+        self._notices: dict[bytes, tuple[Notice, int]] = {}
+        self._rescan = False
 
     # ---- snapshot ---------------------------------------------------------------------------------
 
@@ -150,6 +156,9 @@ class PartitionPlanner:
         self._inactive = {sid for sid in self._withdraw if sid not in self.schedules}
         self._inactive |= {sid for sid, sch in self.schedules.items()
                            if sch.stored.schedule.state is ScheduleState.PAUSED}
+        # The records were just read: notices left from before (no owner, a crash) are cleared in the
+        # first round, after re-reading what they name (cheap, and correct whatever their age).
+        self._rescan = True
         return rev
 
     def _add_schedule(self, st: StoredSchedule) -> None:
@@ -331,14 +340,19 @@ class PartitionPlanner:
                     if x.state is not ExecState.SCHEDULED:
                         self.pending.defer(x)  # a retry of a paused schedule waits for the resume
                 continue
-            policy = sch.stored.schedule.policies.overlap
-            allow_all = policy is Overlap.ALLOW_ALL  # always START: no need for the running set
-            running = () if allow_all else self.pending.running(sid)
+            sched_policy = sch.stored.schedule.policies.overlap
+            # An execution may carry its own policy (trigger/backfill override; rerun and replay run
+            # regardless). ALLOW_ALL and retries always START: the running set is needed only otherwise.
+            policies = [x.overlap or sched_policy for x in waiting]
+            need_running = any(x.state is not ExecState.RETRY_WAIT and pol is not Overlap.ALLOW_ALL
+                               for x, pol in zip(waiting, policies, strict=True))
+            running = self.pending.running(sid) if need_running else ()
             for i, x in enumerate(waiting):
                 pool = x.pool
                 if pool not in budget:
                     budget[pool] = self.dispatcher.capacity(pool)
-                if x.state is ExecState.RETRY_WAIT or allow_all:
+                policy = policies[i]
+                if x.state is ExecState.RETRY_WAIT or policy is Overlap.ALLOW_ALL:
                     action = OverlapAction.START  # a retry is the same run, not a new one
                 else:
                     buffered = tuple(y.id for y in waiting[:i] if y.state is ExecState.SCHEDULED)
@@ -366,7 +380,7 @@ class PartitionPlanner:
                     return
                 new = dispatch(x, worker="", planner=self.node_id, token=f"{self.p}:{fence.token}", now_ms=now_ms)
                 cas.append((x, new))
-                if not allow_all:
+                if need_running:
                     running = (*running, x.id)
         if not cas:
             return
@@ -381,7 +395,7 @@ class PartitionPlanner:
             self.pending.put(new)
             if new.state is ExecState.DISPATCHED:
                 sch = self.schedules.get(new.schedule_id)
-                payload = sch.stored.schedule.payload if sch else b""
+                payload = new.payload if new.payload is not None else sch.stored.schedule.payload if sch else b""
                 cur = new.current
                 self.dispatcher.submit(new, payload, cur.token if cur else "")
                 self.stats.dispatched += 1
@@ -405,6 +419,58 @@ class PartitionPlanner:
                 self.pending.put(with_revision(new, rev))
         if not all(a for a, _ in ok):
             raise Restart("a timeout compare-and-swap lost: a result arrived meanwhile")
+
+    # ---- notices (scheduler.store.notices) --------------------------------------------------------
+
+    def on_notice(self, key: bytes, notice: Notice, mod_revision: int) -> None:
+        """A notice seen by the node's watch: re-read what it names in the next round, which starts now."""
+        self._notices[key] = (notice, mod_revision)
+        self.wake.set()
+
+    def rescan_notices(self) -> None:
+        """Events may have been missed (a compacted watch): list the partition's notices next round."""
+        self._rescan = True
+        self.wake.set()
+
+    async def apply_notices(self) -> None:
+        if self._rescan:
+            self._rescan = False
+            listing = await self.kv.range(self.ks.notices(self.p), prefix=True, timeout=self.rpc_timeout)
+            for kv in listing.kvs:
+                n = parse_notice(kv.key, kv.value)
+                if n is None or n.partition != self.p:
+                    self._notices.setdefault(kv.key, (Notice(self.p, "", 0, -1), kv.mod_revision))  # junk: delete
+                else:
+                    self._notices.setdefault(kv.key, (n, kv.mod_revision))
+        if not self._notices:
+            return
+        notices, self._notices = self._notices, {}
+        listings = await asyncio.gather(*(
+            self.kv.range(self.ks.execution(self.p, n.schedule_id, n.from_ms),
+                          range_end=self.ks.execution(self.p, n.schedule_id, n.through_ms + 1),
+                          timeout=self.rpc_timeout)
+            for n, _ in notices.values() if n.schedule_id))
+        for listing in listings:
+            for kv in listing.kvs:
+                self._refresh(decode_execution(kv.value, kv.mod_revision))
+        # Only if unchanged since read: a newer notice on the same key (a cancel after a trigger) stays.
+        await self._commit([txn([Compare.mod_revision(k, "==", rev)], [delete(k)])
+                            for k, (_, rev) in notices.items()])
+
+    def _refresh(self, e: Execution) -> None:
+        """Take in a record as read from etcd (linearizable, so at least as new as the notice)."""
+        old = self.pending.get(e.id)
+        if old is not None and old.mod_revision > e.mod_revision:
+            return  # our own dispatcher recorded something newer while we read
+        cur = e.current
+        if e.state is ExecState.CANCELLED and cur is not None and not cur.finished_ms:
+            self.dispatcher.cancel(e, e.skip_reason or "cancelled")  # its worker is told to stop
+        self.pending.put(e)
+        if e.state is not ExecState.SCHEDULED or e.schedule_id not in self.schedules:
+            return
+        sch = self.schedules[e.schedule_id]
+        if sch.stored.schedule.state is ScheduleState.PAUSED:
+            self._withdraw.add(e.schedule_id)  # a run written as the pause landed is withdrawn too
 
     def record_transition(self, e: Execution) -> None:
         """A result recorded by this node's dispatcher: keep the snapshot current."""
@@ -435,6 +501,7 @@ class PartitionPlanner:
             if through < cutoff:
                 doomed.append(delete(kv.key))
         await self._commit(doomed)
+        self._rescan = True  # leftover notices (a lost watch event) are cleared with each sweep
         return len(doomed)
 
     # ---- the loop -----------------------------------------------------------------------------------
@@ -455,9 +522,12 @@ class PartitionPlanner:
             horizon = now + self.s.lookahead_ms
             execs, skips = self.plan_round(horizon)
             await self.write_planned(execs, skips, horizon)
+            await self.apply_notices()
             await self.dispatch_due(now)
             await self.time_out(now)
             self.stats.rounds += 1
             self.wake.clear()
+            if self._notices:  # arrived while this round ran: the next one starts at once
+                self.wake.set()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), self.s.loop_interval)

@@ -104,6 +104,13 @@ def encode_execution(e: Execution) -> bytes:
         d["next"] = e.next_attempt_ms
     if e.skip_reason:
         d["why"] = e.skip_reason
+    # Operator overrides, written only when set: scheduled records keep their size.
+    if e.overlap is not None:
+        d["ov"] = e.overlap.value
+    if e.payload is not None:
+        d["pay"] = base64.b64encode(e.payload).decode()
+    if e.attempt_base:
+        d["base"] = e.attempt_base
     return _dumps(d).encode()
 
 
@@ -114,5 +121,8 @@ def decode_execution(value: bytes, mod_revision: int = 0) -> Execution:
         planned_ms=int(d["pl"]), due_ms=int(d["due"]), trigger=Trigger(d.get("tr", "scheduled")),
         retry=_retry_from(d.get("retry", {})), timeout_ms=int(d["to"]), state=ExecState(d["st"]),
         attempt=int(d.get("n", 0)), attempts=tuple(_attempt_from(a) for a in d.get("at", ())),
-        next_attempt_ms=int(d.get("next", 0)), skip_reason=d.get("why", ""), mod_revision=mod_revision,
+        next_attempt_ms=int(d.get("next", 0)), skip_reason=d.get("why", ""),
+        overlap=Overlap(d["ov"]) if d.get("ov") else None,
+        payload=base64.b64decode(d["pay"]) if "pay" in d else None, attempt_base=int(d.get("base", 0)),
+        mod_revision=mod_revision,
     )
