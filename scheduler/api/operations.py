@@ -262,8 +262,10 @@ class Operations:
                     created += 1
             existing += len(batch) - len(new)
             planned += len(batch)
-            last = i + self.backfill_batch >= len(times)
-            yield BackfillCounts(planned, created, existing, skipped, end_ms if last else batch[-1] + 1, last)
+            nxt = i + self.backfill_batch
+            last = nxt >= len(times)
+            # Up to the next planned time still to do: a progress bar moves over the gaps too.
+            yield BackfillCounts(planned, created, existing, skipped, end_ms if last else times[nxt], last)
 
     # ---- cancel ---------------------------------------------------------------------------------------
 
