@@ -30,6 +30,7 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 
 from scheduler.clock import Clock
+from scheduler.errors import NotFound
 from scheduler.execution import (
     IN_FLIGHT,
     TERMINAL,
@@ -394,10 +395,8 @@ class PartitionPlanner:
             new = with_revision(new, rev)
             self.pending.put(new)
             if new.state is ExecState.DISPATCHED:
-                sch = self.schedules.get(new.schedule_id)
-                payload = new.payload if new.payload is not None else sch.stored.schedule.payload if sch else b""
                 cur = new.current
-                self.dispatcher.submit(new, payload, cur.token if cur else "")
+                self.dispatcher.submit(new, self._payload(new), cur.token if cur else "")
                 self.stats.dispatched += 1
         if lost:
             raise Restart("a dispatch compare-and-swap lost: someone else changed the record")
@@ -411,7 +410,8 @@ class PartitionPlanner:
             new, _ = result(e, e.attempt, succeeded=False, error_class=ErrorClass.TIMEOUT,
                             message="deadline passed without a result", now_ms=now_ms)
             cas.append((e, new))
-        ok = await self._commit([self.ledger.cas_op(new, old.mod_revision, now_ms=now_ms, old_state=old.state)
+        ok = await self._commit([self.ledger.cas_op(new, old.mod_revision, now_ms=now_ms, old_state=old.state,
+                                                    payload=self._payload(new))
                                   for old, new in cas])
         for (_, new), (applied, rev) in zip(cas, ok, strict=False):
             if applied:
@@ -450,9 +450,18 @@ class PartitionPlanner:
                           range_end=self.ks.execution(self.p, n.schedule_id, n.through_ms + 1),
                           timeout=self.rpc_timeout)
             for n, _ in notices.values() if n.schedule_id))
+        unknown: set[str] = set()
         for listing in listings:
             for kv in listing.kvs:
-                self._refresh(decode_execution(kv.value, kv.mod_revision))
+                e = decode_execution(kv.value, kv.mod_revision)
+                self._refresh(e)
+                if not e.terminal and e.schedule_id not in self.schedules:
+                    unknown.add(e.schedule_id)
+        # Schedules and notices come on separate watch streams: a run triggered right after its
+        # schedule was created can be noticed first. Read the schedule rather than take it for deleted.
+        for sid in unknown:
+            with contextlib.suppress(NotFound):
+                self.on_schedule_put(await self.store.get(sid))
         # Only if unchanged since read: a newer notice on the same key (a cancel after a trigger) stays.
         await self._commit([txn([Compare.mod_revision(k, "==", rev)], [delete(k)])
                             for k, (_, rev) in notices.items()])
@@ -471,6 +480,13 @@ class PartitionPlanner:
         sch = self.schedules[e.schedule_id]
         if sch.stored.schedule.state is ScheduleState.PAUSED:
             self._withdraw.add(e.schedule_id)  # a run written as the pause landed is withdrawn too
+
+    def _payload(self, e: Execution) -> bytes:
+        """What the execution runs with: its own payload (a replay) or its schedule's current one."""
+        if e.payload is not None:
+            return e.payload
+        sch = self.schedules.get(e.schedule_id)
+        return sch.stored.schedule.payload if sch else b""
 
     def record_transition(self, e: Execution) -> None:
         """A result recorded by this node's dispatcher: keep the snapshot current."""

@@ -46,8 +46,11 @@ async def record_result(
         if disposition is not Disposition.RECORDED:
             return e, disposition
         payload = b""
-        if new.state is ExecState.DEAD_LETTER and payload_of is not None:
-            payload = await payload_of(schedule_id)  # dead letters keep the payload for replay
+        if new.state is ExecState.DEAD_LETTER:  # dead letters keep the payload for replay
+            if new.payload is not None:
+                payload = new.payload  # a replayed dead letter dying again keeps the one it ran with
+            elif payload_of is not None:
+                payload = await payload_of(schedule_id)
         r = await kv.txn([], [ledger.cas_op(new, e.mod_revision, payload=payload, now_ms=now_ms, extra=extra)],
                          timeout=timeout)
         if ledger.cas_results(r)[0]:
