@@ -549,3 +549,18 @@ async def test_a_result_recorded_by_another_node_reaches_the_owner(kv: EtcdClien
                 await asyncio.sleep(0.05)
     finally:
         await stop_env(env)
+
+
+async def test_a_noticed_run_whose_schedule_the_owner_has_not_seen_yet_still_runs(env: Env) -> None:
+    """Schedules and notices come on separate watch streams: the owner may see a trigger's notice
+    before the schedule's creation. It reads the schedule instead of skipping the run as deleted."""
+    await env.create("s1")
+    await env.owned()
+    p = env.node.planners[partition_for("s1", COORD.partitions)]
+    async with asyncio.timeout(5):
+        while "s1" not in p.schedules:
+            await asyncio.sleep(0.05)
+    p.schedules.pop("s1")  # as if the schedule's watch event were still on its way
+    e = await env.ops.trigger("s1", None, None)
+    done = await env.finished(e.id)
+    assert (done.state, done.skip_reason) == (ExecState.SUCCEEDED, "")
