@@ -435,9 +435,11 @@ class PartitionPlanner:
     async def apply_notices(self) -> None:
         if self._rescan:
             self._rescan = False
-            listing = await self.kv.range(self.ks.notices(self.p), prefix=True, timeout=self.rpc_timeout)
+            # Keys only: the owner needs what to re-read, not the cancel detail (the record says it).
+            listing = await self.kv.range(self.ks.notices(self.p), prefix=True, keys_only=True,
+                                          timeout=self.rpc_timeout)
             for kv in listing.kvs:
-                n = parse_notice(kv.key, kv.value)
+                n = parse_notice(kv.key, b"")
                 if n is None or n.partition != self.p:
                     self._notices.setdefault(kv.key, (Notice(self.p, "", 0, -1), kv.mod_revision))  # junk: delete
                 else:
@@ -445,11 +447,14 @@ class PartitionPlanner:
         if not self._notices:
             return
         notices, self._notices = self._notices, {}
-        listings = await asyncio.gather(*(
-            self.kv.range(self.ks.execution(self.p, n.schedule_id, n.from_ms),
-                          range_end=self.ks.execution(self.p, n.schedule_id, n.through_ms + 1),
-                          timeout=self.rpc_timeout)
-            for n, _ in notices.values() if n.schedule_id))
+        wanted = [n for n, _ in notices.values() if n.schedule_id]
+        listings = []
+        for i in range(0, len(wanted), 32):  # a few reads in flight at once, not hundreds after a claim
+            listings += await asyncio.gather(*(
+                self.kv.range(self.ks.execution(self.p, n.schedule_id, n.from_ms),
+                              range_end=self.ks.execution(self.p, n.schedule_id, n.through_ms + 1),
+                              timeout=self.rpc_timeout)
+                for n in wanted[i:i + 32]))
         unknown: set[str] = set()
         for listing in listings:
             for kv in listing.kvs:

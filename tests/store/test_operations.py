@@ -564,3 +564,51 @@ async def test_a_noticed_run_whose_schedule_the_owner_has_not_seen_yet_still_run
     e = await env.ops.trigger("s1", None, None)
     done = await env.finished(e.id)
     assert (done.state, done.skip_reason) == (ExecState.SUCCEEDED, "")
+
+
+async def test_a_cancel_reaches_a_worker_reattached_to_a_node_that_does_not_own_the_partition(
+        kv: EtcdClient, key_prefix: str) -> None:
+    """After a handover a worker may hold its attempt on a stream to a node that is not the owner. That
+    node sees the cancel notice too (it carries the attempt) and tells the worker to stop."""
+    import grpc
+
+    from scheduler._gen.scheduler.v1 import worker_service_pb2 as wpb
+    from scheduler._gen.scheduler.v1 import worker_service_pb2_grpc as wgrpc
+    from scheduler.execution import dispatch
+
+    ks = Keyspace(key_prefix.rstrip("/"))
+    node = PlannerNode(kv, ks, replace(COORD, node_id="n2"), SYSTEM_CLOCK, planner=FAST)  # owns nothing
+    server, port = await start_server(node.make_dispatcher(), "127.0.0.1", 0)
+    watcher = asyncio.create_task(node._watch_notices())
+    ops = Operations(kv, ks, COORD.partitions, node.store, node.ledger, SYSTEM_CLOCK, rpc_timeout=1.0)
+    now = SYSTEM_CLOCK.wall_ms()
+    e = Execution(id=execution_id("s1", now), schedule_id="s1", tenant="t", pool="pool", task_type="t",
+                  planned_ms=now, due_ms=now, trigger=Trigger.SCHEDULED, retry=RetryPolicy(), timeout_ms=60_000)
+    e = dispatch(e, worker="w1", planner="n1", token="0:1", now_ms=now)  # by an owner that is gone
+    await kv.txn([], [node.ledger.create_op(e)])
+    outbox: asyncio.Queue[wpb.WorkerMessage] = asyncio.Queue()
+
+    async def requests() -> AsyncIterator[wpb.WorkerMessage]:
+        yield wpb.WorkerMessage(hello=wpb.Hello(worker_id="w1", pool="pool", region="default", capacity=1,
+                                                task_types=["t"],
+                                                running=[wpb.RunningAttempt(execution_id=e.id, attempt=1)]))
+        while True:
+            yield await outbox.get()
+
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+            call = wgrpc.WorkerServiceStub(ch).Connect(requests())
+            async with asyncio.timeout(10):
+                while (msg := await call.read()).WhichOneof("body") != "reattached":
+                    pass
+                assert [a.execution_id for a in msg.reattached.accepted] == [e.id]
+                await asyncio.sleep(0.2)  # the notice watch is established
+                await ops.cancel_execution(e.id, "stop it")
+                while (msg := await call.read()).WhichOneof("body") != "cancel":
+                    pass
+            assert (msg.cancel.execution_id, msg.cancel.attempt, msg.cancel.message) == (e.id, 1, "stop it")
+            call.cancel()
+    finally:
+        watcher.cancel()
+        await asyncio.gather(watcher, return_exceptions=True)
+        await server.stop(None)
