@@ -109,6 +109,7 @@ class Attempt:
     error_class: ErrorClass | None = None
     message: str = ""
     succeeded: bool = False
+    trigger: Trigger | None = None  # the run it belongs to when an operator started one again (rerun, replay)
 
 
 @dataclass(frozen=True)
@@ -133,6 +134,9 @@ class Execution:
     overlap: Overlap | None = None
     payload: bytes | None = None  # a replayed dead letter runs with the payload it died with
     attempt_base: int = 0  # attempts up to this one belong to earlier runs (rerun/replay budget)
+    # `trigger` says how the execution was created and never changes; a run an operator started again
+    # is RERUN or REPLAY here, and its attempts carry it.
+    run_trigger: Trigger | None = None
     mod_revision: int = field(default=0, compare=False)  # etcd's, for the next CAS; not stored
 
     @property
@@ -142,6 +146,11 @@ class Execution:
     @property
     def current(self) -> Attempt | None:
         return self.attempts[-1] if self.attempts else None
+
+    @property
+    def current_trigger(self) -> Trigger:
+        """The trigger of the run under way: what a worker is told (ExecutionContext.trigger)."""
+        return self.run_trigger or self.trigger
 
 
 def deadline_slack_ms(timeout_ms: int) -> int:
@@ -164,7 +173,8 @@ def dispatch(e: Execution, *, worker: str, planner: str, token: str, now_ms: int
     if not dispatchable(e, now_ms):
         raise TransitionError(f"{e.id}: cannot dispatch in state {e.state} (due {e.due_ms}, now {now_ms})")
     n = e.attempt + 1
-    a = Attempt(n, worker, planner, token, now_ms, now_ms + e.timeout_ms + deadline_slack_ms(e.timeout_ms))
+    a = Attempt(n, worker, planner, token, now_ms, now_ms + e.timeout_ms + deadline_slack_ms(e.timeout_ms),
+                trigger=e.run_trigger)
     return _evolve(e, state=ExecState.DISPATCHED, attempt=n, attempts=(*e.attempts, a), next_attempt_ms=0)
 
 
@@ -248,7 +258,7 @@ def replay(e: Execution, now_ms: int, *, payload: bytes | None = None) -> Execut
     died with. It is the same run continued (like a retry), so the overlap policy does not hold it."""
     if e.state is not ExecState.DEAD_LETTER:
         raise TransitionError(f"{e.id}: only dead letters can be replayed, not {e.state}")
-    return _evolve(e, state=ExecState.SCHEDULED, trigger=Trigger.REPLAY, due_ms=min(e.due_ms, now_ms),
+    return _evolve(e, state=ExecState.SCHEDULED, run_trigger=Trigger.REPLAY, due_ms=min(e.due_ms, now_ms),
                    next_attempt_ms=0, attempt_base=e.attempt, overlap=Overlap.ALLOW_ALL,
                    payload=payload if payload is not None else e.payload)
 
@@ -265,6 +275,6 @@ def rerun(e: Execution, now_ms: int, *, retry: RetryPolicy, timeout_ms: int) -> 
     schedule's overlap policy does not skip it. Dead letters go through `replay` instead."""
     if not e.terminal:
         raise TransitionError(f"{e.id}: only a finished execution can be rerun, not {e.state}")
-    return _evolve(e, state=ExecState.SCHEDULED, trigger=Trigger.RERUN, due_ms=min(e.due_ms, now_ms),
+    return _evolve(e, state=ExecState.SCHEDULED, run_trigger=Trigger.RERUN, due_ms=min(e.due_ms, now_ms),
                    next_attempt_ms=0, skip_reason="", attempt_base=e.attempt, retry=retry, timeout_ms=timeout_ms,
                    overlap=Overlap.ALLOW_ALL, payload=None)

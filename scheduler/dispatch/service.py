@@ -154,7 +154,7 @@ class Dispatcher:
             planned_at=ms_to_timestamp(e.planned_ms), attempt=e.attempt,
             fencing_token=execution_pb2.FencingToken(partition=int(part or 0), revision=int(rev or 0)),
             payload=it.payload, deadline=ms_to_timestamp(cur.deadline_ms if cur else 0),
-            trigger=_TRIGGER[e.trigger.value],
+            trigger=_TRIGGER[e.current_trigger.value],
             timeout=ms_to_duration(e.timeout_ms),
         )
 

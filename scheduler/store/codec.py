@@ -83,13 +83,15 @@ def _attempt_to(a: Attempt) -> dict[str, Any]:
         d["ec"] = a.error_class.value
     if a.message:
         d["m"] = a.message
+    if a.trigger is not None:
+        d["tr"] = a.trigger.value
     return d
 
 
 def _attempt_from(d: dict[str, Any]) -> Attempt:
     return Attempt(int(d["n"]), d["w"], d["p"], d["t"], int(d["d"]), int(d["dl"]), int(d.get("s", 0)),
                    int(d.get("f", 0)), ErrorClass(d["ec"]) if d.get("ec") else None, d.get("m", ""),
-                   bool(d.get("ok", False)))
+                   bool(d.get("ok", False)), Trigger(d["tr"]) if d.get("tr") else None)
 
 
 def encode_execution(e: Execution) -> bytes:
@@ -111,6 +113,8 @@ def encode_execution(e: Execution) -> bytes:
         d["pay"] = base64.b64encode(e.payload).decode()
     if e.attempt_base:
         d["base"] = e.attempt_base
+    if e.run_trigger is not None:
+        d["rtr"] = e.run_trigger.value
     return _dumps(d).encode()
 
 
@@ -124,5 +128,6 @@ def decode_execution(value: bytes, mod_revision: int = 0) -> Execution:
         next_attempt_ms=int(d.get("next", 0)), skip_reason=d.get("why", ""),
         overlap=Overlap(d["ov"]) if d.get("ov") else None,
         payload=base64.b64decode(d["pay"]) if "pay" in d else None, attempt_base=int(d.get("base", 0)),
+        run_trigger=Trigger(d["rtr"]) if d.get("rtr") else None,
         mod_revision=mod_revision,
     )

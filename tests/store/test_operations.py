@@ -254,13 +254,14 @@ async def test_rerun_creates_then_reruns_a_succeeded_planned_time(env: Env) -> N
     await env.create("s1")
     t = _yearly_past(SYSTEM_CLOCK.wall_ms())
     e = await env.ops.rerun("s1", t)
-    assert (e.id, e.trigger) == (execution_id("s1", t), Trigger.RERUN)
+    assert (e.id, e.trigger) == (execution_id("s1", t), Trigger.RERUN), "created by the rerun"
     assert (await env.finished(e.id)).state is ExecState.SUCCEEDED
     again = await env.ops.rerun("s1", t)
     assert (again.state, again.attempt, again.attempt_base) == (ExecState.SCHEDULED, 1, 1)
     done = await env.until(e.id, lambda x: x.state is ExecState.SUCCEEDED and x.attempt == 2, "second run")
     assert done.id == e.id
     assert env.attempts_of(e.id) == [1, 2], "same id, next attempt"
+    assert [r.trigger for r in env.runs] == ["rerun", "rerun"]
 
 
 async def test_rerun_of_a_skipped_planned_time_runs_it(env: Env) -> None:
@@ -275,8 +276,9 @@ async def test_rerun_of_a_skipped_planned_time_runs_it(env: Env) -> None:
     e = await env.ops.rerun("s1", t)
     assert (e.state, e.skip_reason) == (ExecState.SCHEDULED, "")
     done = await env.finished(e.id)
-    assert (done.state, done.attempt) == (ExecState.SUCCEEDED, 1)
+    assert (done.state, done.attempt, done.trigger) == (ExecState.SUCCEEDED, 1, Trigger.SCHEDULED)
     assert env.attempts_of(e.id) == [1]
+    assert [r.trigger for r in env.runs] == ["rerun"], "the worker is told which run it is"
 
 
 async def test_rerun_errors(env: Env) -> None:
@@ -456,9 +458,11 @@ async def test_dead_letter_replay_succeeds_with_same_id_fresh_budget_and_origina
     await env.node.store.update(replace(s, payload=b"changed since"), None, SYSTEM_CLOCK.wall_ms())
     env.heal.add("fail1")
     r = await env.ops.replay_dead_letter(e.id)
-    assert (r.id, r.state, r.trigger, r.attempt_base) == (e.id, ExecState.SCHEDULED, Trigger.REPLAY, 1)
+    assert (r.id, r.state, r.trigger, r.run_trigger, r.attempt_base) == (
+        e.id, ExecState.SCHEDULED, Trigger.MANUAL, Trigger.REPLAY, 1)
     done = await env.finished(e.id)
     assert (done.state, done.attempt) == (ExecState.SUCCEEDED, 2)
+    assert [a.trigger for a in done.attempts] == [None, Trigger.REPLAY]
     assert [(x.attempt, x.trigger, x.payload) for x in env.runs] == [(1, "manual", b"original"),
                                                                       (2, "replay", b"original")]
     assert (await env.kv.range(env.ks.dead_letters(p), prefix=True)).count == 0, "the dead letter is gone"

@@ -122,8 +122,9 @@ def test_cancel_skip_replay_discard() -> None:
         skip(go(E), "paused")
     dead, _ = result(go(E), 1, succeeded=False, error_class=ErrorClass.PERMANENT, message="", now_ms=T0 + 2000)
     r = replay(dead, T0 + 5000)
-    assert (r.state, r.trigger) == (ExecState.SCHEDULED, Trigger.REPLAY)
+    assert (r.state, r.trigger, r.current_trigger) == (ExecState.SCHEDULED, Trigger.SCHEDULED, Trigger.REPLAY)
     r = go(r, now=T0 + 5000)
+    assert [a.trigger for a in r.attempts] == [None, Trigger.REPLAY], "each attempt names its run"
     assert r.attempt == 2
     assert r.id == E.id, "a replay keeps the execution id (the idempotency key)"
     assert discard(dead).state is ExecState.FAILED
@@ -186,11 +187,14 @@ def test_rerun_of_a_finished_execution(state: str) -> None:
             "failed": discard(exhaust(E))}[state]
     new_retry = RetryPolicy(max_attempts=2, max_unknown_attempts=1)
     r = rerun(base, T0 + 100_000, retry=new_retry, timeout_ms=20_000)
-    assert (r.state, r.trigger, r.id, r.skip_reason) == (ExecState.SCHEDULED, Trigger.RERUN, E.id, "")
+    assert (r.state, r.trigger, r.run_trigger, r.id, r.skip_reason) == (
+        ExecState.SCHEDULED, Trigger.SCHEDULED, Trigger.RERUN, E.id, ""), "how it was created never changes"
     assert (r.attempt_base, r.retry, r.timeout_ms) == (base.attempt, new_retry, 20_000)
     assert r.due_ms <= T0 + 100_000
     g = go(r, now=T0 + 100_000)
     assert g.attempt == base.attempt + 1, "the rerun is the next attempt under the same id"
+    assert g.current is not None and g.current.trigger is Trigger.RERUN
+    assert decode_execution(encode_execution(g)) == g
     assert exhaust(r).attempt == base.attempt + 2, "the rerun's own budget"
 
 
@@ -211,6 +215,9 @@ def test_operator_overrides_round_trip_and_old_records_still_decode() -> None:
     assert decode_execution(encode_execution(r)) == r
     assert decode_execution(encode_execution(replace(r, payload=b""))).payload == b"", "empty is not None"
     old = encode_execution(E)
-    assert b'"ov"' not in old and b'"pay"' not in old and b'"base"' not in old, "plain records keep their size"
+    for k in (b'"ov"', b'"pay"', b'"base"', b'"rtr"'):
+        assert k not in old, "plain records keep their size"
     d = decode_execution(old)
-    assert (d.overlap, d.payload, d.attempt_base) == (None, None, 0)
+    assert (d.overlap, d.payload, d.attempt_base, d.run_trigger) == (None, None, 0, None)
+    assert b'"tr":"s' in encode_execution(go(E)) and encode_execution(go(E)).count(b'"tr"') == 1, \
+        "a first run's attempts carry no trigger of their own"
