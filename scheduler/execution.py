@@ -278,3 +278,16 @@ def rerun(e: Execution, now_ms: int, *, retry: RetryPolicy, timeout_ms: int) -> 
     return _evolve(e, state=ExecState.SCHEDULED, run_trigger=Trigger.RERUN, due_ms=min(e.due_ms, now_ms),
                    next_attempt_ms=0, skip_reason="", attempt_base=e.attempt, retry=retry, timeout_ms=timeout_ms,
                    overlap=Overlap.ALLOW_ALL, payload=None)
+
+
+def log_fields(e: Execution, partition: int | None = None, token: str | None = None) -> dict[str, object]:
+    """The fields every execution event log line carries (docs/operations.md, Logs). The token is the
+    latest attempt's (`<partition>:<revision>`) unless the caller, an owner, gives its own; the partition
+    comes from the token when the caller does not know it."""
+    if token is None:
+        cur = e.current
+        token = cur.token if cur is not None else ""
+    if partition is None and token:
+        partition = int(token.partition(":")[0])
+    return {"execution_id": e.id, "schedule_id": e.schedule_id, "partition": "" if partition is None else partition,
+            "token": token, "attempt": e.attempt, "state": e.state.value}

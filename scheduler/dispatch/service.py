@@ -35,7 +35,16 @@ from scheduler.api.convert import ms_to_duration, ms_to_timestamp
 from scheduler.clock import Clock
 from scheduler.dispatch.queue import FairQueue
 from scheduler.errors import NotFound, SchedError
-from scheduler.execution import IN_FLIGHT, Disposition, ErrorClass, ExecState, Execution, result, with_revision
+from scheduler.execution import (
+    IN_FLIGHT,
+    Disposition,
+    ErrorClass,
+    ExecState,
+    Execution,
+    log_fields,
+    result,
+    with_revision,
+)
 from scheduler.model import parse_rfc3339
 from scheduler.store.kv import KV
 from scheduler.store.ledger import Ledger, split_execution_id
@@ -97,6 +106,7 @@ class Dispatcher:
         planners: Callable[[], list[cluster_pb2.PlannerInfo]],
         on_transition: Callable[[Execution], None] = lambda e: None,
         lookup: Callable[[str], Execution | None] = lambda eid: None,
+        on_capacity: Callable[[], None] = lambda: None,
         heartbeat_interval: float = 1.0,
         heartbeat_timeout: float = 5.0,
         type_caps: dict[str, int] | None = None,
@@ -105,6 +115,7 @@ class Dispatcher:
         self.node_id, self.region, self.kv, self.ledger, self.clock = node_id, region, kv, ledger, clock
         self._record, self._planners, self._on_transition = record, planners, on_transition
         self._lookup = lookup
+        self._on_capacity = on_capacity  # new credits: wake planner loops waiting for capacity
         self.hb_interval, self.hb_timeout = heartbeat_interval, heartbeat_timeout
         self.queue: FairQueue[_Item] = FairQueue(tenant_weights, type_caps)
         self.conns: dict[int, _Conn] = {}
@@ -117,12 +128,23 @@ class Dispatcher:
         self._inbox: list[tuple[_Conn, list[wpb.Result]]] = []
         self._recorder: asyncio.Task[None] | None = None
         self._pump_pending = False
+        self._reserved: dict[str, int] = {}  # capacity held by partition loops committing dispatches
 
     # ---- DispatchSink (called by partition planners) --------------------------------------------------
 
     def capacity(self, pool: str) -> int:
         credit = sum(c.credits for c in self.conns.values() if c.pool == pool)
-        return max(0, credit - self.queue.depth(pool))
+        return max(0, credit - self.queue.depth(pool) - self._reserved.get(pool, 0))
+
+    def reserve(self, pool: str, n: int) -> None:
+        self._reserved[pool] = self._reserved.get(pool, 0) + n
+
+    def release(self, pool: str, n: int) -> None:
+        left = self._reserved.get(pool, 0) - n
+        if left > 0:
+            self._reserved[pool] = left
+        else:
+            self._reserved.pop(pool, None)
 
     def submit(self, e: Execution, payload: bytes, token: str) -> None:
         self.queue.put(e.pool, e.tenant, e.task_type, _Item(e, payload, token))
@@ -297,9 +319,10 @@ class Dispatcher:
                 continue  # not acknowledged: the worker sends it again, maybe to another planner
             self.results += 1
             if disp is Disposition.RECORDED:
-                self._on_transition(e)
-            log.info("result", extra={"event": "result", "execution_id": r.execution_id, "attempt": r.attempt,
-                                      "disposition": disp.value, "state": e.state.value})
+                self._on_transition(e)  # which logs it
+            elif log.isEnabledFor(logging.DEBUG):
+                log.debug("result not applied", extra={"event": "result_ignored", "disposition": disp.value,
+                                                       **log_fields(e), "attempt": r.attempt})
             acks.append(wpb.ResultAckEntry(execution_id=r.execution_id, attempt=r.attempt,
                                            disposition=_DISPOSITION[disp]))
         if acks:
@@ -335,6 +358,8 @@ class Dispatcher:
             if kind == "credits":
                 c.credits += msg.credits.credits
                 self._pump()
+                if self.capacity(c.pool) > 0:
+                    self._on_capacity()
             elif kind == "results":
                 self._enqueue_results(c, list(msg.results.results))
             elif kind == "heartbeat":
