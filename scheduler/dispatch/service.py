@@ -277,7 +277,12 @@ class Dispatcher:
         while self._inbox:
             if sum(len(rs) for _, rs in self._inbox) < self._MAX_CAS_PER_TXN:
                 await asyncio.sleep(self._RESULT_LINGER)
-            batch, self._inbox = self._inbox, []
+            # At most a few txns' worth per turn: the rest waits for the next turn of the loop.
+            batch, n = [], 0
+            while self._inbox and n < 8 * self._MAX_CAS_PER_TXN:
+                item = self._inbox.pop(0)
+                batch.append(item)
+                n += len(item[1])
             results = [r for _, rs in batch for r in rs]
             owner = {(r.execution_id, r.attempt): c for c, rs in batch for r in rs}
             try:
@@ -304,27 +309,38 @@ class Dispatcher:
         await self._record_slow(c, slow, acks)
         self._pump()
 
+    _SLOW_CONCURRENCY = 32  # slow-path results recorded at once (each is a read and a CAS)
+
     async def _record_slow(self, c: _Conn, slow: list[wpb.Result], acks: list[wpb.ResultAckEntry]) -> None:
-        for r in slow:
+        """Results the fast path could not apply (not in this node's memory: after a restart or an
+        ownership move; dead letters; lost CASes) are read and recorded one by one, but many at a
+        time: after a partition reload thousands arrive together, and a sequential read + CAS each
+        would leave them unacknowledged for minutes."""
+        gate = asyncio.Semaphore(self._SLOW_CONCURRENCY)
+
+        async def one(r: wpb.Result) -> wpb.ResultAckEntry | None:
             sid, planned = split_execution_id(r.execution_id)
-            try:
-                planned_ms = parse_rfc3339(planned, "execution_id")
-                ok, ec = self._outcome(r)
-                e, disp = await self._record(
-                    sid, planned_ms, r.attempt, succeeded=ok, error_class=ec, message=r.message,
-                    now_ms=self.clock.wall_ms(), retry_after_ms=int(r.retry_after.ToMilliseconds()),
-                )
-            except (NotFound, SchedError) as err:
-                log.warning("result not recorded: %s", err, extra={"execution_id": r.execution_id})
-                continue  # not acknowledged: the worker sends it again, maybe to another planner
+            async with gate:
+                try:
+                    planned_ms = parse_rfc3339(planned, "execution_id")
+                    ok, ec = self._outcome(r)
+                    e, disp = await self._record(
+                        sid, planned_ms, r.attempt, succeeded=ok, error_class=ec, message=r.message,
+                        now_ms=self.clock.wall_ms(), retry_after_ms=int(r.retry_after.ToMilliseconds()),
+                    )
+                except (NotFound, SchedError) as err:
+                    log.warning("result not recorded: %s", err, extra={"execution_id": r.execution_id})
+                    return None  # not acknowledged: the worker sends it again, maybe to another planner
             self.results += 1
             if disp is Disposition.RECORDED:
                 self._on_transition(e)  # which logs it
             elif log.isEnabledFor(logging.DEBUG):
                 log.debug("result not applied", extra={"event": "result_ignored", "disposition": disp.value,
                                                        **log_fields(e), "attempt": r.attempt})
-            acks.append(wpb.ResultAckEntry(execution_id=r.execution_id, attempt=r.attempt,
-                                           disposition=_DISPOSITION[disp]))
+            return wpb.ResultAckEntry(execution_id=r.execution_id, attempt=r.attempt, disposition=_DISPOSITION[disp])
+
+        done = [await one(slow[0])] if len(slow) == 1 else list(await asyncio.gather(*(one(r) for r in slow)))
+        acks.extend(a for a in done if a is not None)
         if acks:
             c.out.put_nowait(wpb.PlannerMessage(result_ack=wpb.ResultAck(acks=acks)))
 

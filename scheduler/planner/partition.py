@@ -40,6 +40,7 @@ from scheduler.execution import (
     cancel,
     dispatch,
     log_fields,
+    new_execution,
     result,
     skip,
     with_revision,
@@ -230,7 +231,7 @@ class PartitionPlanner:
 
     def _new_execution(self, sch: _Sched, planned_ms: int, due_ms: int) -> Execution:
         s = sch.stored.schedule
-        return Execution(
+        return new_execution(
             id=execution_id(s.id, planned_ms), schedule_id=s.id, tenant=s.tenant, pool=s.worker_pool,
             task_type=s.task_type, planned_ms=planned_ms, due_ms=due_ms, trigger=Trigger.SCHEDULED,
             retry=s.policies.retry, timeout_ms=s.policies.execution_timeout_ms,
@@ -378,6 +379,9 @@ class PartitionPlanner:
         # Items beyond worker capacity would only be deferred again: do not even take them out. Items
         # of paused/deleted schedules need no capacity; a few extra cover them while there are any.
         limit = sum(self.dispatcher.capacity(pool) for pool in self._pools) + (16 if self._inactive else 0)
+        # Bounded like materialization: one round is one uninterrupted stretch of the event loop, and
+        # lease keep-alives wait behind every stretch of every partition.
+        limit = min(limit, self.s.max_planned_per_round)
         if limit <= 0 and not cas:
             self.starved = self.pending.has_ready(now_ms)
             return

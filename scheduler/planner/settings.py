@@ -12,7 +12,7 @@ from scheduler.errors import InvalidArgument
 class PlannerSettings(Settings):
     lookahead_ms: int = 2_000  # executions are written this far ahead of their due time
     loop_interval: float = 0.05  # seconds between planner rounds per partition
-    max_planned_per_round: int = 500  # planned times one partition materializes per round (backpressure)
+    max_planned_per_round: int = 200  # planned times one partition materializes (and dispatches) per round
     backlog_ms: int = 2_000  # no materializing while due work this late waits for worker capacity
     checkpoint_interval_ms: int = 1_000  # an idle partition moves its checkpoint this often
     late_grace_ms: int = 5_000  # a planned time less late than this is on time, not "missed"

@@ -7,7 +7,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scheduler.execution import Attempt, ErrorClass, ExecState, Execution, Trigger
+from scheduler.execution import Attempt, ErrorClass, ExecState, Execution, Trigger, new_execution
 from scheduler.model import RetryPolicy
 from scheduler.store.codec import _encode_execution_slow, decode_execution, encode_execution, peek_state
 from scheduler.timeplan import Overlap
@@ -47,3 +47,12 @@ def test_fast_encoder_matches_the_reference(e: Execution) -> None:
 @given(_executions)
 def test_peek_state_agrees_with_decode(e: Execution) -> None:
     assert peek_state(encode_execution(e)) is e.state
+
+
+@settings(max_examples=100, deadline=None)
+@given(_executions)
+def test_new_execution_equals_the_dataclass_constructor(e: Execution) -> None:
+    kw = dict(id=e.id, schedule_id=e.schedule_id, tenant=e.tenant, pool=e.pool, task_type=e.task_type,
+              planned_ms=e.planned_ms, due_ms=e.due_ms, trigger=e.trigger, retry=e.retry, timeout_ms=e.timeout_ms)
+    fast, slow = new_execution(**kw), Execution(**kw)  # type: ignore[arg-type]
+    assert fast == slow and fast.__dict__ == slow.__dict__ and hash(fast) == hash(slow)
