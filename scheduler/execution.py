@@ -17,7 +17,7 @@ never be mistaken for each other by a worker, a sink or the CAS.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from enum import StrEnum
 from typing import Any, TypeVar
 
@@ -153,8 +153,9 @@ class Execution:
         return self.run_trigger or self.trigger
 
 
-_NEW_DEFAULTS: dict[str, Any] = {"state": ExecState.SCHEDULED, "attempt": 0, "attempts": (), "next_attempt_ms": 0,
-                                 "skip_reason": "", "mod_revision": 0}
+# Every defaulted field, taken from the dataclass itself: a field added later cannot be left out.
+_NEW_DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(Execution) if f.default is not MISSING}
+assert not [f for f in fields(Execution) if f.default_factory is not MISSING], "new_execution needs plain defaults"
 
 
 def new_execution(
