@@ -654,14 +654,14 @@ class PartitionPlanner:
             await self.time_out(now)
             await self.apply_notices()  # records others changed: taken in before deciding on dispatch
             await self.dispatch_due(now)
+            again = False
             if not self.backlogged(now):
                 execs, skips, reached = self.plan_round(now + self.s.lookahead_ms, self.s.max_planned_per_round)
                 await self.write_planned(execs, skips, reached)
-                if reached < now + self.s.lookahead_ms:
-                    self.wake.set()  # more to materialize: go again at once (after others had a turn)
+                again = reached < now + self.s.lookahead_ms  # more to materialize
             self.stats.rounds += 1
             self.wake.clear()
-            if self._notices:  # arrived while this round ran: the next one starts at once
+            if again or self._notices:  # the next round starts at once (after the others had a turn)
                 self.wake.set()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), self.s.loop_interval)
