@@ -425,9 +425,11 @@ class Dispatcher:
     def _orphan(self, c: _Conn) -> None:
         """The stream ended: what it was running may still run (a reconnect re-attaches it) or not."""
         give_up = self.clock.monotonic() + self.hb_timeout
+        others = [o.running for o in self.conns.values() if o is not c]
         for key, task_type in c.running.items():
             self.queue.finished(task_type)
-            self.orphans[key] = give_up
+            if not any(key in r for r in others):  # else another stream already re-attached it
+                self.orphans[key] = give_up
         c.running.clear()
 
     async def _watch(self) -> None:

@@ -91,3 +91,13 @@ def test_a_result_records_the_worker_that_ran_it() -> None:
     assert done.current is not None and done.current.worker == "w7"
     timed, _ = result(e, 1, succeeded=False, error_class=ErrorClass.TIMEOUT, message="lost", now_ms=5)
     assert timed.attempts[0].worker == "", "a planner-side timeout knows no worker: left as dispatched"
+
+
+def test_an_attempt_another_stream_already_reattached_is_not_orphaned() -> None:
+    d, clock, _ = make()
+    old, new = conn(d, clock), conn(d, clock)
+    old.running = {(EID, 1): "x"}
+    new.running = {(EID, 1): "x"}  # the worker's new stream re-attached it before the old one ended
+    del d.conns[0]
+    d._orphan(old)
+    assert not d.orphans
