@@ -55,7 +55,7 @@ def once(sid: str, planned_ms: int, payload: dict[str, object]) -> Schedule:
 
 async def connected(eng: Engine, wid: str, n: int = 1) -> None:
     async def check() -> bool:
-        return sum(e.get("worker") == wid for e in eng.planners["p1"].events("worker_connected")) >= n
+        return sum(1 for e in eng.planners["p1"].events("worker_connected") if e.get("worker") == wid) >= n
     await wait_until(check, 30, f"worker {wid} to connect")
 
 

@@ -92,7 +92,7 @@ class Client:
     async def close(self) -> None:
         self.beats.cancel()
         self.call.cancel()
-        await self.ch.close()
+        await self.ch.close(None)
 
 
 async def record(node: PlannerNode, kv: EtcdClient, sid: str, planned_ms: int) -> Execution:
