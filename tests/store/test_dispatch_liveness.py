@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Any
@@ -206,3 +207,34 @@ async def test_a_worker_back_within_the_timeout_keeps_its_attempt(kv: EtcdClient
         e = await record(node, kv, "blip", planned)
     assert e.state is ExecState.SUCCEEDED and e.attempt == 1 and len(e.attempts) == 1, e
     assert e.attempts[0].worker == "w1", "the fast path recorded who ran it"
+
+
+async def test_a_lost_last_attempt_is_dead_lettered_with_its_payload(kv: EtcdClient, key_prefix: str) -> None:
+    prefix = key_prefix.rstrip("/")
+    async with planner(kv, prefix) as (node, _d, port):
+        planned = (SYSTEM_CLOCK.wall_ms() // 1000 + 2) * 1000
+        await node.store.create(Schedule(
+            id="last", tenant="t", spec="* * * * * *", worker_pool="pool", task_type="x", payload=b"keep-me",
+            start_ms=planned, end_ms=planned, policies=Policies(execution_timeout_ms=120_000,
+                                                                retry=RetryPolicy(max_attempts=1))),
+            SYSTEM_CLOCK.wall_ms())
+        w1 = Client(port, "w1")
+        try:
+            await w1.next("welcome")
+            w1.send(credits=wpb.Credits(credits=1))
+            await w1.next("assignments")
+            w1.freeze()
+            await w1.ended()
+
+            async def dead() -> Execution | None:
+                e = await record(node, kv, "last", planned)
+                return e if e.state is ExecState.DEAD_LETTER else None
+            async with asyncio.timeout(15):
+                while (e := await dead()) is None:
+                    await asyncio.sleep(0.1)
+        finally:
+            await w1.close()
+        p = node.store.partition("last")
+        letter = await kv.get(node.ks.dead_letter(p, "last", planned))
+    assert e.attempts[0].message == LOST_MESSAGE and e.attempts[0].error_class is ErrorClass.TIMEOUT
+    assert letter is not None and json.loads(letter.value)["payload"] == b"keep-me".hex(), letter
