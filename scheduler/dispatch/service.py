@@ -498,6 +498,7 @@ class Dispatcher:
             heartbeat_timeout=ms_to_duration(int(self.hb_timeout * 1000))))
         if h.running:
             await self._reattach(c, list(h.running))
+            c.last_seen = self.clock.monotonic()  # its reads took our time, not the worker's silence
         reader = asyncio.create_task(self._read(c, request_iterator))
         reader.add_done_callback(lambda _t: c.out.put_nowait(None))
         try:
