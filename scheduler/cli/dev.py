@@ -15,6 +15,7 @@ import argparse
 import contextlib
 import ctypes
 import dataclasses
+import functools
 import json
 import os
 import shutil
@@ -175,6 +176,14 @@ def _etcd_healthy(client_url: str) -> bool:
         return False
 
 
+def _http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1) as r:
+            return bool(r.status == 200)
+    except OSError:
+        return False
+
+
 def _api_serving(address: str) -> bool:
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -278,6 +287,9 @@ def _run(args: argparse.Namespace, sup: Supervisor, etcd_bin: str, host: str, po
         "--drain-grace", "5", "--log-level", args.log_level, *metrics_flags(f"worker-{i}", WorkerSettings),
     ], env) for i in range(1, args.workers + 1)]
     sup.wait_until(f"the API serves on {api}", lambda: _api_serving(api), 30, [etcd, planner])
+    # "Ready" includes the workers: their metrics endpoints answer once they have started.
+    for name, url in metrics:
+        sup.wait_until(f"{name} serves {url}", functools.partial(_http_ok, url), 30, sup.children)
     out = sys.stdout
     out.write(f"schedctl dev: cluster ready (Ctrl-C stops it)\n"
               f"  API      {api}    (export SCHED_SERVER={api})\n"
