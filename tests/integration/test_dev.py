@@ -47,6 +47,17 @@ def descendants(pid: int) -> set[int]:
     return found
 
 
+def describe(pids: list[int]) -> str:
+    out = []
+    for pid in pids:
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            out.append(f"{pid}: {b' '.join(argv).decode(errors='replace')}")
+        except OSError:
+            out.append(f"{pid}: (gone)")
+    return "; ".join(out)
+
+
 def alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
@@ -145,7 +156,7 @@ def test_readme_quickstart(dev_factory: list[Dev], tmp_path: Path) -> None:
     assert dev.stop(signal.SIGTERM) == 0, dev.text()
     assert "stopped" in dev.text()
     leftovers = [pid for pid in kids if alive(pid)]
-    assert not leftovers, f"processes left behind: {leftovers}"
+    assert not leftovers, f"processes left behind: {describe(leftovers)}"
     assert not data_dir.exists(), "the temporary data directory was not removed"
 
 
@@ -190,4 +201,5 @@ def test_ctrl_c_reaches_only_the_supervisor_which_stops_every_child(dev_factory:
             assert os.getpgid(pid) != own, f"child {pid} shares the supervisor's process group"
     assert dev.stop(signal.SIGINT) == 0, dev.text()
     assert "SIGINT: stopping workers, planner, etcd" in dev.text()
-    assert not [pid for pid in kids if alive(pid)]
+    left = [pid for pid in kids if alive(pid)]
+    assert not left, f"processes left behind: {describe(left)}"
