@@ -293,7 +293,8 @@ def _run(args: argparse.Namespace, sup: Supervisor, etcd_bin: str, host: str, po
     out = sys.stdout
     out.write(f"schedctl dev: cluster ready (Ctrl-C stops it)\n"
               f"  API      {api}    (export SCHED_SERVER={api})\n"
-              f"  etcd     {client_url}    data in {sup.base}{' (temporary)' if args.data_dir is None else ''}\n"
+              f"  etcd     pid {etcd.proc.pid}, {client_url}, data in {sup.base}"
+              f"{' (temporary)' if args.data_dir is None else ''}\n"
               f"  planner  pid {planner.proc.pid}, log {planner.log}\n")
     for w in workers:
         out.write(f"  {w.name} pid {w.proc.pid}, log {w.log}\n")
