@@ -9,12 +9,16 @@ unknown outcome, an etcd error); it ends for good when the partition is lost.
 from __future__ import annotations
 
 import asyncio
+import importlib
 import contextlib
 import logging
 from dataclasses import replace
 from typing import Any
 
 from scheduler._gen.scheduler.v1 import cluster_pb2
+from scheduler.api.admin_service import AdminService, LocalView
+from scheduler.api.ports import OperationsPort
+from scheduler.api.schedule_service import ScheduleService
 from scheduler.clock import Clock
 from scheduler.config import CoordinationSettings, EtcdSettings
 from scheduler.dispatch.service import Dispatcher
@@ -50,6 +54,19 @@ def etcd_client(s: EtcdSettings, rpc_timeout: float) -> EtcdClient:
             timeout=rpc_timeout,
         )
     )
+
+
+def default_operations(node: PlannerNode) -> OperationsPort | None:
+    """scheduler.api.operations.Operations when this build has it (it lands separately)."""
+    try:
+        operations = importlib.import_module("scheduler.api.operations")
+    except ModuleNotFoundError:
+        log.warning("scheduler.api.operations is missing: trigger, rerun, backfill, cancel and dead-letter "
+                    "calls answer UNIMPLEMENTED")
+        return None
+    ops: OperationsPort = operations.Operations(node.kv, node.ks, node.s.partitions, node.store, node.ledger,
+                                                node.clock, rpc_timeout=node.s.rpc_timeout)
+    return ops
 
 
 class NullDispatcher:
@@ -107,6 +124,29 @@ class PlannerNode:
                        lookup=self.lookup_pending, **options)
         self.dispatcher = d
         return d
+
+    def make_api(self, ops: OperationsPort | None = None) -> tuple[ScheduleService, AdminService]:
+        """The ScheduleService and AdminService of this node (any node serves any schedule).
+        `ops`: the operations behind trigger/rerun/backfill/cancel/dead letters; by default the
+        project's implementation when this build has it."""
+        if ops is None:
+            ops = default_operations(self)
+        schedules = ScheduleService(kv=self.kv, ks=self.ks, store=self.store, ledger=self.ledger, clock=self.clock,
+                                    ops=ops, rpc_timeout=self.s.rpc_timeout)
+
+        def workers() -> list[tuple[str, str, str, int, int]]:
+            d = self.dispatcher
+            if not isinstance(d, Dispatcher):
+                return []
+            return [(c.worker_id, c.pool, c.region, c.capacity, len(c.running)) for c in d.conns.values()]
+
+        def depth() -> int:
+            return len(self.dispatcher.queue) if isinstance(self.dispatcher, Dispatcher) else 0
+
+        admin = AdminService(kv=self.kv, ks=self.ks, ownership=self.ownership, clock=self.clock,
+                             node_id=self.s.node_id, region=self.s.region, partitions=self.s.partitions,
+                             local=LocalView(depth, workers), rpc_timeout=self.s.rpc_timeout)
+        return schedules, admin
 
     def planner_infos(self) -> list[cluster_pb2.PlannerInfo]:
         out = []

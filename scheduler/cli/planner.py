@@ -75,7 +75,9 @@ async def _main(etcd: EtcdSettings, coord: CoordinationSettings, planner: Planne
     # Bind first: the address workers should dial is registered with the node's membership.
     node = PlannerNode(kv, Keyspace(etcd.etcd_prefix), coord, SYSTEM_CLOCK, planner=planner)
     dispatcher = node.make_dispatcher()
-    server, port = await start_server(dispatcher, planner.api_host, planner.api_port)
+    schedules, admin = node.make_api()
+    server, port = await start_server(dispatcher, planner.api_host, planner.api_port, schedules=schedules,
+                                      admin=admin)
     if not coord.api_address:
         node.advertise(f"{planner.api_host}:{port}")
     log.info("serving", extra={"event": "serving", "address": f"{planner.api_host}:{port}"})

@@ -76,6 +76,7 @@ class _Conn:
     out: asyncio.Queue[wpb.PlannerMessage | None]
     credits: int = 0
     running: dict[tuple[str, int], str] = field(default_factory=dict)  # (execution id, attempt) -> task type
+    capacity: int = 0  # Hello.capacity, for cluster status
 
 
 Recorder = Callable[..., Awaitable[tuple[Execution, Disposition]]]
@@ -353,7 +354,7 @@ class Dispatcher:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "hello.worker_id and hello.pool are required")
             return
         conn_id = next(self._ids)
-        c = _Conn(h.worker_id, h.pool, h.region, frozenset(h.task_types), asyncio.Queue())
+        c = _Conn(h.worker_id, h.pool, h.region, frozenset(h.task_types), asyncio.Queue(), capacity=h.capacity)
         self.conns[conn_id] = c
         log.info("worker connected", extra={"event": "worker_connected", "worker": h.worker_id, "pool": h.pool})
         yield wpb.PlannerMessage(welcome=wpb.Welcome(
