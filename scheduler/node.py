@@ -9,8 +9,8 @@ unknown outcome, an etcd error); it ends for good when the partition is lost.
 from __future__ import annotations
 
 import asyncio
-import importlib
 import contextlib
+import importlib
 import logging
 from dataclasses import replace
 from typing import Any
