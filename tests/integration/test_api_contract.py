@@ -11,8 +11,13 @@ ids, and the drain test, which changes ownership, runs last.
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import grpc
 import pytest
@@ -467,6 +472,54 @@ def test_switchover_to_a_region_without_live_planners(cluster: ApiCluster) -> No
     asyncio.run(_known_region(cluster, "gone-region"))
     fails(grpc.StatusCode.FAILED_PRECONDITION, cluster.admin("a").Switchover,
           apb.SwitchoverRequest(target_region="gone-region"))
+
+
+FRESH_CLIENT = """
+import json, sys, time
+import grpc
+from scheduler.v1 import schedule_pb2, schedule_service_pb2 as sspb, schedule_service_pb2_grpc as ssgrpc
+
+# Nothing of the project: `scheduler` here is the package protoc just generated.
+assert "scheduler._gen" not in sys.modules and "scheduler.api" not in sys.modules
+assert all(p.startswith(sys.argv[2]) for p in sys.modules["scheduler"].__path__), sys.modules["scheduler"].__path__
+stub = ssgrpc.ScheduleServiceStub(grpc.insecure_channel(sys.argv[1]))
+s = stub.CreateSchedule(sspb.CreateScheduleRequest(schedule=schedule_pb2.Schedule(
+    id="fresh-1", tenant="newcomer", spec="* * * * * *", worker_pool="pool", task_type="effect")), timeout=10)
+deadline = time.time() + 30
+while time.time() < deadline:
+    r = stub.ListExecutions(sspb.ListExecutionsRequest(schedule_id="fresh-1"), timeout=10)
+    if len(r.executions) >= 2:
+        break
+    time.sleep(0.2)
+stub.PauseSchedule(sspb.PauseScheduleRequest(id="fresh-1"), timeout=10)
+print(json.dumps({"version": s.schedule.version, "executions": [e.execution_id for e in r.executions]}))
+"""
+
+
+def test_client_generated_from_the_protos_alone(cluster: ApiCluster, tmp_path: Path) -> None:
+    """protoc (grpc_tools) into a temp dir, then a client that imports only that generated code,
+    in a Python without the project on its path (-S: no site, so no editable install either)."""
+    import grpc_tools
+
+    root = Path(__file__).resolve().parents[2]
+    out = tmp_path / "gen"
+    out.mkdir()
+    site = str(Path(grpc_tools.__file__).resolve().parents[1])  # grpcio, protobuf, grpc_tools live here
+    env = {"PYTHONPATH": site, "PATH": os.environ.get("PATH", "")}
+    protos = sorted(str(p.relative_to(root / "proto")) for p in (root / "proto" / "scheduler" / "v1").glob("*.proto"))
+    subprocess.run([sys.executable, "-S", "-m", "grpc_tools.protoc", f"-I{root / 'proto'}", f"--python_out={out}",
+                    f"--grpc_python_out={out}", *protos], check=True, env=env, cwd=root / "proto", timeout=120)
+    script = out / "client.py"
+    script.write_text(FRESH_CLIENT)
+    run = subprocess.run([sys.executable, "-S", str(script), cluster.addresses["b"], str(out)], env={
+        **env, "PYTHONPATH": f"{out}{os.pathsep}{site}"}, cwd=out, capture_output=True, text=True, timeout=90)
+    assert run.returncode == 0, run.stderr
+    got = json.loads(run.stdout)
+    assert got["version"] > 0 and len(got["executions"]) >= 2
+    assert all(e.startswith("fresh-1@") for e in got["executions"])
+    # The project's own stubs see the same executions.
+    seen = cluster.schedules("a").ListExecutions(spb.ListExecutionsRequest(schedule_id="fresh-1"), timeout=10)
+    assert set(got["executions"]) <= {e.execution_id for e in seen.executions}
 
 
 def test_zz_drain_planner_through_another_node(cluster: ApiCluster) -> None:
