@@ -260,16 +260,14 @@ class ScheduleService:
     async def ReplayDeadLetter(self, request: spb.ReplayDeadLetterRequest,
                                context: Context) -> spb.ReplayDeadLetterResponse:
         inputs.execution_id(request.execution_id)
-        inputs.reason(request.reason)
-        e = await self.ops.replay_dead_letter(request.execution_id)
+        e = await self.ops.replay_dead_letter(request.execution_id, reason=inputs.reason(request.reason))
         return spb.ReplayDeadLetterResponse(execution=execution_to_pb(e))
 
     @grpc_errors
     async def DiscardDeadLetter(self, request: spb.DiscardDeadLetterRequest,
                                 context: Context) -> spb.DiscardDeadLetterResponse:
         inputs.execution_id(request.execution_id)
-        inputs.reason(request.reason)
-        e = await self.ops.discard_dead_letter(request.execution_id)
+        e = await self.ops.discard_dead_letter(request.execution_id, reason=inputs.reason(request.reason))
         return spb.DiscardDeadLetterResponse(execution=execution_to_pb(e))
 
     # ---- preview ---------------------------------------------------------------------------------

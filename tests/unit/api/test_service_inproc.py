@@ -82,13 +82,13 @@ class FakeOps:
         self.calls.append(("cancel_running", schedule_id, reason))
         return 0
 
-    async def replay_dead_letter(self, execution_id: str) -> Execution:
-        self.calls.append(("replay", execution_id))
+    async def replay_dead_letter(self, execution_id: str, reason: str = "") -> Execution:
+        self.calls.append(("replay", execution_id, reason))
         self._check()
         return _exec(execution_id.rpartition("@")[0], NOW)
 
-    async def discard_dead_letter(self, execution_id: str) -> Execution:
-        self.calls.append(("discard", execution_id))
+    async def discard_dead_letter(self, execution_id: str, reason: str = "") -> Execution:
+        self.calls.append(("discard", execution_id, reason))
         self._check()
         return _exec(execution_id.rpartition("@")[0], NOW)
 
@@ -144,9 +144,9 @@ async def test_adapters_pass_converted_arguments(env: tuple[sgrpc.ScheduleServic
     eid = execution_id("job", NOW)
     await stub.CancelExecution(spb.CancelExecutionRequest(execution_id=eid, reason="because"))
     assert last(ops) == ("cancel", eid, "because")
-    await stub.ReplayDeadLetter(spb.ReplayDeadLetterRequest(execution_id=eid))
+    await stub.ReplayDeadLetter(spb.ReplayDeadLetterRequest(execution_id=eid, reason="fixed"))
     await stub.DiscardDeadLetter(spb.DiscardDeadLetterRequest(execution_id=eid))
-    assert [c[0] for c in ops.calls[-2:]] == ["replay", "discard"]
+    assert ops.calls[-2:] == [("replay", eid, "fixed"), ("discard", eid, "")]
 
 
 @pytest.mark.parametrize(("request_", "method", "field"), [
