@@ -137,6 +137,7 @@ class ScheduleService:
     async def DeleteSchedule(self, request: spb.DeleteScheduleRequest, context: Context) -> spb.DeleteScheduleResponse:
         sid = inputs.schedule_id(request.id)
         expected = request.expected_version if request.HasField("expected_version") else None
+        ops = self.ops if request.cancel_running else None  # refuse before writing, not half-way
         try:
             cur = await self.store.get(sid)
             if expected is not None and cur.schedule.version != expected:
@@ -150,8 +151,8 @@ class ScheduleService:
             if expected is not None:
                 raise
             await self.store.delete(sid)  # changed since our read, and the caller did not pin a version
-        if request.cancel_running:
-            await self.ops.cancel_running(sid, "schedule deleted")
+        if ops is not None:
+            await ops.cancel_running(sid, "schedule deleted")
         return spb.DeleteScheduleResponse()
 
     @grpc_errors
@@ -185,6 +186,7 @@ class ScheduleService:
         sid = inputs.schedule_id(request.id)
         why = inputs.reason(request.reason)
         expected = request.expected_version if request.HasField("expected_version") else None
+        ops = self.ops if request.cancel_running else None  # refuse before writing, not half-way
 
         def change(cur: StoredSchedule) -> Schedule | None:
             s = cur.schedule
@@ -193,8 +195,8 @@ class ScheduleService:
             return replace(s, state=ScheduleState.PAUSED, paused_reason=why)
 
         st = await self._rmw(sid, expected, change)
-        if request.cancel_running:
-            await self.ops.cancel_running(sid, f"schedule paused: {why}" if why else "schedule paused")
+        if ops is not None:
+            await ops.cancel_running(sid, f"schedule paused: {why}" if why else "schedule paused")
         return spb.PauseScheduleResponse(schedule=stored_to_pb(st))
 
     @grpc_errors

@@ -232,3 +232,41 @@ async def test_etcd_unreachable_is_unavailable_and_writes_nothing(
     again = await stub.CreateSchedule(spb.CreateScheduleRequest(schedule=pb.Schedule(
         id="u2", tenant="t", spec="* * * * *", worker_pool="p", task_type="x"), request_id="r2"))
     assert again.schedule.id == "u2"
+
+
+async def test_pause_and_delete_cancel_running_through_the_port(
+        env: tuple[sgrpc.ScheduleServiceStub, FakeOps, MemoryKV]) -> None:
+    stub, ops, _ = env
+    s = pb.Schedule(id="cr", tenant="t", spec="* * * * *", worker_pool="p", task_type="x")
+    await stub.CreateSchedule(spb.CreateScheduleRequest(schedule=s))
+    await stub.PauseSchedule(spb.PauseScheduleRequest(id="cr", reason="db down", cancel_running=True))
+    assert last(ops) == ("cancel_running", "cr", "schedule paused: db down")
+    await stub.PauseSchedule(spb.PauseScheduleRequest(id="cr", reason="db down"))
+    assert last(ops) == ("cancel_running", "cr", "schedule paused: db down")  # not again without the flag
+    await stub.DeleteSchedule(spb.DeleteScheduleRequest(id="cr", cancel_running=True))
+    assert last(ops) == ("cancel_running", "cr", "schedule deleted")
+
+
+async def test_without_operations_nothing_is_written_half_way() -> None:
+    kv, ks = MemoryKV(), Keyspace("/n")
+    svc = ScheduleService(kv=kv, ks=ks, store=ScheduleStore(kv, ks, P), ledger=Ledger(ks, P), clock=FakeClock(NOW),
+                          ops=None, rpc_timeout=1.0)
+    server = grpc.aio.server()
+    sgrpc.add_ScheduleServiceServicer_to_server(svc, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+            stub = sgrpc.ScheduleServiceStub(ch)
+            s = pb.Schedule(id="h", tenant="t", spec="* * * * *", worker_pool="p", task_type="x")
+            v = (await stub.CreateSchedule(spb.CreateScheduleRequest(schedule=s))).schedule.version
+            for call, req in ((stub.DeleteSchedule, spb.DeleteScheduleRequest(id="h", cancel_running=True)),
+                              (stub.PauseSchedule, spb.PauseScheduleRequest(id="h", cancel_running=True)),
+                              (stub.TriggerSchedule, spb.TriggerScheduleRequest(id="h"))):
+                with pytest.raises(grpc.aio.AioRpcError) as e:
+                    await call(req)
+                assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
+            got = (await stub.GetSchedule(spb.GetScheduleRequest(id="h"))).schedule
+            assert got.version == v and got.state == pb.SCHEDULE_STATE_ACTIVE
+    finally:
+        await server.stop(None)
