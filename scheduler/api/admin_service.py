@@ -176,8 +176,10 @@ class AdminService:
         why = inputs.reason(request.reason)
         if await self.kv.get(self.ks.region(region), timeout=self.timeout) is None:
             raise InvalidArgument("target_region", f"no planner has ever registered in region {region!r}")
-        if not any(m.region == region for m in (await self._members()).values()):
-            raise FailedPrecondition(f"region {region!r} has no live planner")
+        drains = await self.kv.range(self.ks.drains, prefix=True, keys_only=True, timeout=self.timeout)
+        drained = {self.ks.last_segment(x.key) for x in drains.kvs}
+        if not any(m.region == region and m.node_id not in drained for m in (await self._members()).values()):
+            raise FailedPrecondition(f"region {region!r} has no live planner that is not draining")
         key = self.ks.region_policy
         value = json.dumps({"primary": region, "reason": why, "updated_ms": self.clock.wall_ms()},
                            separators=(",", ":")).encode()
