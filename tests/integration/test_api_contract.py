@@ -11,6 +11,7 @@ ids, and the drain test, which changes ownership, runs last.
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import os
 import subprocess
@@ -361,14 +362,14 @@ def test_executions_get_list_filters_paging(cluster: ApiCluster) -> None:
 # ---- dead letters -------------------------------------------------------------------------------------
 
 
-async def _write_dead_letters(cluster: ApiCluster, n: int) -> list[str]:
+async def _write_dead_letters(cluster: ApiCluster, n: int, sid: str = "dl-job") -> list[str]:
     """Dead letters as the planner records them (the CAS into dead_letter writes the index too)."""
     ks, ledger = Keyspace(PREFIX), Ledger(Keyspace(PREFIX), P)
     ids = []
     async with EtcdClient(cluster.etcd.config()) as kv:
         for i in range(n):
             ms = 1_795_946_400_000 + i * 60_000
-            e = Execution(execution_id("dl-job", ms), "dl-job", "acme" if i < 2 else "other", "pool",
+            e = Execution(execution_id(sid, ms), sid, "acme" if i < 2 else "other", "pool",
                           "effect" if i != 1 else "mail", ms, ms, Trigger.SCHEDULED, RetryPolicy(max_attempts=1),
                           60_000)
             e = dispatch(e, worker="w", planner="a", token="1:5", now_ms=ms)
@@ -423,6 +424,140 @@ def test_operation_calls_validate_input_first(cluster: ApiCluster) -> None:
     with pytest.raises(grpc.RpcError) as e:
         list(a.Backfill(spb.BackfillRequest(schedule_id="x", start_time=ts(5000), end_time=ts(1000)), timeout=10))
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+requires_ops = pytest.mark.skipif(importlib.util.find_spec("scheduler.api.operations") is None,
+                                  reason="scheduler.api.operations (the ops branch) has not landed in this tree")
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def wait_state(stub: object, eid: str, state: int, timeout: float = 30) -> epb.Execution:
+    def got() -> epb.Execution | None:
+        e = stub.GetExecution(spb.GetExecutionRequest(execution_id=eid), timeout=10).execution  # type: ignore[attr-defined]
+        return e if e.state == state else None
+
+    return wait_until(got, timeout, f"{eid} to be {epb.ExecutionState.Name(state)}")
+
+
+@requires_ops
+def test_trigger_runs_now_and_retries_are_idempotent(cluster: ApiCluster) -> None:
+    a, b = cluster.schedules("a"), cluster.schedules("b")
+    a.CreateSchedule(spb.CreateScheduleRequest(schedule=sched("op-t", spec="0 0 1 1 *")), timeout=10)
+    e = b.TriggerSchedule(spb.TriggerScheduleRequest(id="op-t"), timeout=10).execution
+    assert e.trigger == epb.TRIGGER_MANUAL and e.execution_id.startswith("op-t@")
+    done = wait_state(a, e.execution_id, epb.EXECUTION_STATE_SUCCEEDED)  # the worker ran it
+    assert done.attempts[0].outcome == epb.ATTEMPT_OUTCOME_SUCCEEDED
+    at = ts(now_ms() // 1000 * 1000)
+    first = a.TriggerSchedule(spb.TriggerScheduleRequest(id="op-t", trigger_time=at), timeout=10).execution
+    again = b.TriggerSchedule(spb.TriggerScheduleRequest(id="op-t", trigger_time=at), timeout=10).execution
+    assert first.execution_id == again.execution_id
+    fails(grpc.StatusCode.INVALID_ARGUMENT, a.TriggerSchedule, spb.TriggerScheduleRequest(
+        id="op-t", trigger_time=ts(now_ms() - 3_600_000)), "trigger_time")  # beyond the skew allowance
+    fails(grpc.StatusCode.NOT_FOUND, a.TriggerSchedule, spb.TriggerScheduleRequest(id="op-missing"))
+    a.PauseSchedule(spb.PauseScheduleRequest(id="op-t"), timeout=10)
+    fails(grpc.StatusCode.FAILED_PRECONDITION, a.TriggerSchedule, spb.TriggerScheduleRequest(id="op-t"))
+
+
+@requires_ops
+def test_rerun_a_planned_time(cluster: ApiCluster) -> None:
+    a = cluster.schedules("a")
+    a.CreateSchedule(spb.CreateScheduleRequest(schedule=sched("op-r", spec="*/5 * * * *")), timeout=10)
+    planned = now_ms() // 300_000 * 300_000 - 300_000  # a past planned time, before the schedule existed
+    e = a.RerunExecution(spb.RerunExecutionRequest(schedule_id="op-r", planned_at=ts(planned)), timeout=10).execution
+    assert e.execution_id == execution_id("op-r", planned)
+    wait_state(a, e.execution_id, epb.EXECUTION_STATE_SUCCEEDED)
+    again = a.RerunExecution(spb.RerunExecutionRequest(schedule_id="op-r", planned_at=ts(planned)),
+                             timeout=10).execution  # the same id, a new attempt
+    assert again.execution_id == e.execution_id
+    ran = wait_state(a, e.execution_id, epb.EXECUTION_STATE_SUCCEEDED)
+    assert ran.attempt == 2 and len(ran.attempts) == 2
+    fails(grpc.StatusCode.INVALID_ARGUMENT, a.RerunExecution, spb.RerunExecutionRequest(
+        schedule_id="op-r", planned_at=ts(planned + 60_000)), "planned_at")  # not a planned time
+    fails(grpc.StatusCode.INVALID_ARGUMENT, a.RerunExecution, spb.RerunExecutionRequest(
+        schedule_id="op-r", planned_at=ts(planned + 3_600_000)), "planned_at")  # in the future
+    fails(grpc.StatusCode.NOT_FOUND, a.RerunExecution, spb.RerunExecutionRequest(
+        schedule_id="op-none", planned_at=ts(planned)))
+
+
+@requires_ops
+def test_backfill_streams_progress_and_is_safe_to_repeat(cluster: ApiCluster) -> None:
+    a = cluster.schedules("b")
+    a.CreateSchedule(spb.CreateScheduleRequest(schedule=sched("op-b", spec="* * * * *", worker_pool="nopool")),
+                     timeout=10)
+    end = now_ms() // 60_000 * 60_000 - 60_000
+    start = end - 250 * 60_000  # 250 planned times: more than one batch
+    req = spb.BackfillRequest(schedule_id="op-b", start_time=ts(start), end_time=ts(end), dry_run=True)
+    dry = list(a.Backfill(req, timeout=30))
+    # The schedule's own overlap policy (SKIP): all but the first would be skipped.
+    assert (dry[-1].done, dry[-1].planned, dry[-1].created, dry[-1].skipped) == (True, 250, 1, 249)
+    assert len(dry) > 1 and [m.planned for m in dry] == sorted(m.planned for m in dry)
+    listed = a.ListExecutions(spb.ListExecutionsRequest(schedule_id="op-b"), timeout=10)
+    assert not listed.executions  # a dry run writes nothing
+    req.dry_run = False
+    req.overlap_policy = pb.OVERLAP_POLICY_ALLOW_ALL  # this backfill's own policy
+    real = list(a.Backfill(req, timeout=30))
+    assert (real[-1].planned, real[-1].created, real[-1].existing, real[-1].done) == (250, 250, 0, True)
+    assert real[-1].processed_until.ToMilliseconds() == end
+    repeat = list(a.Backfill(req, timeout=30))
+    assert (repeat[-1].created, repeat[-1].existing) == (0, 250)
+    got = a.ListExecutions(spb.ListExecutionsRequest(schedule_id="op-b", page_size=1000), timeout=10)
+    assert len(got.executions) == 250 and {e.trigger for e in got.executions} == {epb.TRIGGER_BACKFILL}
+    with pytest.raises(grpc.RpcError) as e:
+        list(a.Backfill(spb.BackfillRequest(schedule_id="op-b", start_time=ts(start), end_time=ts(now_ms() + 600_000)),
+                        timeout=30))
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    a.CreateSchedule(spb.CreateScheduleRequest(schedule=sched("op-b2", spec="* * * * * *")), timeout=10)
+    with pytest.raises(grpc.RpcError) as e2:  # two days of seconds: over the backfill limit
+        list(a.Backfill(spb.BackfillRequest(schedule_id="op-b2", start_time=ts(end - 2 * 86_400_000),
+                                            end_time=ts(end)), timeout=30))
+    assert e2.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert not a.ListExecutions(spb.ListExecutionsRequest(schedule_id="op-b2", planned=spb.TimeRange(
+        end=ts(end))), timeout=10).executions  # refused before writing anything
+
+
+@requires_ops
+def test_cancel_execution(cluster: ApiCluster) -> None:
+    a = cluster.schedules("a")
+    a.CreateSchedule(spb.CreateScheduleRequest(schedule=sched("op-c", spec="0 0 1 1 *", worker_pool="nopool")),
+                     timeout=10)
+    e = a.TriggerSchedule(spb.TriggerScheduleRequest(id="op-c"), timeout=10).execution  # no worker: it waits
+    c = a.CancelExecution(spb.CancelExecutionRequest(execution_id=e.execution_id, reason="not needed"),
+                          timeout=10).execution
+    assert c.state == epb.EXECUTION_STATE_CANCELLED and c.state_message == "not needed"
+    fails(grpc.StatusCode.FAILED_PRECONDITION, a.CancelExecution,
+          spb.CancelExecutionRequest(execution_id=e.execution_id))
+    fails(grpc.StatusCode.NOT_FOUND, a.CancelExecution,
+          spb.CancelExecutionRequest(execution_id="op-c@2001-01-01T00:00:00.000Z"))
+
+
+@requires_ops
+def test_replay_and_discard_dead_letters(cluster: ApiCluster) -> None:
+    a = cluster.schedules("a")
+    a.CreateSchedule(spb.CreateScheduleRequest(schedule=sched("dl-ops", spec="0 0 1 1 *", worker_pool="nopool")),
+                     timeout=10)
+    ids = asyncio.run(_write_dead_letters(cluster, 2, sid="dl-ops"))
+    r = a.ReplayDeadLetter(spb.ReplayDeadLetterRequest(execution_id=ids[0], reason="fixed the bug"),
+                           timeout=10).execution
+    assert r.state in (epb.EXECUTION_STATE_SCHEDULED, epb.EXECUTION_STATE_RETRY_WAIT)
+    fails(grpc.StatusCode.NOT_FOUND, a.ReplayDeadLetter, spb.ReplayDeadLetterRequest(execution_id=ids[0]))
+    d = a.DiscardDeadLetter(spb.DiscardDeadLetterRequest(execution_id=ids[1]), timeout=10).execution
+    assert d.state == epb.EXECUTION_STATE_FAILED
+    fails(grpc.StatusCode.NOT_FOUND, a.DiscardDeadLetter, spb.DiscardDeadLetterRequest(execution_id=ids[1]))
+    left = a.ListDeadLetters(spb.ListDeadLettersRequest(schedule_id="dl-ops"), timeout=10)
+    assert not left.dead_letters
+
+
+@requires_ops
+def test_pause_with_cancel_running(cluster: ApiCluster) -> None:
+    a = cluster.schedules("a")
+    a.CreateSchedule(spb.CreateScheduleRequest(schedule=sched("op-p", spec="0 0 1 1 *")), timeout=10)
+    p = a.PauseSchedule(spb.PauseScheduleRequest(id="op-p", reason="stop", cancel_running=True), timeout=10)
+    assert p.schedule.state == pb.SCHEDULE_STATE_PAUSED
+    a.DeleteSchedule(spb.DeleteScheduleRequest(id="op-p", cancel_running=True), timeout=10)
+    fails(grpc.StatusCode.NOT_FOUND, a.GetSchedule, spb.GetScheduleRequest(id="op-p"))
 
 
 # ---- admin -------------------------------------------------------------------------------------------------
