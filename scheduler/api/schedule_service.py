@@ -123,10 +123,12 @@ class ScheduleService:
         expected = request.expected_version if request.HasField("expected_version") else None
         paths = list(request.update_mask.paths)
 
-        def change(cur: StoredSchedule) -> Schedule:
+        def change(cur: StoredSchedule) -> Schedule | None:
             stored = schedule_to_pb(cur.schedule)
-            merged = masks.apply(stored, request.schedule, masks.effective_paths(request.schedule, stored, paths))
-            s = replace(_domain(merged), version=cur.schedule.version)
+            effective = masks.effective_paths(request.schedule, stored, paths)
+            if not effective:
+                return None  # an empty mask and nothing set: nothing to change, no new version
+            s = replace(_domain(masks.apply(stored, request.schedule, effective)), version=cur.schedule.version)
             _validate(s)
             return s
 
@@ -142,15 +144,16 @@ class ScheduleService:
             cur = await self.store.get(sid)
             if expected is not None and cur.schedule.version != expected:
                 raise VersionMismatch(f"schedule {sid!r} is at version {cur.schedule.version}, not {expected}")
-            await self.store.delete(sid, expected if expected is not None else cur.schedule.version)
+            try:
+                await self.store.delete(sid, expected if expected is not None else cur.schedule.version)
+            except VersionMismatch:
+                if expected is not None:
+                    raise
+                await self.store.delete(sid)  # changed since our read, and the caller did not pin a version
         except NotFound:
             if not request.allow_missing:
                 raise
             return spb.DeleteScheduleResponse()
-        except VersionMismatch:
-            if expected is not None:
-                raise
-            await self.store.delete(sid)  # changed since our read, and the caller did not pin a version
         if ops is not None:
             await ops.cancel_running(sid, "schedule deleted")
         return spb.DeleteScheduleResponse()

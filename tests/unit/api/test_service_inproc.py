@@ -270,3 +270,15 @@ async def test_without_operations_nothing_is_written_half_way() -> None:
             assert got.version == v and got.state == pb.SCHEDULE_STATE_ACTIVE
     finally:
         await server.stop(None)
+
+
+async def test_update_with_nothing_to_change_writes_nothing(
+        env: tuple[sgrpc.ScheduleServiceStub, FakeOps, MemoryKV]) -> None:
+    stub, _, _ = env
+    s = pb.Schedule(id="nc", tenant="t", spec="* * * * *", worker_pool="p", task_type="x")
+    v = (await stub.CreateSchedule(spb.CreateScheduleRequest(schedule=s))).schedule.version
+    same = (await stub.UpdateSchedule(spb.UpdateScheduleRequest(schedule=pb.Schedule(id="nc", tenant="t")))).schedule
+    assert same.version == v
+    changed = (await stub.UpdateSchedule(spb.UpdateScheduleRequest(schedule=pb.Schedule(
+        id="nc", labels={"a": "b"})))).schedule
+    assert changed.version != v and dict(changed.labels) == {"a": "b"}
