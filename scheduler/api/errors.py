@@ -52,6 +52,16 @@ _CODES: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
 )
 
 
+# Messages may quote client input; status travels in trailers (HTTP/2 headers, 8 KiB by default), so
+# an oversized echo must not turn a clear INVALID_ARGUMENT into a transport error.
+_MAX_TEXT = 1024
+_MAX_FIELD = 200
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def to_status(exc: BaseException) -> grpc.Status:
     """The status a client sees for `exc` (with BadRequest details for InvalidArgument)."""
     code = next((c for cls, c in _CODES if isinstance(exc, cls)), grpc.StatusCode.INTERNAL)
@@ -63,12 +73,12 @@ def to_status(exc: BaseException) -> grpc.Status:
         message = str(exc)
     details = []
     if isinstance(exc, errors.InvalidArgument):
-        bad = error_details_pb2.BadRequest(field_violations=[
-            error_details_pb2.BadRequest.FieldViolation(field=exc.field, description=exc.reason)])
+        bad = error_details_pb2.BadRequest(field_violations=[error_details_pb2.BadRequest.FieldViolation(
+            field=_clip(exc.field, _MAX_FIELD), description=_clip(exc.reason, _MAX_TEXT))])
         packed = any_pb2.Any()
         packed.Pack(bad)
         details.append(packed)
-    st = status_pb2.Status(code=getattr(code_pb2, code.name), message=message, details=details)
+    st = status_pb2.Status(code=getattr(code_pb2, code.name), message=_clip(message, _MAX_TEXT), details=details)
     return rpc_status.to_status(st)
 
 

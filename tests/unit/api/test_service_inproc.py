@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import grpc
 import pytest
+from google.protobuf.field_mask_pb2 import FieldMask
 from google.protobuf.timestamp_pb2 import Timestamp
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
@@ -282,3 +283,19 @@ async def test_update_with_nothing_to_change_writes_nothing(
     changed = (await stub.UpdateSchedule(spb.UpdateScheduleRequest(schedule=pb.Schedule(
         id="nc", labels={"a": "b"})))).schedule
     assert changed.version != v and dict(changed.labels) == {"a": "b"}
+
+
+async def test_errors_quoting_huge_input_stay_small(env: tuple[sgrpc.ScheduleServiceStub, FakeOps, MemoryKV]) -> None:
+    """A 1 MB mask path or selector is echoed in the error: clipped, so the status still arrives."""
+    stub, _, _ = env
+    s = pb.Schedule(id="big", tenant="t", spec="* * * * *", worker_pool="p", task_type="x")
+    await stub.CreateSchedule(spb.CreateScheduleRequest(schedule=s))
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await stub.UpdateSchedule(spb.UpdateScheduleRequest(schedule=pb.Schedule(id="big"),
+                                                            update_mask=FieldMask(paths=["x" * 1_000_000])))
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert bad_field(e.value) == "update_mask"
+    with pytest.raises(grpc.aio.AioRpcError) as e2:
+        await stub.ListSchedules(spb.ListSchedulesRequest(label_selector="k in (" + "v," * 1000 + ")"))
+    assert e2.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert len(e2.value.details() or "") <= 1024
