@@ -70,7 +70,7 @@ def request_id(value: str) -> str:
 
 
 # Timestamps the server accepts: years 1970-9999 (etcd keys hold 13-digit epoch milliseconds).
-_MAX_MS = 253_402_300_799_999
+MAX_MS = 253_402_300_799_999
 
 
 def timestamp_ms(t: Timestamp, field: str, *, exact: bool = True) -> int:
@@ -80,6 +80,6 @@ def timestamp_ms(t: Timestamp, field: str, *, exact: bool = True) -> int:
     if exact and t.nanos % 1_000_000:
         raise InvalidArgument(field, "has a sub-millisecond part; planned times have millisecond precision")
     ms = t.seconds * 1000 + t.nanos // 1_000_000
-    if not 0 <= ms <= _MAX_MS:
+    if not 0 <= ms <= MAX_MS:
         raise InvalidArgument(field, "is outside 1970-01-01 .. 9999-12-31")
     return ms

@@ -292,6 +292,8 @@ class ScheduleService:
             ps = request.spec
             if ps.schedule_id:
                 inputs.schedule_id(ps.schedule_id, "spec.schedule_id")
+            elif any(f.startswith("H") for f in ps.spec.split()):
+                raise InvalidArgument("spec.schedule_id", "is required when the spec uses H (it is hashed from the id)")
             if len(ps.spec) > 1024:
                 raise InvalidArgument("spec.spec", f"is {len(ps.spec)} characters; the limit is 1024")
             gap = _enum("spec.dst_gap", ps.dst_gap, {1: DstGap.SHIFT, 2: DstGap.SKIP})
@@ -407,6 +409,9 @@ def _domain(m: pb.Schedule) -> Schedule:
 
 
 def _validate(s: Schedule) -> None:
+    for name, ms in (("start_at", s.start_ms), ("end_at", s.end_ms)):
+        if ms is not None and not 0 <= ms <= inputs.MAX_MS:
+            raise InvalidArgument(f"schedule.{name}", "is outside 1970-01-01 .. 9999-12-31")
     try:
         validate_schedule(s)
     except InvalidArgument as e:

@@ -299,3 +299,35 @@ async def test_errors_quoting_huge_input_stay_small(env: tuple[sgrpc.ScheduleSer
         await stub.ListSchedules(spb.ListSchedulesRequest(label_selector="k in (" + "v," * 1000 + ")"))
     assert e2.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert len(e2.value.details() or "") <= 1024
+
+
+_BASE = {"id": "odd", "tenant": "t", "spec": "* * * * *", "worker_pool": "p", "task_type": "x"}
+
+
+@pytest.mark.parametrize(("changes", "field"), [
+    ({"time_zone": "x" * 100_000}, "schedule.time_zone"),  # once an OSError (name too long): INTERNAL
+    ({"time_zone": "Europe"}, "schedule.time_zone"),  # a directory of the zone database
+    ({"time_zone": "../../etc/passwd"}, "schedule.time_zone"),
+    ({"start_at": Timestamp(seconds=-62135596800)}, "schedule.start_at"),
+    ({"spec": "1," * 200_000 + "1 * * * *"}, "schedule.spec"),
+    ({"spec": "@every 1ms"}, "schedule.spec.every"),
+    ({"id": "ідентифікатор"}, "schedule.id"),
+])
+async def test_odd_schedules_are_invalid_argument_not_internal(
+        env: tuple[sgrpc.ScheduleServiceStub, FakeOps, MemoryKV], changes: dict[str, object], field: str) -> None:
+    stub, _, _ = env
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await stub.CreateSchedule(spb.CreateScheduleRequest(schedule=pb.Schedule(**{**_BASE, **changes})))  # type: ignore[arg-type]
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, e.value.details()
+    assert bad_field(e.value) == field
+
+
+async def test_preview_of_an_H_spec_needs_the_schedule_id(
+        env: tuple[sgrpc.ScheduleServiceStub, FakeOps, MemoryKV]) -> None:
+    stub, _, _ = env
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await stub.PreviewSchedule(spb.PreviewScheduleRequest(spec=spb.PreviewSpec(spec="H * * * *")))
+    assert bad_field(e.value) == "spec.schedule_id"
+    r = await stub.PreviewSchedule(spb.PreviewScheduleRequest(spec=spb.PreviewSpec(spec="H * * * *", schedule_id="j"),
+                                                              count=2))
+    assert len(r.planned_times) == 2
