@@ -52,12 +52,26 @@ def ms_to_duration(ms: int) -> Duration:
     return d
 
 
+# google.protobuf's own bounds: Timestamp 0001-01-01..9999-12-31, Duration +-10,000 years. Values
+# outside them make ToMilliseconds() raise ValueError, so they are refused here, naming the field.
+_TS_MIN_S, _TS_MAX_S = -62_135_596_800, 253_402_300_799
+_DURATION_MAX_S = 315_576_000_000
+
+
 def duration_ms(field: str, d: Duration, present: bool, default: int) -> int:
     if not present:
         return default
     if d.seconds < 0 or d.nanos < 0:
         raise InvalidArgument(field, "must not be negative")
+    if d.seconds > _DURATION_MAX_S or d.nanos > 999_999_999:
+        raise InvalidArgument(field, "is outside the range of google.protobuf.Duration")
     return int(d.ToMilliseconds())
+
+
+def timestamp_ms(field: str, t: Timestamp) -> int:
+    if not _TS_MIN_S <= t.seconds <= _TS_MAX_S or not 0 <= t.nanos <= 999_999_999:
+        raise InvalidArgument(field, "is outside the range of google.protobuf.Timestamp (0001-01-01..9999-12-31)")
+    return int(t.ToMilliseconds())
 
 
 def ms_to_timestamp(ms: int) -> Timestamp:
@@ -144,8 +158,8 @@ def schedule_from_pb(m: pb.Schedule) -> Schedule:
         payload=m.payload,
         labels=dict(m.labels),
         state=_inverse("state", _STATE, m.state, ScheduleState.ACTIVE),  # type: ignore[arg-type]
-        start_ms=m.start_at.ToMilliseconds() if m.HasField("start_at") else None,
-        end_ms=m.end_at.ToMilliseconds() if m.HasField("end_at") else None,
+        start_ms=timestamp_ms("start_at", m.start_at) if m.HasField("start_at") else None,
+        end_ms=timestamp_ms("end_at", m.end_at) if m.HasField("end_at") else None,
         policies=policies,
         version=m.version,
         paused_reason=m.paused_reason,

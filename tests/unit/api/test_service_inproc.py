@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import grpc
 import pytest
+from google.protobuf.duration_pb2 import Duration
 from google.protobuf.field_mask_pb2 import FieldMask
 from google.protobuf.timestamp_pb2 import Timestamp
 from google.rpc import error_details_pb2
@@ -309,6 +310,9 @@ _BASE = {"id": "odd", "tenant": "t", "spec": "* * * * *", "worker_pool": "p", "t
     ({"time_zone": "Europe"}, "schedule.time_zone"),  # a directory of the zone database
     ({"time_zone": "../../etc/passwd"}, "schedule.time_zone"),
     ({"start_at": Timestamp(seconds=-62135596800)}, "schedule.start_at"),
+    ({"start_at": Timestamp(seconds=-62135596801)}, "schedule.start_at"),  # found by test_fuzz: was INTERNAL
+    ({"end_at": Timestamp(seconds=10**12)}, "schedule.end_at"),
+    ({"policies": pb.SchedulePolicies(jitter=Duration(seconds=10**12))}, "schedule.policies.jitter"),
     ({"spec": "1," * 200_000 + "1 * * * *"}, "schedule.spec"),
     ({"spec": "@every 1ms"}, "schedule.spec.every"),
     ({"id": "ідентифікатор"}, "schedule.id"),
