@@ -104,6 +104,20 @@ class Settings:
         return obj
 
 
+def parse_listen_address(field: str, value: str) -> tuple[str, int] | None:
+    """`host:port` to listen on (port 0 picks a free one; IPv6 as `[::1]:9100`), or None for "" or "off"
+    (the endpoint is disabled)."""
+    v = value.strip()
+    if v.lower() in ("", "off"):
+        return None
+    host, sep, port = v.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65_535:
+        raise InvalidArgument(field, f"{value!r} is not host:port (port 0-65535), or empty / off to disable")
+    return host, int(port)
+
+
 def test_mode() -> bool:
     return os.environ.get(TEST_MODE_ENV) == "1"
 

@@ -133,6 +133,25 @@ class Execution:
         return self.attempts[-1] if self.attempts else None
 
 
+_NEW_DEFAULTS: dict[str, Any] = {"state": ExecState.SCHEDULED, "attempt": 0, "attempts": (), "next_attempt_ms": 0,
+                                 "skip_reason": "", "mod_revision": 0}
+
+
+def new_execution(
+    *, id: str, schedule_id: str, tenant: str, pool: str, task_type: str, planned_ms: int, due_ms: int,
+    trigger: Trigger, retry: RetryPolicy, timeout_ms: int,
+) -> Execution:
+    """A fresh SCHEDULED execution, equal to `Execution(...)` with the same arguments, built without
+    the frozen dataclass __init__ (an object.__setattr__ per field): materialization makes thousands
+    a second."""
+    e = object.__new__(Execution)
+    d = e.__dict__
+    d.update(_NEW_DEFAULTS)
+    d.update(id=id, schedule_id=schedule_id, tenant=tenant, pool=pool, task_type=task_type, planned_ms=planned_ms,
+             due_ms=due_ms, trigger=trigger, retry=retry, timeout_ms=timeout_ms)
+    return e
+
+
 def deadline_slack_ms(timeout_ms: int) -> int:
     """The recorded deadline trails the worker's own timeout (counted from when it received the
     assignment) by this much, so that a slow network cannot let the planner start attempt n+1 while
@@ -244,3 +263,16 @@ def discard(e: Execution) -> Execution:
     if e.state is not ExecState.DEAD_LETTER:
         raise TransitionError(f"{e.id}: only dead letters can be discarded, not {e.state}")
     return _evolve(e, state=ExecState.FAILED)
+
+
+def log_fields(e: Execution, partition: int | None = None, token: str | None = None) -> dict[str, object]:
+    """The fields every execution event log line carries (docs/operations.md, Logs). The token is the
+    latest attempt's (`<partition>:<revision>`) unless the caller, an owner, gives its own; the partition
+    comes from the token when the caller does not know it."""
+    if token is None:
+        cur = e.current
+        token = cur.token if cur is not None else ""
+    if partition is None and token:
+        partition = int(token.partition(":")[0])
+    return {"execution_id": e.id, "schedule_id": e.schedule_id, "partition": "" if partition is None else partition,
+            "token": token, "attempt": e.attempt, "state": e.state.value}

@@ -98,8 +98,17 @@ def execution_id(schedule_id: str, planned_ms: int) -> str:
     return f"{schedule_id}@{format_rfc3339_ms(planned_ms)}"
 
 
+_FORMATTED: dict[int, str] = {}  # second -> "YYYY-MM-DDTHH:MM:SS.": schedules share their planned seconds
+
+
 def format_rfc3339_ms(ms: int) -> str:
-    return from_ms(ms).strftime("%Y-%m-%dT%H:%M:%S.") + f"{ms % 1000:03d}Z"
+    sec, milli = divmod(ms, 1000)
+    head = _FORMATTED.get(sec)
+    if head is None:
+        if len(_FORMATTED) >= 4096:
+            _FORMATTED.clear()
+        head = _FORMATTED[sec] = from_ms(sec * 1000).strftime("%Y-%m-%dT%H:%M:%S.")
+    return f"{head}{milli:03d}Z"
 
 
 def parse_rfc3339(text: str, field_name: str) -> int:

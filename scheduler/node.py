@@ -23,7 +23,8 @@ from scheduler.clock import Clock
 from scheduler.config import CoordinationSettings, EtcdSettings
 from scheduler.dispatch.service import Dispatcher
 from scheduler.errors import FencedOut, NotFound, OutcomeUnknown
-from scheduler.execution import Disposition, Execution
+from scheduler.execution import Disposition, ExecState, Execution, log_fields
+from scheduler.metrics.planner import PlannerMetrics
 from scheduler.planner.ownership import LostReason, MemberInfo, NotOwner, Ownership
 from scheduler.planner.partition import DispatchSink, PartitionPlanner, Restart
 from scheduler.planner.results import record_result
@@ -75,6 +76,12 @@ class NullDispatcher:
     def capacity(self, pool: str) -> int:
         return 0
 
+    def reserve(self, pool: str, n: int) -> None:
+        return None
+
+    def release(self, pool: str, n: int) -> None:
+        return None
+
     def submit(self, e: Execution, payload: bytes, token: str) -> None:
         raise AssertionError("nothing is dispatched without capacity")
 
@@ -92,11 +99,16 @@ class PlannerNode:
         *,
         planner: PlannerSettings | None = None,
         dispatcher: DispatchSink | None = None,
+        metrics: PlannerMetrics | None = None,
     ) -> None:
         self.kv, self.ks, self.s, self.clock = kv, ks, settings, clock
         self.planner_settings = planner or PlannerSettings()
         self.dispatcher: DispatchSink = dispatcher or NullDispatcher()
         self.ownership = Ownership(kv, ks, settings, clock, listener=self)
+        # Always kept (plain ints): served over HTTP only when metrics_address is set (cli/planner.py).
+        self.metrics = metrics or PlannerMetrics(schedule_limit=self.planner_settings.metrics_schedule_limit)
+        self.metrics.attach(self)
+        self.ownership.lease_observer = self.metrics
         self.store = ScheduleStore(kv, ks, settings.partitions, timeout=settings.rpc_timeout)
         self.ledger = Ledger(ks, settings.partitions)
         self.fence_stats = FenceStats()
@@ -121,7 +133,7 @@ class PlannerNode:
 
         d = Dispatcher(node_id=self.s.node_id, region=self.s.region, kv=self.kv, ledger=self.ledger, clock=self.clock,
                        record=record, planners=self.planner_infos, on_transition=self._on_transition,
-                       lookup=self.lookup_pending, **options)
+                       lookup=self.lookup_pending, on_capacity=self._wake_starved, **options)
         self.dispatcher = d
         return d
 
@@ -162,8 +174,22 @@ class PlannerNode:
         planner = self.planners.get(self.store.partition(sid))
         return None if planner is None else planner.pending.get(execution_id)
 
+    def _wake_starved(self) -> None:
+        for p in self.planners.values():
+            if p.starved:
+                p.starved = False
+                p.wake.set()
+
     def _on_transition(self, e: Execution) -> None:
-        planner = self.planners.get(self.store.partition(e.schedule_id))
+        """A worker's result recorded by this node's dispatcher (for any partition)."""
+        self.metrics.attempt_recorded(e)
+        partition = self.store.partition(e.schedule_id)
+        if e.state is ExecState.DEAD_LETTER:
+            log.info("execution dead-lettered", extra={"event": "dead_letter", "task_type": e.task_type,
+                                                       **log_fields(e, partition)})
+        elif log.isEnabledFor(logging.DEBUG):  # per-execution: only when asked for (hot path)
+            log.debug("result recorded", extra={"event": "result", **log_fields(e, partition)})
+        planner = self.planners.get(partition)
         if planner is not None:
             planner.record_transition(e)
 
@@ -180,23 +206,24 @@ class PlannerNode:
         old = self._loops.pop(fence.partition, None)
         if old is not None:
             old.cancel()
-        self._loops[fence.partition] = asyncio.create_task(self._partition(fence.partition))
+        self._loops[fence.partition] = asyncio.create_task(self._partition(fence.partition, fence.token))
 
     def on_lost(self, partition: int, reason: LostReason) -> None:
         log.warning("lost", extra={"event": "lost", "partition": partition, "reason": reason.value})
+        self.metrics.partition_lost(reason.value)
         self.planners.pop(partition, None)
         task = self._loops.pop(partition, None)
         if task is not None and task is not asyncio.current_task():
             task.cancel()  # stop planning and dispatching for this partition at once
 
-    async def _partition(self, partition: int) -> None:
+    async def _partition(self, partition: int, token: int = 0) -> None:
         while True:
             planner = PartitionPlanner(
                 partition, kv=self.kv, ks=self.ks, ownership=self.ownership, store=self.store, ledger=self.ledger,
                 dispatcher=self.dispatcher, settings=self.planner_settings, clock=self.clock,
                 node_id=self.s.node_id, rpc_timeout=self.s.rpc_timeout,
                 disable_fencing=self.s.unsafe_disable_fencing, fence_stats=self.fence_stats,
-                max_ops=self.s.max_txn_ops, combiner=self.combiner,
+                max_ops=self.s.max_txn_ops, combiner=self.combiner, metrics=self.metrics,
             )
             self.planners[partition] = planner
             try:
@@ -204,7 +231,8 @@ class PlannerNode:
             except NotOwner:
                 return
             except FencedOut as e:
-                log.warning("fenced out", extra={"event": "fenced_out", "partition": partition, "error": str(e)})
+                log.warning("fenced out", extra={"event": "fenced_out", "partition": partition,
+                                                 "token": f"{partition}:{token}", "error": str(e)})
                 return
             except (Restart, OutcomeUnknown, CompareFailed, EtcdError) as e:
                 self.restarts += 1

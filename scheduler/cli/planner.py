@@ -11,11 +11,15 @@ import signal
 import sys
 from typing import Any
 
+from prometheus_client import ProcessCollector
+from prometheus_client.registry import CollectorRegistry
+
 from scheduler import logs
 from scheduler.cli.output import Exit, fail_invalid
 from scheduler.clock import SYSTEM_CLOCK
-from scheduler.config import CoordinationSettings, EtcdSettings
+from scheduler.config import CoordinationSettings, EtcdSettings, parse_listen_address
 from scheduler.errors import InvalidArgument
+from scheduler.metrics.http import MetricsServer
 from scheduler.node import PlannerNode, etcd_client
 from scheduler.planner.ownership import ClusterMismatch
 from scheduler.planner.settings import PlannerSettings
@@ -65,6 +69,8 @@ def run(args: argparse.Namespace) -> int:
     logs.setup(args.log_level)
     try:
         return asyncio.run(_main(etcd, coord, planner))  # type: ignore[arg-type]
+    except InvalidArgument as e:  # found only when acting on it (an address already in use)
+        return fail_invalid(e)
     except ClusterMismatch as e:
         print(f"schedctl: {e}", file=sys.stderr)
         return Exit.INVALID
@@ -74,6 +80,7 @@ async def _main(etcd: EtcdSettings, coord: CoordinationSettings, planner: Planne
     kv = etcd_client(etcd, coord.rpc_timeout)
     # Bind first: the address workers should dial is registered with the node's membership.
     node = PlannerNode(kv, Keyspace(etcd.etcd_prefix), coord, SYSTEM_CLOCK, planner=planner)
+    metrics = await serve_metrics(node.metrics.registry, planner.metrics_address)  # first: fails fast
     dispatcher = node.make_dispatcher()
     schedules, admin = node.make_api()
     server, port = await start_server(dispatcher, planner.api_host, planner.api_port, schedules=schedules,
@@ -95,5 +102,23 @@ async def _main(etcd: EtcdSettings, coord: CoordinationSettings, planner: Planne
     with contextlib.suppress(asyncio.CancelledError):
         await task
     await server.stop(grace=1.0)
+    if metrics is not None:
+        await metrics.stop()
     await kv.close()
     return Exit.OK
+
+
+async def serve_metrics(registry: CollectorRegistry, address: str) -> MetricsServer | None:
+    """Serve `/metrics` when `metrics_address` is set (it was validated with the settings)."""
+    where = parse_listen_address("metrics_address", address)
+    if where is None:
+        return None
+    # Process metrics (CPU, memory, open files) too, on this process's registry only.
+    ProcessCollector(registry=registry)
+    server = MetricsServer(registry)
+    try:
+        port = await server.start(*where)
+    except OSError as e:
+        raise InvalidArgument("metrics_address", f"cannot listen on {address}: {e.strerror or e}") from None
+    log.info("metrics serving", extra={"event": "metrics_serving", "address": f"{where[0]}:{port}"})
+    return server

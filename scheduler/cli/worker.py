@@ -11,7 +11,7 @@ import signal
 
 from scheduler import logs
 from scheduler.cli.output import Exit, fail_invalid
-from scheduler.cli.planner import add_settings_flags
+from scheduler.cli.planner import add_settings_flags, serve_metrics
 from scheduler.errors import InvalidArgument
 from scheduler.worker import Worker, WorkerSettings
 from scheduler.worker.executors import register_builtin
@@ -37,11 +37,15 @@ def run(args: argparse.Namespace) -> int:
     except InvalidArgument as e:
         return fail_invalid(e)
     logs.setup(settings.log_level)
-    return asyncio.run(_main(settings))
+    try:
+        return asyncio.run(_main(settings))
+    except InvalidArgument as e:  # found only when acting on it (an address already in use)
+        return fail_invalid(e)
 
 
 async def _main(settings: WorkerSettings) -> int:
     worker = Worker(settings=settings)
+    metrics = await serve_metrics(worker.metrics.registry, settings.metrics_address)  # first: fails fast
     register_builtin(worker, settings)
     loop = asyncio.get_running_loop()
     stopping: list[asyncio.Task[None]] = []
@@ -58,7 +62,11 @@ async def _main(settings: WorkerSettings) -> int:
     log.info("worker starting", extra={"worker_id": worker.worker_id, "pool": settings.pool,
                                        "region": settings.region, "planners": list(settings.planners),
                                        "concurrency": settings.concurrency, "task_types": worker.task_types})
-    await worker.run()
-    if stopping:
-        await asyncio.gather(*stopping, return_exceptions=True)
+    try:
+        await worker.run()
+        if stopping:
+            await asyncio.gather(*stopping, return_exceptions=True)
+    finally:
+        if metrics is not None:
+            await metrics.stop()
     return Exit.OK

@@ -96,3 +96,7 @@ class FairQueue(Generic[T]):
                     p.served.pop(tenant, None)
         self._size -= len(out)
         return out
+
+    def depths(self) -> dict[str, int]:
+        """Items waiting, per pool (for metrics)."""
+        return {pool: sum(len(q) for q in p.tenants.values()) for pool, p in self._pools.items()}

@@ -35,7 +35,16 @@ from scheduler.api.convert import ms_to_duration, ms_to_timestamp
 from scheduler.clock import Clock
 from scheduler.dispatch.queue import FairQueue
 from scheduler.errors import NotFound, SchedError
-from scheduler.execution import IN_FLIGHT, Disposition, ErrorClass, ExecState, Execution, result, with_revision
+from scheduler.execution import (
+    IN_FLIGHT,
+    Disposition,
+    ErrorClass,
+    ExecState,
+    Execution,
+    log_fields,
+    result,
+    with_revision,
+)
 from scheduler.model import parse_rfc3339
 from scheduler.store.kv import KV
 from scheduler.store.ledger import Ledger, split_execution_id
@@ -98,6 +107,7 @@ class Dispatcher:
         planners: Callable[[], list[cluster_pb2.PlannerInfo]],
         on_transition: Callable[[Execution], None] = lambda e: None,
         lookup: Callable[[str], Execution | None] = lambda eid: None,
+        on_capacity: Callable[[], None] = lambda: None,
         heartbeat_interval: float = 1.0,
         heartbeat_timeout: float = 5.0,
         type_caps: dict[str, int] | None = None,
@@ -106,6 +116,7 @@ class Dispatcher:
         self.node_id, self.region, self.kv, self.ledger, self.clock = node_id, region, kv, ledger, clock
         self._record, self._planners, self._on_transition = record, planners, on_transition
         self._lookup = lookup
+        self._on_capacity = on_capacity  # new credits: wake planner loops waiting for capacity
         self.hb_interval, self.hb_timeout = heartbeat_interval, heartbeat_timeout
         self.queue: FairQueue[_Item] = FairQueue(tenant_weights, type_caps)
         self.conns: dict[int, _Conn] = {}
@@ -118,12 +129,23 @@ class Dispatcher:
         self._inbox: list[tuple[_Conn, list[wpb.Result]]] = []
         self._recorder: asyncio.Task[None] | None = None
         self._pump_pending = False
+        self._reserved: dict[str, int] = {}  # capacity held by partition loops committing dispatches
 
     # ---- DispatchSink (called by partition planners) --------------------------------------------------
 
     def capacity(self, pool: str) -> int:
         credit = sum(c.credits for c in self.conns.values() if c.pool == pool)
-        return max(0, credit - self.queue.depth(pool))
+        return max(0, credit - self.queue.depth(pool) - self._reserved.get(pool, 0))
+
+    def reserve(self, pool: str, n: int) -> None:
+        self._reserved[pool] = self._reserved.get(pool, 0) + n
+
+    def release(self, pool: str, n: int) -> None:
+        left = self._reserved.get(pool, 0) - n
+        if left > 0:
+            self._reserved[pool] = left
+        else:
+            self._reserved.pop(pool, None)
 
     def submit(self, e: Execution, payload: bytes, token: str) -> None:
         self.queue.put(e.pool, e.tenant, e.task_type, _Item(e, payload, token))
@@ -252,7 +274,12 @@ class Dispatcher:
         while self._inbox:
             if sum(len(rs) for _, rs in self._inbox) < self._MAX_CAS_PER_TXN:
                 await asyncio.sleep(self._RESULT_LINGER)
-            batch, self._inbox = self._inbox, []
+            # At most a few txns' worth per turn: the rest waits for the next turn of the loop.
+            batch, n = [], 0
+            while self._inbox and n < 8 * self._MAX_CAS_PER_TXN:
+                item = self._inbox.pop(0)
+                batch.append(item)
+                n += len(item[1])
             results = [r for _, rs in batch for r in rs]
             owner = {(r.execution_id, r.attempt): c for c, rs in batch for r in rs}
             try:
@@ -279,26 +306,38 @@ class Dispatcher:
         await self._record_slow(c, slow, acks)
         self._pump()
 
+    _SLOW_CONCURRENCY = 32  # slow-path results recorded at once (each is a read and a CAS)
+
     async def _record_slow(self, c: _Conn, slow: list[wpb.Result], acks: list[wpb.ResultAckEntry]) -> None:
-        for r in slow:
+        """Results the fast path could not apply (not in this node's memory: after a restart or an
+        ownership move; dead letters; lost CASes) are read and recorded one by one, but many at a
+        time: after a partition reload thousands arrive together, and a sequential read + CAS each
+        would leave them unacknowledged for minutes."""
+        gate = asyncio.Semaphore(self._SLOW_CONCURRENCY)
+
+        async def one(r: wpb.Result) -> wpb.ResultAckEntry | None:
             sid, planned = split_execution_id(r.execution_id)
-            try:
-                planned_ms = parse_rfc3339(planned, "execution_id")
-                ok, ec = self._outcome(r)
-                e, disp = await self._record(
-                    sid, planned_ms, r.attempt, succeeded=ok, error_class=ec, message=r.message,
-                    now_ms=self.clock.wall_ms(), retry_after_ms=int(r.retry_after.ToMilliseconds()),
-                )
-            except (NotFound, SchedError) as err:
-                log.warning("result not recorded: %s", err, extra={"execution_id": r.execution_id})
-                continue  # not acknowledged: the worker sends it again, maybe to another planner
+            async with gate:
+                try:
+                    planned_ms = parse_rfc3339(planned, "execution_id")
+                    ok, ec = self._outcome(r)
+                    e, disp = await self._record(
+                        sid, planned_ms, r.attempt, succeeded=ok, error_class=ec, message=r.message,
+                        now_ms=self.clock.wall_ms(), retry_after_ms=int(r.retry_after.ToMilliseconds()),
+                    )
+                except (NotFound, SchedError) as err:
+                    log.warning("result not recorded: %s", err, extra={"execution_id": r.execution_id})
+                    return None  # not acknowledged: the worker sends it again, maybe to another planner
             self.results += 1
             if disp is Disposition.RECORDED:
-                self._on_transition(e)
-            log.info("result", extra={"event": "result", "execution_id": r.execution_id, "attempt": r.attempt,
-                                      "disposition": disp.value, "state": e.state.value})
-            acks.append(wpb.ResultAckEntry(execution_id=r.execution_id, attempt=r.attempt,
-                                           disposition=_DISPOSITION[disp]))
+                self._on_transition(e)  # which logs it
+            elif log.isEnabledFor(logging.DEBUG):
+                log.debug("result not applied", extra={"event": "result_ignored", "disposition": disp.value,
+                                                       **log_fields(e), "attempt": r.attempt})
+            return wpb.ResultAckEntry(execution_id=r.execution_id, attempt=r.attempt, disposition=_DISPOSITION[disp])
+
+        done = [await one(slow[0])] if len(slow) == 1 else list(await asyncio.gather(*(one(r) for r in slow)))
+        acks.extend(a for a in done if a is not None)
         if acks:
             c.out.put_nowait(wpb.PlannerMessage(result_ack=wpb.ResultAck(acks=acks)))
 
@@ -332,6 +371,8 @@ class Dispatcher:
             if kind == "credits":
                 c.credits += msg.credits.credits
                 self._pump()
+                if self.capacity(c.pool) > 0:
+                    self._on_capacity()
             elif kind == "results":
                 self._enqueue_results(c, list(msg.results.results))
             elif kind == "heartbeat":

@@ -24,6 +24,7 @@ from scheduler.config import CoordinationSettings
 from scheduler.errors import FencedOut, OutcomeUnknown, SchedError
 from scheduler.planner.rebalance import OwnershipSnapshot, RebalanceDecision, decide
 from scheduler.store.cache import PrefixCache
+from scheduler.store.etcd.deadline import LeaseObserver
 from scheduler.store.etcd.errors import EtcdError
 from scheduler.store.etcd.ops import Compare, delete, get, put
 from scheduler.store.fenced import Fence
@@ -104,6 +105,7 @@ class Ownership:
         self.claims = 0
         self.sessions = 0
         self.last_decision: RebalanceDecision | None = None
+        self.lease_observer: LeaseObserver | None = None  # metrics of the sessions' keepalives
         self._wake = asyncio.Event()
         self._changed_owned = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -220,7 +222,7 @@ class Ownership:
                 await asyncio.sleep(0.2)
 
     async def _one_session(self) -> None:
-        session = Session(self._kv, self._s)
+        session = Session(self._kv, self._s, self.lease_observer)
         await session.start()
         self.session = session
         self.sessions += 1

@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import heapq
-import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -39,15 +38,19 @@ from scheduler.execution import (
     Trigger,
     cancel,
     dispatch,
+    log_fields,
+    new_execution,
     result,
     skip,
     with_revision,
 )
+from scheduler.metrics.planner import PlannerMetrics
 from scheduler.model import ScheduleState, execution_id
 from scheduler.planner.ownership import Ownership
 from scheduler.planner.pending import PendingIndex
 from scheduler.planner.settings import PlannerSettings
 from scheduler.store.checkpoint import Checkpoint, advance, read_checkpoint
+from scheduler.store.codec import peek_state
 from scheduler.store.combiner import WriteCombiner
 from scheduler.store.etcd.ops import Compare, Op, delete, txn
 from scheduler.store.etcd.types import TxnResult
@@ -70,6 +73,15 @@ class Restart(Exception):
 class DispatchSink(Protocol):
     def capacity(self, pool: str) -> int:
         """How many more assignments workers of this pool can take now (granted credits)."""
+        ...
+
+    def reserve(self, pool: str, n: int) -> None:
+        """Hold `n` of the pool's capacity for dispatches being committed: the partition loops run
+        concurrently, and without this each would see (and take) the whole capacity."""
+        ...
+
+    def release(self, pool: str, n: int) -> None:
+        """Give back a reservation (after the dispatches were submitted or abandoned)."""
         ...
 
     def submit(self, e: Execution, payload: bytes, token: str) -> None: ...
@@ -111,8 +123,10 @@ class PartitionPlanner:
         fence_stats: FenceStats | None = None,
         max_ops: int = 127,
         combiner: WriteCombiner | None = None,
+        metrics: PlannerMetrics | None = None,
     ) -> None:
         self.p = partition
+        self.metrics = metrics
         self.combiner = combiner
         self.kv, self.ks, self.ownership, self.store, self.ledger = kv, ks, ownership, store, ledger
         self.dispatcher, self.s, self.clock, self.node_id = dispatcher, settings, clock, node_id
@@ -126,6 +140,9 @@ class PartitionPlanner:
         self.ck = Checkpoint(partition, 0, 0)
         self.wake = asyncio.Event()
         self.max_ops = max_ops
+        # Due work is waiting for worker capacity: the node wakes this loop when credits arrive,
+        # instead of letting it wait out `loop_interval`.
+        self.starved = False
         # Schedules paused or deleted that may still have pending executions: only while there are
         # some does a round take ready items beyond worker capacity (to skip or hold them).
         self._inactive: set[str] = set()
@@ -137,7 +154,7 @@ class PartitionPlanner:
         """Read checkpoint, schedules and unfinished executions; returns the revision to watch from."""
         self.ck = await read_checkpoint(self.kv, self.ks, self.p, timeout=self.rpc_timeout)
         stored, rev = await self.store.list_partition(self.p)
-        execs, _ = await self.ledger.list_partition(self.kv, self.p, timeout=self.rpc_timeout)
+        execs, _ = await self.ledger.list_unfinished(self.kv, self.p, timeout=self.rpc_timeout)
         self.pending.clear()
         for e in execs:
             self.pending.put(e)
@@ -205,7 +222,7 @@ class PartitionPlanner:
 
     def _new_execution(self, sch: _Sched, planned_ms: int, due_ms: int) -> Execution:
         s = sch.stored.schedule
-        return Execution(
+        return new_execution(
             id=execution_id(s.id, planned_ms), schedule_id=s.id, tenant=s.tenant, pool=s.worker_pool,
             task_type=s.task_type, planned_ms=planned_ms, due_ms=due_ms, trigger=Trigger.SCHEDULED,
             retry=s.policies.retry, timeout_ms=s.policies.execution_timeout_ms,
@@ -239,12 +256,21 @@ class PartitionPlanner:
         heapq.heapify(self.heap)
         return runs, skips
 
-    def plan_round(self, horizon_ms: int) -> tuple[list[Execution], list[tuple[str, SkipRange]]]:
-        """Planned times up to the horizon: executions for active schedules, skips for paused ones."""
+    def plan_round(
+        self, horizon_ms: int, limit: int | None = None
+    ) -> tuple[list[Execution], list[tuple[str, SkipRange]], int]:
+        """Planned times up to the horizon: executions for active schedules, skips for paused ones.
+
+        At most `limit` of them per round, so that an overloaded planner keeps dispatching between
+        rounds instead of spending itself on materialization (backpressure). Returns the watermark
+        the round reached: the horizon, or just before the first planned time it left for the next
+        round (every planned time at or before the watermark was handled)."""
         execs: list[Execution] = []
         skips: list[tuple[str, SkipRange]] = []
         heap = self.heap
         while heap and heap[0][0] <= horizon_ms:
+            if limit is not None and len(execs) + len(skips) >= limit:
+                return execs, skips, heap[0][0] - 1
             t, sid = heapq.heappop(heap)
             sch = self.schedules.get(sid)
             if sch is None:
@@ -261,7 +287,7 @@ class PartitionPlanner:
             nxt = sch.plan.next_after_ms(t)
             if nxt is not None:
                 heapq.heappush(heap, (nxt, sid))
-        return execs, skips
+        return execs, skips, horizon_ms
 
     async def write_planned(
         self, execs: list[Execution], skips: list[tuple[str, SkipRange]], watermark_ms: int
@@ -286,15 +312,30 @@ class PartitionPlanner:
         if write_ck:
             self.ck = replace(new, mod_revision=rs[-1].revision)
         results = [(ok, r.revision) for r in rs for ok in self.ledger.cas_results(r)][: len(execs)]
-        created = [ok for ok, _ in results]
+        created = 0
         for e, (ok, rev) in zip(execs, results, strict=False):
             if ok:
+                created += 1
                 self.pending.put(with_revision(e, rev))  # the next CAS compares against it
-        self.stats.created += sum(created)
+        if created < len(execs):
+            # Records that already existed (an earlier owner's lookahead): the create's failure branch
+            # read them back, so track their real state instead of reloading the whole partition.
+            for r in rs:
+                for x in self.ledger.existing(r):
+                    self.pending.put(x)
+        self.stats.created += created
         self.stats.skipped_ranges += len(skips)
-        if not all(created):
-            # Records that already existed (an earlier owner's lookahead): load their real state.
-            raise Restart("some executions already existed")
+
+    def backlogged(self, now_ms: int) -> bool:
+        """Backpressure: workers lack capacity for what is due, and the oldest waiting execution is
+        more than `backlog_ms` late. Materializing more would only spend the CPU that dispatch needs
+        and grow etcd with records nobody can run yet; the planned times wait in the timer heap (the
+        checkpoint does not pass them), and the lag shows in the metrics. Buffered executions of one
+        schedule cannot stall the others: they do not make the loop starved while capacity is left."""
+        if not self.starved:
+            return False
+        oldest = self.pending.oldest_ready()
+        return oldest is not None and oldest < now_ms - self.s.backlog_ms
 
     def pending_schedule_ids(self) -> set[str]:
         return {e.schedule_id for e in self.pending.values()}
@@ -313,6 +354,15 @@ class PartitionPlanner:
         return cas
 
     async def dispatch_due(self, now_ms: int) -> None:
+        reserved: dict[str, int] = {}
+        try:
+            await self._dispatch_due(now_ms, reserved)
+        finally:
+            for pool, n in reserved.items():
+                self.dispatcher.release(pool, n)
+
+    async def _dispatch_due(self, now_ms: int, reserved: dict[str, int]) -> None:
+        self.starved = False
         cas: list[tuple[Execution, Execution]] = self._withdrawals()  # (old, new)
         budget: dict[str, int] = {}
         if self._pools is None:
@@ -320,9 +370,16 @@ class PartitionPlanner:
         # Items beyond worker capacity would only be deferred again: do not even take them out. Items
         # of paused/deleted schedules need no capacity; a few extra cover them while there are any.
         limit = sum(self.dispatcher.capacity(pool) for pool in self._pools) + (16 if self._inactive else 0)
+        # Bounded like materialization: one round is one uninterrupted stretch of the event loop, and
+        # lease keep-alives wait behind every stretch of every partition.
+        limit = min(limit, self.s.max_planned_per_round)
         if limit <= 0 and not cas:
+            self.starved = self.pending.has_ready(now_ms)
             return
-        for sid, waiting in self.pending.ready(now_ms, limit).items():
+        due = self.pending.ready(now_ms, limit)
+        if sum(len(w) for w in due.values()) >= limit:
+            self.starved = True  # more is due than this round can hand out
+        for sid, waiting in due.items():
             sch = self.schedules.get(sid)
             if sch is None or sch.stored.schedule.state is ScheduleState.PAUSED:
                 why = SkipReason.PAUSED.value if sch else "schedule_deleted"
@@ -350,6 +407,7 @@ class PartitionPlanner:
                     self.pending.defer(x)  # waits for the running one; later ones see it as buffered
                     continue
                 if budget[pool] <= 0:
+                    self.starved = True
                     for y in waiting[i:]:
                         self.pending.defer(y)  # waits for worker capacity
                     break
@@ -361,6 +419,8 @@ class PartitionPlanner:
                             self.dispatcher.cancel(r, "overlap")
                     running = ()
                 budget[pool] -= 1
+                self.dispatcher.reserve(pool, 1)
+                reserved[pool] = reserved.get(pool, 0) + 1
                 fence = self.ownership.fence(self.p)
                 if fence is None:
                     return
@@ -373,6 +433,8 @@ class PartitionPlanner:
         ok = await self._commit([self.ledger.cas_op(new, old.mod_revision, now_ms=now_ms, old_state=old.state)
                                   for old, new in cas])
         lost = False
+        sent: list[Execution] = []
+        debug = log.isEnabledFor(logging.DEBUG)  # per-execution lines only when asked for: hot path
         for (_old, new), (applied, rev) in zip(cas, ok, strict=False):
             if not applied:
                 lost = True
@@ -385,6 +447,17 @@ class PartitionPlanner:
                 cur = new.current
                 self.dispatcher.submit(new, payload, cur.token if cur else "")
                 self.stats.dispatched += 1
+                sent.append(new)
+                if debug:
+                    log.debug("execution dispatched", extra={"event": "dispatch", **log_fields(new, self.p)})
+            elif new.state is ExecState.CANCELLED:
+                log.info("execution cancelled", extra={"event": "cancel", "reason": new.skip_reason,
+                                                       **log_fields(new, self.p)})
+            elif debug:
+                log.debug("execution skipped", extra={"event": "skip", "reason": new.skip_reason,
+                                                      **log_fields(new, self.p, self._token())})
+        if sent and self.metrics is not None:
+            self.metrics.dispatched(sent, now_ms)
         if lost:
             raise Restart("a dispatch compare-and-swap lost: someone else changed the record")
 
@@ -403,8 +476,19 @@ class PartitionPlanner:
             if applied:
                 self.stats.timed_out += 1
                 self.pending.put(with_revision(new, rev))
+                if self.metrics is not None:
+                    self.metrics.attempt_recorded(new)
+                log.info("execution timed out", extra={"event": "timeout", **log_fields(new, self.p)})
+                if new.state is ExecState.DEAD_LETTER:
+                    log.info("execution dead-lettered", extra={"event": "dead_letter", "task_type": new.task_type,
+                                                               **log_fields(new, self.p)})
         if not all(a for a, _ in ok):
             raise Restart("a timeout compare-and-swap lost: a result arrived meanwhile")
+
+    def _token(self) -> str:
+        """This owner's fencing token, for log lines about executions no attempt has carried yet."""
+        fence = self.ownership.fence(self.p)
+        return f"{self.p}:{fence.token}" if fence is not None else ""
 
     def record_transition(self, e: Execution) -> None:
         """A result recorded by this node's dispatcher: keep the snapshot current."""
@@ -417,11 +501,14 @@ class PartitionPlanner:
         # Only the state, schedule and planned time of each record matter here: no full decode.
         listing = await self.kv.range(self.ks.executions(self.p), prefix=True, timeout=self.rpc_timeout)
         cutoff = now_ms - self.s.retention_ms
-        by_schedule: dict[str, list[tuple[int, bytes, int]]] = {}  # (planned ms, key, mod_revision)
-        for x in listing.kvs:
-            d = json.loads(x.value)
-            if ExecState(d["st"]) in TERMINAL:
-                by_schedule.setdefault(d["sid"], []).append((int(d["pl"]), x.key, x.mod_revision))
+        by_schedule: dict[bytes, list[tuple[int, bytes, int]]] = {}  # (planned ms, key, mod_revision)
+        for i, x in enumerate(listing.kvs):
+            if peek_state(x.value) in TERMINAL:
+                # The key ends in `<schedule id>/<planned ms>`: no need to decode the record.
+                head, _, planned = x.key.rpartition(b"/")
+                by_schedule.setdefault(head, []).append((int(planned), x.key, x.mod_revision))
+            if i % 2000 == 1999:
+                await asyncio.sleep(0)  # a long history must not starve lease keep-alives
         doomed: list[Op] = []
         for es in by_schedule.values():
             es.sort(key=lambda x: x[0], reverse=True)
@@ -452,11 +539,15 @@ class PartitionPlanner:
             if self.clock.monotonic() >= next_sweep:
                 await self.sweep(now)
                 next_sweep = self.clock.monotonic() + self.s.retention_interval
-            horizon = now + self.s.lookahead_ms
-            execs, skips = self.plan_round(horizon)
-            await self.write_planned(execs, skips, horizon)
-            await self.dispatch_due(now)
+            # Work that is due first (timeouts, dispatch), then materialization, bounded per round:
+            # under overload the loop keeps handing out work instead of only writing it down.
             await self.time_out(now)
+            await self.dispatch_due(now)
+            if not self.backlogged(now):
+                execs, skips, reached = self.plan_round(now + self.s.lookahead_ms, self.s.max_planned_per_round)
+                await self.write_planned(execs, skips, reached)
+                if reached < now + self.s.lookahead_ms:
+                    self.wake.set()  # more to materialize: go again at once (after others had a turn)
             self.stats.rounds += 1
             self.wake.clear()
             with contextlib.suppress(TimeoutError):

@@ -95,6 +95,22 @@ class PendingIndex:
             es.sort(key=lambda e: e.planned_ms)
         return out
 
+    def has_ready(self, now_ms: int) -> bool:
+        """Whether something may be ready (the earliest entry may be stale: a cheap over-estimate)."""
+        return bool(self._ready) and self._ready[0][0] <= now_ms
+
+    def oldest_ready(self) -> int | None:
+        """The earliest ready time (due or next attempt) of a waiting execution, or None. Drops stale
+        heap entries from the top, as `ready()` would."""
+        heap = self._ready
+        while heap:
+            t, _, eid = heap[0]
+            e = self._by_id.get(eid)
+            if e is not None and _ready_ms(e) == t:
+                return t
+            heapq.heappop(heap)
+        return None
+
     def defer(self, e: Execution) -> None:
         ready = _ready_ms(e)
         if ready is not None and e.id in self._by_id:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from scheduler.config import Settings
+from scheduler.config import Settings, parse_listen_address
 from scheduler.errors import InvalidArgument
 
 
@@ -12,6 +12,8 @@ from scheduler.errors import InvalidArgument
 class PlannerSettings(Settings):
     lookahead_ms: int = 2_000  # executions are written this far ahead of their due time
     loop_interval: float = 0.05  # seconds between planner rounds per partition
+    max_planned_per_round: int = 200  # planned times one partition materializes (and dispatches) per round
+    backlog_ms: int = 2_000  # no materializing while due work this late waits for worker capacity
     checkpoint_interval_ms: int = 1_000  # an idle partition moves its checkpoint this often
     late_grace_ms: int = 5_000  # a planned time less late than this is on time, not "missed"
     retention_ms: int = 7 * 86_400_000  # terminal records older than this are deleted
@@ -19,13 +21,22 @@ class PlannerSettings(Settings):
     retention_interval: float = 10.0  # seconds between retention sweeps of a partition
     api_port: int = 0  # gRPC port (0: pick a free one)
     api_host: str = "127.0.0.1"
+    metrics_address: str = ""  # host:port of the Prometheus endpoint (port 0: pick one); empty or "off": none
+    metrics_schedule_limit: int = 100  # schedules with their own start-lag series; the rest share "_other"
 
     def validate(self) -> None:
         if not 0 <= self.lookahead_ms <= 60_000:
             raise InvalidArgument("lookahead_ms", "must be in 0-60000")
         if not 0.005 <= self.loop_interval <= 5:
             raise InvalidArgument("loop_interval", "must be in 0.005-5 seconds")
+        if not 1 <= self.max_planned_per_round <= 100_000:
+            raise InvalidArgument("max_planned_per_round", "must be in 1-100000")
+        if self.backlog_ms < 0:
+            raise InvalidArgument("backlog_ms", "must not be negative")
         if self.late_grace_ms < 0:
             raise InvalidArgument("late_grace_ms", "must not be negative")
         if self.retention_count < 1:
             raise InvalidArgument("retention_count", "must be at least 1")
+        parse_listen_address("metrics_address", self.metrics_address)
+        if not 0 <= self.metrics_schedule_limit <= 10_000:
+            raise InvalidArgument("metrics_schedule_limit", "must be in 0-10000")

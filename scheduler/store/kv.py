@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 from typing import Protocol, Unpack
 
-from scheduler.store.etcd.deadline import LeaseLostReason
+from scheduler.store.etcd.deadline import LeaseLostReason, LeaseObserver
 from scheduler.store.etcd.ops import Compare, Key, Op, RangeOptions
 from scheduler.store.etcd.types import (
     DeleteResult,
@@ -32,6 +32,7 @@ class Keeper(Protocol):
 
     lease_id: int
     ttl: int
+    observer: LeaseObserver | None
 
     @property
     def last_ack(self) -> float: ...

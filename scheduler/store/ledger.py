@@ -12,14 +12,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Sequence
 from dataclasses import replace
 
-from scheduler.execution import ExecState, Execution
-from scheduler.store.codec import decode_execution, encode_execution
-from scheduler.store.etcd.ops import Compare, Op, TxnOp, delete, put, txn
-from scheduler.store.etcd.types import TxnResult
+from scheduler.execution import TERMINAL, ExecState, Execution
+from scheduler.store.codec import decode_execution, encode_execution, peek_state
+from scheduler.store.etcd.ops import Compare, Op, TxnOp, delete, get, put, txn
+from scheduler.store.etcd.types import RangeResult, TxnResult
 from scheduler.store.keyspace import Keyspace, partition_for
 from scheduler.store.kv import KV
 from scheduler.timeplan.missed import SkipRange
@@ -38,10 +39,23 @@ class Ledger:
         return self.ks.execution(partition_for(e.schedule_id, self.partitions), e.schedule_id, e.planned_ms)
 
     def create_ops(self, execs: Sequence[Execution]) -> list[TxnOp]:
+        """Create-if-absent for each record; a record that exists already is read back in the same
+        txn (the failure branch), so the caller learns its real state without a second round trip."""
         out = []
         for e in execs:
             k = self.key(e)
-            out.append(txn([Compare.create_revision(k, "==", 0)], [put(k, encode_execution(e))]))
+            out.append(txn([Compare.create_revision(k, "==", 0)], [put(k, encode_execution(e))], [get(k)]))
+        return out
+
+    @staticmethod
+    def existing(r: TxnResult) -> list[Execution]:
+        """Records that a batch of `create_ops` found already there (as they were at that revision)."""
+        out = []
+        for x in r.responses:
+            if isinstance(x, TxnResult) and not x.succeeded:
+                for g in x.responses:
+                    if isinstance(g, RangeResult):
+                        out += [decode_execution(kv.value, kv.mod_revision) for kv in g.kvs]
         return out
 
     def cas_op(self, new: Execution, read_revision: int, *, payload: bytes = b"", now_ms: int = 0,
@@ -72,6 +86,21 @@ class Ledger:
         p = partition_for(schedule_id, self.partitions)
         got = await kv.get(self.ks.execution(p, schedule_id, planned_ms), timeout=timeout)
         return None if got is None else decode_execution(got.value, got.mod_revision)
+
+    async def list_unfinished(
+        self, kv: KV, partition: int, *, timeout: float | None = None
+    ) -> tuple[list[Execution], int]:
+        """The partition's executions that are not terminal (what a new owner must track). Terminal
+        records (most of a busy partition's history) are recognised without decoding them, and the
+        event loop gets a turn every thousand records: a claim must not starve lease keep-alives."""
+        r = await kv.range(self.ks.executions(partition), prefix=True, timeout=timeout)
+        out = []
+        for i, x in enumerate(r.kvs):
+            if peek_state(x.value) not in TERMINAL:
+                out.append(decode_execution(x.value, x.mod_revision))
+            if i % 1000 == 999:
+                await asyncio.sleep(0)
+        return out, r.revision
 
     async def list_partition(
         self, kv: KV, partition: int, *, schedule_id: str | None = None, timeout: float | None = None

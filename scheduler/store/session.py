@@ -13,15 +13,17 @@ import logging
 
 from scheduler.config import CoordinationSettings
 from scheduler.errors import SchedError
+from scheduler.store.etcd.deadline import LeaseObserver
 from scheduler.store.kv import KV, Keeper
 
 log = logging.getLogger(__name__)
 
 
 class Session:
-    def __init__(self, kv: KV, settings: CoordinationSettings) -> None:
+    def __init__(self, kv: KV, settings: CoordinationSettings, observer: LeaseObserver | None = None) -> None:
         self._kv = kv
         self._settings = settings
+        self._observer = observer  # renew latency and failures (metrics)
         self._keeper: Keeper | None = None
 
     async def start(self) -> None:
@@ -30,6 +32,7 @@ class Session:
         self._keeper = self._kv.keep_alive(
             lease, safety_margin=s.safety_margin, renew_interval=s.renew, ack_timeout=s.rpc_timeout
         )
+        self._keeper.observer = self._observer
         log.info("session started", extra={"lease": f"{lease.id:x}", "ttl": lease.ttl})
 
     @property

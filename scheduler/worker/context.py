@@ -69,7 +69,8 @@ class ExecutionContext:
         return {
             "execution_id": self.execution_id,
             "schedule_id": self.schedule_id,
+            "partition": self.fencing_token.partition,
+            "token": str(self.fencing_token),
             "attempt": self.attempt,
-            "fencing_token": str(self.fencing_token),
             "task_type": self.task_type,
         }

@@ -7,7 +7,7 @@ import os
 import socket
 from dataclasses import dataclass
 
-from scheduler.config import Settings
+from scheduler.config import Settings, parse_listen_address
 from scheduler.errors import InvalidArgument
 from scheduler.model import ID_RE, MAX_NAME_LEN
 
@@ -45,6 +45,7 @@ class WorkerSettings(Settings):
     shell_kill_grace: float = 2.0  # shell executor: SIGTERM, then SIGKILL the process group after this
     http_timeout: float = 30.0  # http executor: default when the payload has no timeout_s
     log_level: str = "info"
+    metrics_address: str = ""  # host:port of the Prometheus endpoint (port 0: pick one); empty or "off": none
 
     @property
     def resolved_worker_id(self) -> str:
@@ -72,5 +73,6 @@ class WorkerSettings(Settings):
                 raise InvalidArgument(name, "must not be negative")
         if self.reconnect_backoff_max < self.reconnect_backoff_min:
             raise InvalidArgument("reconnect_backoff_max", "must be >= reconnect_backoff_min")
+        parse_listen_address("metrics_address", self.metrics_address)
         if self.log_level.upper() not in logging.getLevelNamesMapping():
             raise InvalidArgument("log_level", f"{self.log_level!r} is not a level (debug, info, warning, error)")

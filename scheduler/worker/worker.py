@@ -24,6 +24,7 @@ from typing import Any, Protocol, Self, runtime_checkable
 from scheduler import __version__
 from scheduler._gen.scheduler.v1 import worker_service_pb2 as wpb
 from scheduler.clock import SYSTEM_CLOCK, Clock
+from scheduler.metrics.worker import UNREGISTERED, WorkerMetrics
 from scheduler.worker import protocol
 from scheduler.worker.attempt import Attempt, AttemptKey, ErrorClass, Handler, Outcome, State, Status, Stop
 from scheduler.worker.credits import CreditBook
@@ -82,6 +83,8 @@ class Worker:
         self._closing = False
         self._closed = asyncio.Event()
         self._acked = asyncio.Event()  # set whenever the outbox becomes empty
+        self.metrics = WorkerMetrics()  # served over HTTP only when metrics_address is set (cli/worker.py)
+        self.metrics.attach(self)
 
     # --- registration and lifecycle -------------------------------------------------------------
 
@@ -105,6 +108,11 @@ class Worker:
     @property
     def streams(self) -> dict[str, PlannerStream]:
         return self.planners.streams
+
+    @property
+    def attempts_held(self) -> list[Attempt]:
+        """Every attempt assigned here and not finished (pending or running)."""
+        return list(self._attempts.values())
 
     @property
     def running(self) -> list[Attempt]:
@@ -238,6 +246,7 @@ class Worker:
 
     def _on_assignments(self, stream: PlannerStream, assignments: list[wpb.Assignment]) -> None:
         within = self.book.received(stream.address, len(assignments), self.clock.monotonic())
+        self.metrics.received += len(assignments)
         handed_back: list[Attempt] = []
         for i, a in enumerate(assignments):
             ctx, timeout = protocol.context_from_assignment(a, self.worker_id, self.clock)
@@ -298,8 +307,9 @@ class Worker:
 
     async def _execute(self, attempt: Attempt) -> None:
         fields = attempt.ctx.log_fields()
-        if attempt.stop is None:  # not cancelled while it waited to start
-            log.info("execution started", extra={**fields, "planner": attempt.origin, "timeout_s": attempt.timeout})
+        if attempt.stop is None and log.isEnabledFor(logging.DEBUG):  # per execution: DEBUG (hot path)
+            log.debug("execution started", extra={**fields, "event": "start", "planner": attempt.origin,
+                                                  "timeout_s": attempt.timeout})
         try:
             outcome = await attempt.run()
         finally:
@@ -319,9 +329,15 @@ class Worker:
     def _report(self, attempt: Attempt, outcome: Outcome) -> None:
         finished = self.clock.wall_ms()
         started = attempt.started_ms if attempt.started_ms is not None else finished
-        log.info("execution finished", extra={
-            **attempt.ctx.log_fields(), "outcome": outcome.status.value, "error_class": outcome.error_class.value,
-            "error": outcome.message, "duration_ms": finished - started, "retry_after_s": outcome.retry_after})
+        task_type = attempt.ctx.task_type if attempt.handler is not None else UNREGISTERED
+        self.metrics.finished(task_type, outcome.status.value, finished - started)
+        # A success is routine (DEBUG, hot path); a failure is worth a line at INFO.
+        level = logging.DEBUG if outcome.status is Status.SUCCEEDED else logging.INFO
+        if log.isEnabledFor(level):
+            log.log(level, "execution finished", extra={
+                **attempt.ctx.log_fields(), "event": "result", "outcome": outcome.status.value,
+                "error_class": outcome.error_class.value, "error": outcome.message,
+                "duration_ms": finished - started, "retry_after_s": outcome.retry_after})
         self.outbox.add(protocol.result_pb(attempt, outcome, finished), attempt.origin)
         self._acked.clear()
         self._flush_soon()

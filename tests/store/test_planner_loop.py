@@ -40,6 +40,12 @@ class FakeDispatcher:
     def capacity(self, pool: str) -> int:
         return 1000
 
+    def reserve(self, pool: str, n: int) -> None:
+        return None
+
+    def release(self, pool: str, n: int) -> None:
+        return None
+
     def submit(self, e: Execution, payload: bytes, token: str) -> None:
         self.submitted.append(e)
         if self.outcome == "hold":

@@ -54,6 +54,7 @@ async def test_runs_shell_tasks_logs_them_and_drains_on_sigterm(planner: FakePla
     proc = await asyncio.create_subprocess_exec(
         SCHEDCTL, "worker", "--config", str(cfg), "--planners", planner.address, "--concurrency", "2",
         "--heartbeat-interval", "0.05", "--drain-grace", "0.5", "--shell-kill-grace", "0.2",
+        "--log-level", "debug",  # per-execution lines are DEBUG
         env={**CLEAN_ENV, "SCHED_WORKER_ID": "cli-w", "SCHED_REGION": "eu"},
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
@@ -88,7 +89,8 @@ async def test_runs_shell_tasks_logs_them_and_drains_on_sigterm(planner: FakePla
     events = [x for x in log_lines if x["msg"] in ("execution started", "execution finished")]
     assert len(events) == 4
     for e in events:
-        assert {"execution_id", "schedule_id", "attempt", "fencing_token"} <= e.keys()
+        assert {"execution_id", "schedule_id", "attempt", "partition", "token"} <= e.keys()
     started = next(e for e in events if e["execution_id"] == quick.execution_id)
-    assert (started["schedule_id"], started["attempt"], started["fencing_token"]) == ("sched-a", 1, "3:17")
+    assert (started["schedule_id"], started["attempt"], started["partition"], started["token"]) == (
+        "sched-a", 1, 3, "3:17")
     assert any(x["msg"] == "worker closed" for x in log_lines)

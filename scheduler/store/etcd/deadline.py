@@ -12,6 +12,7 @@ import asyncio
 import enum
 import logging
 from collections.abc import Callable
+from typing import Protocol
 
 from scheduler.store.etcd.errors import LeaseLost
 from scheduler.store.etcd.types import Lease
@@ -22,6 +23,16 @@ log = logging.getLogger(__name__)
 class LeaseLostReason(enum.Enum):
     EXPIRED = "etcd reports the lease gone (TTL <= 0: expired or revoked)"
     LOCAL_DEADLINE = "no keepalive acknowledged before the local deadline"
+
+
+class LeaseObserver(Protocol):
+    """Told about renewals (metrics). Called on the event loop; must be cheap and must not raise."""
+
+    def renewed(self, latency_s: float) -> None: ...
+
+    def renew_failed(self, reason: str) -> None: ...
+
+    def lease_lost(self, reason: str) -> None: ...
 
 
 class LeaseDeadline:
@@ -49,6 +60,7 @@ class LeaseDeadline:
         self._lost: LeaseLostReason | None = None
         self._lost_event = asyncio.Event()
         self.acks = 0
+        self.observer: LeaseObserver | None = None
 
     @property
     def last_ack(self) -> float:
@@ -81,6 +93,8 @@ class LeaseDeadline:
             self._lost = reason
             self._lost_event.set()
             log.warning("lease %x lost: %s", self.lease_id, reason.value)
+            if self.observer is not None:
+                self.observer.lease_lost(reason.name.lower())
 
     def _observe_deadline(self) -> None:
         if self._lost is None and self._clock() >= self.deadline():
@@ -96,3 +110,5 @@ class LeaseDeadline:
         self.ttl = min(self.ttl, ttl)  # etcd echoes the granted TTL; never assume more than granted
         self._last_ack = max(self._last_ack, sent_at)
         self.acks += 1
+        if self.observer is not None:
+            self.observer.renewed(self._clock() - sent_at)

@@ -105,14 +105,21 @@ class LeaseKeeper(LeaseDeadline):
                     self._mark_lost(LeaseLostReason.EXPIRED)
                     break
                 await reauthenticate_after(self._conn, exc, token)  # then back off like any other break
+                self._renew_failed("stream_error")
                 log.info("lease %x keepalive stream broke: %s %s", self.lease_id, exc.code(), exc.details())
             except _StreamStalled:
+                self._renew_failed("stalled")
                 log.info("lease %x keepalive unanswered for %.2fs, reopening", self.lease_id, self.ack_timeout)
             except asyncio.InvalidStateError:
+                self._renew_failed("stream_error")
                 log.info("lease %x keepalive stream ended while writing, reopening", self.lease_id)
             if self.lost_reason is None:
                 await asyncio.sleep(max(0.0, min(pause, self.remaining())))
                 pause = min(pause * 2, _BACKOFF[1])
+
+    def _renew_failed(self, reason: str) -> None:
+        if self.observer is not None:
+            self.observer.renew_failed(reason)
 
     async def _one_stream(self) -> None:
         call: Any = self._conn.stream(self._conn.stubs.lease.LeaseKeepAlive)

@@ -1,0 +1,172 @@
+"""A planner node's metrics. Names and labels are documented in docs/operations.md.
+
+Events on the hot path (executions dispatched, results recorded) bump plain ints and lock-free
+histograms, once per batch where the caller has one; everything that is a state (partitions owned,
+lag, checkpoints, queue depth, workers) is read from the node when Prometheus scrapes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import CollectorRegistry
+
+from scheduler.dispatch.service import Dispatcher
+from scheduler.execution import ErrorClass, ExecState, Execution, Trigger
+from scheduler.metrics.core import (
+    SECONDS_BUCKETS,
+    CallbackCollector,
+    GuardedCounter,
+    GuardedHistograms,
+    LoopHistogram,
+    counter_family,
+    histogram_family,
+)
+
+if TYPE_CHECKING:
+    from scheduler.node import PlannerNode
+
+DEFAULT_SCHEDULE_LIMIT = 100  # schedules with their own start-lag series per process (the rest: _other)
+TASK_TYPE_LIMIT = 100  # task types with their own dead_letter_total series per process
+
+ATTEMPT_STATUSES = ("succeeded", "failed", "timeout")
+
+
+def attempt_status(e: Execution) -> str:
+    cur = e.current
+    if cur is None or cur.succeeded:
+        return "succeeded"
+    return "timeout" if cur.error_class is ErrorClass.TIMEOUT else "failed"
+
+
+class PlannerMetrics:
+    def __init__(self, *, schedule_limit: int = DEFAULT_SCHEDULE_LIMIT, task_type_limit: int = TASK_TYPE_LIMIT) -> None:
+        self.registry = CollectorRegistry()
+        self.enqueued = 0
+        self.attempts = dict.fromkeys(ATTEMPT_STATUSES, 0)
+        self.dead_letters = GuardedCounter(task_type_limit)
+        self.start_lag = GuardedHistograms(schedule_limit, SECONDS_BUCKETS)
+        self.renew_latency = LoopHistogram(SECONDS_BUCKETS)
+        self.renew_failures: dict[str, int] = {}
+        self.leases_lost: dict[str, int] = {}
+        self.partitions_lost: dict[str, int] = {}
+        self._node: PlannerNode | None = None
+        self.registry.register(CallbackCollector(self.collect))
+
+    def attach(self, node: PlannerNode) -> None:
+        """The node whose state the gauges read at scrape time."""
+        self._node = node
+
+    # ---- events (hot path: ints and lock-free histograms only) -------------------------------------
+
+    def dispatched(self, execs: Sequence[Execution], now_ms: int) -> None:
+        """One planner round's executions handed to the dispatch queue."""
+        self.enqueued += len(execs)
+        lag = self.start_lag
+        for e in execs:
+            # First attempts of planned runs only: a retry or a backfill is late on purpose.
+            if e.attempt == 1 and e.trigger is Trigger.SCHEDULED:
+                lag.observe(e.schedule_id, max(0, now_ms - e.due_ms) / 1000)
+
+    def attempt_recorded(self, e: Execution) -> None:
+        """An attempt's outcome written to the ledger by this node (a worker's result or a timeout)."""
+        self.attempts[attempt_status(e)] += 1
+        if e.state is ExecState.DEAD_LETTER:
+            self.dead_letters.inc(e.task_type)
+
+    def partition_lost(self, reason: str) -> None:
+        self.partitions_lost[reason] = self.partitions_lost.get(reason, 0) + 1
+
+    # LeaseObserver (scheduler/store/etcd/deadline.py)
+    def renewed(self, latency_s: float) -> None:
+        self.renew_latency.observe(latency_s)
+
+    def renew_failed(self, reason: str) -> None:
+        self.renew_failures[reason] = self.renew_failures.get(reason, 0) + 1
+
+    def lease_lost(self, reason: str) -> None:
+        self.leases_lost[reason] = self.leases_lost.get(reason, 0) + 1
+
+    # ---- scrape ----------------------------------------------------------------------------------------
+
+    def collect(self) -> Iterable[Metric]:
+        yield CounterMetricFamily("due_jobs_enqueued", "Executions handed to the dispatch queue (each attempt once).",
+                                  value=self.enqueued)
+        yield counter_family("execution_attempts", "Attempt outcomes recorded in the ledger by this node.",
+                             "status", self.attempts)
+        yield self.dead_letters.family("dead_letter", "Executions moved to the dead-letter state by this node.",
+                                       "task_type")
+        yield self.start_lag.family(
+            "scheduler_start_lag_seconds",
+            "Dispatch time minus due time of first attempts, per schedule (first N schedules, then _other).",
+            "schedule")
+        yield histogram_family("scheduler_lease_renew_latency_seconds",
+                               "Round trip of acknowledged lease keepalives.", self.renew_latency)
+        yield counter_family("scheduler_lease_renew_failures", "Keepalive streams that broke or stalled.",
+                             "reason", self.renew_failures)
+        yield counter_family("scheduler_leases_lost", "Session leases lost (expired in etcd or local deadline).",
+                             "reason", self.leases_lost)
+        yield counter_family("scheduler_partitions_lost", "Partitions this node stopped owning, by reason.",
+                             "reason", self.partitions_lost)
+        if self._node is not None:
+            yield from _node_gauges(self._node)
+
+
+def _node_gauges(node: PlannerNode) -> Iterable[Metric]:
+    now_ms = node.clock.wall_ms()
+    owned = node.ownership.owned_partitions()
+    yield GaugeMetricFamily("scheduler_partitions_owned", "Partitions this node owns now.", value=len(owned))
+    lag = GaugeMetricFamily("scheduler_lag_seconds",
+                            "Now minus the oldest due time not yet dispatched, per owned partition (0: none).",
+                            labels=["partition"])
+    behind = GaugeMetricFamily(
+        "scheduler_checkpoint_behind_seconds",
+        "Now minus the partition's checkpoint watermark, floored at 0 (planning is behind when > 0).",
+        labels=["partition"])
+    watermark = GaugeMetricFamily("scheduler_checkpoint_watermark_timestamp_seconds",
+                                  "The partition's checkpoint watermark (every planned time up to it is handled).",
+                                  labels=["partition"])
+    for p, planner in sorted(node.planners.items()):
+        if p not in owned:
+            continue
+        label = [str(p)]
+        oldest = planner.pending.oldest_ready()
+        lag.add_metric(label, max(0, now_ms - oldest) / 1000 if oldest is not None else 0.0)
+        wm = planner.ck.watermark_ms
+        if wm:
+            behind.add_metric(label, max(0, now_ms - wm) / 1000)
+            watermark.add_metric(label, wm / 1000)
+    yield lag
+    yield behind
+    yield watermark
+    stats = node.fence_stats
+    yield CounterMetricFamily("scheduler_fenced_txns", "Owner writes sent with the fencing-token compare.",
+                              value=stats.txns)
+    yield CounterMetricFamily("scheduler_fencing_rejections",
+                              "Owner writes etcd refused because the fencing token was stale.",
+                              value=stats.fenced_out)
+    yield CounterMetricFamily("scheduler_partition_restarts",
+                              "Partition planners reloaded from etcd (lost compare-and-swap, unknown outcome).",
+                              value=node.restarts)
+    d = node.dispatcher
+    depth = GaugeMetricFamily("scheduler_dispatch_queue_depth", "Executions waiting for a worker, per pool.",
+                              labels=["pool"])
+    workers = GaugeMetricFamily("scheduler_connected_workers", "Worker streams connected to this node, per pool.",
+                                labels=["pool"])
+    credits = GaugeMetricFamily("scheduler_worker_credits", "Assignments workers of the pool can take now.",
+                                labels=["pool"])
+    if isinstance(d, Dispatcher):
+        for pool, n in sorted(d.queue.depths().items()):
+            depth.add_metric([pool], n)
+        per_pool: dict[str, int] = {}
+        for c in d.conns.values():
+            per_pool[c.pool] = per_pool.get(c.pool, 0) + c.credits
+        for pool, n in sorted(d.connected_workers().items()):
+            workers.add_metric([pool], n)
+            credits.add_metric([pool], per_pool.get(pool, 0))
+    yield depth
+    yield workers
+    yield credits

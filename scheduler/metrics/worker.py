@@ -1,0 +1,64 @@
+"""A worker process's metrics. Names and labels are documented in docs/operations.md.
+
+`execution_duration_ms` is observed once per finished attempt into a lock-free histogram cached per
+(task type, status); everything else is read from the worker when Prometheus scrapes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import CollectorRegistry
+
+from scheduler.metrics.core import MS_BUCKETS, CallbackCollector, LoopHistogram
+
+if TYPE_CHECKING:
+    from scheduler.worker.worker import Worker
+
+UNREGISTERED = "_unregistered"  # the task-type label of assignments this worker has no handler for
+
+
+class WorkerMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.received = 0
+        # (task type, status) -> histogram. Bounded: task types are this worker's registered handlers
+        # (others map to _unregistered) and statuses the three outcomes.
+        self.durations: dict[tuple[str, str], LoopHistogram] = {}
+        self._worker: Worker | None = None
+        self.registry.register(CallbackCollector(self.collect))
+
+    def attach(self, worker: Worker) -> None:
+        self._worker = worker
+
+    def finished(self, task_type: str, status: str, duration_ms: float) -> None:
+        key = (task_type, status)
+        h = self.durations.get(key)
+        if h is None:
+            h = self.durations[key] = LoopHistogram(MS_BUCKETS)
+        h.observe(duration_ms)
+
+    def collect(self) -> Iterable[Metric]:
+        fam = HistogramMetricFamily("execution_duration_ms",
+                                    "Handler run time of attempts finished on this worker, in milliseconds.",
+                                    labels=["task_type", "status"])
+        for (task_type, status), h in sorted(self.durations.items()):
+            fam.add_metric([task_type, status], h.buckets(), h.sum)
+        yield fam
+        yield CounterMetricFamily("scheduler_worker_assignments_received",
+                                  "Assignments received from planners.", value=self.received)
+        w = self._worker
+        if w is None:
+            return
+        yield GaugeMetricFamily("scheduler_worker_running_attempts", "Attempts this worker holds now (running or "
+                                "about to start).", value=len(w.attempts_held))
+        yield GaugeMetricFamily("scheduler_worker_concurrency", "Most attempts this worker runs at once.",
+                                value=w.settings.concurrency)
+        yield GaugeMetricFamily("scheduler_worker_connected_planners", "Planner streams open now.",
+                                value=len(w.planners.connected))
+        yield GaugeMetricFamily("scheduler_worker_unacked_results",
+                                "Results sent or waiting to be sent that no planner has acknowledged yet.",
+                                value=len(w.outbox))
