@@ -483,6 +483,30 @@ def test_rerun_a_planned_time(cluster: ApiCluster) -> None:
 
 
 @requires_ops
+def test_rerun_of_a_scheduled_run_records_the_run_per_attempt(cluster: ApiCluster) -> None:
+    a = cluster.schedules("b")
+    a.CreateSchedule(spb.CreateScheduleRequest(schedule=sched("op-r2", spec="* * * * * *")), timeout=10)
+
+    def one_done() -> epb.Execution | None:
+        r = a.ListExecutions(spb.ListExecutionsRequest(schedule_id="op-r2", states=[epb.EXECUTION_STATE_SUCCEEDED]),
+                             timeout=10)
+        return r.executions[0] if r.executions else None
+
+    first = wait_until(one_done, 30, "a succeeded execution of op-r2")
+    assert first.trigger == epb.TRIGGER_SCHEDULED
+    a.RerunExecution(spb.RerunExecutionRequest(schedule_id="op-r2", planned_at=first.planned_at), timeout=10)
+
+    def rerun_done() -> epb.Execution | None:
+        e = a.GetExecution(spb.GetExecutionRequest(execution_id=first.execution_id), timeout=10).execution
+        return e if e.state == epb.EXECUTION_STATE_SUCCEEDED and e.attempt == 2 else None
+
+    again = wait_until(rerun_done, 30, "the rerun to succeed")
+    a.PauseSchedule(spb.PauseScheduleRequest(id="op-r2"), timeout=10)
+    assert again.trigger == epb.TRIGGER_SCHEDULED  # how it came to exist never changes
+    assert [x.trigger for x in again.attempts] == [epb.TRIGGER_SCHEDULED, epb.TRIGGER_RERUN]
+
+
+@requires_ops
 def test_backfill_streams_progress_and_is_safe_to_repeat(cluster: ApiCluster) -> None:
     a = cluster.schedules("b")
     a.CreateSchedule(spb.CreateScheduleRequest(schedule=sched("op-b", spec="* * * * *", worker_pool="nopool")),
