@@ -11,6 +11,7 @@ Without an etcd binary these fixtures FAIL (not skip): CI must notice a missing 
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -27,9 +28,13 @@ _ETCD_FIXTURES = frozenset({"etcd_binary", "etcd_server", "etcd_factory", "etcd_
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # A test that reaches etcd through a fixture is an `etcd` test even if its module forgot the mark,
     # so that `-m "not etcd"` never starts a server by accident.
+    full = os.environ.get("SCHED_FULL") == "1"
     for item in items:
         if _ETCD_FIXTURES.intersection(getattr(item, "fixturenames", ())) and not item.get_closest_marker("etcd"):
             item.add_marker(pytest.mark.etcd)
+        # The quick (CI) mode leaves out long runs; SCHED_FULL=1 (scripts/test.sh) includes them.
+        if not full and item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.skip(reason="long-running (marked slow): set SCHED_FULL=1 to run it"))
 
 
 @pytest.fixture(scope="session")

@@ -52,7 +52,7 @@ from scheduler.planner.settings import PlannerSettings
 from scheduler.store.checkpoint import Checkpoint, advance, read_checkpoint
 from scheduler.store.codec import peek_state
 from scheduler.store.combiner import WriteCombiner
-from scheduler.store.etcd.ops import Compare, Op, delete, txn
+from scheduler.store.etcd.ops import Compare, Op, delete, get, txn
 from scheduler.store.etcd.types import TxnResult
 from scheduler.store.fenced import Fence, FenceStats, fenced_txn
 from scheduler.store.keyspace import Keyspace
@@ -470,7 +470,8 @@ class PartitionPlanner:
             new, _ = result(e, e.attempt, succeeded=False, error_class=ErrorClass.TIMEOUT,
                             message="deadline passed without a result", now_ms=now_ms)
             cas.append((e, new))
-        ok = await self._commit([self.ledger.cas_op(new, old.mod_revision, now_ms=now_ms, old_state=old.state)
+        ok = await self._commit([self.ledger.cas_op(new, old.mod_revision, payload=self._dead_payload(new),
+                                                    now_ms=now_ms, old_state=old.state)
                                   for old, new in cas])
         for (_, new), (applied, rev) in zip(cas, ok, strict=False):
             if applied:
@@ -490,6 +491,11 @@ class PartitionPlanner:
         fence = self.ownership.fence(self.p)
         return f"{self.p}:{fence.token}" if fence is not None else ""
 
+    def _dead_payload(self, e: Execution) -> bytes:
+        """A dead letter keeps the schedule's payload for a replay (as results.record_result does)."""
+        sch = self.schedules.get(e.schedule_id)
+        return sch.stored.schedule.payload if sch is not None and e.state is ExecState.DEAD_LETTER else b""
+
     def record_transition(self, e: Execution) -> None:
         """A result recorded by this node's dispatcher: keep the snapshot current."""
         self.pending.put(e)
@@ -497,25 +503,43 @@ class PartitionPlanner:
 
     async def sweep(self, now_ms: int) -> int:
         """Delete terminal records past the retention period or count (never dead letters), and
-        skip records past the period. Fenced like every owner write. Returns how many were deleted."""
-        # Only the state, schedule and planned time of each record matter here: no full decode.
-        listing = await self.kv.range(self.ks.executions(self.p), prefix=True, timeout=self.rpc_timeout)
+        skip records past the period. Fenced like every owner write. Returns how many were deleted.
+
+        Keys first: a key names the schedule and the planned time, so the candidates (too old, or
+        beyond the count) are found without transferring a single record; only the candidates' values
+        are read, to delete the terminal ones. A partition with nothing to delete costs one keys-only
+        listing, not a read of its whole history."""
+        listing = await self.kv.range(self.ks.executions(self.p), prefix=True, keys_only=True,
+                                      timeout=self.rpc_timeout)
         cutoff = now_ms - self.s.retention_ms
-        by_schedule: dict[bytes, list[tuple[int, bytes, int]]] = {}  # (planned ms, key, mod_revision)
+        by_schedule: dict[bytes, list[tuple[int, bytes]]] = {}  # (planned ms, key), unfinished ones left out
         for i, x in enumerate(listing.kvs):
-            if peek_state(x.value) in TERMINAL:
-                # The key ends in `<schedule id>/<planned ms>`: no need to decode the record.
-                head, _, planned = x.key.rpartition(b"/")
-                by_schedule.setdefault(head, []).append((int(planned), x.key, x.mod_revision))
-            if i % 2000 == 1999:
+            head, _, planned = x.key.rpartition(b"/")
+            by_schedule.setdefault(head, []).append((int(planned), x.key))
+            if i % 5000 == 4999:
                 await asyncio.sleep(0)  # a long history must not starve lease keep-alives
-        doomed: list[Op] = []
+        candidates: list[bytes] = []
         for es in by_schedule.values():
-            es.sort(key=lambda x: x[0], reverse=True)
-            for i, (planned_ms, k, mod_revision) in enumerate(es):
-                if i >= self.s.retention_count or planned_ms < cutoff:
-                    # Only if unchanged since we read it: a replay may have brought it back to life.
-                    doomed.append(txn([Compare.mod_revision(k, "==", mod_revision)], [delete(k)]))
+            if len(es) <= self.s.retention_count and min(es)[0] >= cutoff:
+                continue
+            es.sort(reverse=True)
+            # The count is of terminal records; unfinished ones (known to this owner) are not counted.
+            kept = 0
+            for planned_ms, k in es:
+                if self.pending.get(self.ks.execution_id_of(k)) is not None:
+                    continue
+                if kept >= self.s.retention_count or planned_ms < cutoff:
+                    candidates.append(k)
+                else:
+                    kept += 1
+        doomed: list[Op] = []
+        for i in range(0, len(candidates), 100):
+            got = await self.kv.txn([], [get(k) for k in candidates[i:i + 100]], timeout=self.rpc_timeout)
+            for r in got.responses:
+                for x in getattr(r, "kvs", ()):
+                    if peek_state(x.value) in TERMINAL:
+                        # Only if unchanged since we read it: a replay may have brought it back to life.
+                        doomed.append(txn([Compare.mod_revision(x.key, "==", x.mod_revision)], [delete(x.key)]))
         skips = await self.kv.range(self.ks.skips(self.p), prefix=True, keys_only=True, timeout=self.rpc_timeout)
         for kv in skips.kvs:
             through = int(kv.key.rsplit(b"-", 1)[1])

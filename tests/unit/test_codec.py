@@ -8,8 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scheduler.execution import Attempt, ErrorClass, ExecState, Execution, Trigger, new_execution
-from scheduler.model import RetryPolicy
+from scheduler.model import RetryPolicy, execution_id
 from scheduler.store.codec import _encode_execution_slow, decode_execution, encode_execution, peek_state
+from scheduler.store.keyspace import Keyspace
 
 _text = st.lists(st.sampled_from(['a', 'Z', '"', '\\', ',', ':', 'é', '\n', '€', '"st":"', ',"st":"x']),
                 max_size=6).map("".join)
@@ -52,3 +53,9 @@ def test_new_execution_equals_the_dataclass_constructor(e: Execution) -> None:
               planned_ms=e.planned_ms, due_ms=e.due_ms, trigger=e.trigger, retry=e.retry, timeout_ms=e.timeout_ms)
     fast, slow = new_execution(**kw), Execution(**kw)  # type: ignore[arg-type]
     assert fast == slow and fast.__dict__ == slow.__dict__ and hash(fast) == hash(slow)
+
+
+@given(st.sampled_from(["s1", "a/b", "x-y_z.9", "é/ü"]), st.integers(0, 2**40), st.sampled_from(["/sched", "/a/b"]))
+def test_execution_keys_name_their_execution_id(sid: str, planned_ms: int, prefix: str) -> None:
+    ks = Keyspace(prefix)
+    assert ks.execution_id_of(ks.execution(3, sid, planned_ms)) == execution_id(sid, planned_ms)

@@ -1,0 +1,144 @@
+"""A small engine under test for the process-level proofs: one etcd, `schedctl planner` processes and
+effect-worker processes (tests/integration/effect_worker.py), and the etcd-side readers the checks use.
+
+Everything is started through tests/processes.py (backstops: atexit, parent-death signal) and stopped
+by pid in `close()`; call it from a finalizer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from scheduler.clock import SYSTEM_CLOCK
+from scheduler.execution import Execution
+from scheduler.model import Schedule
+from scheduler.store.etcd import EtcdClient
+from scheduler.store.keyspace import Keyspace, partition_for
+from scheduler.store.ledger import Ledger
+from scheduler.store.schedules import ScheduleStore
+from tests.etcd_cluster import EtcdCluster, free_port
+from tests.integration.planners import FAST, PlannerProcess, PlannerSet
+from tests.processes import forget, spawn
+
+WORKER = str(Path(__file__).with_name("effect_worker.py"))
+PLANNER_SETTINGS = {**FAST, "lookahead_ms": "1000", "late_grace_ms": "2000"}
+
+
+def stop_process(p: subprocess.Popen[bytes], timeout: float = 15.0) -> int:
+    """SIGTERM, wait, SIGKILL if it hangs; returns the exit code."""
+    if p.poll() is None:
+        os.kill(p.pid, signal.SIGTERM)
+        try:
+            p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.kill(p.pid, signal.SIGKILL)
+            p.wait()
+    forget(p.pid)
+    rc = p.poll()
+    assert rc is not None
+    return rc
+
+
+def kill_process(p: subprocess.Popen[bytes]) -> None:
+    if p.poll() is None:
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait()
+    forget(p.pid)
+
+
+async def wait_until(check: Callable[[], Awaitable[bool]], timeout: float, what: str, every: float = 0.1) -> float:
+    """Poll `check` until it holds; returns the seconds it took. Fails naming `what` on timeout."""
+    t0 = time.monotonic()
+    while not await check():
+        if time.monotonic() - t0 > timeout:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        await asyncio.sleep(every)
+    return time.monotonic() - t0
+
+
+def next_second_ms(after_s: float) -> int:
+    """A whole second at least `after_s` from now (a planned time of an every-second spec)."""
+    return (SYSTEM_CLOCK.wall_ms() + int(after_s * 1000)) // 1000 * 1000 + 1000
+
+
+def lines(path: Path) -> list[list[str]]:
+    """`<id> <attempt> <worker>` lines of an effects/starts file."""
+    return [ln.split() for ln in path.read_text().splitlines()] if path.exists() else []
+
+
+@dataclass
+class Engine:
+    etcd: EtcdCluster
+    base: Path
+    kv: EtcdClient
+    partitions: int = 4
+    prefix: str = "/eng"
+    planner_settings: dict[str, str] = field(default_factory=lambda: dict(PLANNER_SETTINGS))
+    workers: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    addresses: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.ks = Keyspace(self.prefix)
+        self.planners = PlannerSet(self.base / "planners", self.etcd.endpoints, self.prefix,
+                                   partitions=self.partitions, settings=self.planner_settings)
+        self.store = ScheduleStore(self.kv, self.ks, self.partitions)
+        self.ledger = Ledger(self.ks, self.partitions)
+        self.effects = self.base / "effects.log"
+        self.starts = self.base / "starts.log"
+
+    # ---- processes ------------------------------------------------------------------------------
+
+    def start_planner(self, node_id: str, **settings: str) -> PlannerProcess:
+        port = free_port()
+        self.addresses.append(f"127.0.0.1:{port}")
+        return self.planners.start(node_id, settings={"api_port": str(port), **settings})
+
+    def start_worker(self, wid: str, *, drain_grace: float = 5.0) -> subprocess.Popen[bytes]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SCHED_")}
+        argv = [sys.executable, WORKER, "--id", wid, "--planners", ",".join(self.addresses),
+                "--effects", str(self.effects), "--starts", str(self.starts), "--drain-grace", str(drain_grace)]
+        p = spawn(argv, self.base / f"{wid}.log", env=env)
+        self.workers[wid] = p
+        return p
+
+    def close(self) -> None:
+        for p in self.workers.values():
+            kill_process(p)
+        self.planners.close()
+
+    # ---- etcd-side reads ------------------------------------------------------------------------
+
+    async def create(self, *schedules: Schedule) -> None:
+        for s in schedules:
+            await self.store.create(s, SYSTEM_CLOCK.wall_ms())
+
+    async def record(self, schedule_id: str, planned_ms: int) -> Execution | None:
+        return await self.ledger.get(self.kv, schedule_id, planned_ms, timeout=2.0)
+
+    async def executions(self) -> list[Execution]:
+        out: list[Execution] = []
+        for p in range(self.partitions):
+            out += (await self.ledger.list_partition(self.kv, p, timeout=5.0))[0]
+        return out
+
+    async def dead_letter(self, schedule_id: str, planned_ms: int) -> dict[str, object] | None:
+        p = partition_for(schedule_id, self.partitions)
+        got = await self.kv.get(self.ks.dead_letter(p, schedule_id, planned_ms), timeout=2.0)
+        return None if got is None else dict(json.loads(got.value))
+
+    def logs(self) -> str:
+        parts = [self.planners.logs(20)]
+        for wid in self.workers:
+            path = self.base / f"{wid}.log"
+            tail = path.read_text(errors="replace").splitlines()[-15:] if path.exists() else []
+            parts.append(f"--- worker {wid}\n" + "\n".join(tail))
+        return "\n".join(parts)
