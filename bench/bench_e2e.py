@@ -136,9 +136,12 @@ async def run_rate(rate: int, args: argparse.Namespace, workdir: Path) -> Result
             w0 = SYSTEM_CLOCK.wall_ms()
             await asyncio.sleep(args.seconds)
             w1 = SYSTEM_CLOCK.wall_ms()
+            rev1 = (await kv.range("/none")).revision
             req1 = _metric_total(metrics)
-            created = (await kv.range(f"{PREFIX}/executions/", prefix=True, count_only=True,
-                                      min_create_revision=rev0 + 1)).count
+            # Keys, not count_only: etcd's `count` ignores the revision filters (it counts the whole
+            # range), which made every earlier run report all keys ever created as "in the window".
+            created = len((await kv.range(f"{PREFIX}/executions/", prefix=True, keys_only=True,
+                                          min_create_revision=rev0 + 1, max_create_revision=rev1)).kvs)
             for p in procs[args.planners:]:
                 _stop(p)
             lags: list[tuple[int, int]] = []

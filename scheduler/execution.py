@@ -8,17 +8,23 @@ so whichever planner receives a result can decide the next state without loading
 States: scheduled -> dispatched(attempt n) -> running -> succeeded | retry_wait -> dispatched(n+1)...
         | dead_letter (retries exhausted or a permanent error; replay -> scheduled, discard -> failed);
         plus skipped(reason) and cancelled. `failed` is terminal only after a discarded dead letter.
+        An operator's rerun takes a terminal record back to scheduled (same id, next attempt).
+
+Attempt numbers only grow: a rerun or replay starts a fresh retry budget at `attempt_base` (the
+attempt number reached before it), so attempt n of the first run and attempt n+1 of the rerun can
+never be mistaken for each other by a worker, a sink or the CAS.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from enum import StrEnum
 from typing import Any, TypeVar
 
 from scheduler.errors import SchedError
 from scheduler.model import RetryPolicy
 from scheduler.timeplan.hashing import stable_u64
+from scheduler.timeplan.policy import Overlap
 
 
 class ExecState(StrEnum):
@@ -103,6 +109,7 @@ class Attempt:
     error_class: ErrorClass | None = None
     message: str = ""
     succeeded: bool = False
+    trigger: Trigger | None = None  # the run it belongs to when an operator started one again (rerun, replay)
 
 
 @dataclass(frozen=True)
@@ -122,6 +129,14 @@ class Execution:
     attempts: tuple[Attempt, ...] = ()
     next_attempt_ms: int = 0  # retry_wait: not before this
     skip_reason: str = ""
+    # Per-run overrides set by operator operations (trigger, backfill, rerun, replay); None: the
+    # schedule's own overlap policy and current payload.
+    overlap: Overlap | None = None
+    payload: bytes | None = None  # a replayed dead letter runs with the payload it died with
+    attempt_base: int = 0  # attempts up to this one belong to earlier runs (rerun/replay budget)
+    # `trigger` says how the execution was created and never changes; a run an operator started again
+    # is RERUN or REPLAY here, and its attempts carry it.
+    run_trigger: Trigger | None = None
     mod_revision: int = field(default=0, compare=False)  # etcd's, for the next CAS; not stored
 
     @property
@@ -132,9 +147,15 @@ class Execution:
     def current(self) -> Attempt | None:
         return self.attempts[-1] if self.attempts else None
 
+    @property
+    def current_trigger(self) -> Trigger:
+        """The trigger of the run under way: what a worker is told (ExecutionContext.trigger)."""
+        return self.run_trigger or self.trigger
 
-_NEW_DEFAULTS: dict[str, Any] = {"state": ExecState.SCHEDULED, "attempt": 0, "attempts": (), "next_attempt_ms": 0,
-                                 "skip_reason": "", "mod_revision": 0}
+
+# Every defaulted field, taken from the dataclass itself: a field added later cannot be left out.
+_NEW_DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(Execution) if f.default is not MISSING}
+assert not [f for f in fields(Execution) if f.default_factory is not MISSING], "new_execution needs plain defaults"
 
 
 def new_execution(
@@ -172,7 +193,8 @@ def dispatch(e: Execution, *, worker: str, planner: str, token: str, now_ms: int
     if not dispatchable(e, now_ms):
         raise TransitionError(f"{e.id}: cannot dispatch in state {e.state} (due {e.due_ms}, now {now_ms})")
     n = e.attempt + 1
-    a = Attempt(n, worker, planner, token, now_ms, now_ms + e.timeout_ms + deadline_slack_ms(e.timeout_ms))
+    a = Attempt(n, worker, planner, token, now_ms, now_ms + e.timeout_ms + deadline_slack_ms(e.timeout_ms),
+                trigger=e.run_trigger)
     return _evolve(e, state=ExecState.DISPATCHED, attempt=n, attempts=(*e.attempts, a), next_attempt_ms=0)
 
 
@@ -194,10 +216,10 @@ def backoff_ms(e: Execution, attempt: int) -> int:
 
 
 def _should_retry(e: Execution, error_class: ErrorClass) -> bool:
-    if error_class is ErrorClass.PERMANENT or e.attempt >= e.retry.max_attempts:
+    if error_class is ErrorClass.PERMANENT or e.attempt - e.attempt_base >= e.retry.max_attempts:
         return False
     if error_class is ErrorClass.UNKNOWN:
-        unknown = sum(1 for a in e.attempts if a.error_class is ErrorClass.UNKNOWN)
+        unknown = sum(1 for a in e.attempts if a.attempt > e.attempt_base and a.error_class is ErrorClass.UNKNOWN)
         return unknown < e.retry.max_unknown_attempts
     return True
 
@@ -251,18 +273,31 @@ def skip(e: Execution, reason: str) -> Execution:
     return _evolve(e, state=ExecState.SKIPPED, skip_reason=reason)
 
 
-def replay(e: Execution, now_ms: int) -> Execution:
-    """Operator replay of a dead letter: same id, a fresh retry budget, due now."""
+def replay(e: Execution, now_ms: int, *, payload: bytes | None = None) -> Execution:
+    """Operator replay of a dead letter: same id, a fresh retry budget, due now, with the payload it
+    died with. It is the same run continued (like a retry), so the overlap policy does not hold it."""
     if e.state is not ExecState.DEAD_LETTER:
         raise TransitionError(f"{e.id}: only dead letters can be replayed, not {e.state}")
-    return _evolve(e, state=ExecState.RETRY_WAIT, next_attempt_ms=now_ms,
-                   retry=_evolve(e.retry, max_attempts=e.attempt + e.retry.max_attempts))
+    return _evolve(e, state=ExecState.SCHEDULED, run_trigger=Trigger.REPLAY, due_ms=min(e.due_ms, now_ms),
+                   next_attempt_ms=0, attempt_base=e.attempt, overlap=Overlap.ALLOW_ALL,
+                   payload=payload if payload is not None else e.payload)
 
 
 def discard(e: Execution) -> Execution:
     if e.state is not ExecState.DEAD_LETTER:
         raise TransitionError(f"{e.id}: only dead letters can be discarded, not {e.state}")
     return _evolve(e, state=ExecState.FAILED)
+
+
+def rerun(e: Execution, now_ms: int, *, retry: RetryPolicy, timeout_ms: int) -> Execution:
+    """Operator rerun of a finished planned time: back to scheduled under the same id, the next attempt
+    number, the schedule's current retry policy and timeout. The operator asked for this run, so the
+    schedule's overlap policy does not skip it. Dead letters go through `replay` instead."""
+    if not e.terminal:
+        raise TransitionError(f"{e.id}: only a finished execution can be rerun, not {e.state}")
+    return _evolve(e, state=ExecState.SCHEDULED, run_trigger=Trigger.RERUN, due_ms=min(e.due_ms, now_ms),
+                   next_attempt_ms=0, skip_reason="", attempt_base=e.attempt, retry=retry, timeout_ms=timeout_ms,
+                   overlap=Overlap.ALLOW_ALL, payload=None)
 
 
 def log_fields(e: Execution, partition: int | None = None, token: str | None = None) -> dict[str, object]:

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import importlib
 import logging
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -25,6 +26,7 @@ from scheduler.dispatch.service import Dispatcher
 from scheduler.errors import FencedOut, NotFound, OutcomeUnknown
 from scheduler.execution import Disposition, ExecState, Execution, log_fields
 from scheduler.metrics.planner import PlannerMetrics
+from scheduler.model import format_rfc3339_ms
 from scheduler.planner.ownership import LostReason, MemberInfo, NotOwner, Ownership
 from scheduler.planner.partition import DispatchSink, PartitionPlanner, Restart
 from scheduler.planner.results import record_result
@@ -38,6 +40,7 @@ from scheduler.store.fenced import CompareFailed, Fence, FenceStats
 from scheduler.store.keyspace import Keyspace
 from scheduler.store.kv import KV
 from scheduler.store.ledger import Ledger
+from scheduler.store.notices import notice_op, parse_notice
 from scheduler.store.schedules import ScheduleStore, StoredSchedule
 
 log = logging.getLogger("scheduler.node")
@@ -128,8 +131,12 @@ class PlannerNode:
         """The gRPC-facing dispatcher, wired to this node's ledger, members and planners."""
 
         async def record(sid: str, planned_ms: int, attempt: int, **kw: Any) -> tuple[Execution, Disposition]:
+            # A result for a partition another node owns: a notice in the same txn tells that owner to
+            # re-read the record. Costs nothing on the common path (this node is the owner).
+            extra = [] if self.store.partition(sid) in self.planners else \
+                [notice_op(self.ks, self.s.partitions, sid, planned_ms)]
             return await record_result(self.kv, self.ledger, sid, planned_ms, attempt, payload_of=self.payload_of,
-                                       timeout=self.s.rpc_timeout, **kw)
+                                       timeout=self.s.rpc_timeout, extra=extra, **kw)
 
         d = Dispatcher(node_id=self.s.node_id, region=self.s.region, kv=self.kv, ledger=self.ledger, clock=self.clock,
                        record=record, planners=self.planner_infos, on_transition=self._on_transition,
@@ -239,28 +246,51 @@ class PlannerNode:
                 log.info("restarting partition planner: %s", e, extra={"partition": partition})
                 await asyncio.sleep(self.planner_settings.loop_interval)
 
-    async def _watch_schedules(self) -> None:
-        """Route schedule changes to the owning partition planners."""
+    async def _watch(self, prefix: bytes, route: Callable[[EventType, bytes, bytes, int], None],
+                     on_compacted: Callable[[PartitionPlanner], None]) -> None:
+        """One watch stream over a whole prefix, resumed after errors, each event routed."""
         rev = 0
         while True:
             try:
                 if rev == 0:
-                    rev = (await self.kv.range(self.ks.all_schedules, prefix=True, count_only=True)).revision
-                watch = self.kv.watch(self.ks.all_schedules, prefix=True, start_revision=rev + 1)
+                    rev = (await self.kv.range(prefix, prefix=True, count_only=True)).revision
+                watch = self.kv.watch(prefix, prefix=True, start_revision=rev + 1)
                 try:
                     async for batch in watch:
                         for ev in batch.events:
                             rev = max(rev, ev.revision)
-                            self._route(ev.type, ev.kv.key, ev.kv.value, ev.kv.mod_revision)
+                            route(ev.type, ev.kv.key, ev.kv.value, ev.kv.mod_revision)
                 finally:
                     await watch.close()
             except Compacted:
-                rev = 0  # planners reload on their own restarts; fresh events from now on
+                rev = 0  # fresh events from now on; the planners catch up on what was missed
                 for p in self.planners.values():
-                    p.wake.set()
+                    on_compacted(p)
             except EtcdError as e:
-                log.warning("schedule watch: %s", e)
+                log.warning("watch %s: %s", prefix.decode(errors="replace"), e)
                 await asyncio.sleep(0.2)
+
+    async def _watch_schedules(self) -> None:
+        """Route schedule changes to the owning partition planners (they reload on their own restarts)."""
+        await self._watch(self.ks.all_schedules, self._route, lambda p: p.wake.set())
+
+    async def _watch_notices(self) -> None:
+        """Route notices (records changed by others) to the owning partition planners."""
+        await self._watch(self.ks.notices(), self._route_notice, lambda p: p.rescan_notices())
+
+    def _route_notice(self, kind: EventType, key: bytes, value: bytes, mod_revision: int) -> None:
+        if kind is not EventType.PUT:
+            return  # the owner deleting a notice it handled
+        n = parse_notice(key, value)
+        if n is None:
+            return
+        planner = self.planners.get(n.partition)
+        if planner is not None:
+            planner.on_notice(key, n, mod_revision)
+        elif n.cancel_attempt and isinstance(self.dispatcher, Dispatcher):
+            # Not the owner, but the attempt's worker may have re-attached to us: stop it here too.
+            sid_at = f"{n.schedule_id}@{format_rfc3339_ms(n.from_ms)}"
+            self.dispatcher.cancel_attempt(sid_at, n.cancel_attempt, n.reason)
 
     def _route(self, kind: EventType, key: bytes, value: bytes, mod_revision: int) -> None:
         parts = key.rsplit(b"/", 2)
@@ -275,12 +305,13 @@ class PlannerNode:
             planner.on_schedule_delete(sid)
 
     async def run(self) -> None:
-        watcher = asyncio.create_task(self._watch_schedules())
+        watchers = [asyncio.create_task(self._watch_schedules()), asyncio.create_task(self._watch_notices())]
         try:
             await self.ownership.run()
         finally:
-            watcher.cancel()
+            for w in watchers:
+                w.cancel()
             for t in self._loops.values():
                 t.cancel()
             with contextlib.suppress(Exception):
-                await asyncio.gather(watcher, *self._loops.values(), return_exceptions=True)
+                await asyncio.gather(*watchers, *self._loops.values(), return_exceptions=True)

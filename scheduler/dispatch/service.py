@@ -155,12 +155,16 @@ class Dispatcher:
             asyncio.get_running_loop().call_soon(self._pump)
 
     def cancel(self, e: Execution, reason: str) -> None:
-        self.queue.remove(lambda it: it.e.id == e.id)
+        self.cancel_attempt(e.id, e.attempt, reason)
+
+    def cancel_attempt(self, execution_id: str, attempt: int, reason: str) -> None:
+        """Drop the attempt if still queued here; tell its worker to stop if it runs on one of our streams."""
+        self.queue.remove(lambda it: it.e.id == execution_id)
         for c in self.conns.values():
-            if (e.id, e.attempt) in c.running:
+            if (execution_id, attempt) in c.running:
                 c.out.put_nowait(wpb.PlannerMessage(cancel=wpb.Cancel(
-                    execution_id=e.id, attempt=e.attempt, reason=wpb.CANCEL_REASON_OVERLAP if reason == "overlap"
-                    else wpb.CANCEL_REASON_REQUESTED, message=reason)))
+                    execution_id=execution_id, attempt=attempt, reason=wpb.CANCEL_REASON_OVERLAP
+                    if reason == "overlap" else wpb.CANCEL_REASON_REQUESTED, message=reason)))
 
     # ---- sending ----------------------------------------------------------------------------------
 
@@ -173,7 +177,7 @@ class Dispatcher:
             planned_at=ms_to_timestamp(e.planned_ms), attempt=e.attempt,
             fencing_token=execution_pb2.FencingToken(partition=int(part or 0), revision=int(rev or 0)),
             payload=it.payload, deadline=ms_to_timestamp(cur.deadline_ms if cur else 0),
-            trigger=_TRIGGER[e.trigger.value],
+            trigger=_TRIGGER[e.current_trigger.value],
             timeout=ms_to_duration(e.timeout_ms),
         )
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 
 from scheduler.clock import Clock
+from scheduler.errors import NotFound
 from scheduler.execution import (
     IN_FLIGHT,
     TERMINAL,
@@ -50,7 +51,7 @@ from scheduler.planner.ownership import Ownership
 from scheduler.planner.pending import PendingIndex
 from scheduler.planner.settings import PlannerSettings
 from scheduler.store.checkpoint import Checkpoint, advance, read_checkpoint
-from scheduler.store.codec import peek_state
+from scheduler.store.codec import decode_execution, peek_state
 from scheduler.store.combiner import WriteCombiner
 from scheduler.store.etcd.ops import Compare, Op, delete, get, txn
 from scheduler.store.etcd.types import TxnResult
@@ -58,6 +59,7 @@ from scheduler.store.fenced import Fence, FenceStats, fenced_txn
 from scheduler.store.keyspace import Keyspace
 from scheduler.store.kv import KV
 from scheduler.store.ledger import Ledger
+from scheduler.store.notices import Notice, parse_notice
 from scheduler.store.schedules import ScheduleStore, StoredSchedule
 from scheduler.timeplan import Overlap, Plan, SkipReason, jitter_ms
 from scheduler.timeplan.missed import SkipRange, decide_missed
@@ -147,6 +149,10 @@ class PartitionPlanner:
         # some does a round take ready items beyond worker capacity (to skip or hold them).
         self._inactive: set[str] = set()
         self._pools: frozenset[str] | None = None  # worker pools of the schedules (cache)
+        # Notices of records others changed (API operations, results recorded elsewhere): key ->
+        # (notice, its mod_revision). `_rescan`: list the partition's notices from etcd next round.
+        self._notices: dict[bytes, tuple[Notice, int]] = {}
+        self._rescan = False
 
     # ---- snapshot ---------------------------------------------------------------------------------
 
@@ -167,6 +173,9 @@ class PartitionPlanner:
         self._inactive = {sid for sid in self._withdraw if sid not in self.schedules}
         self._inactive |= {sid for sid, sch in self.schedules.items()
                            if sch.stored.schedule.state is ScheduleState.PAUSED}
+        # The records were just read: notices left from before (no owner, a crash) are cleared in the
+        # first round, after re-reading what they name (cheap, and correct whatever their age).
+        self._rescan = True
         return rev
 
     def _add_schedule(self, st: StoredSchedule) -> None:
@@ -388,14 +397,19 @@ class PartitionPlanner:
                     if x.state is not ExecState.SCHEDULED:
                         self.pending.defer(x)  # a retry of a paused schedule waits for the resume
                 continue
-            policy = sch.stored.schedule.policies.overlap
-            allow_all = policy is Overlap.ALLOW_ALL  # always START: no need for the running set
-            running = () if allow_all else self.pending.running(sid)
+            sched_policy = sch.stored.schedule.policies.overlap
+            # An execution may carry its own policy (trigger/backfill override; rerun and replay run
+            # regardless). ALLOW_ALL and retries always START: the running set is needed only otherwise.
+            policies = [x.overlap or sched_policy for x in waiting]
+            need_running = any(x.state is not ExecState.RETRY_WAIT and pol is not Overlap.ALLOW_ALL
+                               for x, pol in zip(waiting, policies, strict=True))
+            running = self.pending.running(sid) if need_running else ()
             for i, x in enumerate(waiting):
                 pool = x.pool
                 if pool not in budget:
                     budget[pool] = self.dispatcher.capacity(pool)
-                if x.state is ExecState.RETRY_WAIT or allow_all:
+                policy = policies[i]
+                if x.state is ExecState.RETRY_WAIT or policy is Overlap.ALLOW_ALL:
                     action = OverlapAction.START  # a retry is the same run, not a new one
                 else:
                     buffered = tuple(y.id for y in waiting[:i] if y.state is ExecState.SCHEDULED)
@@ -426,7 +440,7 @@ class PartitionPlanner:
                     return
                 new = dispatch(x, worker="", planner=self.node_id, token=f"{self.p}:{fence.token}", now_ms=now_ms)
                 cas.append((x, new))
-                if not allow_all:
+                if need_running:
                     running = (*running, x.id)
         if not cas:
             return
@@ -442,10 +456,8 @@ class PartitionPlanner:
             new = with_revision(new, rev)
             self.pending.put(new)
             if new.state is ExecState.DISPATCHED:
-                sch = self.schedules.get(new.schedule_id)
-                payload = sch.stored.schedule.payload if sch else b""
                 cur = new.current
-                self.dispatcher.submit(new, payload, cur.token if cur else "")
+                self.dispatcher.submit(new, self._payload(new), cur.token if cur else "")
                 self.stats.dispatched += 1
                 sent.append(new)
                 if debug:
@@ -486,15 +498,88 @@ class PartitionPlanner:
         if not all(a for a, _ in ok):
             raise Restart("a timeout compare-and-swap lost: a result arrived meanwhile")
 
+    # ---- notices (scheduler.store.notices) --------------------------------------------------------
+
+    def on_notice(self, key: bytes, notice: Notice, mod_revision: int) -> None:
+        """A notice seen by the node's watch: re-read what it names in the next round, which starts now."""
+        self._notices[key] = (notice, mod_revision)
+        self.wake.set()
+
+    def rescan_notices(self) -> None:
+        """Events may have been missed (a compacted watch): list the partition's notices next round."""
+        self._rescan = True
+        self.wake.set()
+
+    async def apply_notices(self) -> None:
+        if self._rescan:
+            self._rescan = False
+            # Keys only: the owner needs what to re-read, not the cancel detail (the record says it).
+            listing = await self.kv.range(self.ks.notices(self.p), prefix=True, keys_only=True,
+                                          timeout=self.rpc_timeout)
+            for kv in listing.kvs:
+                n = parse_notice(kv.key, b"")
+                if n is None or n.partition != self.p:
+                    self._notices.setdefault(kv.key, (Notice(self.p, "", 0, -1), kv.mod_revision))  # junk: delete
+                else:
+                    self._notices.setdefault(kv.key, (n, kv.mod_revision))
+        if not self._notices:
+            return
+        notices, self._notices = self._notices, {}
+        wanted = [n for n, _ in notices.values() if n.schedule_id]
+        listings = []
+        for i in range(0, len(wanted), 32):  # a few reads in flight at once, not hundreds after a claim
+            listings += await asyncio.gather(*(
+                self.kv.range(self.ks.execution(self.p, n.schedule_id, n.from_ms),
+                              range_end=self.ks.execution(self.p, n.schedule_id, n.through_ms + 1),
+                              timeout=self.rpc_timeout)
+                for n in wanted[i:i + 32]))
+        unknown: set[str] = set()
+        for listing in listings:
+            for kv in listing.kvs:
+                e = decode_execution(kv.value, kv.mod_revision)
+                self._refresh(e)
+                if not e.terminal and e.schedule_id not in self.schedules:
+                    unknown.add(e.schedule_id)
+        # Schedules and notices come on separate watch streams: a run triggered right after its
+        # schedule was created can be noticed first. Read the schedule rather than take it for deleted.
+        for sid in unknown:
+            with contextlib.suppress(NotFound):
+                self.on_schedule_put(await self.store.get(sid))
+        # Only if unchanged since read: a newer notice on the same key (a cancel after a trigger) stays.
+        await self._commit([txn([Compare.mod_revision(k, "==", rev)], [delete(k)])
+                            for k, (_, rev) in notices.items()])
+
+    def _refresh(self, e: Execution) -> None:
+        """Take in a record as read from etcd (linearizable, so at least as new as the notice)."""
+        old = self.pending.get(e.id)
+        if old is not None and old.mod_revision > e.mod_revision:
+            return  # our own dispatcher recorded something newer while we read
+        cur = e.current
+        if e.state is ExecState.CANCELLED and cur is not None and not cur.finished_ms:
+            self.dispatcher.cancel(e, e.skip_reason or "cancelled")  # its worker is told to stop
+        self.pending.put(e)
+        if e.state is not ExecState.SCHEDULED or e.schedule_id not in self.schedules:
+            return
+        sch = self.schedules[e.schedule_id]
+        if sch.stored.schedule.state is ScheduleState.PAUSED:
+            self._withdraw.add(e.schedule_id)  # a run written as the pause landed is withdrawn too
+
+    def _payload(self, e: Execution) -> bytes:
+        """What the execution runs with: its own payload (a replay) or its schedule's current one."""
+        if e.payload is not None:
+            return e.payload
+        sch = self.schedules.get(e.schedule_id)
+        return sch.stored.schedule.payload if sch else b""
+
     def _token(self) -> str:
         """This owner's fencing token, for log lines about executions no attempt has carried yet."""
         fence = self.ownership.fence(self.p)
         return f"{self.p}:{fence.token}" if fence is not None else ""
 
     def _dead_payload(self, e: Execution) -> bytes:
-        """A dead letter keeps the schedule's payload for a replay (as results.record_result does)."""
-        sch = self.schedules.get(e.schedule_id)
-        return sch.stored.schedule.payload if sch is not None and e.state is ExecState.DEAD_LETTER else b""
+        """A dead letter keeps the payload it ran with for a replay (as results.record_result does): its
+        own (a replayed run) or the schedule's."""
+        return self._payload(e) if e.state is ExecState.DEAD_LETTER else b""
 
     def record_transition(self, e: Execution) -> None:
         """A result recorded by this node's dispatcher: keep the snapshot current."""
@@ -546,6 +631,7 @@ class PartitionPlanner:
             if through < cutoff:
                 doomed.append(delete(kv.key))
         await self._commit(doomed)
+        self._rescan = True  # leftover notices (a lost watch event) are cleared with each sweep
         return len(doomed)
 
     # ---- the loop -----------------------------------------------------------------------------------
@@ -566,13 +652,16 @@ class PartitionPlanner:
             # Work that is due first (timeouts, dispatch), then materialization, bounded per round:
             # under overload the loop keeps handing out work instead of only writing it down.
             await self.time_out(now)
+            await self.apply_notices()  # records others changed: taken in before deciding on dispatch
             await self.dispatch_due(now)
+            again = False
             if not self.backlogged(now):
                 execs, skips, reached = self.plan_round(now + self.s.lookahead_ms, self.s.max_planned_per_round)
                 await self.write_planned(execs, skips, reached)
-                if reached < now + self.s.lookahead_ms:
-                    self.wake.set()  # more to materialize: go again at once (after others had a turn)
+                again = reached < now + self.s.lookahead_ms  # more to materialize
             self.stats.rounds += 1
             self.wake.clear()
+            if again or self._notices:  # the next round starts at once (after the others had a turn)
+                self.wake.set()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), self.s.loop_interval)

@@ -8,10 +8,11 @@ under us (another result, a timeout, a cancel): read again and decide again.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 from scheduler.errors import NotFound
 from scheduler.execution import Disposition, ErrorClass, ExecState, Execution, result
+from scheduler.store.etcd.ops import Op
 from scheduler.store.kv import KV
 from scheduler.store.ledger import Ledger
 
@@ -33,7 +34,9 @@ async def record_result(
     payload_of: PayloadLookup | None = None,
     timeout: float | None = None,
     max_rounds: int = 5,
+    extra: Sequence[Op] = (),
 ) -> tuple[Execution, Disposition]:
+    """`extra`: ops committed only with the result (a notice for a partition owned elsewhere)."""
     for _ in range(max_rounds):
         e = await ledger.get(kv, schedule_id, planned_ms, timeout=timeout)
         if e is None:
@@ -43,9 +46,13 @@ async def record_result(
         if disposition is not Disposition.RECORDED:
             return e, disposition
         payload = b""
-        if new.state is ExecState.DEAD_LETTER and payload_of is not None:
-            payload = await payload_of(schedule_id)  # dead letters keep the payload for replay
-        r = await kv.txn([], [ledger.cas_op(new, e.mod_revision, payload=payload, now_ms=now_ms)], timeout=timeout)
+        if new.state is ExecState.DEAD_LETTER:  # dead letters keep the payload for replay
+            if new.payload is not None:
+                payload = new.payload  # a replayed dead letter dying again keeps the one it ran with
+            elif payload_of is not None:
+                payload = await payload_of(schedule_id)
+        r = await kv.txn([], [ledger.cas_op(new, e.mod_revision, payload=payload, now_ms=now_ms, extra=extra)],
+                         timeout=timeout)
         if ledger.cas_results(r)[0]:
             return ledger.with_revision(new, r.revision), Disposition.RECORDED
     raise NotFound(f"execution {schedule_id}@{planned_ms}: record kept changing; gave up after {max_rounds} reads")

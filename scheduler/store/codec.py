@@ -101,13 +101,15 @@ def _attempt_to(a: Attempt) -> dict[str, Any]:
         d["ec"] = a.error_class.value
     if a.message:
         d["m"] = a.message
+    if a.trigger is not None:
+        d["tr"] = a.trigger.value
     return d
 
 
 def _attempt_from(d: dict[str, Any]) -> Attempt:
     return Attempt(int(d["n"]), d["w"], d["p"], d["t"], int(d["d"]), int(d["dl"]), int(d.get("s", 0)),
                    int(d.get("f", 0)), ErrorClass(d["ec"]) if d.get("ec") else None, d.get("m", ""),
-                   bool(d.get("ok", False)))
+                   bool(d.get("ok", False)), Trigger(d["tr"]) if d.get("tr") else None)
 
 
 def _encode_execution_slow(e: Execution) -> bytes:
@@ -123,6 +125,15 @@ def _encode_execution_slow(e: Execution) -> bytes:
         d["next"] = e.next_attempt_ms
     if e.skip_reason:
         d["why"] = e.skip_reason
+    # Operator overrides, written only when set: scheduled records keep their size.
+    if e.overlap is not None:
+        d["ov"] = e.overlap.value
+    if e.payload is not None:
+        d["pay"] = base64.b64encode(e.payload).decode()
+    if e.attempt_base:
+        d["base"] = e.attempt_base
+    if e.run_trigger is not None:
+        d["rtr"] = e.run_trigger.value
     return _dumps(d).encode()
 
 
@@ -158,6 +169,15 @@ def encode_execution(e: Execution) -> bytes:
         out += f',"next":{e.next_attempt_ms}'
     if e.skip_reason:
         out += ',"why":' + _str(e.skip_reason)
+    # Operator overrides, written only when set (as in the reference encoding above).
+    if e.overlap is not None:
+        out += f',"ov":"{e.overlap.value}"'
+    if e.payload is not None:
+        out += ',"pay":"' + base64.b64encode(e.payload).decode() + '"'
+    if e.attempt_base:
+        out += f',"base":{e.attempt_base}'
+    if e.run_trigger is not None:
+        out += f',"rtr":"{e.run_trigger.value}"'
     return (out + "}").encode()
 
 
@@ -182,5 +202,9 @@ def decode_execution(value: bytes, mod_revision: int = 0) -> Execution:
         planned_ms=int(d["pl"]), due_ms=int(d["due"]), trigger=Trigger(d.get("tr", "scheduled")),
         retry=_retry_from(d.get("retry", {})), timeout_ms=int(d["to"]), state=ExecState(d["st"]),
         attempt=int(d.get("n", 0)), attempts=tuple(_attempt_from(a) for a in d.get("at", ())),
-        next_attempt_ms=int(d.get("next", 0)), skip_reason=d.get("why", ""), mod_revision=mod_revision,
+        next_attempt_ms=int(d.get("next", 0)), skip_reason=d.get("why", ""),
+        overlap=Overlap(d["ov"]) if d.get("ov") else None,
+        payload=base64.b64decode(d["pay"]) if "pay" in d else None, attempt_base=int(d.get("base", 0)),
+        run_trigger=Trigger(d["rtr"]) if d.get("rtr") else None,
+        mod_revision=mod_revision,
     )

@@ -105,6 +105,18 @@ class Keyspace:
     def dead_letter(self, partition: int, schedule_id: str, planned_ms: int) -> bytes:
         return self._k("dead", f"{partition:0{_PART_WIDTH}d}", schedule_id, f"{planned_ms:0{_MS_WIDTH}d}")
 
+    def notices(self, partition: int | None = None) -> bytes:
+        if partition is None:
+            return self._k("notices", "")
+        return self._k("notices", f"{partition:0{_PART_WIDTH}d}", "")
+
+    def notice(self, partition: int, schedule_id: str, from_ms: int, through_ms: int) -> bytes:
+        """"Re-read this schedule's records with planned times in [from, through]": written by whoever
+        changes execution records the partition's owner did not write (API operations, a result
+        recorded by another node), in the same txn as the change."""
+        return self._k("notices", f"{partition:0{_PART_WIDTH}d}", schedule_id,
+                       f"{from_ms:0{_MS_WIDTH}d}-{through_ms:0{_MS_WIDTH}d}")
+
     def drain(self, node_id: str) -> bytes:
         return self._k("drain", node_id)
 

@@ -58,13 +58,19 @@ class Ledger:
                         out += [decode_execution(kv.value, kv.mod_revision) for kv in g.kvs]
         return out
 
+    def create_op(self, e: Execution, extra: Sequence[Op] = ()) -> TxnOp:
+        """Create-if-absent of one record; `extra` ops (a notice) apply only if the create does."""
+        k = self.key(e)
+        return txn([Compare.create_revision(k, "==", 0)], [put(k, encode_execution(e)), *extra])
+
     def cas_op(self, new: Execution, read_revision: int, *, payload: bytes = b"", now_ms: int = 0,
-               old_state: ExecState | None = None) -> TxnOp:
+               old_state: ExecState | None = None, extra: Sequence[Op] = ()) -> TxnOp:
         """Write `new` if the record is still at `read_revision` (its mod_revision when read).
 
         `old_state`: the record's state at `read_revision`, when the caller knows it. A record that
         was not a dead letter there has no dead-letter index key (leaving that state deletes it in
-        the same txn), so the delete is left out; if the record moved on, the compare fails anyway."""
+        the same txn), so the delete is left out; if the record moved on, the compare fails anyway.
+        `extra` ops (a notice for the partition's owner) apply only if the CAS does."""
         k = self.key(new)
         ops: list[Op] = [put(k, encode_execution(new))]
         if new.state is ExecState.DEAD_LETTER:
@@ -76,6 +82,7 @@ class Ledger:
         elif old_state is None or old_state is ExecState.DEAD_LETTER:
             p = partition_for(new.schedule_id, self.partitions)
             ops.append(delete(self.ks.dead_letter(p, new.schedule_id, new.planned_ms)))
+        ops += extra
         return txn([Compare.mod_revision(k, "==", read_revision)], ops)
 
     def skip_op(self, partition: int, schedule_id: str, r: SkipRange) -> Op:

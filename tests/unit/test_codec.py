@@ -11,6 +11,7 @@ from scheduler.execution import Attempt, ErrorClass, ExecState, Execution, Trigg
 from scheduler.model import RetryPolicy, execution_id
 from scheduler.store.codec import _encode_execution_slow, decode_execution, encode_execution, peek_state
 from scheduler.store.keyspace import Keyspace
+from scheduler.timeplan import Overlap
 
 _text = st.lists(st.sampled_from(['a', 'Z', '"', '\\', ',', ':', 'é', '\n', '€', '"st":"', ',"st":"x']),
                 max_size=6).map("".join)
@@ -19,7 +20,7 @@ _ms = st.integers(min_value=0, max_value=2**45)
 _attempts = st.builds(
     Attempt, attempt=st.integers(1, 9), worker=_text, planner=_text, token=_text, dispatched_ms=_ms,
     deadline_ms=_ms, started_ms=_ms, finished_ms=_ms, error_class=st.none() | st.sampled_from(ErrorClass),
-    message=_text, succeeded=st.booleans()).map(
+    message=_text, succeeded=st.booleans(), trigger=st.none() | st.sampled_from(Trigger)).map(
     # the stored form keeps `succeeded` only for a finished attempt
     lambda a: a if a.finished_ms else Attempt(**{**a.__dict__, 'succeeded': False}))
 
@@ -29,7 +30,10 @@ _executions = st.builds(
     retry=st.builds(RetryPolicy, st.integers(1, 20), st.integers(1, 10_000), st.integers(1, 100_000),
                     st.sampled_from([1.0, 2.0, 1.5, 3.25]), st.integers(0, 5)),
     timeout_ms=_ms, state=st.sampled_from(ExecState), attempt=st.integers(0, 9),
-    attempts=st.lists(_attempts, max_size=3).map(tuple), next_attempt_ms=_ms, skip_reason=_text)
+    attempts=st.lists(_attempts, max_size=3).map(tuple), next_attempt_ms=_ms, skip_reason=_text,
+    # operator overrides (scheduler.api.operations): written only when set
+    overlap=st.none() | st.sampled_from(Overlap), payload=st.none() | st.binary(max_size=40),
+    attempt_base=st.integers(0, 9), run_trigger=st.none() | st.sampled_from(Trigger))
 
 
 @settings(max_examples=200, deadline=None)

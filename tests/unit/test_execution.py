@@ -18,6 +18,7 @@ from scheduler.execution import (
     discard,
     dispatch,
     replay,
+    rerun,
     result,
     skip,
     started,
@@ -25,6 +26,7 @@ from scheduler.execution import (
 )
 from scheduler.model import RetryPolicy
 from scheduler.store.codec import decode_execution, encode_execution
+from scheduler.timeplan import Overlap
 
 T0 = 1_767_225_600_000
 E = Execution(
@@ -120,8 +122,9 @@ def test_cancel_skip_replay_discard() -> None:
         skip(go(E), "paused")
     dead, _ = result(go(E), 1, succeeded=False, error_class=ErrorClass.PERMANENT, message="", now_ms=T0 + 2000)
     r = replay(dead, T0 + 5000)
-    assert r.state is ExecState.RETRY_WAIT
+    assert (r.state, r.trigger, r.current_trigger) == (ExecState.SCHEDULED, Trigger.SCHEDULED, Trigger.REPLAY)
     r = go(r, now=T0 + 5000)
+    assert [a.trigger for a in r.attempts] == [None, Trigger.REPLAY], "each attempt names its run"
     assert r.attempt == 2
     assert r.id == E.id, "a replay keeps the execution id (the idempotency key)"
     assert discard(dead).state is ExecState.FAILED
@@ -139,3 +142,82 @@ def test_cancelled_execution_ignores_late_results() -> None:
 def test_record_round_trips_through_its_stored_form() -> None:
     e, _ = result(go(E), 1, succeeded=False, error_class=ErrorClass.TRANSIENT, message="boom", now_ms=T0 + 2000)
     assert decode_execution(encode_execution(e)) == e
+
+
+def fail(e: Execution, n: int, ec: ErrorClass = ErrorClass.TRANSIENT) -> Execution:
+    e2, d = result(e, n, succeeded=False, error_class=ec, message="boom", now_ms=T0 + 2000 * n)
+    assert d is Disposition.RECORDED
+    return e2
+
+
+def exhaust(e: Execution) -> Execution:
+    """Dispatch and fail until the retry budget is spent; returns the dead letter."""
+    while e.state is not ExecState.DEAD_LETTER:
+        e = go(e, now=max(e.next_attempt_ms, e.due_ms, T0 + 1000))
+        e = fail(e, e.attempt)
+    return e
+
+
+def test_replay_gets_a_fresh_retry_budget_each_time() -> None:
+    dead = exhaust(E)
+    assert dead.attempt == 3, "max_attempts=3"
+    r = replay(dead, T0 + 60_000, payload=b"kept")
+    assert (r.attempt_base, r.payload, r.overlap) == (3, b"kept", Overlap.ALLOW_ALL)
+    assert r.retry == dead.retry, "the policy is not inflated: the budget counts from attempt_base"
+    dead2 = exhaust(r)
+    assert dead2.attempt == 6, "three more attempts after the replay, numbered on"
+    dead3 = exhaust(replay(dead2, T0 + 90_000))
+    assert dead3.attempt == 9
+    assert dead3.payload == b"kept", "a second replay keeps the payload of the first"
+
+
+def test_unknown_errors_are_counted_per_run() -> None:
+    e = replace(E, retry=RetryPolicy(max_attempts=5, max_unknown_attempts=1))
+    dead = fail(go(e), 1, ErrorClass.UNKNOWN)
+    assert dead.state is ExecState.DEAD_LETTER
+    r = go(replay(dead, T0 + 5000), now=T0 + 5000)
+    assert fail(r, 2, ErrorClass.TRANSIENT).state is ExecState.RETRY_WAIT
+    assert fail(r, 2, ErrorClass.UNKNOWN).state is ExecState.DEAD_LETTER, "one unknown per run"
+
+
+@pytest.mark.parametrize("state", ["succeeded", "skipped", "cancelled", "failed"])
+def test_rerun_of_a_finished_execution(state: str) -> None:
+    done, _ = result(go(E), 1, succeeded=True, error_class=None, message="", now_ms=T0 + 2000)
+    base = {"succeeded": done, "skipped": skip(E, "paused"), "cancelled": cancel(go(E), "op"),
+            "failed": discard(exhaust(E))}[state]
+    new_retry = RetryPolicy(max_attempts=2, max_unknown_attempts=1)
+    r = rerun(base, T0 + 100_000, retry=new_retry, timeout_ms=20_000)
+    assert (r.state, r.trigger, r.run_trigger, r.id, r.skip_reason) == (
+        ExecState.SCHEDULED, Trigger.SCHEDULED, Trigger.RERUN, E.id, ""), "how it was created never changes"
+    assert (r.attempt_base, r.retry, r.timeout_ms) == (base.attempt, new_retry, 20_000)
+    assert r.due_ms <= T0 + 100_000
+    g = go(r, now=T0 + 100_000)
+    assert g.attempt == base.attempt + 1, "the rerun is the next attempt under the same id"
+    assert g.current is not None and g.current.trigger is Trigger.RERUN
+    assert decode_execution(encode_execution(g)) == g
+    assert exhaust(r).attempt == base.attempt + 2, "the rerun's own budget"
+
+
+@pytest.mark.parametrize("make", [lambda: E, lambda: go(E), lambda: exhaust(E)])
+def test_rerun_refuses_unfinished_executions_and_dead_letters(make: object) -> None:
+    with pytest.raises(TransitionError):
+        rerun(make(), T0, retry=E.retry, timeout_ms=E.timeout_ms)  # type: ignore[operator]
+
+
+def test_discard_only_dead_letters() -> None:
+    with pytest.raises(TransitionError):
+        discard(go(E))
+    assert discard(exhaust(E)).terminal
+
+
+def test_operator_overrides_round_trip_and_old_records_still_decode() -> None:
+    r = replay(exhaust(E), T0 + 60_000, payload=b"\x00bin")
+    assert decode_execution(encode_execution(r)) == r
+    assert decode_execution(encode_execution(replace(r, payload=b""))).payload == b"", "empty is not None"
+    old = encode_execution(E)
+    for k in (b'"ov"', b'"pay"', b'"base"', b'"rtr"'):
+        assert k not in old, "plain records keep their size"
+    d = decode_execution(old)
+    assert (d.overlap, d.payload, d.attempt_base, d.run_trigger) == (None, None, 0, None)
+    assert b'"tr":"s' in encode_execution(go(E)) and encode_execution(go(E)).count(b'"tr"') == 1, \
+        "a first run's attempts carry no trigger of their own"
