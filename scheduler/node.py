@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import logging
 from collections.abc import Callable
 from dataclasses import replace
@@ -18,6 +17,7 @@ from typing import Any
 
 from scheduler._gen.scheduler.v1 import cluster_pb2
 from scheduler.api.admin_service import AdminService, LocalView
+from scheduler.api.operations import Operations
 from scheduler.api.ports import OperationsPort
 from scheduler.api.schedule_service import ScheduleService
 from scheduler.clock import Clock
@@ -60,17 +60,10 @@ def etcd_client(s: EtcdSettings, rpc_timeout: float) -> EtcdClient:
     )
 
 
-def default_operations(node: PlannerNode) -> OperationsPort | None:
-    """scheduler.api.operations.Operations when this build has it (it lands separately)."""
-    try:
-        operations = importlib.import_module("scheduler.api.operations")
-    except ModuleNotFoundError:
-        log.warning("scheduler.api.operations is missing: trigger, rerun, backfill, cancel and dead-letter "
-                    "calls answer UNIMPLEMENTED")
-        return None
-    ops: OperationsPort = operations.Operations(node.kv, node.ks, node.s.partitions, node.store, node.ledger,
-                                                node.clock, rpc_timeout=node.s.rpc_timeout)
-    return ops
+def default_operations(node: PlannerNode) -> OperationsPort:
+    """The operations behind trigger, rerun, backfill, cancel and the dead-letter calls."""
+    return Operations(node.kv, node.ks, node.s.partitions, node.store, node.ledger, node.clock,
+                      rpc_timeout=node.s.rpc_timeout)
 
 
 class NullDispatcher:

@@ -225,9 +225,12 @@ def fencing_token_pb(token: str) -> epb.FencingToken | None:
 
 
 def _attempt_to_pb(a: Attempt, trigger: int) -> epb.AttemptRecord:
+    """`trigger`: the execution's own; an attempt of a run an operator started again (rerun, replay)
+    records that run's trigger instead."""
+    run = _TRIGGER[a.trigger] if a.trigger is not None else trigger
     out = epb.AttemptRecord(attempt=a.attempt, worker_id=a.worker, planner_id=a.planner,
                             dispatched_at=ms_to_timestamp(a.dispatched_ms), deadline=ms_to_timestamp(a.deadline_ms),
-                            error_message=a.message, trigger=trigger)  # type: ignore[arg-type]
+                            error_message=a.message, trigger=run)  # type: ignore[arg-type]
     tok = fencing_token_pb(a.token)
     if tok is not None:
         out.fencing_token.CopyFrom(tok)

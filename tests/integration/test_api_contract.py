@@ -11,7 +11,6 @@ ids, and the drain test, which changes ownership, runs last.
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import os
 import subprocess
@@ -426,10 +425,6 @@ def test_operation_calls_validate_input_first(cluster: ApiCluster) -> None:
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
-requires_ops = pytest.mark.skipif(importlib.util.find_spec("scheduler.api.operations") is None,
-                                  reason="scheduler.api.operations (the ops branch) has not landed in this tree")
-
-
 def now_ms() -> int:
     return int(time.time() * 1000)
 
@@ -442,7 +437,6 @@ def wait_state(stub: object, eid: str, state: int, timeout: float = 30) -> epb.E
     return wait_until(got, timeout, f"{eid} to be {epb.ExecutionState.Name(state)}")
 
 
-@requires_ops
 def test_trigger_runs_now_and_retries_are_idempotent(cluster: ApiCluster) -> None:
     a, b = cluster.schedules("a"), cluster.schedules("b")
     a.CreateSchedule(spb.CreateScheduleRequest(schedule=sched("op-t", spec="0 0 1 1 *")), timeout=10)
@@ -461,7 +455,6 @@ def test_trigger_runs_now_and_retries_are_idempotent(cluster: ApiCluster) -> Non
     fails(grpc.StatusCode.FAILED_PRECONDITION, a.TriggerSchedule, spb.TriggerScheduleRequest(id="op-t"))
 
 
-@requires_ops
 def test_rerun_a_planned_time(cluster: ApiCluster) -> None:
     a = cluster.schedules("a")
     a.CreateSchedule(spb.CreateScheduleRequest(schedule=sched("op-r", spec="*/5 * * * *")), timeout=10)
@@ -482,7 +475,6 @@ def test_rerun_a_planned_time(cluster: ApiCluster) -> None:
         schedule_id="op-none", planned_at=ts(planned)))
 
 
-@requires_ops
 def test_rerun_of_a_scheduled_run_records_the_run_per_attempt(cluster: ApiCluster) -> None:
     a = cluster.schedules("b")
     a.CreateSchedule(spb.CreateScheduleRequest(schedule=sched("op-r2", spec="* * * * * *")), timeout=10)
@@ -506,7 +498,6 @@ def test_rerun_of_a_scheduled_run_records_the_run_per_attempt(cluster: ApiCluste
     assert [x.trigger for x in again.attempts] == [epb.TRIGGER_SCHEDULED, epb.TRIGGER_RERUN]
 
 
-@requires_ops
 def test_backfill_streams_progress_and_is_safe_to_repeat(cluster: ApiCluster) -> None:
     a = cluster.schedules("b")
     a.CreateSchedule(spb.CreateScheduleRequest(schedule=sched("op-b", spec="* * * * *", worker_pool="nopool")),
@@ -542,7 +533,6 @@ def test_backfill_streams_progress_and_is_safe_to_repeat(cluster: ApiCluster) ->
         end=ts(end))), timeout=10).executions  # refused before writing anything
 
 
-@requires_ops
 def test_cancel_execution(cluster: ApiCluster) -> None:
     a = cluster.schedules("a")
     a.CreateSchedule(spb.CreateScheduleRequest(schedule=sched("op-c", spec="0 0 1 1 *", worker_pool="nopool")),
@@ -557,7 +547,6 @@ def test_cancel_execution(cluster: ApiCluster) -> None:
           spb.CancelExecutionRequest(execution_id="op-c@2001-01-01T00:00:00.000Z"))
 
 
-@requires_ops
 def test_replay_and_discard_dead_letters(cluster: ApiCluster) -> None:
     a = cluster.schedules("a")
     a.CreateSchedule(spb.CreateScheduleRequest(schedule=sched("dl-ops", spec="0 0 1 1 *", worker_pool="nopool")),
@@ -574,7 +563,6 @@ def test_replay_and_discard_dead_letters(cluster: ApiCluster) -> None:
     assert not left.dead_letters
 
 
-@requires_ops
 def test_pause_with_cancel_running(cluster: ApiCluster) -> None:
     a = cluster.schedules("a")
     a.CreateSchedule(spb.CreateScheduleRequest(schedule=sched("op-p", spec="0 0 1 1 *")), timeout=10)
