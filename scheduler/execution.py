@@ -233,8 +233,11 @@ def result(
     message: str,
     now_ms: int,
     retry_after_ms: int = 0,
+    worker: str = "",
 ) -> tuple[Execution, Disposition]:
-    """Record attempt `attempt`'s outcome; a late or repeated report changes nothing."""
+    """Record attempt `attempt`'s outcome; a late or repeated report changes nothing. `worker` (the id of the
+    worker that reported it) fills the attempt's worker, unknown when it was dispatched: the record is
+    marked dispatched before a worker is picked, so the result's write is the one that can say who ran it."""
     if e.attempt != attempt or e.state not in IN_FLIGHT:
         cur = e.current
         if cur is not None and cur.attempt == attempt and cur.finished_ms:
@@ -243,7 +246,8 @@ def result(
     cur = e.current
     assert cur is not None
     ec = None if succeeded else (error_class or ErrorClass.UNKNOWN)
-    done = _evolve(cur, finished_ms=now_ms, succeeded=succeeded, error_class=ec, message=message[:2000])
+    done = _evolve(cur, finished_ms=now_ms, succeeded=succeeded, error_class=ec, message=message[:2000],
+                   worker=worker or cur.worker)
     attempts = (*e.attempts[:-1], done)
     if succeeded:
         return _evolve(e, state=ExecState.SUCCEEDED, attempts=attempts), Disposition.RECORDED

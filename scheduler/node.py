@@ -131,9 +131,12 @@ class PlannerNode:
             return await record_result(self.kv, self.ledger, sid, planned_ms, attempt, payload_of=self.payload_of,
                                        timeout=self.s.rpc_timeout, extra=extra, **kw)
 
+        options.setdefault("heartbeat_interval", self.planner_settings.heartbeat_interval)
+        options.setdefault("heartbeat_timeout", self.planner_settings.heartbeat_timeout)
         d = Dispatcher(node_id=self.s.node_id, region=self.s.region, kv=self.kv, ledger=self.ledger, clock=self.clock,
                        record=record, planners=self.planner_infos, on_transition=self._on_transition,
-                       lookup=self.lookup_pending, on_capacity=self._wake_starved, **options)
+                       lookup=self.lookup_pending, on_capacity=self._wake_starved,
+                       on_lost_attempts=self.on_lost_attempts, **options)
         self.dispatcher = d
         return d
 
@@ -192,6 +195,23 @@ class PlannerNode:
         planner = self.planners.get(partition)
         if planner is not None:
             planner.record_transition(e)
+
+    def on_lost_attempts(self, attempts: list[tuple[str, int]]) -> None:
+        """Attempts whose worker stream ended and that no stream re-attached within the heartbeat timeout.
+        The owner's planner times them out (its CAS against the record it holds: a result recorded meanwhile
+        wins). Attempts of partitions this node does not own are left to their owner's recorded deadline:
+        this node cannot see whether the owner re-attached them, and a timeout written without the owner's
+        knowledge could retry an attempt its worker still runs for the owner."""
+        by_partition: dict[int, list[tuple[str, int]]] = {}
+        for eid, n in attempts:
+            by_partition.setdefault(self.store.partition(eid.rpartition("@")[0]), []).append((eid, n))
+        for partition, keys in by_partition.items():
+            planner = self.planners.get(partition)
+            if planner is not None:
+                planner.lose(keys)
+            else:
+                log.info("lost attempts of a partition not owned here: left to the owner's deadline",
+                         extra={"event": "attempts_lost_unowned", "partition": partition, "count": len(keys)})
 
     async def payload_of(self, schedule_id: str) -> bytes:
         """The schedule's payload, kept with a dead letter so that a replay runs with it."""

@@ -81,7 +81,7 @@ async def _main(etcd: EtcdSettings, coord: CoordinationSettings, planner: Planne
     # Bind first: the address workers should dial is registered with the node's membership.
     node = PlannerNode(kv, Keyspace(etcd.etcd_prefix), coord, SYSTEM_CLOCK, planner=planner)
     metrics = await serve_metrics(node.metrics.registry, planner.metrics_address)  # first: fails fast
-    dispatcher = node.make_dispatcher()
+    dispatcher = node.make_dispatcher()  # heartbeat timing from the planner settings
     schedules, admin = node.make_api()
     server, port = await start_server(dispatcher, planner.api_host, planner.api_port, schedules=schedules,
                                       admin=admin)

@@ -11,7 +11,12 @@ Protocol (docs/workers.md has the worker's view):
   acknowledged with their disposition; a worker re-sends unacknowledged results on its next stream;
 - Drain lists assignments the worker received but will not start: we record them as transient
   failures so that they are retried (same execution id, next attempt);
-- Cancel tells a worker to stop one attempt (overlap cancel_other, pause, cancel requests).
+- Cancel tells a worker to stop one attempt (overlap cancel_other, pause, cancel requests);
+- Liveness: every message (heartbeats at least every `heartbeat_interval`) refreshes the connection's
+  last-seen time; a watchdog ends a stream silent for `heartbeat_timeout`. The attempts of an ended
+  stream are orphaned: unless a connection re-attaches one within `heartbeat_timeout` (Hello.running,
+  or a heartbeat listing an attempt of a partition this node owns), `on_lost_attempts` hands it to the
+  owner's planner, which times it out (a CAS keyed on the attempt: a result recorded meanwhile wins).
 
 Items wait in a fair queue (per tenant, capped per task type) until some worker of their pool has
 credit; workers in this planner's region are served first.
@@ -23,7 +28,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,11 +89,14 @@ class _Conn:
     task_types: frozenset[str]
     out: asyncio.Queue[wpb.PlannerMessage | None]
     credits: int = 0
+    last_seen: float = 0.0  # monotonic time of the last message (any message proves the worker alive)
+    dead: bool = False  # the watchdog ended this stream (silent for heartbeat_timeout)
     running: dict[tuple[str, int], str] = field(default_factory=dict)  # (execution id, attempt) -> task type
     capacity: int = 0  # Hello.capacity, for cluster status
 
 
 Recorder = Callable[..., Awaitable[tuple[Execution, Disposition]]]
+AttemptKey = tuple[str, int]  # (execution id, attempt)
 
 
 class Dispatcher:
@@ -108,6 +116,7 @@ class Dispatcher:
         on_transition: Callable[[Execution], None] = lambda e: None,
         lookup: Callable[[str], Execution | None] = lambda eid: None,
         on_capacity: Callable[[], None] = lambda: None,
+        on_lost_attempts: Callable[[list[AttemptKey]], None] = lambda keys: None,
         heartbeat_interval: float = 1.0,
         heartbeat_timeout: float = 5.0,
         type_caps: dict[str, int] | None = None,
@@ -118,6 +127,12 @@ class Dispatcher:
         self._lookup = lookup
         self._on_capacity = on_capacity  # new credits: wake planner loops waiting for capacity
         self.hb_interval, self.hb_timeout = heartbeat_interval, heartbeat_timeout
+        self._on_lost = on_lost_attempts
+        # Attempts of ended streams -> monotonic time they are given up unless re-attached first.
+        self.orphans: dict[AttemptKey, float] = {}
+        self._watchdog: asyncio.Task[None] | None = None
+        self.streams_declared_dead = 0
+        self.attempts_lost = 0
         self.queue: FairQueue[_Item] = FairQueue(tenant_weights, type_caps)
         self.conns: dict[int, _Conn] = {}
         self._ids = itertools.count()
@@ -212,9 +227,12 @@ class Dispatcher:
 
     _MAX_CAS_PER_TXN = 120  # under etcd's default --max-txn-ops (128)
 
-    async def _fast_path(self, results: list[wpb.Result]) -> tuple[list[wpb.ResultAckEntry], list[wpb.Result]]:
+    async def _fast_path(
+        self, results: list[wpb.Result], worker_of: Callable[[wpb.Result], str]
+    ) -> tuple[list[wpb.ResultAckEntry], list[wpb.Result]]:
         """Results for executions this node owns and holds in memory: one txn of CASes for all of
-        them, no reads. Whatever does not apply cleanly goes to the slow path (read, decide, CAS)."""
+        them, no reads. Whatever does not apply cleanly goes to the slow path (read, decide, CAS).
+        `worker_of` names the worker that reported a result: recorded in its attempt, in the same CAS."""
         now = self.clock.wall_ms()
         cands: list[tuple[wpb.Result, Execution, Execution]] = []
         slow: list[wpb.Result] = []
@@ -225,7 +243,7 @@ class Dispatcher:
                 continue
             ok, ec = self._outcome(r)
             new, disp = result(old, r.attempt, succeeded=ok, error_class=ec, message=r.message, now_ms=now,
-                               retry_after_ms=int(r.retry_after.ToMilliseconds()))
+                               retry_after_ms=int(r.retry_after.ToMilliseconds()), worker=worker_of(r))
             if disp is not Disposition.RECORDED or new.state is ExecState.DEAD_LETTER:
                 slow.append(r)  # dead letters keep the payload: the slow path looks it up
                 continue
@@ -287,7 +305,8 @@ class Dispatcher:
             results = [r for _, rs in batch for r in rs]
             owner = {(r.execution_id, r.attempt): c for c, rs in batch for r in rs}
             try:
-                acks, slow = await self._fast_path(results)
+                acks, slow = await self._fast_path(
+                    results, lambda r, owner=owner: owner[(r.execution_id, r.attempt)].worker_id)  # type: ignore[misc]
                 self.results += len(acks)
                 by_conn: dict[int, tuple[_Conn, list[wpb.ResultAckEntry]]] = {}
                 for a in acks:
@@ -305,7 +324,7 @@ class Dispatcher:
 
     async def _handle_results(self, c: _Conn, results: list[wpb.Result]) -> None:
         self._finished(c, results)
-        acks, slow = await self._fast_path(results)
+        acks, slow = await self._fast_path(results, lambda r: c.worker_id)
         self.results += len(acks)
         await self._record_slow(c, slow, acks)
         self._pump()
@@ -328,6 +347,7 @@ class Dispatcher:
                     e, disp = await self._record(
                         sid, planned_ms, r.attempt, succeeded=ok, error_class=ec, message=r.message,
                         now_ms=self.clock.wall_ms(), retry_after_ms=int(r.retry_after.ToMilliseconds()),
+                        worker=c.worker_id,
                     )
                 except (NotFound, SchedError) as err:
                     log.warning("result not recorded: %s", err, extra={"execution_id": r.execution_id})
@@ -355,11 +375,82 @@ class Dispatcher:
                 e = None
             if e is not None and e.attempt == ra.attempt and e.state in IN_FLIGHT:
                 c.running[(ra.execution_id, ra.attempt)] = e.task_type
+                self.orphans.pop((ra.execution_id, ra.attempt), None)  # its worker is back in time
                 accepted.append(wpb.AttemptRef(execution_id=ra.execution_id, attempt=ra.attempt))
             else:
                 why = "unknown execution" if e is None else f"execution is {e.state.value} at attempt {e.attempt}"
                 rejected.append(wpb.RejectedAttempt(execution_id=ra.execution_id, attempt=ra.attempt, reason=why))
         c.out.put_nowait(wpb.PlannerMessage(reattached=wpb.Reattached(accepted=accepted, rejected=rejected)))
+
+    def _adopt(self, c: _Conn, running: Sequence[wpb.RunningAttempt]) -> None:
+        """A heartbeat lists attempts this stream does not track: those of partitions this node owns,
+        still in flight at the same attempt in the owner's memory, are taken over (answered Reattached),
+        so that a planner taking over a partition re-attaches its running attempts without a ledger read
+        and they are not orphaned. Attempts of other partitions are another planner's to answer."""
+        accepted = []
+        for ra in running:
+            key = (ra.execution_id, ra.attempt)
+            if key in c.running:
+                continue
+            e = self._lookup(ra.execution_id)
+            if e is None or e.attempt != ra.attempt or e.state not in IN_FLIGHT:
+                continue
+            c.running[key] = e.task_type
+            self.orphans.pop(key, None)
+            accepted.append(wpb.AttemptRef(execution_id=ra.execution_id, attempt=ra.attempt))
+        if accepted:
+            log.info("running attempts re-attached from a heartbeat",
+                     extra={"event": "reattached", "worker": c.worker_id, "count": len(accepted)})
+            c.out.put_nowait(wpb.PlannerMessage(reattached=wpb.Reattached(accepted=accepted)))
+
+    # ---- liveness ---------------------------------------------------------------------------------------
+
+    def check_liveness(self, now: float) -> None:
+        """One watchdog tick (monotonic `now`): end streams silent for longer than the heartbeat timeout,
+        and give up orphaned attempts nobody re-attached in time. O(streams + orphans), never per result."""
+        for c in self.conns.values():
+            if not c.dead and now - c.last_seen > self.hb_timeout:
+                c.dead = True
+                self.streams_declared_dead += 1
+                log.warning("worker stopped heartbeating; ending its stream",
+                            extra={"event": "worker_silent", "worker": c.worker_id,
+                                   "silent_s": round(now - c.last_seen, 3), "running": len(c.running)})
+                c.out.put_nowait(None)  # Connect returns; its finally orphans what the worker was running
+        if not self.orphans:
+            return
+        due = [k for k, t in self.orphans.items() if t <= now]
+        if due:
+            for k in due:
+                del self.orphans[k]
+            self.attempts_lost += len(due)
+            log.warning("attempts orphaned by a lost worker stream were not re-attached in time",
+                        extra={"event": "attempts_lost", "count": len(due)})
+            self._on_lost(due)
+
+    def _orphan(self, c: _Conn) -> None:
+        """The stream ended: what it was running may still run (a reconnect re-attaches it) or not."""
+        give_up = self.clock.monotonic() + self.hb_timeout
+        others = [o.running for o in self.conns.values() if o is not c]
+        for key, task_type in c.running.items():
+            self.queue.finished(task_type)
+            if not any(key in r for r in others):  # else another stream already re-attached it
+                self.orphans[key] = give_up
+        c.running.clear()
+
+    async def _watch(self) -> None:
+        period = max(0.01, min(self.hb_interval, self.hb_timeout / 4))
+        while True:
+            await asyncio.sleep(period)
+            try:
+                self.check_liveness(self.clock.monotonic())
+            except Exception:  # the watchdog must outlive a bug in one tick
+                log.exception("liveness check failed")
+
+    def _start_watchdog(self) -> None:
+        if self._watchdog is None or self._watchdog.done():
+            self._watchdog = asyncio.create_task(self._watch(), name="dispatch-watchdog")
+            self._tasks.add(self._watchdog)
+            self._watchdog.add_done_callback(self._tasks.discard)
 
     async def _returned(self, c: _Conn, refs: list[wpb.AttemptRef]) -> None:
         """Assignments a draining worker hands back unstarted: retried elsewhere, same id."""
@@ -371,6 +462,7 @@ class Dispatcher:
 
     async def _read(self, c: _Conn, it: AsyncIterator[wpb.WorkerMessage]) -> None:
         async for msg in it:
+            c.last_seen = self.clock.monotonic()
             kind = msg.WhichOneof("body")
             if kind == "credits":
                 c.credits += msg.credits.credits
@@ -380,7 +472,8 @@ class Dispatcher:
             elif kind == "results":
                 self._enqueue_results(c, list(msg.results.results))
             elif kind == "heartbeat":
-                pass  # liveness of attempts is bounded by their recorded deadline
+                if msg.heartbeat.running:  # once per heartbeat interval, a dict lookup per running attempt
+                    self._adopt(c, msg.heartbeat.running)
             elif kind == "drain":
                 c.credits = 0
                 await self._returned(c, list(msg.drain.returned))
@@ -399,8 +492,10 @@ class Dispatcher:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "hello.worker_id and hello.pool are required")
             return
         conn_id = next(self._ids)
-        c = _Conn(h.worker_id, h.pool, h.region, frozenset(h.task_types), asyncio.Queue(), capacity=h.capacity)
+        c = _Conn(h.worker_id, h.pool, h.region, frozenset(h.task_types), asyncio.Queue(),
+                  last_seen=self.clock.monotonic(), capacity=h.capacity)
         self.conns[conn_id] = c
+        self._start_watchdog()
         log.info("worker connected", extra={"event": "worker_connected", "worker": h.worker_id, "pool": h.pool})
         yield wpb.PlannerMessage(welcome=wpb.Welcome(
             planner_id=self.node_id, region=self.region, server_time=ms_to_timestamp(self.clock.wall_ms()),
@@ -408,6 +503,7 @@ class Dispatcher:
             heartbeat_timeout=ms_to_duration(int(self.hb_timeout * 1000))))
         if h.running:
             await self._reattach(c, list(h.running))
+            c.last_seen = self.clock.monotonic()  # its reads took our time, not the worker's silence
         reader = asyncio.create_task(self._read(c, request_iterator))
         reader.add_done_callback(lambda _t: c.out.put_nowait(None))
         try:
@@ -418,11 +514,11 @@ class Dispatcher:
             with contextlib.suppress(BaseException):
                 await reader
             del self.conns[conn_id]
-            # Attempts it was running stay in flight in the ledger until a result (possibly via another
-            # planner after a reconnect) or their recorded deadline.
-            for (_eid, _n), task_type in c.running.items():
-                self.queue.finished(task_type)
-            log.info("worker disconnected", extra={"event": "worker_disconnected", "worker": h.worker_id})
+            # Attempts it was running stay in flight in the ledger; a result (possibly via another planner
+            # after a reconnect) or a re-attach within the heartbeat timeout keeps them, else they time out.
+            self._orphan(c)
+            log.info("worker disconnected", extra={"event": "worker_disconnected", "worker": h.worker_id,
+                                                   "declared_dead": c.dead})
 
     async def DiscoverPlanners(
         self, request: wpb.DiscoverPlannersRequest, context: grpc.aio.ServicerContext[Any, Any]

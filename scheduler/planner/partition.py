@@ -68,6 +68,10 @@ from scheduler.timeplan.overlap import OverlapAction, decide_overlap
 log = logging.getLogger(__name__)
 
 
+LOST_MESSAGE = ("worker stopped heartbeating or disconnected, and no planner re-attached the attempt within "
+                "the heartbeat timeout")
+
+
 class Restart(Exception):
     """State may be stale (a lost CAS, an unknown outcome): reload from etcd."""
 
@@ -153,6 +157,8 @@ class PartitionPlanner:
         # (notice, its mod_revision). `_rescan`: list the partition's notices from etcd next round.
         self._notices: dict[bytes, tuple[Notice, int]] = {}
         self._rescan = False
+        # Attempts whose worker stream was lost (execution id -> attempt): timed out by the next round.
+        self._lost: dict[str, int] = {}
 
     # ---- snapshot ---------------------------------------------------------------------------------
 
@@ -473,14 +479,39 @@ class PartitionPlanner:
         if lost:
             raise Restart("a dispatch compare-and-swap lost: someone else changed the record")
 
+    def lose(self, attempts: list[tuple[str, int]]) -> None:
+        """Attempts whose worker stopped heartbeating or disconnected and was not re-attached in time
+        (the dispatcher's watchdog): time them out in the next round as if their deadline had passed."""
+        for eid, n in attempts:
+            e = self.pending.get(eid)
+            if e is not None and e.attempt == n and e.state in IN_FLIGHT:
+                self._lost[eid] = n
+        if self._lost:
+            self.wake.set()
+
+    def _take_lost(self, late: list[Execution]) -> list[Execution]:
+        seen = {e.id for e in late}
+        out = []
+        for eid, n in self._lost.items():
+            e = self.pending.get(eid)
+            if e is not None and e.attempt == n and e.state in IN_FLIGHT and eid not in seen:
+                out.append(e)
+        self._lost.clear()
+        return out
+
     async def time_out(self, now_ms: int) -> None:
         late = self.pending.expired(now_ms)
-        if not late:
+        lost = self._take_lost(late) if self._lost else []
+        if not late and not lost:
             return
         cas = []
         for e in late:
             new, _ = result(e, e.attempt, succeeded=False, error_class=ErrorClass.TIMEOUT,
                             message="deadline passed without a result", now_ms=now_ms)
+            cas.append((e, new))
+        for e in lost:  # the same CAS against the record this owner holds: a result recorded meanwhile wins
+            new, _ = result(e, e.attempt, succeeded=False, error_class=ErrorClass.TIMEOUT, message=LOST_MESSAGE,
+                            now_ms=now_ms)
             cas.append((e, new))
         ok = await self._commit([self.ledger.cas_op(new, old.mod_revision, payload=self._dead_payload(new),
                                                     now_ms=now_ms, old_state=old.state)

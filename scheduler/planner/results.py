@@ -31,6 +31,7 @@ async def record_result(
     message: str,
     now_ms: int,
     retry_after_ms: int = 0,
+    worker: str = "",
     payload_of: PayloadLookup | None = None,
     timeout: float | None = None,
     max_rounds: int = 5,
@@ -42,7 +43,7 @@ async def record_result(
         if e is None:
             raise NotFound(f"execution {schedule_id}@{planned_ms} not found")
         new, disposition = result(e, attempt, succeeded=succeeded, error_class=error_class, message=message,
-                                  now_ms=now_ms, retry_after_ms=retry_after_ms)
+                                  now_ms=now_ms, retry_after_ms=retry_after_ms, worker=worker)
         if disposition is not Disposition.RECORDED:
             return e, disposition
         payload = b""

@@ -23,6 +23,12 @@ class PlannerSettings(Settings):
     api_host: str = "127.0.0.1"
     metrics_address: str = ""  # host:port of the Prometheus endpoint (port 0: pick one); empty or "off": none
     metrics_schedule_limit: int = 100  # schedules with their own start-lag series; the rest share "_other"
+    # Workers heartbeat every interval (told in the Welcome); a stream silent for the timeout is ended and
+    # its attempts, unless re-attached within the timeout again, are timed out and retried. Keep the
+    # timeout above lease_ttl + takeover, so that a new owner re-attaches a crashed planner's attempts
+    # before their workers give them up (docs/workers.md, "Liveness").
+    heartbeat_interval: float = 1.0
+    heartbeat_timeout: float = 10.0
 
     def validate(self) -> None:
         if not 0 <= self.lookahead_ms <= 60_000:
@@ -38,5 +44,9 @@ class PlannerSettings(Settings):
         if self.retention_count < 1:
             raise InvalidArgument("retention_count", "must be at least 1")
         parse_listen_address("metrics_address", self.metrics_address)
+        if not 0.01 <= self.heartbeat_interval <= 60:
+            raise InvalidArgument("heartbeat_interval", "must be in 0.01-60 seconds")
+        if not self.heartbeat_interval < self.heartbeat_timeout <= 3600:
+            raise InvalidArgument("heartbeat_timeout", "must be above heartbeat_interval and at most 3600 seconds")
         if not 0 <= self.metrics_schedule_limit <= 10_000:
             raise InvalidArgument("metrics_schedule_limit", "must be in 0-10000")

@@ -18,6 +18,8 @@ AttemptKey = tuple[str, int]  # (execution_id, attempt)
 
 MAX_MESSAGE_BYTES = 4096  # Result.message limit in the proto
 DRAIN_MESSAGE = "worker draining"
+ORPHANED_MESSAGE = ("stopped by the worker: its planner stream was gone for longer than the heartbeat timeout "
+                    "and no planner re-attached it (the planner times it out too)")
 
 
 class Status(StrEnum):
@@ -41,6 +43,7 @@ class Stop(StrEnum):
     TIMEOUT = "timeout"  # the local execution timeout passed
     DRAIN = "drain"  # the worker is shutting down and the grace ran out
     REJECTED = "rejected"  # a planner refused to re-attach it: a newer attempt may run elsewhere
+    ORPHANED = "orphaned"  # its planner stream was gone past the heartbeat timeout and no planner re-attached it
 
 
 class State(Enum):
@@ -88,6 +91,7 @@ class Attempt:
         self.task: asyncio.Task[None] | None = None  # the worker's task around run()
         self._inner: asyncio.Task[None] | None = None  # the handler itself
         self._force: asyncio.TimerHandle | None = None
+        self.orphaned_at: float | None = None  # monotonic time its origin stream was first seen down
 
     @property
     def key(self) -> AttemptKey:
@@ -144,6 +148,9 @@ class Attempt:
         if self.stop is Stop.TIMEOUT:
             limit = "" if self.timeout is None else f" ({self.timeout:g} s)"
             return Outcome(Status.FAILED, ErrorClass.TIMEOUT, f"no result within the execution timeout{limit}")
+        if self.stop is Stop.ORPHANED:
+            # The same class as the planner's own timeout of it: whichever is recorded first wins.
+            return Outcome(Status.FAILED, ErrorClass.TIMEOUT, ORPHANED_MESSAGE)
         if self.stop is Stop.DRAIN:
             # Not TIMEOUT/UNKNOWN: nothing is wrong with the execution, so it is retried elsewhere at once.
             return Outcome(Status.FAILED, ErrorClass.TRANSIENT, DRAIN_MESSAGE)

@@ -57,6 +57,8 @@ class PlannerStream:
         self.planner_id = ""  # from the Welcome
         self.region = ""
         self.heartbeat_interval = settings.heartbeat_interval
+        # After this long without this stream, its attempts are given up (the planner's Welcome says).
+        self.heartbeat_timeout = settings.heartbeat_interval * 10
         self.sessions = 0  # Welcomes received, for tests and logs
         self._owner = owner
         self._settings = settings
@@ -178,6 +180,8 @@ class PlannerStream:
         self.planner_id, self.region = w.planner_id, w.region
         if w.HasField("heartbeat_interval") and (w.heartbeat_interval.seconds or w.heartbeat_interval.nanos):
             self.heartbeat_interval = w.heartbeat_interval.ToMilliseconds() / 1000
+        if w.HasField("heartbeat_timeout") and (w.heartbeat_timeout.seconds or w.heartbeat_timeout.nanos):
+            self.heartbeat_timeout = w.heartbeat_timeout.ToMilliseconds() / 1000
         self.sessions += 1
         self._backoff.reset()
         log.info("planner stream open", extra={"planner": self.address, "planner_id": self.planner_id,

@@ -294,6 +294,7 @@ class Worker:
             attempt = self._attempts.get((ref.execution_id, ref.attempt))
             if attempt is not None:
                 attempt.origin = stream.address
+                attempt.orphaned_at = None
                 log.info("execution re-attached", extra={**attempt.ctx.log_fields(), "planner": stream.address})
         for rej in r.rejected:
             attempt = self._attempts.get((rej.execution_id, rej.attempt))
@@ -341,6 +342,25 @@ class Worker:
         self.outbox.add(protocol.result_pb(attempt, outcome, finished), attempt.origin)
         self._acked.clear()
         self._flush_soon()
+
+    def stop_orphans(self, now: float) -> None:
+        """The worker's half of the heartbeat lease: an attempt whose origin planner stream has been down
+        for longer than that planner's heartbeat timeout, and that no planner re-attached, is stopped (with
+        the cancel grace) and reported TIMEOUT. The planner, if alive, times it out after the same timeout,
+        so both sides give it up together instead of the worker running on while a retry runs elsewhere."""
+        for a in self._attempts.values():
+            if a.stop is not None:
+                continue
+            stream = self.streams.get(a.origin)
+            if stream is not None and stream.connected:
+                a.orphaned_at = None
+            elif a.orphaned_at is None:
+                a.orphaned_at = now
+            elif now - a.orphaned_at > (stream.heartbeat_timeout if stream is not None
+                                        else self.settings.heartbeat_interval * 10):
+                log.warning("planner stream gone past the heartbeat timeout and not re-attached; stopping",
+                            extra={**a.ctx.log_fields(), "planner": a.origin, "event": "orphaned"})
+                a.request_stop(Stop.ORPHANED, self.settings.cancel_grace, "origin planner unreachable")
 
     def _forget(self, attempt: Attempt) -> None:
         if self._attempts.get(attempt.key) is attempt:
@@ -394,6 +414,7 @@ class Worker:
             await asyncio.sleep(min(0.25, self.settings.result_ack_timeout / 4))
             self._flush_now()
             self._grant()
+            self.stop_orphans(self.clock.monotonic())
             victim = self.book.reclaim(self.clock.monotonic())
             if victim is not None and victim in self.streams:
                 log.info("re-opening an idle planner stream to reclaim its credits",

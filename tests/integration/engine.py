@@ -102,9 +102,11 @@ class Engine:
         self.addresses.append(f"127.0.0.1:{port}")
         return self.planners.start(node_id, settings={"api_port": str(port), **settings})
 
-    def start_worker(self, wid: str, *, drain_grace: float = 5.0) -> subprocess.Popen[bytes]:
+    def start_worker(self, wid: str, *, drain_grace: float = 5.0,
+                     planners: list[str] | None = None) -> subprocess.Popen[bytes]:
+        """An effect worker dialling `planners` (default: every planner started)."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("SCHED_")}
-        argv = [sys.executable, WORKER, "--id", wid, "--planners", ",".join(self.addresses),
+        argv = [sys.executable, WORKER, "--id", wid, "--planners", ",".join(planners or self.addresses),
                 "--effects", str(self.effects), "--starts", str(self.starts), "--drain-grace", str(drain_grace)]
         p = spawn(argv, self.base / f"{wid}.log", env=env)
         self.workers[wid] = p

@@ -3,7 +3,8 @@ processes (tests/integration/effect_worker.py) and a real etcd.
 
 - A worker SIGKILLed while its handler runs: the attempt stays in flight until its recorded deadline,
   then times out and is retried with the same execution id and the next attempt number on the other
-  worker; the side effect happens once.
+  worker; the side effect happens once. (Here the deadline, ~6 s, comes before the default heartbeat
+  timeout of 10 s after the disconnect; the heartbeat path is proved in test_worker_heartbeats.py.)
 - A worker SIGTERMed while its handler runs: the running attempt finishes within the drain grace and is
   recorded, then the process exits 0; or, when the grace is shorter than the task, the attempt is
   stopped and handed back (TRANSIENT "worker draining") and runs again elsewhere at once, well before
