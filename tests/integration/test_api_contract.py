@@ -320,8 +320,8 @@ def test_executions_get_list_filters_paging(cluster: ApiCluster) -> None:
     a.PauseSchedule(spb.PauseScheduleRequest(id="e-1"), timeout=10)  # stop the stream of new ones
     e0 = done[0]
     assert e0.schedule_id == "e-1" and e0.tenant == "acme" and e0.trigger == epb.TRIGGER_SCHEDULED
-    # (worker_id: the planner records the dispatch before its queue picks a worker; not known here.)
     assert e0.attempts[0].planner_id in ("a", "b") and e0.attempts[0].outcome == epb.ATTEMPT_OUTCOME_SUCCEEDED
+    assert e0.attempts[0].worker_id == "w1"
     assert e0.attempts[0].fencing_token.revision > 0
     got = a.GetExecution(spb.GetExecutionRequest(execution_id=e0.execution_id), timeout=10).execution
     assert got.execution_id == e0.execution_id and got.state == epb.EXECUTION_STATE_SUCCEEDED
@@ -361,14 +361,14 @@ def test_executions_get_list_filters_paging(cluster: ApiCluster) -> None:
 # ---- dead letters -------------------------------------------------------------------------------------
 
 
-async def _write_dead_letters(cluster: ApiCluster, n: int, sid: str = "dl-job") -> list[str]:
+async def _write_dead_letters(cluster: ApiCluster, n: int, sid: str = "dl-job", pool: str = "pool") -> list[str]:
     """Dead letters as the planner records them (the CAS into dead_letter writes the index too)."""
     ks, ledger = Keyspace(PREFIX), Ledger(Keyspace(PREFIX), P)
     ids = []
     async with EtcdClient(cluster.etcd.config()) as kv:
         for i in range(n):
             ms = 1_795_946_400_000 + i * 60_000
-            e = Execution(execution_id(sid, ms), sid, "acme" if i < 2 else "other", "pool",
+            e = Execution(execution_id(sid, ms), sid, "acme" if i < 2 else "other", pool,
                           "effect" if i != 1 else "mail", ms, ms, Trigger.SCHEDULED, RetryPolicy(max_attempts=1),
                           60_000)
             e = dispatch(e, worker="w", planner="a", token="1:5", now_ms=ms)
@@ -551,10 +551,13 @@ def test_replay_and_discard_dead_letters(cluster: ApiCluster) -> None:
     a = cluster.schedules("a")
     a.CreateSchedule(spb.CreateScheduleRequest(schedule=sched("dl-ops", spec="0 0 1 1 *", worker_pool="nopool")),
                      timeout=10)
-    ids = asyncio.run(_write_dead_letters(cluster, 2, sid="dl-ops"))
+    # Pool without workers: the replayed run waits (a worker would run it at once, and the test
+    # worker fails on this payload, so it would be a dead letter again before we look).
+    ids = asyncio.run(_write_dead_letters(cluster, 2, sid="dl-ops", pool="nopool"))
     r = a.ReplayDeadLetter(spb.ReplayDeadLetterRequest(execution_id=ids[0], reason="fixed the bug"),
                            timeout=10).execution
     assert r.state in (epb.EXECUTION_STATE_SCHEDULED, epb.EXECUTION_STATE_RETRY_WAIT)
+    assert r.state_message == "fixed the bug"
     fails(grpc.StatusCode.NOT_FOUND, a.ReplayDeadLetter, spb.ReplayDeadLetterRequest(execution_id=ids[0]))
     d = a.DiscardDeadLetter(spb.DiscardDeadLetterRequest(execution_id=ids[1]), timeout=10).execution
     assert d.state == epb.EXECUTION_STATE_FAILED
