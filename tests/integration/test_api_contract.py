@@ -639,8 +639,9 @@ assert "scheduler._gen" not in sys.modules and "scheduler.api" not in sys.module
 assert all(p.startswith(sys.argv[2]) for p in sys.modules["scheduler"].__path__), sys.modules["scheduler"].__path__
 stub = ssgrpc.ScheduleServiceStub(grpc.insecure_channel(sys.argv[1]))
 s = stub.CreateSchedule(sspb.CreateScheduleRequest(schedule=schedule_pb2.Schedule(
-    id="fresh-1", tenant="newcomer", spec="* * * * * *", worker_pool="pool", task_type="effect")), timeout=10)
-deadline = time.time() + 30
+    id="fresh-1", tenant="newcomer", spec="* * * * * *", worker_pool="pool", task_type="effect",
+    policies=schedule_pb2.SchedulePolicies(overlap=schedule_pb2.OVERLAP_POLICY_ALLOW_ALL))), timeout=10)
+deadline = time.time() + 60
 while time.time() < deadline:
     r = stub.ListExecutions(sspb.ListExecutionsRequest(schedule_id="fresh-1"), timeout=10)
     if len(r.executions) >= 2:
@@ -667,10 +668,10 @@ def test_client_generated_from_the_protos_alone(cluster: ApiCluster, tmp_path: P
     script = out / "client.py"
     script.write_text(FRESH_CLIENT)
     run = subprocess.run([sys.executable, "-S", str(script), cluster.addresses["b"], str(out)], env={
-        **env, "PYTHONPATH": f"{out}{os.pathsep}{site}"}, cwd=out, capture_output=True, text=True, timeout=90)
+        **env, "PYTHONPATH": f"{out}{os.pathsep}{site}"}, cwd=out, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     got = json.loads(run.stdout)
-    assert got["version"] > 0 and len(got["executions"]) >= 2
+    assert got["version"] > 0 and len(got["executions"]) >= 2, got
     assert all(e.startswith("fresh-1@") for e in got["executions"])
     # The project's own stubs see the same executions.
     seen = cluster.schedules("a").ListExecutions(spb.ListExecutionsRequest(schedule_id="fresh-1"), timeout=10)
