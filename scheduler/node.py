@@ -16,6 +16,10 @@ from dataclasses import replace
 from typing import Any
 
 from scheduler._gen.scheduler.v1 import cluster_pb2
+from scheduler.api.admin_service import AdminService, LocalView
+from scheduler.api.operations import Operations
+from scheduler.api.ports import OperationsPort
+from scheduler.api.schedule_service import ScheduleService
 from scheduler.clock import Clock
 from scheduler.config import CoordinationSettings, EtcdSettings
 from scheduler.dispatch.service import Dispatcher
@@ -54,6 +58,12 @@ def etcd_client(s: EtcdSettings, rpc_timeout: float) -> EtcdClient:
             timeout=rpc_timeout,
         )
     )
+
+
+def default_operations(node: PlannerNode) -> OperationsPort:
+    """The operations behind trigger, rerun, backfill, cancel and the dead-letter calls."""
+    return Operations(node.kv, node.ks, node.s.partitions, node.store, node.ledger, node.clock,
+                      rpc_timeout=node.s.rpc_timeout)
 
 
 class NullDispatcher:
@@ -129,6 +139,29 @@ class PlannerNode:
                        on_lost_attempts=self.on_lost_attempts, **options)
         self.dispatcher = d
         return d
+
+    def make_api(self, ops: OperationsPort | None = None) -> tuple[ScheduleService, AdminService]:
+        """The ScheduleService and AdminService of this node (any node serves any schedule).
+        `ops`: the operations behind trigger/rerun/backfill/cancel/dead letters; by default the
+        project's implementation when this build has it."""
+        if ops is None:
+            ops = default_operations(self)
+        schedules = ScheduleService(kv=self.kv, ks=self.ks, store=self.store, ledger=self.ledger, clock=self.clock,
+                                    ops=ops, rpc_timeout=self.s.rpc_timeout)
+
+        def workers() -> list[tuple[str, str, str, int, int]]:
+            d = self.dispatcher
+            if not isinstance(d, Dispatcher):
+                return []
+            return [(c.worker_id, c.pool, c.region, c.capacity, len(c.running)) for c in d.conns.values()]
+
+        def depth() -> int:
+            return len(self.dispatcher.queue) if isinstance(self.dispatcher, Dispatcher) else 0
+
+        admin = AdminService(kv=self.kv, ks=self.ks, ownership=self.ownership, clock=self.clock,
+                             node_id=self.s.node_id, region=self.s.region, partitions=self.s.partitions,
+                             local=LocalView(depth, workers), rpc_timeout=self.s.rpc_timeout)
+        return schedules, admin
 
     def planner_infos(self) -> list[cluster_pb2.PlannerInfo]:
         out = []

@@ -1,5 +1,5 @@
-"""The planner node's gRPC server: WorkerService today (ScheduleService and AdminService come with
-issue 5), plus the standard health service and server reflection so generic tools work against it."""
+"""The planner node's gRPC server: WorkerService, ScheduleService and AdminService, plus the
+standard health service and server reflection (listing all of them) so generic tools work."""
 
 from __future__ import annotations
 
@@ -7,14 +7,34 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from scheduler._gen.scheduler.v1 import worker_service_pb2, worker_service_pb2_grpc
+from scheduler._gen.scheduler.v1 import (
+    admin_service_pb2,
+    admin_service_pb2_grpc,
+    schedule_service_pb2,
+    schedule_service_pb2_grpc,
+    worker_service_pb2,
+    worker_service_pb2_grpc,
+)
+from scheduler.api.admin_service import AdminService
+from scheduler.api.schedule_service import ScheduleService
 from scheduler.dispatch.service import Dispatcher
 
 # Big enough for a batch of assignments carrying 64 KiB payloads each.
 _MAX_MESSAGE = 32 * 1024 * 1024
 
+WORKER_SERVICE = worker_service_pb2.DESCRIPTOR.services_by_name["WorkerService"].full_name
+SCHEDULE_SERVICE = schedule_service_pb2.DESCRIPTOR.services_by_name["ScheduleService"].full_name
+ADMIN_SERVICE = admin_service_pb2.DESCRIPTOR.services_by_name["AdminService"].full_name
 
-async def start_server(dispatcher: Dispatcher, host: str, port: int) -> tuple[grpc.aio.Server, int]:
+
+async def start_server(
+    dispatcher: Dispatcher,
+    host: str,
+    port: int,
+    *,
+    schedules: ScheduleService | None = None,
+    admin: AdminService | None = None,
+) -> tuple[grpc.aio.Server, int]:
     server = grpc.aio.server(options=[
         ("grpc.max_receive_message_length", _MAX_MESSAGE),
         ("grpc.max_send_message_length", _MAX_MESSAGE),
@@ -24,14 +44,21 @@ async def start_server(dispatcher: Dispatcher, host: str, port: int) -> tuple[gr
         ("grpc.http2.max_ping_strikes", 0),
     ])
     worker_service_pb2_grpc.add_WorkerServiceServicer_to_server(dispatcher, server)
+    names = [WORKER_SERVICE]
+    if schedules is not None:
+        schedule_service_pb2_grpc.add_ScheduleServiceServicer_to_server(schedules, server)
+        names.append(SCHEDULE_SERVICE)
+    if admin is not None:
+        admin_service_pb2_grpc.add_AdminServiceServicer_to_server(admin, server)
+        names.append(ADMIN_SERVICE)
     hs = health.aio.HealthServicer()  # type: ignore[attr-defined]  # re-exported at run time; stubs lag
     health_pb2_grpc.add_HealthServicer_to_server(hs, server)
-    names = (worker_service_pb2.DESCRIPTOR.services_by_name["WorkerService"].full_name, reflection.SERVICE_NAME,
-             health.SERVICE_NAME)
-    reflection.enable_server_reflection(names, server)
+    reflection.enable_server_reflection((*names, reflection.SERVICE_NAME, health.SERVICE_NAME), server)
     bound = server.add_insecure_port(f"{host}:{port}")
     if bound == 0:
         raise OSError(f"cannot listen on {host}:{port}")
     await server.start()
     await hs.set("", health_pb2.HealthCheckResponse.SERVING)
+    for name in names:  # per-service status, so a client can probe the one it needs
+        await hs.set(name, health_pb2.HealthCheckResponse.SERVING)
     return server, bound

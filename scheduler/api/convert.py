@@ -9,8 +9,10 @@ from __future__ import annotations
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from scheduler._gen.scheduler.v1 import execution_pb2 as epb
 from scheduler._gen.scheduler.v1 import schedule_pb2 as pb
 from scheduler.errors import InvalidArgument
+from scheduler.execution import Attempt, ErrorClass, ExecState, Execution, Trigger
 from scheduler.model import Policies, RetryPolicy, Schedule, ScheduleState
 from scheduler.timeplan import DstGap, DstOverlap, MissedRuns, Overlap
 
@@ -50,12 +52,26 @@ def ms_to_duration(ms: int) -> Duration:
     return d
 
 
+# google.protobuf's own bounds: Timestamp 0001-01-01..9999-12-31, Duration +-10,000 years. Values
+# outside them make ToMilliseconds() raise ValueError, so they are refused here, naming the field.
+_TS_MIN_S, _TS_MAX_S = -62_135_596_800, 253_402_300_799
+_DURATION_MAX_S = 315_576_000_000
+
+
 def duration_ms(field: str, d: Duration, present: bool, default: int) -> int:
     if not present:
         return default
     if d.seconds < 0 or d.nanos < 0:
         raise InvalidArgument(field, "must not be negative")
+    if d.seconds > _DURATION_MAX_S or d.nanos > 999_999_999:
+        raise InvalidArgument(field, "is outside the range of google.protobuf.Duration")
     return int(d.ToMilliseconds())
+
+
+def timestamp_ms(field: str, t: Timestamp) -> int:
+    if not _TS_MIN_S <= t.seconds <= _TS_MAX_S or not 0 <= t.nanos <= 999_999_999:
+        raise InvalidArgument(field, "is outside the range of google.protobuf.Timestamp (0001-01-01..9999-12-31)")
+    return int(t.ToMilliseconds())
 
 
 def ms_to_timestamp(ms: int) -> Timestamp:
@@ -142,9 +158,118 @@ def schedule_from_pb(m: pb.Schedule) -> Schedule:
         payload=m.payload,
         labels=dict(m.labels),
         state=_inverse("state", _STATE, m.state, ScheduleState.ACTIVE),  # type: ignore[arg-type]
-        start_ms=m.start_at.ToMilliseconds() if m.HasField("start_at") else None,
-        end_ms=m.end_at.ToMilliseconds() if m.HasField("end_at") else None,
+        start_ms=timestamp_ms("start_at", m.start_at) if m.HasField("start_at") else None,
+        end_ms=timestamp_ms("end_at", m.end_at) if m.HasField("end_at") else None,
         policies=policies,
         version=m.version,
         paused_reason=m.paused_reason,
     )
+
+
+# ---- executions, dead letters, backfill progress -------------------------------------------------
+
+_EXEC_STATE = {
+    ExecState.SCHEDULED: epb.EXECUTION_STATE_SCHEDULED,
+    ExecState.DISPATCHED: epb.EXECUTION_STATE_DISPATCHED,
+    ExecState.RUNNING: epb.EXECUTION_STATE_RUNNING,
+    ExecState.SUCCEEDED: epb.EXECUTION_STATE_SUCCEEDED,
+    ExecState.FAILED: epb.EXECUTION_STATE_FAILED,
+    ExecState.RETRY_WAIT: epb.EXECUTION_STATE_RETRY_WAIT,
+    ExecState.DEAD_LETTER: epb.EXECUTION_STATE_DEAD_LETTER,
+    ExecState.SKIPPED: epb.EXECUTION_STATE_SKIPPED,
+    ExecState.CANCELLED: epb.EXECUTION_STATE_CANCELLED,
+}
+_TRIGGER = {
+    Trigger.SCHEDULED: epb.TRIGGER_SCHEDULED,
+    Trigger.MANUAL: epb.TRIGGER_MANUAL,
+    Trigger.RERUN: epb.TRIGGER_RERUN,
+    Trigger.BACKFILL: epb.TRIGGER_BACKFILL,
+    Trigger.REPLAY: epb.TRIGGER_REPLAY,
+}
+_ERROR_CLASS = {
+    ErrorClass.TRANSIENT: epb.ERROR_CLASS_TRANSIENT,
+    ErrorClass.PERMANENT: epb.ERROR_CLASS_PERMANENT,
+    ErrorClass.UNKNOWN: epb.ERROR_CLASS_UNKNOWN,
+    ErrorClass.TIMEOUT: epb.ERROR_CLASS_TIMEOUT,
+}
+# Stored skip reasons (SkipReason values, plus the planner's withdrawal reasons) -> the enum.
+_SKIP = {
+    "policy_skip": epb.SKIP_REASON_POLICY_SKIP,
+    "outside_catchup_window": epb.SKIP_REASON_OUTSIDE_CATCHUP_WINDOW,
+    "over_cap": epb.SKIP_REASON_OVER_CAP,
+    "overlap_skip": epb.SKIP_REASON_OVERLAP_SKIP,
+    "paused": epb.SKIP_REASON_PAUSED,
+    "schedule_changed": epb.SKIP_REASON_SCHEDULE_CHANGED,
+    "schedule_deleted": epb.SKIP_REASON_SCHEDULE_DELETED,
+}
+
+
+def execution_state_from_pb(field: str, value: int) -> ExecState:
+    for k, v in _EXEC_STATE.items():
+        if v == value:
+            return k
+    raise InvalidArgument(field, f"unknown execution state {value}")
+
+
+def overlap_from_pb(field: str, value: int) -> Overlap | None:
+    """A per-request overlap override: UNSPECIFIED means the schedule's own policy (None)."""
+    return _inverse(field, _OVERLAP, value, None)  # type: ignore[arg-type, return-value]
+
+
+def fencing_token_pb(token: str) -> epb.FencingToken | None:
+    """`"<partition>:<revision>"` as stored with each attempt."""
+    p, _, rev = token.partition(":")
+    if not (p.isdigit() and rev.isdigit()):
+        return None
+    return epb.FencingToken(partition=int(p), revision=int(rev))
+
+
+def _attempt_to_pb(a: Attempt, trigger: int) -> epb.AttemptRecord:
+    """`trigger`: the execution's own; an attempt of a run an operator started again (rerun, replay)
+    records that run's trigger instead."""
+    run = _TRIGGER[a.trigger] if a.trigger is not None else trigger
+    out = epb.AttemptRecord(attempt=a.attempt, worker_id=a.worker, planner_id=a.planner,
+                            dispatched_at=ms_to_timestamp(a.dispatched_ms), deadline=ms_to_timestamp(a.deadline_ms),
+                            error_message=a.message, trigger=run)  # type: ignore[arg-type]
+    tok = fencing_token_pb(a.token)
+    if tok is not None:
+        out.fencing_token.CopyFrom(tok)
+    if a.started_ms:
+        out.started_at.CopyFrom(ms_to_timestamp(a.started_ms))
+    if a.finished_ms:
+        out.finished_at.CopyFrom(ms_to_timestamp(a.finished_ms))
+        if a.succeeded:
+            out.outcome = epb.ATTEMPT_OUTCOME_SUCCEEDED
+        elif a.error_class is ErrorClass.TIMEOUT:
+            out.outcome = epb.ATTEMPT_OUTCOME_TIMED_OUT
+        else:
+            out.outcome = epb.ATTEMPT_OUTCOME_FAILED
+    if a.error_class is not None:
+        out.error_class = _ERROR_CLASS[a.error_class]
+    return out
+
+
+def execution_to_pb(e: Execution) -> epb.Execution:
+    trigger = _TRIGGER[e.trigger]
+    out = epb.Execution(
+        execution_id=e.id, schedule_id=e.schedule_id, tenant=e.tenant, planned_at=ms_to_timestamp(e.planned_ms),
+        due_at=ms_to_timestamp(e.due_ms), trigger=trigger, state=_EXEC_STATE[e.state],
+        attempt=e.attempt, attempts=[_attempt_to_pb(a, trigger) for a in e.attempts], task_type=e.task_type,
+        worker_pool=e.pool,
+    )
+    if e.state is ExecState.SKIPPED:
+        out.skip_reason = _SKIP.get(e.skip_reason, epb.SKIP_REASON_UNSPECIFIED)
+    if e.skip_reason:
+        out.state_message = e.skip_reason  # the cancel reason, or the stored skip reason
+    if e.next_attempt_ms and e.state is ExecState.RETRY_WAIT:
+        out.next_attempt_at.CopyFrom(ms_to_timestamp(e.next_attempt_ms))
+    if e.attempts:
+        tok = fencing_token_pb(e.attempts[-1].token)
+        if tok is not None:
+            out.fencing_token.CopyFrom(tok)
+    return out
+
+
+def dead_letter_to_pb(e: Execution, payload: bytes, dead_ms: int, reason: str) -> epb.DeadLetter:
+    return epb.DeadLetter(execution=execution_to_pb(e), payload=payload, dead_lettered_at=ms_to_timestamp(dead_ms),
+                          reason=reason)

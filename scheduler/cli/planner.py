@@ -107,7 +107,9 @@ async def _main(etcd: EtcdSettings, coord: CoordinationSettings, planner: Planne
     node = PlannerNode(kv, Keyspace(etcd.etcd_prefix), coord, SYSTEM_CLOCK, planner=planner)
     metrics = await serve_metrics(node.metrics.registry, planner.metrics_address)  # first: fails fast
     dispatcher = node.make_dispatcher()  # heartbeat timing from the planner settings
-    server, port = await start_server(dispatcher, planner.api_host, planner.api_port)
+    schedules, admin = node.make_api()
+    server, port = await start_server(dispatcher, planner.api_host, planner.api_port, schedules=schedules,
+                                      admin=admin)
     if not coord.api_address:
         node.advertise(f"{planner.api_host}:{port}")
     log.info("serving", extra={"event": "serving", "address": f"{planner.api_host}:{port}"})

@@ -92,6 +92,7 @@ class _Conn:
     last_seen: float = 0.0  # monotonic time of the last message (any message proves the worker alive)
     dead: bool = False  # the watchdog ended this stream (silent for heartbeat_timeout)
     running: dict[tuple[str, int], str] = field(default_factory=dict)  # (execution id, attempt) -> task type
+    capacity: int = 0  # Hello.capacity, for cluster status
 
 
 Recorder = Callable[..., Awaitable[tuple[Execution, Disposition]]]
@@ -492,7 +493,7 @@ class Dispatcher:
             return
         conn_id = next(self._ids)
         c = _Conn(h.worker_id, h.pool, h.region, frozenset(h.task_types), asyncio.Queue(),
-                  last_seen=self.clock.monotonic())
+                  last_seen=self.clock.monotonic(), capacity=h.capacity)
         self.conns[conn_id] = c
         self._start_watchdog()
         log.info("worker connected", extra={"event": "worker_connected", "worker": h.worker_id, "pool": h.pool})

@@ -97,6 +97,10 @@ class Ownership:
         self.session: Session | None = None
         self.members = PrefixCache(kv, ks.members, timeout=settings.rpc_timeout)
         self.owners = PrefixCache(kv, ks.owners, timeout=settings.rpc_timeout)
+        # Drain requests (AdminService.DrainPlanner, written by whichever node took the call): a
+        # drained planner claims nothing and releases what it owns, and every planner leaves it out
+        # of the eligible set so that the others take its share.
+        self.drains = PrefixCache(kv, ks.drains, timeout=settings.rpc_timeout)
         self.draining = False
         self.claims = 0
         self.sessions = 0
@@ -142,6 +146,20 @@ class Ownership:
             if o.inflight == 0:
                 o.idle.set()
 
+    def drained(self) -> frozenset[str]:
+        """Node ids with a drain request."""
+        return frozenset(self._ks.last_segment(k) for k in self.drains.items)
+
+    @property
+    def drain_requested(self) -> bool:
+        return self._ks.drain(self._s.node_id) in self.drains.items
+
+    async def _startup_keys(self) -> None:
+        """A fresh process is not drained (a drain lasts until the planner restarts), and its region
+        is recorded as known (Switchover refuses regions no planner has ever registered in)."""
+        await self._kv.delete(self._ks.drain(self._s.node_id), timeout=self._s.rpc_timeout)
+        await self._kv.put(self._ks.region(self._s.region), b"{}", timeout=self._s.rpc_timeout)
+
     def owned_partitions(self) -> dict[int, int]:
         return {p: o.token for p, o in self.owned.items() if not o.releasing}
 
@@ -167,7 +185,9 @@ class Ownership:
     async def run(self) -> None:
         """Own partitions until cancelled. Survives etcd outages and lost leases by starting over."""
         await self._retry(self.ensure_cluster)
-        caches = [asyncio.create_task(c.run(), name=f"cache-{c.prefix!r}") for c in (self.members, self.owners)]
+        await self._retry(self._startup_keys)
+        caches = [asyncio.create_task(c.run(), name=f"cache-{c.prefix!r}")
+                  for c in (self.members, self.owners, self.drains)]
         try:
             while True:
                 try:
@@ -234,7 +254,8 @@ class Ownership:
             await session.close(revoke=task is not None and task.cancelling() > 0)
 
     async def _wait_for_change(self, lost: asyncio.Task[object]) -> None:
-        waits = [asyncio.ensure_future(e.wait()) for e in (self.members.changed, self.owners.changed, self._wake)]
+        events = (self.members.changed, self.owners.changed, self.drains.changed, self._wake)
+        waits = [asyncio.ensure_future(e.wait()) for e in events]
         # A finished `lost` with the session not fenced happens only with unsafe_disable_self_fence:
         # waiting on it again would turn this loop into a busy spin.
         also = [] if lost.done() else [lost]
@@ -243,7 +264,7 @@ class Ownership:
         finally:
             for w in waits:
                 w.cancel()
-        for e in (self.members.changed, self.owners.changed, self._wake):
+        for e in events:
             e.clear()
 
     # ---- snapshot -> decide -> act -----------------------------------------------------------------
@@ -254,14 +275,17 @@ class Ownership:
             p = self._ks.partition_of(key)
             owners[p] = json.loads(kv.value)["node"]
         eligible = []
+        drained = self.drained()
         for kv in self.members.items.values():
             info = MemberInfo.decode(kv.value)
+            if info.node_id in drained:
+                continue
             if self._eligible(info) and not (self.draining and info.node_id == self._s.node_id):
                 eligible.append(info.node_id)
         return OwnershipSnapshot(self._s.partitions, self._s.node_id, tuple(sorted(eligible)), owners)
 
     async def _reconcile(self, session: Session) -> None:
-        if not (self.members.synced.is_set() and self.owners.synced.is_set()):
+        if not (self.members.synced.is_set() and self.owners.synced.is_set() and self.drains.synced.is_set()):
             return
         # Owner keys that vanished or were re-created by someone else: we lost those partitions.
         for p, o in list(self.owned.items()):

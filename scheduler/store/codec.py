@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from scheduler.execution import Attempt, ErrorClass, ExecState, Execution, Trigger
@@ -31,10 +32,20 @@ def _retry_from(d: dict[str, Any]) -> RetryPolicy:
                        int(d.get("u", dr.max_unknown_attempts)))
 
 
-def encode_schedule(s: Schedule, *, activated_ms: int) -> bytes:
+@dataclass(frozen=True)
+class ScheduleMeta:
+    """Bookkeeping the API returns with a schedule (created_at, updated_at) and the create's
+    request_id, which makes a retried CreateSchedule return the schedule instead of ALREADY_EXISTS."""
+
+    created_ms: int = 0
+    updated_ms: int = 0
+    request_id: str = ""
+
+
+def encode_schedule(s: Schedule, *, activated_ms: int, meta: ScheduleMeta | None = None) -> bytes:
     """`activated_ms`: when the current spec/state took effect; planned times before it are not owed."""
     p = s.policies
-    d = {
+    d: dict[str, Any] = {
         "id": s.id, "tenant": s.tenant, "spec": s.spec, "tz": s.time_zone, "pool": s.worker_pool,
         "task": s.task_type, "payload": base64.b64encode(s.payload).decode(), "labels": s.labels,
         "state": s.state.value, "paused_reason": s.paused_reason, "start": s.start_ms, "end": s.end_ms,
@@ -44,7 +55,14 @@ def encode_schedule(s: Schedule, *, activated_ms: int) -> bytes:
                 "fold": p.dst_overlap.value if p.dst_overlap else None, "jitter": p.jitter_ms,
                 "retry": _retry_to(p.retry), "timeout": p.execution_timeout_ms},
     }
+    if meta is not None:
+        d["meta"] = {"c": meta.created_ms, "u": meta.updated_ms, "rid": meta.request_id}
     return json.dumps(d, separators=_SEP).encode()
+
+
+def decode_schedule_meta(value: bytes) -> ScheduleMeta:
+    m = json.loads(value).get("meta") or {}
+    return ScheduleMeta(int(m.get("c", 0)), int(m.get("u", 0)), str(m.get("rid", "")))
 
 
 def decode_schedule(value: bytes, version: int) -> tuple[Schedule, int]:

@@ -70,6 +70,10 @@ class Keyspace:
     def all_schedules(self) -> bytes:
         return self._k("schedules", "")
 
+    @property
+    def all_executions(self) -> bytes:
+        return self._k("executions", "")
+
     def executions(self, partition: int, schedule_id: str | None = None) -> bytes:
         if schedule_id is None:
             return self._k("executions", f"{partition:0{_PART_WIDTH}d}", "")
@@ -120,6 +124,22 @@ class Keyspace:
     def partition_of(key: bytes) -> int:
         """The partition number at the end of an owners/ or checkpoints/ key."""
         return int(key.rsplit(b"/", 1)[1])
+
+    @staticmethod
+    def partition_of_schedule(key: bytes) -> int:
+        """The partition number in a schedules/<partition>/<id> key."""
+        return int(key.rsplit(b"/", 2)[-2])
+
+    @property
+    def drains(self) -> bytes:
+        return self._k("drain", "")
+
+    @property
+    def regions(self) -> bytes:
+        return self._k("regions", "")
+
+    def region(self, name: str) -> bytes:
+        return self._k("regions", name)
 
     @staticmethod
     def last_segment(key: bytes) -> str:

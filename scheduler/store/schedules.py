@@ -7,12 +7,12 @@ their partitions' schedule prefixes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from scheduler.errors import AlreadyExists, NotFound, VersionMismatch
 from scheduler.model import Schedule
-from scheduler.store.codec import decode_schedule, encode_schedule
-from scheduler.store.etcd.ops import Compare, delete, get, put
+from scheduler.store.codec import ScheduleMeta, decode_schedule, decode_schedule_meta, encode_schedule
+from scheduler.store.etcd.ops import Compare, delete, get, prefix_end, put
 from scheduler.store.keyspace import Keyspace, partition_for
 from scheduler.store.kv import KV
 
@@ -22,6 +22,7 @@ class StoredSchedule:
     schedule: Schedule  # .version = etcd mod_revision
     activated_ms: int  # planned times before this are not owed (creation, resume, spec change)
     partition: int
+    meta: ScheduleMeta = field(default_factory=ScheduleMeta)
 
 
 def _activation_changed(old: Schedule, new: Schedule) -> bool:
@@ -38,22 +39,34 @@ class ScheduleStore:
     def partition(self, schedule_id: str) -> int:
         return partition_for(schedule_id, self.partitions)
 
-    async def create(self, s: Schedule, now_ms: int) -> StoredSchedule:
+    async def create(self, s: Schedule, now_ms: int, *, request_id: str = "") -> StoredSchedule:
+        """Create if the id is free. A retry of the same request (same non-empty `request_id`) gets
+        the stored schedule back instead of AlreadyExists."""
         p = self.partition(s.id)
         key = self.ks.schedule(p, s.id)
+        meta = ScheduleMeta(now_ms, now_ms, request_id)
         r = await self.kv.txn([Compare.create_revision(key, "==", 0)],
-                              [put(key, encode_schedule(s, activated_ms=now_ms))], timeout=self.timeout)
+                              [put(key, encode_schedule(s, activated_ms=now_ms, meta=meta))], [get(key)],
+                              timeout=self.timeout)
         if not r.succeeded:
+            rr = r.responses[0]
+            kvs = getattr(rr, "kvs", ())
+            if request_id and kvs and decode_schedule_meta(kvs[0].value).request_id == request_id:
+                return self._stored(kvs[0].value, kvs[0].mod_revision, p)
             raise AlreadyExists(f"schedule {s.id!r} already exists")
-        return StoredSchedule(replace(s, version=r.revision), now_ms, p)
+        return StoredSchedule(replace(s, version=r.revision), now_ms, p, meta)
+
+    @staticmethod
+    def _stored(value: bytes, mod_revision: int, partition: int) -> StoredSchedule:
+        s, activated = decode_schedule(value, mod_revision)
+        return StoredSchedule(s, activated, partition, decode_schedule_meta(value))
 
     async def get(self, schedule_id: str) -> StoredSchedule:
         p = self.partition(schedule_id)
         kv = await self.kv.get(self.ks.schedule(p, schedule_id), timeout=self.timeout)
         if kv is None:
             raise NotFound(f"schedule {schedule_id!r} not found")
-        s, activated = decode_schedule(kv.value, kv.mod_revision)
-        return StoredSchedule(s, activated, p)
+        return self._stored(kv.value, kv.mod_revision, p)
 
     async def update(self, s: Schedule, expected_version: int | None, now_ms: int) -> StoredSchedule:
         """Replace the schedule; `expected_version` None means last writer wins."""
@@ -62,12 +75,13 @@ class ScheduleStore:
             raise VersionMismatch(f"schedule {s.id!r} is at version {cur.schedule.version}, not {expected_version}")
         activated = now_ms if _activation_changed(cur.schedule, s) else cur.activated_ms
         key = self.ks.schedule(cur.partition, s.id)
+        meta = replace(cur.meta, updated_ms=now_ms)
         r = await self.kv.txn([Compare.mod_revision(key, "==", cur.schedule.version)],
-                              [put(key, encode_schedule(s, activated_ms=activated))], [get(key)],
+                              [put(key, encode_schedule(s, activated_ms=activated, meta=meta))], [get(key)],
                               timeout=self.timeout)
         if not r.succeeded:
             raise VersionMismatch(f"schedule {s.id!r} changed concurrently; read it again")
-        return StoredSchedule(replace(s, version=r.revision), activated, cur.partition)
+        return StoredSchedule(replace(s, version=r.revision), activated, cur.partition, meta)
 
     async def delete(self, schedule_id: str, expected_version: int | None = None) -> None:
         p = self.partition(schedule_id)
@@ -83,8 +97,13 @@ class ScheduleStore:
     async def list_partition(self, partition: int) -> tuple[list[StoredSchedule], int]:
         """All schedules of a partition and the revision they were read at (to watch from)."""
         r = await self.kv.range(self.ks.schedules(partition), prefix=True, timeout=self.timeout)
-        out = []
-        for kv in r.kvs:
-            s, activated = decode_schedule(kv.value, kv.mod_revision)
-            out.append(StoredSchedule(s, activated, partition))
-        return out, r.revision
+        return [self._stored(kv.value, kv.mod_revision, partition) for kv in r.kvs], r.revision
+
+    async def scan(self, *, after_key: bytes = b"", limit: int = 1000) -> tuple[list[StoredSchedule], bytes]:
+        """One chunk of every schedule in key order (partition, then id), starting after `after_key`;
+        returns the chunk and the last key read (b"" when the scan is complete)."""
+        start = after_key + b"\x00" if after_key else self.ks.all_schedules
+        r = await self.kv.range(start, range_end=prefix_end(self.ks.all_schedules), limit=limit,
+                                timeout=self.timeout)
+        out = [self._stored(kv.value, kv.mod_revision, self.ks.partition_of_schedule(kv.key)) for kv in r.kvs]
+        return out, (r.kvs[-1].key if r.kvs and r.more else b"")

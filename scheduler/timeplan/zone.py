@@ -36,13 +36,19 @@ _MAX_INSTANT = int(datetime(9998, 12, 1, tzinfo=UTC).timestamp())
 Interval = tuple[int, int, int, int, int]
 
 
+MAX_ZONE_NAME = 64
+
+
 @lru_cache(maxsize=1024)
 def get_zone(name: str) -> tzinfo:
     if name in ("UTC", "Etc/UTC", "Z"):
         return UTC
+    if len(name) > MAX_ZONE_NAME:
+        raise InvalidArgument("time_zone", f"is {len(name)} characters; IANA names are at most {MAX_ZONE_NAME}")
     try:
         return ZoneInfo(name)
-    except (ZoneInfoNotFoundError, ValueError) as e:
+    except (ZoneInfoNotFoundError, ValueError, OSError) as e:
+        # OSError: names that reach the file system oddly (a directory such as `Europe`, a name too long).
         raise InvalidArgument("time_zone", f"{name!r} is not a known IANA time zone") from e
 
 

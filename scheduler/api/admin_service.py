@@ -1,0 +1,229 @@
+"""AdminService: cluster status, region switchover, planner drain, clock probe.
+
+Status is assembled by the answering node from etcd (members, owners, checkpoints, drain requests,
+region policy) and from each planner's own view of its dispatch queue and worker streams: the
+answering node asks every other live planner for its local part (GetClusterStatus with the
+`x-sched-local-only` header) with a short deadline, and measures the clock offset of each on the
+way (Cristian's method). A planner that does not answer in time is listed with zero load and no
+offset rather than failing the whole call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import grpc
+from google.protobuf.duration_pb2 import Duration
+
+from scheduler._gen.scheduler.v1 import admin_service_pb2 as apb
+from scheduler._gen.scheduler.v1 import admin_service_pb2_grpc as agrpc
+from scheduler._gen.scheduler.v1 import cluster_pb2 as cpb
+from scheduler.api import inputs
+from scheduler.api.convert import fencing_token_pb, ms_to_duration, ms_to_timestamp
+from scheduler.api.errors import Context, grpc_errors
+from scheduler.clock import Clock
+from scheduler.errors import FailedPrecondition, InvalidArgument, NotFound, VersionMismatch
+from scheduler.planner.ownership import MemberInfo, Ownership
+from scheduler.store.etcd.ops import Compare, get, put
+from scheduler.store.keyspace import Keyspace
+from scheduler.store.kv import KV
+
+log = logging.getLogger("scheduler.api.admin")
+
+LOCAL_ONLY = "x-sched-local-only"
+PEER_TIMEOUT = 0.5  # seconds a peer has to report its local load
+
+
+@dataclass(frozen=True)
+class LocalView:
+    """What only this node knows: its dispatch queue and its worker streams."""
+
+    queue_depth: Callable[[], int]
+    workers: Callable[[], list[tuple[str, str, str, int, int]]]  # (worker id, pool, region, capacity, running)
+
+
+def _policy(value: bytes | None, version: int) -> cpb.RegionPolicy:
+    if value is None:
+        return cpb.RegionPolicy()
+    d = json.loads(value)
+    return cpb.RegionPolicy(primary_region=str(d.get("primary", "")), version=version,
+                            updated_at=ms_to_timestamp(int(d.get("updated_ms", 0))), reason=str(d.get("reason", "")))
+
+
+class AdminService:
+    """Registered with admin_service_pb2_grpc.add_AdminServiceServicer_to_server."""
+
+    def __init__(self, *, kv: KV, ks: Keyspace, ownership: Ownership, clock: Clock, node_id: str, region: str,
+                 partitions: int, local: LocalView, rpc_timeout: float) -> None:
+        self.kv, self.ks, self.own, self.clock = kv, ks, ownership, clock
+        self.node_id, self.region, self.partitions, self.local = node_id, region, partitions, local
+        self.timeout = rpc_timeout
+
+    # ---- status ---------------------------------------------------------------------------------
+
+    def _pools(self, rows: list[tuple[str, str, str, int, int]]) -> list[apb.WorkerPoolStatus]:
+        by: dict[tuple[str, str], dict[str, tuple[int, int]]] = {}
+        for wid, pool, region, cap, running in rows:
+            by.setdefault((pool, region), {})[wid] = (cap, running)
+        return [apb.WorkerPoolStatus(pool=p, region=r, connected_workers=len(ws), capacity=sum(c for c, _ in
+                ws.values()), running=sum(n for _, n in ws.values())) for (p, r), ws in sorted(by.items())]
+
+    def _local_status(self, members: dict[str, MemberInfo]) -> apb.PlannerStatus:
+        rows = self.local.workers()
+        me = members.get(self.node_id)
+        info = cpb.PlannerInfo(node_id=self.node_id, region=self.region,
+                               api_address=me.api_address if me else "",
+                               liveness=self._liveness(self.node_id, alive=True),
+                               last_seen=ms_to_timestamp(self.clock.wall_ms()))
+        return apb.PlannerStatus(planner=info, partitions_owned=len(self.own.owned_partitions()),
+                                 dispatch_queue_depth=self.local.queue_depth(),
+                                 connected_workers=len({r[0] for r in rows}))
+
+    def _liveness(self, node_id: str, *, alive: bool) -> cpb.PlannerLiveness:
+        if not alive:
+            return cpb.PLANNER_LIVENESS_DOWN
+        return cpb.PLANNER_LIVENESS_DRAINING if node_id in self.own.drained() else cpb.PLANNER_LIVENESS_ALIVE
+
+    async def _peer(self, m: MemberInfo) -> tuple[apb.GetClusterStatusResponse | None, Duration | None]:
+        if not m.api_address:
+            return None, None
+        try:
+            async with grpc.aio.insecure_channel(m.api_address) as ch:
+                t0 = self.clock.wall_ms()
+                r: apb.GetClusterStatusResponse = await agrpc.AdminServiceStub(ch).GetClusterStatus(
+                    apb.GetClusterStatusRequest(), timeout=PEER_TIMEOUT, metadata=((LOCAL_ONLY, "1"),))
+                t1 = self.clock.wall_ms()
+            return r, ms_to_duration(r.server_time.ToMilliseconds() - (t0 + t1) // 2)
+        except (TimeoutError, grpc.RpcError, OSError) as e:
+            log.info("peer %s did not report its status: %s", m.node_id, e)
+            return None, None
+
+    async def _members(self) -> dict[str, MemberInfo]:
+        r = await self.kv.range(self.ks.members, prefix=True, timeout=self.timeout)
+        return {m.node_id: m for m in (MemberInfo.decode(x.value) for x in r.kvs)}
+
+    @grpc_errors
+    async def GetClusterStatus(self, request: apb.GetClusterStatusRequest,
+                               context: Context) -> apb.GetClusterStatusResponse:
+        now = self.clock.wall_ms()
+        members = await self._members()
+        me = self._local_status(members)
+        if any(k == LOCAL_ONLY for k, _ in (context.invocation_metadata() or ())):
+            return apb.GetClusterStatusResponse(server_time=ms_to_timestamp(now), answered_by=self.node_id,
+                                                planners=[me], worker_pools=self._pools(self.local.workers()))
+        owners = await self.kv.range(self.ks.owners, prefix=True, timeout=self.timeout)
+        checkpoints = await self.kv.range(self.ks.checkpoints, prefix=True, timeout=self.timeout)
+        policy = await self.kv.get(self.ks.region_policy, timeout=self.timeout)
+        drains = await self.kv.range(self.ks.drains, prefix=True, keys_only=True, timeout=self.timeout)
+        drained = {self.ks.last_segment(x.key) for x in drains.kvs}
+
+        peers = [m for nid, m in members.items() if nid != self.node_id]
+        answers = await asyncio.gather(*(self._peer(m) for m in peers))
+        planners = [me]
+        pools = self._pools(self.local.workers())
+        for m, (resp, offset) in zip(peers, answers, strict=True):
+            ps = apb.PlannerStatus(planner=cpb.PlannerInfo(
+                node_id=m.node_id, region=m.region, api_address=m.api_address,
+                liveness=cpb.PLANNER_LIVENESS_DRAINING if m.node_id in drained else cpb.PLANNER_LIVENESS_ALIVE,
+                last_seen=ms_to_timestamp(now)))
+            if resp is not None and resp.planners:
+                theirs = resp.planners[0]
+                ps.partitions_owned, ps.dispatch_queue_depth = theirs.partitions_owned, theirs.dispatch_queue_depth
+                ps.connected_workers = theirs.connected_workers
+                pools = _merge_pools(pools, list(resp.worker_pools))
+            if offset is not None:
+                ps.clock_offset.CopyFrom(offset)
+            planners.append(ps)
+        for nid in sorted(drained - set(members)):  # asked to drain, and since gone
+            planners.append(apb.PlannerStatus(planner=cpb.PlannerInfo(node_id=nid,
+                                                                      liveness=cpb.PLANNER_LIVENESS_DOWN)))
+        me.planner.liveness = cpb.PLANNER_LIVENESS_DRAINING if self.node_id in drained else me.planner.liveness
+        planners.sort(key=lambda p: (p.planner.region, p.planner.node_id))
+
+        owner_of = {self.ks.partition_of(x.key): (json.loads(x.value)["node"], x.create_revision) for x in owners.kvs}
+        marks = {self.ks.partition_of(x.key): int(json.loads(x.value)["watermark_ms"]) for x in checkpoints.kvs}
+        parts = []
+        for p in range(self.partitions):
+            st = apb.PartitionStatus(partition=p)
+            if p in owner_of:
+                node, rev = owner_of[p]
+                st.owner = node
+                st.owner_region = members[node].region if node in members else ""
+                tok = fencing_token_pb(f"{p}:{rev}")
+                if tok is not None:
+                    st.fencing_token.CopyFrom(tok)
+            if marks.get(p):
+                st.watermark.CopyFrom(ms_to_timestamp(marks[p]))
+                st.lag.CopyFrom(ms_to_duration(max(0, now - marks[p])))
+            parts.append(st)
+        return apb.GetClusterStatusResponse(
+            server_time=ms_to_timestamp(now), answered_by=self.node_id,
+            region_policy=_policy(policy.value if policy else None, policy.mod_revision if policy else 0),
+            planners=planners, partition_count=self.partitions, partitions=parts,
+            dispatch_queue_depth=sum(p.dispatch_queue_depth for p in planners), worker_pools=pools)
+
+    # ---- switchover, drain, time -------------------------------------------------------------------
+
+    @grpc_errors
+    async def Switchover(self, request: apb.SwitchoverRequest, context: Context) -> apb.SwitchoverResponse:
+        region = inputs.optional_name(request.target_region, "target_region")
+        if not region:
+            raise InvalidArgument("target_region", "is required")
+        why = inputs.reason(request.reason)
+        if await self.kv.get(self.ks.region(region), timeout=self.timeout) is None:
+            raise InvalidArgument("target_region", f"no planner has ever registered in region {region!r}")
+        drains = await self.kv.range(self.ks.drains, prefix=True, keys_only=True, timeout=self.timeout)
+        drained = {self.ks.last_segment(x.key) for x in drains.kvs}
+        if not any(m.region == region and m.node_id not in drained for m in (await self._members()).values()):
+            raise FailedPrecondition(f"region {region!r} has no live planner that is not draining")
+        key = self.ks.region_policy
+        value = json.dumps({"primary": region, "reason": why, "updated_ms": self.clock.wall_ms()},
+                           separators=(",", ":")).encode()
+        cmp = []
+        if request.HasField("expected_version"):
+            v = request.expected_version
+            cmp = [Compare.mod_revision(key, "==", v)] if v else [Compare.create_revision(key, "==", 0)]
+        r = await self.kv.txn(cmp, [put(key, value)], [get(key)], timeout=self.timeout)
+        if not r.succeeded:
+            raise VersionMismatch(f"the region policy is not at version {request.expected_version}; read it again")
+        return apb.SwitchoverResponse(region_policy=_policy(value, r.revision))
+
+    @grpc_errors
+    async def DrainPlanner(self, request: apb.DrainPlannerRequest, context: Context) -> apb.DrainPlannerResponse:
+        nid = inputs.optional_name(request.node_id, "node_id")
+        if not nid:
+            raise InvalidArgument("node_id", "is required")
+        why = inputs.reason(request.reason)
+        members = await self._members()
+        m = members.get(nid)
+        if m is None:
+            raise NotFound(f"no live planner {nid!r}")
+        key = self.ks.drain(nid)
+        value = json.dumps({"reason": why, "requested_ms": self.clock.wall_ms(), "by": self.node_id},
+                           separators=(",", ":")).encode()
+        # Create-if-absent: draining a draining planner changes nothing (the first request stands).
+        await self.kv.txn([Compare.create_revision(key, "==", 0)], [put(key, value)], timeout=self.timeout)
+        log.info("drain requested", extra={"event": "drain_requested", "node": nid, "reason": why})
+        return apb.DrainPlannerResponse(planner=cpb.PlannerInfo(
+            node_id=m.node_id, region=m.region, api_address=m.api_address, liveness=cpb.PLANNER_LIVENESS_DRAINING,
+            last_seen=ms_to_timestamp(self.clock.wall_ms())))
+
+    @grpc_errors
+    async def GetTime(self, request: apb.GetTimeRequest, context: Context) -> apb.GetTimeResponse:
+        return apb.GetTimeResponse(server_time=ms_to_timestamp(self.clock.wall_ms()), node_id=self.node_id,
+                                   region=self.region)
+
+
+def _merge_pools(a: list[apb.WorkerPoolStatus], b: list[apb.WorkerPoolStatus]) -> list[apb.WorkerPoolStatus]:
+    """Workers stream to every planner, so each planner sees (nearly) the same workers: keep, per
+    (pool, region), the largest view rather than a sum that would count a worker once per planner."""
+    best: dict[tuple[str, str], apb.WorkerPoolStatus] = {}
+    for w in (*a, *b):
+        k = (w.pool, w.region)
+        if k not in best or w.connected_workers > best[k].connected_workers:
+            best[k] = w
+    return [best[k] for k in sorted(best)]

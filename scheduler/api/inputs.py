@@ -1,0 +1,85 @@
+"""Checks on request fields that are not a whole Schedule (model.validate_schedule covers those).
+
+Each raises InvalidArgument naming the request field, so the client sees it in BadRequest.
+"""
+
+from __future__ import annotations
+
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from scheduler.errors import InvalidArgument
+from scheduler.model import ID_RE, MAX_ID_LEN, MAX_NAME_LEN, format_rfc3339_ms, parse_rfc3339
+
+MAX_REASON_BYTES = 1024
+MAX_REQUEST_ID_LEN = 128
+# Execution ids: schedule id, "@", 24 characters of time.
+MAX_EXECUTION_ID_LEN = MAX_ID_LEN + 1 + 24
+
+
+def schedule_id(value: str, field: str = "id") -> str:
+    _name(value, field, MAX_ID_LEN)
+    return value
+
+
+def optional_name(value: str, field: str) -> str:
+    """A filter that may be empty (tenant, task type, schedule id in a list request)."""
+    if value:
+        _name(value, field, MAX_ID_LEN if field.endswith("schedule_id") else MAX_NAME_LEN)
+    return value
+
+
+def _name(value: str, field: str, max_len: int) -> None:
+    if not value:
+        raise InvalidArgument(field, "is required")
+    if len(value) > max_len:
+        raise InvalidArgument(field, f"is {len(value)} characters; the limit is {max_len}")
+    if not ID_RE.match(value):
+        raise InvalidArgument(field, f"{value[:80]!r} may only contain A-Z a-z 0-9 . _ : - and must start alphanumeric")
+
+
+def execution_id(value: str, field: str = "execution_id") -> tuple[str, int]:
+    """`<schedule id>@<YYYY-MM-DDTHH:MM:SS.mmmZ>` -> (schedule id, planned ms); only the canonical form."""
+    if not value:
+        raise InvalidArgument(field, "is required")
+    if len(value) > MAX_EXECUTION_ID_LEN:
+        raise InvalidArgument(field, f"is {len(value)} characters; the limit is {MAX_EXECUTION_ID_LEN}")
+    sid, at, when = value.rpartition("@")
+    if not at:
+        raise InvalidArgument(field, "must look like <schedule_id>@2026-11-29T10:00:00.000Z")
+    schedule_id(sid, field)
+    try:
+        ms = parse_rfc3339(when, field)
+    except InvalidArgument:
+        raise InvalidArgument(field, f"time {when[:40]!r} is not like 2026-11-29T10:00:00.000Z") from None
+    if format_rfc3339_ms(ms) != when:
+        raise InvalidArgument(field, f"time {when!r} is not canonical; expected {format_rfc3339_ms(ms)}")
+    return sid, ms
+
+
+def reason(value: str, field: str = "reason") -> str:
+    n = len(value.encode())
+    if n > MAX_REASON_BYTES:
+        raise InvalidArgument(field, f"is {n} bytes; the limit is {MAX_REASON_BYTES}")
+    return value
+
+
+def request_id(value: str) -> str:
+    if len(value) > MAX_REQUEST_ID_LEN:
+        raise InvalidArgument("request_id", f"is {len(value)} characters; the limit is {MAX_REQUEST_ID_LEN}")
+    return value
+
+
+# Timestamps the server accepts: years 1970-9999 (etcd keys hold 13-digit epoch milliseconds).
+MAX_MS = 253_402_300_799_999
+
+
+def timestamp_ms(t: Timestamp, field: str, *, exact: bool = True) -> int:
+    """Epoch milliseconds of `t`; `exact`: a sub-millisecond part is refused (planned times)."""
+    if t.nanos < 0 or t.nanos >= 1_000_000_000:
+        raise InvalidArgument(field, f"nanos {t.nanos} is outside 0-999999999")
+    if exact and t.nanos % 1_000_000:
+        raise InvalidArgument(field, "has a sub-millisecond part; planned times have millisecond precision")
+    ms = t.seconds * 1000 + t.nanos // 1_000_000
+    if not 0 <= ms <= MAX_MS:
+        raise InvalidArgument(field, "is outside 1970-01-01 .. 9999-12-31")
+    return ms

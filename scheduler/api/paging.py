@@ -1,0 +1,55 @@
+"""Page sizes and page tokens for the List* calls.
+
+A token is opaque to clients: base64url of JSON holding where the previous page stopped and a hash
+of the filters it was issued for. A token presented with other filters is refused (INVALID_ARGUMENT
+naming `page_token`) instead of silently paging through a different result set. Tokens are not
+secret (they hold ids the caller may read anyway), so they are not signed.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+from typing import Any
+
+from scheduler.errors import InvalidArgument
+
+DEFAULT_PAGE_SIZE = 100
+MAX_PAGE_SIZE = 1000
+MAX_TOKEN_LEN = 4096
+
+
+def page_size(n: int) -> int:
+    """0 -> the default; above the maximum -> clamped; negative -> INVALID_ARGUMENT."""
+    if n < 0:
+        raise InvalidArgument("page_size", f"{n} is negative")
+    return DEFAULT_PAGE_SIZE if n == 0 else min(n, MAX_PAGE_SIZE)
+
+
+def _filters_hash(filters: Any) -> str:
+    canon = json.dumps(filters, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canon.encode()).hexdigest()[:16]
+
+
+def encode_token(filters: Any, position: Any) -> str:
+    raw = json.dumps({"f": _filters_hash(filters), "p": position}, separators=(",", ":")).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_token(token: str, filters: Any) -> Any:
+    """The position stored in `token`, or None for the first page."""
+    if not token:
+        return None
+    if len(token) > MAX_TOKEN_LEN:
+        raise InvalidArgument("page_token", "is not a token this server issued")
+    try:
+        raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
+        d = json.loads(raw)
+        fh, pos = d["f"], d["p"]
+    except (binascii.Error, ValueError, KeyError, TypeError):
+        raise InvalidArgument("page_token", "is not a token this server issued") from None
+    if fh != _filters_hash(filters):
+        raise InvalidArgument("page_token", "was issued for other filters; start again without a token")
+    return pos

@@ -1,0 +1,435 @@
+"""ScheduleService: the gRPC edge over the schedule store, the ledger and the operations.
+
+Handlers validate and convert at the edge (requests -> domain objects, errors -> statuses via
+api/errors.py), then call the store (schedules: compare-and-swap on the schedule key, so any node
+may serve any schedule) or the operations port (trigger, rerun, backfill, cancel, dead letters).
+Read-modify-write calls (update, pause, resume) re-read and re-apply on a concurrent change unless
+the caller pinned expected_version, so an unconditional update never writes back a stale copy of
+fields it did not mean to change.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
+from typing import TypeVar
+
+from scheduler._gen.scheduler.v1 import schedule_pb2 as pb
+from scheduler._gen.scheduler.v1 import schedule_service_pb2 as spb
+from scheduler.api import inputs, masks, paging
+from scheduler.api.convert import (
+    dead_letter_to_pb,
+    execution_state_from_pb,
+    execution_to_pb,
+    ms_to_timestamp,
+    overlap_from_pb,
+    schedule_from_pb,
+    schedule_to_pb,
+)
+from scheduler.api.errors import Context, OperationsUnavailable, grpc_errors, grpc_stream_errors
+from scheduler.api.ports import OperationsPort
+from scheduler.api.reads import DeadIndex, page, prefix_range, scan
+from scheduler.api.selector import parse_selector
+from scheduler.clock import Clock
+from scheduler.errors import InvalidArgument, NotFound, VersionMismatch
+from scheduler.execution import ErrorClass, Execution
+from scheduler.model import Schedule, ScheduleState, validate_schedule
+from scheduler.store.codec import decode_execution
+from scheduler.store.keyspace import Keyspace, partition_for
+from scheduler.store.kv import KV
+from scheduler.store.ledger import Ledger
+from scheduler.store.schedules import ScheduleStore, StoredSchedule
+from scheduler.timeplan import DstGap, DstOverlap, parse_spec
+
+_E = TypeVar("_E", DstGap, DstOverlap)
+PREVIEW_DEFAULT, PREVIEW_MAX = 10, 1000
+_RMW_ATTEMPTS = 8  # re-reads of an unconditional read-modify-write racing other writers
+
+
+def stored_to_pb(st: StoredSchedule) -> pb.Schedule:
+    out = schedule_to_pb(st.schedule)
+    if st.meta.created_ms:
+        out.created_at.CopyFrom(ms_to_timestamp(st.meta.created_ms))
+    if st.meta.updated_ms:
+        out.updated_at.CopyFrom(ms_to_timestamp(st.meta.updated_ms))
+    return out
+
+
+def dead_reason(e: Execution) -> str:
+    cur = e.current
+    if cur is not None and cur.error_class is ErrorClass.PERMANENT:
+        return "permanent error"
+    unknown = sum(1 for a in e.attempts if a.error_class is ErrorClass.UNKNOWN)
+    if cur is not None and cur.error_class is ErrorClass.UNKNOWN and unknown >= e.retry.max_unknown_attempts:
+        return "unknown-error limit"
+    return f"retries exhausted ({e.attempt} attempts)"
+
+
+class ScheduleService:
+    """Registered with schedule_service_pb2_grpc.add_ScheduleServiceServicer_to_server."""
+
+    def __init__(self, *, kv: KV, ks: Keyspace, store: ScheduleStore, ledger: Ledger, clock: Clock,
+                 ops: OperationsPort | None, rpc_timeout: float) -> None:
+        self.kv, self.ks, self.store, self.ledger, self.clock = kv, ks, store, ledger, clock
+        self._ops, self.timeout = ops, rpc_timeout
+
+    @property
+    def ops(self) -> OperationsPort:
+        if self._ops is None:
+            raise OperationsUnavailable("this server has no operations implementation")
+        return self._ops
+
+    # ---- schedules --------------------------------------------------------------------------------
+
+    @grpc_errors
+    async def CreateSchedule(self, request: spb.CreateScheduleRequest, context: Context) -> spb.CreateScheduleResponse:
+        if not request.HasField("schedule"):
+            raise InvalidArgument("schedule", "is required")
+        rid = inputs.request_id(request.request_id)
+        s = _domain(request.schedule)
+        s = replace(s, version=0, paused_reason=s.paused_reason if s.state is ScheduleState.PAUSED else "")
+        inputs.reason(s.paused_reason, "schedule.paused_reason")
+        _validate(s)
+        st = await self.store.create(s, self.clock.wall_ms(), request_id=rid)
+        return spb.CreateScheduleResponse(schedule=stored_to_pb(st))
+
+    @grpc_errors
+    async def GetSchedule(self, request: spb.GetScheduleRequest, context: Context) -> spb.GetScheduleResponse:
+        st = await self.store.get(inputs.schedule_id(request.id))
+        return spb.GetScheduleResponse(schedule=stored_to_pb(st))
+
+    async def _rmw(self, sid: str, expected: int | None,
+                   change: Callable[[StoredSchedule], Schedule | None]) -> StoredSchedule:
+        """Read, change, compare-and-swap; on a concurrent write re-read (only if `expected` is None)."""
+        for _ in range(_RMW_ATTEMPTS):
+            cur = await self.store.get(sid)
+            if expected is not None and cur.schedule.version != expected:
+                raise VersionMismatch(f"schedule {sid!r} is at version {cur.schedule.version}, not {expected}")
+            new = change(cur)
+            if new is None:
+                return cur  # nothing to change
+            try:
+                return await self.store.update(new, cur.schedule.version, self.clock.wall_ms())
+            except VersionMismatch:
+                if expected is not None:
+                    raise
+        raise VersionMismatch(f"schedule {sid!r} keeps changing concurrently; try again")
+
+    @grpc_errors
+    async def UpdateSchedule(self, request: spb.UpdateScheduleRequest, context: Context) -> spb.UpdateScheduleResponse:
+        if not request.HasField("schedule"):
+            raise InvalidArgument("schedule", "is required")
+        sid = inputs.schedule_id(request.schedule.id, "schedule.id")
+        expected = request.expected_version if request.HasField("expected_version") else None
+        paths = list(request.update_mask.paths)
+
+        def change(cur: StoredSchedule) -> Schedule | None:
+            stored = schedule_to_pb(cur.schedule)
+            effective = masks.effective_paths(request.schedule, stored, paths)
+            if not effective:
+                return None  # an empty mask and nothing set: nothing to change, no new version
+            s = replace(_domain(masks.apply(stored, request.schedule, effective)), version=cur.schedule.version)
+            _validate(s)
+            return s
+
+        st = await self._rmw(sid, expected, change)
+        return spb.UpdateScheduleResponse(schedule=stored_to_pb(st))
+
+    @grpc_errors
+    async def DeleteSchedule(self, request: spb.DeleteScheduleRequest, context: Context) -> spb.DeleteScheduleResponse:
+        sid = inputs.schedule_id(request.id)
+        expected = request.expected_version if request.HasField("expected_version") else None
+        ops = self.ops if request.cancel_running else None  # refuse before writing, not half-way
+        try:
+            cur = await self.store.get(sid)
+            if expected is not None and cur.schedule.version != expected:
+                raise VersionMismatch(f"schedule {sid!r} is at version {cur.schedule.version}, not {expected}")
+            try:
+                await self.store.delete(sid, expected if expected is not None else cur.schedule.version)
+            except VersionMismatch:
+                if expected is not None:
+                    raise
+                await self.store.delete(sid)  # changed since our read, and the caller did not pin a version
+        except NotFound:
+            if not request.allow_missing:
+                raise
+            return spb.DeleteScheduleResponse()
+        if ops is not None:
+            await ops.cancel_running(sid, "schedule deleted")
+        return spb.DeleteScheduleResponse()
+
+    @grpc_errors
+    async def ListSchedules(self, request: spb.ListSchedulesRequest, context: Context) -> spb.ListSchedulesResponse:
+        tenant = inputs.optional_name(request.tenant, "tenant")
+        selector = parse_selector(request.label_selector)
+        if request.state not in (pb.SCHEDULE_STATE_UNSPECIFIED, pb.SCHEDULE_STATE_ACTIVE, pb.SCHEDULE_STATE_PAUSED):
+            raise InvalidArgument("state", f"unknown schedule state {request.state}")
+        want = {pb.SCHEDULE_STATE_ACTIVE: ScheduleState.ACTIVE, pb.SCHEDULE_STATE_PAUSED: ScheduleState.PAUSED}.get(
+            request.state)
+        size = paging.page_size(request.page_size)
+        filters = ["schedules", tenant, request.label_selector, int(request.state)]
+        after = paging.decode_token(request.page_token, filters)
+        if after is not None and not isinstance(after, str):
+            raise InvalidArgument("page_token", "is not a token this server issued")
+        matches: list[StoredSchedule] = []
+        cursor = b""
+        while True:
+            chunk, cursor = await self.store.scan(after_key=cursor)
+            matches += [st for st in chunk if (not tenant or st.schedule.tenant == tenant)
+                        and (want is None or st.schedule.state is want) and selector.matches(st.schedule.labels)
+                        and (after is None or st.schedule.id > after)]
+            if not cursor:
+                break
+        got, more = page(matches, lambda st: st.schedule.id, None, size)
+        token = paging.encode_token(filters, got[-1].schedule.id) if more else ""
+        return spb.ListSchedulesResponse(schedules=[stored_to_pb(st) for st in got], next_page_token=token)
+
+    @grpc_errors
+    async def PauseSchedule(self, request: spb.PauseScheduleRequest, context: Context) -> spb.PauseScheduleResponse:
+        sid = inputs.schedule_id(request.id)
+        why = inputs.reason(request.reason)
+        expected = request.expected_version if request.HasField("expected_version") else None
+        ops = self.ops if request.cancel_running else None  # refuse before writing, not half-way
+
+        def change(cur: StoredSchedule) -> Schedule | None:
+            s = cur.schedule
+            if s.state is ScheduleState.PAUSED and s.paused_reason == why:
+                return None
+            return replace(s, state=ScheduleState.PAUSED, paused_reason=why)
+
+        st = await self._rmw(sid, expected, change)
+        if ops is not None:
+            await ops.cancel_running(sid, f"schedule paused: {why}" if why else "schedule paused")
+        return spb.PauseScheduleResponse(schedule=stored_to_pb(st))
+
+    @grpc_errors
+    async def ResumeSchedule(self, request: spb.ResumeScheduleRequest, context: Context) -> spb.ResumeScheduleResponse:
+        sid = inputs.schedule_id(request.id)
+        expected = request.expected_version if request.HasField("expected_version") else None
+
+        def change(cur: StoredSchedule) -> Schedule | None:
+            if cur.schedule.state is ScheduleState.ACTIVE:
+                return None
+            return replace(cur.schedule, state=ScheduleState.ACTIVE, paused_reason="")
+
+        st = await self._rmw(sid, expected, change)
+        return spb.ResumeScheduleResponse(schedule=stored_to_pb(st))
+
+    # ---- operations (thin adapters over the operations port) ----------------------------------------
+
+    @grpc_errors
+    async def TriggerSchedule(self, request: spb.TriggerScheduleRequest,
+                              context: Context) -> spb.TriggerScheduleResponse:
+        sid = inputs.schedule_id(request.id)
+        at = inputs.timestamp_ms(request.trigger_time, "trigger_time") if request.HasField("trigger_time") else None
+        overlap = overlap_from_pb("overlap_policy", request.overlap_policy)
+        e = await self.ops.trigger(sid, at, overlap)
+        return spb.TriggerScheduleResponse(execution=execution_to_pb(e))
+
+    @grpc_errors
+    async def RerunExecution(self, request: spb.RerunExecutionRequest, context: Context) -> spb.RerunExecutionResponse:
+        sid = inputs.schedule_id(request.schedule_id, "schedule_id")
+        if not request.HasField("planned_at"):
+            raise InvalidArgument("planned_at", "is required")
+        planned = inputs.timestamp_ms(request.planned_at, "planned_at")
+        e = await self.ops.rerun(sid, planned)
+        return spb.RerunExecutionResponse(execution=execution_to_pb(e))
+
+    @grpc_stream_errors
+    async def Backfill(self, request: spb.BackfillRequest, context: Context) -> AsyncIterator[spb.BackfillProgress]:
+        sid = inputs.schedule_id(request.schedule_id, "schedule_id")
+        for name in ("start_time", "end_time"):
+            if not request.HasField(name):
+                raise InvalidArgument(name, "is required")
+        start = inputs.timestamp_ms(request.start_time, "start_time")
+        end = inputs.timestamp_ms(request.end_time, "end_time")
+        if end <= start:
+            raise InvalidArgument("end_time", "must be after start_time")
+        overlap = overlap_from_pb("overlap_policy", request.overlap_policy)
+        async for c in self.ops.backfill(sid, start, end, overlap, request.dry_run):
+            msg = spb.BackfillProgress(planned=c.planned, created=c.created, existing=c.existing, skipped=c.skipped,
+                                       done=c.done)
+            if c.processed_until_ms is not None:
+                msg.processed_until.CopyFrom(ms_to_timestamp(c.processed_until_ms))
+            yield msg
+
+    @grpc_errors
+    async def CancelExecution(self, request: spb.CancelExecutionRequest,
+                              context: Context) -> spb.CancelExecutionResponse:
+        inputs.execution_id(request.execution_id)
+        why = inputs.reason(request.reason) or "cancelled by an operator"
+        e = await self.ops.cancel_execution(request.execution_id, reason=why)
+        return spb.CancelExecutionResponse(execution=execution_to_pb(e))
+
+    @grpc_errors
+    async def ReplayDeadLetter(self, request: spb.ReplayDeadLetterRequest,
+                               context: Context) -> spb.ReplayDeadLetterResponse:
+        inputs.execution_id(request.execution_id)
+        e = await self.ops.replay_dead_letter(request.execution_id, reason=inputs.reason(request.reason))
+        return spb.ReplayDeadLetterResponse(execution=execution_to_pb(e))
+
+    @grpc_errors
+    async def DiscardDeadLetter(self, request: spb.DiscardDeadLetterRequest,
+                                context: Context) -> spb.DiscardDeadLetterResponse:
+        inputs.execution_id(request.execution_id)
+        e = await self.ops.discard_dead_letter(request.execution_id, reason=inputs.reason(request.reason))
+        return spb.DiscardDeadLetterResponse(execution=execution_to_pb(e))
+
+    # ---- preview ---------------------------------------------------------------------------------
+
+    @grpc_errors
+    async def PreviewSchedule(self, request: spb.PreviewScheduleRequest,
+                              context: Context) -> spb.PreviewScheduleResponse:
+        count = request.count or PREVIEW_DEFAULT
+        if count > PREVIEW_MAX:
+            raise InvalidArgument("count", f"{count} is above the limit of {PREVIEW_MAX}")
+        after = inputs.timestamp_ms(request.after, "after", exact=False) if request.HasField("after") \
+            else self.clock.wall_ms()
+        which = request.WhichOneof("source")
+        if which == "schedule_id":
+            plan = (await self.store.get(inputs.schedule_id(request.schedule_id, "schedule_id"))).schedule.plan()
+        elif which == "spec":
+            ps = request.spec
+            if ps.schedule_id:
+                inputs.schedule_id(ps.schedule_id, "spec.schedule_id")
+            elif any(f.startswith("H") for f in ps.spec.split()):
+                raise InvalidArgument("spec.schedule_id", "is required when the spec uses H (it is hashed from the id)")
+            if len(ps.spec) > 1024:
+                raise InvalidArgument("spec.spec", f"is {len(ps.spec)} characters; the limit is 1024")
+            gap = _enum("spec.dst_gap", ps.dst_gap, {1: DstGap.SHIFT, 2: DstGap.SKIP})
+            fold = _enum("spec.dst_overlap", ps.dst_overlap,
+                         {1: DstOverlap.FIRST, 2: DstOverlap.LAST, 3: DstOverlap.BOTH})
+            try:
+                plan = parse_spec(ps.spec, schedule_id=ps.schedule_id, tz=ps.time_zone or "UTC", dst_gap=gap,
+                                  dst_overlap=fold,
+                                  start_ms=inputs.timestamp_ms(ps.start_at, "spec.start_at", exact=False)
+                                  if ps.HasField("start_at") else None,
+                                  end_ms=inputs.timestamp_ms(ps.end_at, "spec.end_at", exact=False)
+                                  if ps.HasField("end_at") else None)
+            except InvalidArgument as e:
+                raise e if e.field.startswith("spec.") else e.nested("spec") from None
+        else:
+            raise InvalidArgument("source", "set schedule_id or spec")
+        times: list[int] = []
+        t = after
+        while len(times) < count:
+            nxt = plan.next_after_ms(t)
+            if nxt is None:
+                break
+            times.append(nxt)
+            t = nxt
+        return spb.PreviewScheduleResponse(planned_times=[ms_to_timestamp(x) for x in times])
+
+    # ---- executions --------------------------------------------------------------------------------
+
+    @grpc_errors
+    async def GetExecution(self, request: spb.GetExecutionRequest, context: Context) -> spb.GetExecutionResponse:
+        sid, planned = inputs.execution_id(request.execution_id)
+        e = await self.ledger.get(self.kv, sid, planned, timeout=self.timeout)
+        if e is None:
+            raise NotFound(f"execution {request.execution_id!r} not found")
+        return spb.GetExecutionResponse(execution=execution_to_pb(e))
+
+    @grpc_errors
+    async def ListExecutions(self, request: spb.ListExecutionsRequest,
+                             context: Context) -> spb.ListExecutionsResponse:
+        sid = inputs.optional_name(request.schedule_id, "schedule_id")
+        tenant = inputs.optional_name(request.tenant, "tenant")
+        states = {execution_state_from_pb(f"states[{i}]", s) for i, s in enumerate(request.states)}
+        lo, hi = _time_range(request.planned, "planned")
+        size = paging.page_size(request.page_size)
+        filters = ["executions", sid, tenant, sorted(states), lo, hi, request.newest_first]
+        after = paging.decode_token(request.page_token, filters)
+        if after is not None and not (isinstance(after, list) and len(after) == 2):
+            raise InvalidArgument("page_token", "is not a token this server issued")
+        sign = -1 if request.newest_first else 1
+
+        def order(e: Execution) -> tuple[str, int]:
+            return (e.schedule_id, sign * e.planned_ms)
+
+        if sid:
+            p = partition_for(sid, self.store.partitions)
+            start = self.ks.execution(p, sid, lo) if lo is not None else self.ks.executions(p, sid)
+            end = self.ks.execution(p, sid, hi) if hi is not None else prefix_range(self.ks.executions(p, sid))[1]
+        else:
+            start, end = prefix_range(self.ks.all_executions)
+        matches: list[Execution] = []
+        pos = None if after is None else (str(after[0]), int(after[1]))
+        async for x in scan(self.kv, start, end, timeout=self.timeout):
+            e = decode_execution(x.value, x.mod_revision)
+            if (tenant and e.tenant != tenant) or (states and e.state not in states) \
+                    or (lo is not None and e.planned_ms < lo) or (hi is not None and e.planned_ms >= hi) \
+                    or (pos is not None and order(e) <= pos):
+                continue
+            matches.append(e)
+        got, more = page(matches, order, None, size)
+        token = paging.encode_token(filters, list(order(got[-1]))) if more else ""
+        return spb.ListExecutionsResponse(executions=[execution_to_pb(e) for e in got], next_page_token=token)
+
+    @grpc_errors
+    async def ListDeadLetters(self, request: spb.ListDeadLettersRequest,
+                              context: Context) -> spb.ListDeadLettersResponse:
+        sid = inputs.optional_name(request.schedule_id, "schedule_id")
+        tenant = inputs.optional_name(request.tenant, "tenant")
+        task = inputs.optional_name(request.task_type, "task_type")
+        lo, hi = _time_range(request.dead_lettered, "dead_lettered", exact=False)
+        size = paging.page_size(request.page_size)
+        filters = ["dead", sid, tenant, task, lo, hi]
+        after = paging.decode_token(request.page_token, filters)
+        if after is not None and not (isinstance(after, list) and len(after) == 2):
+            raise InvalidArgument("page_token", "is not a token this server issued")
+        if sid:
+            prefix = self.ks.dead_letters(partition_for(sid, self.store.partitions)) + sid.encode() + b"/"
+        else:
+            prefix = self.ks.dead_letters()
+        pos = None if after is None else (int(after[0]), str(after[1]))
+        matches: list[DeadIndex] = []
+        async for x in scan(self.kv, *prefix_range(prefix), timeout=self.timeout):
+            d = DeadIndex.decode(x.key, x.value)
+            if (tenant and d.tenant != tenant) or (task and d.task_type != task) \
+                    or (lo is not None and d.dead_ms < lo) or (hi is not None and d.dead_ms >= hi) \
+                    or (pos is not None and (d.dead_ms, d.execution_id) <= pos):
+                continue
+            matches.append(d)
+        got, more = page(matches, lambda d: (d.dead_ms, d.execution_id), None, size)
+        out = []
+        for d in got:
+            e = await self.ledger.get(self.kv, d.schedule_id, d.planned_ms, timeout=self.timeout)
+            if e is not None:
+                out.append(dead_letter_to_pb(e, d.payload, d.dead_ms, dead_reason(e)))
+        token = paging.encode_token(filters, [got[-1].dead_ms, got[-1].execution_id]) if more else ""
+        return spb.ListDeadLettersResponse(dead_letters=out, next_page_token=token)
+
+
+def _domain(m: pb.Schedule) -> Schedule:
+    try:
+        return schedule_from_pb(m)
+    except InvalidArgument as e:
+        raise e.nested("schedule") from None
+
+
+def _validate(s: Schedule) -> None:
+    for name, ms in (("start_at", s.start_ms), ("end_at", s.end_ms)):
+        if ms is not None and not 0 <= ms <= inputs.MAX_MS:
+            raise InvalidArgument(f"schedule.{name}", "is outside 1970-01-01 .. 9999-12-31")
+    try:
+        validate_schedule(s)
+    except InvalidArgument as e:
+        raise e.nested("schedule") from None
+
+
+def _enum(field: str, value: int, table: dict[int, _E]) -> _E | None:
+    if value == 0:
+        return None
+    if value not in table:
+        raise InvalidArgument(field, f"unknown enum value {value}")
+    return table[value]
+
+
+def _time_range(r: spb.TimeRange, field: str, *, exact: bool = False) -> tuple[int | None, int | None]:
+    lo = inputs.timestamp_ms(r.start, f"{field}.start", exact=exact) if r.HasField("start") else None
+    hi = inputs.timestamp_ms(r.end, f"{field}.end", exact=exact) if r.HasField("end") else None
+    if lo is not None and hi is not None and hi < lo:
+        raise InvalidArgument(f"{field}.end", "is before start")
+    return lo, hi
+

@@ -1,0 +1,49 @@
+"""Drain mode of partition ownership against a real etcd: a drain key written by anyone makes the
+named planner release everything and claim nothing, the others take its whole share, and a
+restart of the drained planner clears it."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+
+import pytest
+
+from scheduler.clock import FakeClock
+from scheduler.planner.ownership import Ownership
+from scheduler.store.etcd import EtcdClient
+from scheduler.store.keyspace import Keyspace
+from tests.store.test_coordination import FAST, Recorder, fast_client, wait_until
+
+pytestmark = pytest.mark.etcd
+__all__ = ["fast_client"]  # the fixture, re-used
+
+
+async def test_drain_hands_everything_over_and_restart_undrains(fast_client: EtcdClient, key_prefix: str) -> None:
+    ks = Keyspace(key_prefix.rstrip("/"))
+    a = Ownership(fast_client, ks, replace(FAST, node_id="a"), FakeClock(), listener=Recorder())
+    b_rec = Recorder()
+    b = Ownership(fast_client, ks, replace(FAST, node_id="b"), FakeClock(), listener=b_rec)
+    ta, tb = asyncio.create_task(a.run()), asyncio.create_task(b.run())
+    tb2: asyncio.Task[None] | None = None
+    try:
+        await wait_until(lambda: len(a.owned) == 4 and len(b.owned) == 4)
+        await fast_client.put(ks.drain("b"), b'{"reason":"test"}')  # as AdminService.DrainPlanner does
+        await wait_until(lambda: len(a.owned) == 8 and not b.owned)
+        assert b.drain_requested and a.drained() == {"b"}
+        assert all(r == "released" for kind, _p, r in b_rec.events if kind == "lost")
+        await asyncio.sleep(1.0)  # several reconcile rounds later b still claims nothing
+        assert not b.owned and len(a.owned) == 8
+        # A restarted b (same node id) deletes its drain key and gets its share back.
+        tb.cancel()
+        await asyncio.gather(tb, return_exceptions=True)
+        b2 = Ownership(fast_client, ks, replace(FAST, node_id="b"), FakeClock(), listener=Recorder())
+        tb2 = asyncio.create_task(b2.run())
+        await wait_until(lambda: len(a.owned) == 4 and len(b2.owned) == 4)
+        assert await fast_client.get(ks.drain("b")) is None
+        assert await fast_client.get(ks.region("default")) is not None  # regions are registered at start
+    finally:
+        for t in (ta, tb, tb2):
+            if t is not None:
+                t.cancel()
+        await asyncio.gather(*(t for t in (ta, tb, tb2) if t is not None), return_exceptions=True)

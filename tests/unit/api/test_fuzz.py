@@ -1,0 +1,183 @@
+"""Whatever a client sends, a ScheduleService call answers with a deliberate status: never INTERNAL
+(the server's "unexpected error"), and a refused create stores nothing. Property-based over the
+request fields (hypothesis), handlers called directly with a context that records the abort."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable
+from typing import Any, cast
+
+import grpc
+from google.protobuf.timestamp_pb2 import Timestamp
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from scheduler._gen.scheduler.v1 import schedule_pb2 as pb
+from scheduler._gen.scheduler.v1 import schedule_service_pb2 as spb
+from scheduler.api.errors import Context
+from scheduler.api.schedule_service import ScheduleService
+from scheduler.clock import FakeClock
+from scheduler.store.keyspace import Keyspace
+from scheduler.store.ledger import Ledger
+from scheduler.store.memory import MemoryKV
+from scheduler.store.schedules import ScheduleStore
+
+NOW = 1_795_946_400_000
+
+
+class Aborted(Exception):
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(code, details)
+        self.code, self.details = code, details
+
+
+class Ctx:
+    async def abort(self, code: grpc.StatusCode, details: str = "", trailing_metadata: Any = ()) -> None:
+        raise Aborted(code, details)
+
+    def invocation_metadata(self) -> tuple[()]:
+        return ()
+
+
+def ctx() -> Context:
+    return cast(Context, Ctx())
+
+
+def service() -> tuple[ScheduleService, MemoryKV]:
+    kv, ks = MemoryKV(), Keyspace("/f")
+    return ScheduleService(kv=kv, ks=ks, store=ScheduleStore(kv, ks, 4), ledger=Ledger(ks, 4), clock=FakeClock(NOW),
+                           ops=None, rpc_timeout=1.0), kv
+
+
+async def attempt(aw: Awaitable[object]) -> tuple[grpc.StatusCode, str]:
+    try:
+        await aw
+    except Aborted as e:
+        return e.code, e.details
+    return grpc.StatusCode.OK, ""
+
+
+async def call(method: str, request: Any) -> grpc.StatusCode:
+    svc, kv = service()
+    try:
+        await getattr(svc, method)(request, ctx())
+        return grpc.StatusCode.OK
+    except Aborted as e:
+        return e.code
+    finally:
+        await kv.close()
+
+
+# Mostly valid names, so that generated schedules get past the id checks to the deeper fields.
+valid_names = st.from_regex(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,20}", fullmatch=True)
+names = st.one_of(valid_names, valid_names, valid_names, st.text(max_size=140))
+good_specs = st.sampled_from(["* * * * *", "*/5 * * * *", "0 0 L * *", "@every 90s", "H H * * *", "@daily",
+                              "0 0 30 2 *", "* * * * * *"])
+specs = st.one_of(good_specs, good_specs, st.text(max_size=60))
+stamps = st.builds(lambda s, n: Timestamp(seconds=s, nanos=n),
+                   st.integers(-10**11, 10**11), st.integers(0, 999_999_999))
+enums = st.integers(0, 7)
+durations = st.integers(-10**6, 10**11)
+
+
+@st.composite
+def schedules(draw: st.DrawFn) -> pb.Schedule:
+    s = pb.Schedule(id=draw(names), tenant=draw(names), spec=draw(specs), worker_pool=draw(names),
+                    task_type=draw(names), time_zone=draw(st.sampled_from(["", "UTC", "Europe/London", "Nowhere",
+                                                                            "Europe", "x" * 300])),
+                    # Sizes around the 64 KiB limit without making hypothesis generate that much data.
+                    payload=draw(st.one_of(st.binary(max_size=100), st.sampled_from([b"x" * 65_536, b"x" * 65_537]))),
+                    state=draw(enums),  # type: ignore[arg-type]
+                    labels=draw(st.one_of(st.dictionaries(valid_names, st.text(max_size=20), max_size=3),
+                                          st.dictionaries(st.text(max_size=70), st.text(max_size=300), max_size=40))))
+    if draw(st.booleans()):
+        s.start_at.CopyFrom(draw(stamps))
+    if draw(st.booleans()):
+        s.end_at.CopyFrom(draw(stamps))
+    if draw(st.booleans()):
+        return s
+    p = s.policies
+    p.overlap, p.dst_gap, p.dst_overlap = draw(enums), draw(enums), draw(enums)  # type: ignore[assignment]
+    p.missed_runs.policy = draw(enums)  # type: ignore[assignment]
+    if draw(st.booleans()):
+        p.jitter.seconds = draw(durations)
+    if draw(st.booleans()):
+        p.retry.max_attempts = draw(st.integers(0, 2**32 - 1))
+        p.retry.backoff_multiplier = draw(st.floats(allow_nan=True, allow_infinity=True))
+        p.retry.initial_backoff.seconds = draw(durations)
+    return s
+
+
+DELIBERATE = {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND}
+FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@FUZZ
+@given(schedules(), st.text(max_size=200))
+def test_create_never_internal(s: pb.Schedule, request_id: str) -> None:
+    async def run() -> None:
+        svc, kv = service()
+        try:
+            code, details = await attempt(svc.CreateSchedule(
+                spb.CreateScheduleRequest(schedule=s, request_id=request_id), ctx()))
+            assert code in DELIBERATE, (code, details)
+            if code is not grpc.StatusCode.OK:
+                stored = await kv.range(b"/f/", prefix=True, count_only=True)
+                assert stored.count == 0  # refused: nothing written
+        finally:
+            await kv.close()
+
+    asyncio.run(run())
+
+
+@FUZZ
+@given(schedules(), st.lists(st.text(max_size=40), max_size=5))
+def test_update_never_internal(s: pb.Schedule, paths: list[str]) -> None:
+    async def run() -> None:
+        svc, kv = service()
+        try:
+            base = pb.Schedule(id="fz", tenant="t", spec="* * * * *", worker_pool="p", task_type="x")
+            created = await svc.CreateSchedule(spb.CreateScheduleRequest(schedule=base), ctx())
+            s.id = "fz"
+            req = spb.UpdateScheduleRequest(schedule=s)
+            req.update_mask.paths.extend(paths)
+            code, details = await attempt(svc.UpdateSchedule(req, ctx()))
+            assert code in DELIBERATE, (code, details)
+            if code is not grpc.StatusCode.OK:
+                got = await svc.GetSchedule(spb.GetScheduleRequest(id="fz"), ctx())
+                assert got.schedule == created.schedule  # refused: unchanged
+        finally:
+            await kv.close()
+
+    asyncio.run(run())
+
+
+@FUZZ
+@given(st.text(max_size=300), names, enums, st.integers(-5, 5000), st.text(max_size=100))
+def test_list_never_internal(selector: str, tenant: str, state: int, size: int, token: str) -> None:
+    code = asyncio.run(call("ListSchedules", spb.ListSchedulesRequest(
+        label_selector=selector, tenant=tenant, state=state, page_size=size, page_token=token)))  # type: ignore[arg-type]
+    assert code in DELIBERATE
+
+
+@FUZZ
+@given(st.text(max_size=200), st.lists(enums, max_size=4), st.one_of(st.none(), stamps), st.text(max_size=50))
+def test_execution_reads_never_internal(eid: str, states: list[int], start: Any, token: str) -> None:
+    assert asyncio.run(call("GetExecution", spb.GetExecutionRequest(execution_id=eid))) in DELIBERATE
+    req = spb.ListExecutionsRequest(schedule_id=eid[:20], states=states, page_token=token)  # type: ignore[arg-type]
+    if start is not None:
+        req.planned.start.CopyFrom(start)
+    assert asyncio.run(call("ListExecutions", req)) in DELIBERATE
+    assert asyncio.run(call("ListDeadLetters", spb.ListDeadLettersRequest(task_type=eid[:70], page_token=token))) \
+        in DELIBERATE
+
+
+@FUZZ
+@given(specs, st.sampled_from(["", "UTC", "Europe/London", "x" * 300]), st.one_of(st.none(), stamps),
+       st.integers(0, 2000), names)
+def test_preview_never_internal(spec: str, tz: str, after: Any, count: int, sid: str) -> None:
+    req = spb.PreviewScheduleRequest(spec=spb.PreviewSpec(spec=spec, time_zone=tz, schedule_id=sid), count=count)
+    if after is not None:
+        req.after.CopyFrom(after)
+    assert asyncio.run(call("PreviewSchedule", req)) in DELIBERATE
