@@ -4,7 +4,6 @@ and its messages, end to end."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -24,13 +23,7 @@ from tests.processes import forget, spawn
 SCHEDCTL = str(Path(sys.executable).parent / "schedctl")
 CLEAN_ENV = {k: v for k, v in os.environ.items() if not k.startswith("SCHED_")} | {"XDG_CONFIG_HOME": "/nonexistent"}
 
-pytestmark = [
-    pytest.mark.etcd,
-    # Until the ScheduleService/AdminService servers (issue 5, branch `api`) are merged, planners do
-    # not serve them; these tests then have nothing to talk to. The guard goes away by itself.
-    pytest.mark.skipif(importlib.util.find_spec("scheduler.api.schedule_service") is None,
-                       reason="the API servers (scheduler/api/schedule_service.py) are not merged yet"),
-]
+pytestmark = pytest.mark.etcd
 
 
 class Cluster:

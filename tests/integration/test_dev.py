@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import importlib.util
 import json
 import os
 import re
@@ -134,8 +133,6 @@ def schedctl(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str
                           check=False)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("scheduler.api.schedule_service") is None,
-                    reason="the API servers (scheduler/api/schedule_service.py) are not merged yet")
 def test_readme_quickstart(dev_factory: list[Dev], tmp_path: Path) -> None:
     dev = Dev(tmp_path)
     dev_factory.append(dev)
