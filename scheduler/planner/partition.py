@@ -345,8 +345,9 @@ class PartitionPlanner:
         """Backpressure: workers lack capacity for what is due, and the oldest waiting execution is
         more than `backlog_ms` late. Materializing more would only spend the CPU that dispatch needs
         and grow etcd with records nobody can run yet; the planned times wait in the timer heap (the
-        checkpoint does not pass them), and the lag shows in the metrics. Buffered executions of one
-        schedule cannot stall the others: they do not make the loop starved while capacity is left."""
+        checkpoint does not pass them), and the lag shows in the metrics. Only a round that started
+        all it could makes the loop starved: buffered executions of one schedule, or a pool without
+        workers, cannot stall the other schedules of the partition."""
         if not self.starved:
             return False
         oldest = self.pending.oldest_ready()
@@ -384,16 +385,18 @@ class PartitionPlanner:
             self._pools = frozenset(sch.stored.schedule.worker_pool for sch in self.schedules.values())
         # Items beyond worker capacity would only be deferred again: do not even take them out. Items
         # of paused/deleted schedules need no capacity; a few extra cover them while there are any.
-        limit = sum(self.dispatcher.capacity(pool) for pool in self._pools) + (16 if self._inactive else 0)
+        capacity = sum(self.dispatcher.capacity(pool) for pool in self._pools)
         # Bounded like materialization: one round is one uninterrupted stretch of the event loop, and
         # lease keep-alives wait behind every stretch of every partition.
-        limit = min(limit, self.s.max_planned_per_round)
+        can_start = min(capacity, self.s.max_planned_per_round)
+        limit = can_start + (16 if self._inactive else 0)
         if limit <= 0 and not cas:
-            self.starved = self.pending.has_ready(now_ms)
+            self.starved = self.pending.has_ready(now_ms)  # no worker can take anything now
             return
         due = self.pending.ready(now_ms, limit)
-        if sum(len(w) for w in due.values()) >= limit:
-            self.starved = True  # more is due than this round can hand out
+        # Starved (backpressure, see backlogged()) only when the round used all it could start: a
+        # pool without workers holds its own executions back, not the schedules of other pools.
+        started = 0
         for sid, waiting in due.items():
             sch = self.schedules.get(sid)
             if sch is None or sch.stored.schedule.state is ScheduleState.PAUSED:
@@ -427,7 +430,6 @@ class PartitionPlanner:
                     self.pending.defer(x)  # waits for the running one; later ones see it as buffered
                     continue
                 if budget[pool] <= 0:
-                    self.starved = True
                     for y in waiting[i:]:
                         self.pending.defer(y)  # waits for worker capacity
                     break
@@ -439,6 +441,7 @@ class PartitionPlanner:
                             self.dispatcher.cancel(r, "overlap")
                     running = ()
                 budget[pool] -= 1
+                started += 1
                 self.dispatcher.reserve(pool, 1)
                 reserved[pool] = reserved.get(pool, 0) + 1
                 fence = self.ownership.fence(self.p)
@@ -448,6 +451,7 @@ class PartitionPlanner:
                 cas.append((x, new))
                 if need_running:
                     running = (*running, x.id)
+        self.starved = started >= can_start and self.pending.has_ready(now_ms)
         if not cas:
             return
         ok = await self._commit([self.ledger.cas_op(new, old.mod_revision, now_ms=now_ms, old_state=old.state)
