@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from scheduler.clock import SYSTEM_CLOCK
-from scheduler.execution import Execution
-from scheduler.model import Schedule
+from scheduler.execution import ExecState, Execution
+from scheduler.model import Policies, Schedule
 from scheduler.store.etcd import EtcdClient
 from scheduler.store.keyspace import Keyspace, partition_for
 from scheduler.store.ledger import Ledger
@@ -144,3 +144,39 @@ class Engine:
             tail = path.read_text(errors="replace").splitlines()[-15:] if path.exists() else []
             parts.append(f"--- worker {wid}\n" + "\n".join(tail))
         return "\n".join(parts)
+
+
+# ---- waiting on what the processes do (shared by the worker failure and heartbeat drills) ---------------
+
+
+def once(sid: str, planned_ms: int, payload: dict[str, object], policies: Policies) -> Schedule:
+    """A schedule with exactly one planned time, run by the effect worker's `effect` task."""
+    return Schedule(id=sid, tenant="t", spec="* * * * * *", worker_pool="pool", task_type="effect",
+                    payload=json.dumps(payload).encode(), start_ms=planned_ms, end_ms=planned_ms, policies=policies)
+
+
+async def connected(eng: Engine, wid: str, n: int = 1) -> None:
+    """Worker `wid` has connected to planner p1 at least `n` times."""
+    async def check() -> bool:
+        return sum(1 for e in eng.planners["p1"].events("worker_connected") if e.get("worker") == wid) >= n
+    await wait_until(check, 30, f"worker {wid} to connect")
+
+
+async def started(eng: Engine, eid: str, attempt: int, wid: str) -> None:
+    async def check() -> bool:
+        return [eid, str(attempt), wid] in lines(eng.starts)
+    await wait_until(check, 30, f"{eid} attempt {attempt} to start on {wid}")
+
+
+async def final(eng: Engine, sid: str, planned_ms: int, timeout: float = 40) -> Execution:
+    """The record once it has succeeded (fails with the record and the process logs otherwise)."""
+    async def check() -> bool:
+        e = await eng.record(sid, planned_ms)
+        return e is not None and e.state is ExecState.SUCCEEDED
+    try:
+        await wait_until(check, timeout, f"{sid} to succeed")
+    except AssertionError as err:
+        raise AssertionError(f"{err}; record: {await eng.record(sid, planned_ms)}\n{eng.logs()}") from None
+    e = await eng.record(sid, planned_ms)
+    assert e is not None
+    return e

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -29,8 +28,9 @@ from scheduler.store.ledger import Ledger
 from scheduler.store.schedules import ScheduleStore
 from scheduler.timeplan import MissedRuns, Overlap, parse_spec
 from tests.etcd_cluster import EtcdFactory, free_port
+from tests.integration.engine import stop_process
 from tests.integration.planners import PlannerSet
-from tests.processes import forget, spawn
+from tests.processes import spawn
 
 pytestmark = pytest.mark.etcd
 
@@ -45,17 +45,6 @@ def start_worker(wid: str, planners: list[str], effects: Path, log: Path) -> sub
     env = {k: v for k, v in os.environ.items() if not k.startswith("SCHED_")}
     return spawn([sys.executable, WORKER, "--id", wid, "--planners", ",".join(planners), "--effects", str(effects)],
                  log, env=env)
-
-
-def stop_process(p: subprocess.Popen[bytes], timeout: float = 15.0) -> None:
-    if p.poll() is None:
-        os.kill(p.pid, signal.SIGTERM)
-        try:
-            p.wait(timeout)
-        except subprocess.TimeoutExpired:
-            os.kill(p.pid, signal.SIGKILL)
-            p.wait()
-    forget(p.pid)
 
 
 async def test_engine_survives_kill_and_pause(etcd_factory: EtcdFactory, tmp_path: Path) -> None:

@@ -14,7 +14,6 @@ processes (tests/integration/effect_worker.py) and a real etcd.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
 import subprocess
@@ -23,11 +22,20 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from scheduler.execution import ErrorClass, ExecState, Execution
-from scheduler.model import Policies, RetryPolicy, Schedule, execution_id
+from scheduler.execution import ErrorClass, ExecState
+from scheduler.model import Policies, RetryPolicy, execution_id
 from scheduler.store.etcd import EtcdClient
 from tests.etcd_cluster import EtcdCluster
-from tests.integration.engine import Engine, kill_process, lines, next_second_ms, wait_until
+from tests.integration.engine import (
+    Engine,
+    connected,
+    final,
+    kill_process,
+    lines,
+    next_second_ms,
+    once,
+    started,
+)
 from tests.processes import forget
 
 pytestmark = pytest.mark.etcd
@@ -45,37 +53,6 @@ async def engine(etcd_server: EtcdCluster, tmp_path: os.PathLike[str], key_prefi
             yield eng
         finally:
             eng.close()
-
-
-def once(sid: str, planned_ms: int, payload: dict[str, object]) -> Schedule:
-    """A schedule with exactly one planned time."""
-    return Schedule(id=sid, tenant="t", spec="* * * * * *", worker_pool="pool", task_type="effect",
-                    payload=json.dumps(payload).encode(), start_ms=planned_ms, end_ms=planned_ms, policies=POLICIES)
-
-
-async def connected(eng: Engine, wid: str) -> None:
-    async def check() -> bool:
-        return any(e.get("worker") == wid for e in eng.planners["p1"].events("worker_connected"))
-    await wait_until(check, 30, f"worker {wid} to connect")
-
-
-async def started(eng: Engine, eid: str, attempt: int, wid: str) -> None:
-    async def check() -> bool:
-        return [eid, str(attempt), wid] in lines(eng.starts)
-    await wait_until(check, 30, f"{eid} attempt {attempt} to start on {wid}")
-
-
-async def final(eng: Engine, sid: str, planned_ms: int, timeout: float = 40) -> Execution:
-    async def check() -> bool:
-        e = await eng.record(sid, planned_ms)
-        return e is not None and e.state is ExecState.SUCCEEDED
-    try:
-        await wait_until(check, timeout, f"{sid} to succeed")
-    except AssertionError as err:
-        raise AssertionError(f"{err}; record: {await eng.record(sid, planned_ms)}\n{eng.logs()}") from None
-    e = await eng.record(sid, planned_ms)
-    assert e is not None
-    return e
 
 
 async def terminate(p: subprocess.Popen[bytes], timeout: float = 20.0) -> int:
@@ -98,7 +75,7 @@ async def test_worker_killed_mid_execution_is_retried_with_the_same_id(engine: E
     w1 = eng.start_worker("w1")
     await connected(eng, "w1")
     t = next_second_ms(2)
-    await eng.create(once("crash", t, {"hold_s": 60, "hold_attempts": 1}))
+    await eng.create(once("crash", t, {"hold_s": 60, "hold_attempts": 1}, POLICIES))
     eid = execution_id("crash", t)
     await started(eng, eid, 1, "w1")
     eng.start_worker("w2")
@@ -121,7 +98,7 @@ async def test_sigterm_lets_the_running_attempt_finish_then_exits(engine: Engine
     w1 = eng.start_worker("w1", drain_grace=20.0)
     await connected(eng, "w1")
     t = next_second_ms(2)
-    await eng.create(once("drain", t, {"hold_s": 2}))
+    await eng.create(once("drain", t, {"hold_s": 2}, POLICIES))
     eid = execution_id("drain", t)
     await started(eng, eid, 1, "w1")
     assert not [ln for ln in lines(eng.effects) if ln[0] == eid], "still running when SIGTERM arrives"
@@ -138,7 +115,7 @@ async def test_sigterm_hands_back_an_attempt_that_outlasts_the_grace(engine: Eng
     w1 = eng.start_worker("w1", drain_grace=0.5)
     await connected(eng, "w1")
     t = next_second_ms(2)
-    await eng.create(once("handback", t, {"hold_s": 60, "hold_attempts": 1}))
+    await eng.create(once("handback", t, {"hold_s": 60, "hold_attempts": 1}, POLICIES))
     eid = execution_id("handback", t)
     await started(eng, eid, 1, "w1")
     eng.start_worker("w2")

@@ -15,19 +15,28 @@ effect-worker processes (tests/integration/effect_worker.py) and a real etcd. Th
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
 from collections.abc import AsyncIterator
 
 import pytest
 
-from scheduler.execution import ErrorClass, ExecState, Execution
-from scheduler.model import Policies, RetryPolicy, Schedule, execution_id
+from scheduler.execution import ErrorClass, Execution
+from scheduler.model import Policies, RetryPolicy, execution_id
 from scheduler.planner.partition import LOST_MESSAGE
 from scheduler.store.etcd import EtcdClient
 from tests.etcd_cluster import EtcdCluster
-from tests.integration.engine import Engine, kill_process, lines, next_second_ms, wait_until
+from tests.integration.engine import (
+    Engine,
+    connected,
+    final,
+    kill_process,
+    lines,
+    next_second_ms,
+    once,
+    started,
+    wait_until,
+)
 from tests.integration.tcp_proxy import TcpProxy
 
 pytestmark = pytest.mark.etcd
@@ -48,36 +57,6 @@ async def engine(etcd_server: EtcdCluster, tmp_path: os.PathLike[str], key_prefi
             eng.close()
 
 
-def once(sid: str, planned_ms: int, payload: dict[str, object]) -> Schedule:
-    return Schedule(id=sid, tenant="t", spec="* * * * * *", worker_pool="pool", task_type="effect",
-                    payload=json.dumps(payload).encode(), start_ms=planned_ms, end_ms=planned_ms, policies=LONG)
-
-
-async def connected(eng: Engine, wid: str, n: int = 1) -> None:
-    async def check() -> bool:
-        return sum(1 for e in eng.planners["p1"].events("worker_connected") if e.get("worker") == wid) >= n
-    await wait_until(check, 30, f"worker {wid} to connect")
-
-
-async def started(eng: Engine, eid: str, attempt: int, wid: str) -> None:
-    async def check() -> bool:
-        return [eid, str(attempt), wid] in lines(eng.starts)
-    await wait_until(check, 30, f"{eid} attempt {attempt} to start on {wid}")
-
-
-async def final(eng: Engine, sid: str, planned_ms: int, timeout: float = 40) -> Execution:
-    async def check() -> bool:
-        e = await eng.record(sid, planned_ms)
-        return e is not None and e.state is ExecState.SUCCEEDED
-    try:
-        await wait_until(check, timeout, f"{sid} to succeed")
-    except AssertionError as err:
-        raise AssertionError(f"{err}; record: {await eng.record(sid, planned_ms)}\n{eng.logs()}") from None
-    e = await eng.record(sid, planned_ms)
-    assert e is not None
-    return e
-
-
 def assert_retried_by_heartbeat(e: Execution, eid: str, lost_by: str, retried_by: str) -> None:
     assert e.id == eid and e.attempt == 2, f"expected attempt 2 to succeed: {e}"
     first, second = e.attempts
@@ -93,7 +72,7 @@ async def test_killed_worker_is_retried_long_before_the_deadline(engine: Engine)
     w1 = eng.start_worker("w1")
     await connected(eng, "w1")
     t = next_second_ms(2)
-    await eng.create(once("killed", t, {"hold_s": 300, "hold_attempts": 1}))
+    await eng.create(once("killed", t, {"hold_s": 300, "hold_attempts": 1}, LONG))
     eid = execution_id("killed", t)
     await started(eng, eid, 1, "w1")
     eng.start_worker("w2")
@@ -111,8 +90,8 @@ async def test_frozen_worker_is_retried_and_its_late_work_is_refused(engine: Eng
     await connected(eng, "w1")
     t = next_second_ms(2)
     # `short` is still running when w1 freezes and done sleeping by the time it thaws; `long` is not.
-    await eng.create(once("short", t, {"hold_s": 3, "hold_attempts": 1}),
-                     once("long", t, {"hold_s": 300, "hold_attempts": 1}))
+    await eng.create(once("short", t, {"hold_s": 3, "hold_attempts": 1}, LONG),
+                     once("long", t, {"hold_s": 300, "hold_attempts": 1}, LONG))
     short, long_ = execution_id("short", t), execution_id("long", t)
     await started(eng, short, 1, "w1")
     await started(eng, long_, 1, "w1")
@@ -153,7 +132,7 @@ async def test_worker_that_blips_keeps_its_attempt(engine: Engine) -> None:
         eng.start_worker("w1", planners=[proxy.address])
         await connected(eng, "w1")
         t = next_second_ms(2)
-        await eng.create(once("blip", t, {"hold_s": 4, "hold_attempts": 1}))
+        await eng.create(once("blip", t, {"hold_s": 4, "hold_attempts": 1}, LONG))
         eid = execution_id("blip", t)
         await started(eng, eid, 1, "w1")
         assert proxy.cut() >= 1  # the connection resets; the worker re-dials and re-attaches at once
