@@ -5,10 +5,11 @@ request fields (hypothesis), handlers called directly with a context that record
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
-from typing import Any, cast
+from collections.abc import Awaitable, Coroutine, Iterator
+from typing import Any, TypeVar, cast
 
 import grpc
+import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -24,6 +25,22 @@ from scheduler.store.memory import MemoryKV
 from scheduler.store.schedules import ScheduleStore
 
 NOW = 1_795_946_400_000
+T = TypeVar("T")
+
+# One event loop for every example of the module. A new loop per example (asyncio.run) means hundreds
+# of loop teardowns in a process where grpc.aio is initialized (other tests run servers), and one CI
+# run hung in a thread join during such a teardown (grpc's poller thread).
+_LOOP = asyncio.new_event_loop()
+
+
+def _run(aw: Coroutine[Any, Any, T]) -> T:
+    return _LOOP.run_until_complete(aw)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _close_loop() -> Iterator[None]:
+    yield
+    _LOOP.close()
 
 
 class Aborted(Exception):
@@ -128,7 +145,7 @@ def test_create_never_internal(s: pb.Schedule, request_id: str) -> None:
         finally:
             await kv.close()
 
-    asyncio.run(run())
+    _run(run())
 
 
 @FUZZ
@@ -150,13 +167,13 @@ def test_update_never_internal(s: pb.Schedule, paths: list[str]) -> None:
         finally:
             await kv.close()
 
-    asyncio.run(run())
+    _run(run())
 
 
 @FUZZ
 @given(st.text(max_size=300), names, enums, st.integers(-5, 5000), st.text(max_size=100))
 def test_list_never_internal(selector: str, tenant: str, state: int, size: int, token: str) -> None:
-    code = asyncio.run(call("ListSchedules", spb.ListSchedulesRequest(
+    code = _run(call("ListSchedules", spb.ListSchedulesRequest(
         label_selector=selector, tenant=tenant, state=state, page_size=size, page_token=token)))  # type: ignore[arg-type]
     assert code in DELIBERATE
 
@@ -164,12 +181,12 @@ def test_list_never_internal(selector: str, tenant: str, state: int, size: int, 
 @FUZZ
 @given(st.text(max_size=200), st.lists(enums, max_size=4), st.one_of(st.none(), stamps), st.text(max_size=50))
 def test_execution_reads_never_internal(eid: str, states: list[int], start: Any, token: str) -> None:
-    assert asyncio.run(call("GetExecution", spb.GetExecutionRequest(execution_id=eid))) in DELIBERATE
+    assert _run(call("GetExecution", spb.GetExecutionRequest(execution_id=eid))) in DELIBERATE
     req = spb.ListExecutionsRequest(schedule_id=eid[:20], states=states, page_token=token)  # type: ignore[arg-type]
     if start is not None:
         req.planned.start.CopyFrom(start)
-    assert asyncio.run(call("ListExecutions", req)) in DELIBERATE
-    assert asyncio.run(call("ListDeadLetters", spb.ListDeadLettersRequest(task_type=eid[:70], page_token=token))) \
+    assert _run(call("ListExecutions", req)) in DELIBERATE
+    assert _run(call("ListDeadLetters", spb.ListDeadLettersRequest(task_type=eid[:70], page_token=token))) \
         in DELIBERATE
 
 
@@ -180,4 +197,4 @@ def test_preview_never_internal(spec: str, tz: str, after: Any, count: int, sid:
     req = spb.PreviewScheduleRequest(spec=spb.PreviewSpec(spec=spec, time_zone=tz, schedule_id=sid), count=count)
     if after is not None:
         req.after.CopyFrom(after)
-    assert asyncio.run(call("PreviewSchedule", req)) in DELIBERATE
+    assert _run(call("PreviewSchedule", req)) in DELIBERATE
