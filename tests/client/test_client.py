@@ -125,7 +125,8 @@ async def test_deadline_is_sent_with_the_call(fake: tuple[FakeApi, str]) -> None
             with pytest.raises(ClientError) as ei:
                 await c.get_time(timeout=0.3)
         assert ei.value.code is grpc.StatusCode.DEADLINE_EXCEEDED
-        assert seen and seen[0] is not None and seen[0] <= 0.3
+        # The wire format rounds the deadline up a little (0.3006 s seen): the 0.3 s was sent, not a default.
+        assert seen and seen[0] is not None and seen[0] <= 0.35
     finally:
         await server.stop(grace=None)
 
