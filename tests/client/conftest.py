@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import warnings
 from collections.abc import AsyncIterator, Iterator
 
 import grpc
@@ -48,6 +49,13 @@ def fake_server_thread() -> Iterator[str]:
     finally:
         server = box["server"]
         assert isinstance(server, grpc.aio.Server)
-        asyncio.run_coroutine_threadsafe(server.stop(grace=None), loop).result(10)
+        # grpc.aio on a second thread's loop, in a process whose main loop also runs grpc.aio, has
+        # been seen to hang its stop (once in ~10 runs). The test has passed by then: warn, and leave
+        # the daemon thread to the process exit rather than fail an unrelated assertion.
+        try:
+            asyncio.run_coroutine_threadsafe(server.stop(grace=None), loop).result(10)
+        except TimeoutError:
+            warnings.warn("fake API server thread did not stop within 10 s", stacklevel=1)
+            return
         t.join(10)
         loop.close()
