@@ -671,11 +671,31 @@ class PartitionPlanner:
 
     # ---- the loop -----------------------------------------------------------------------------------
 
-    async def run(self) -> None:
+    async def start(self) -> None:
+        """Claim-time work: read the partition and apply every schedule's missed-run policy."""
         await self.load()
         now = self.clock.wall_ms()
         runs, skips = self.catch_up(now)
         await self.write_planned(runs, skips, max(self.ck.watermark_ms, now - self.s.late_grace_ms))
+
+    async def step(self, now: int) -> bool:
+        """One round at wall time `now` (timeouts, notices, dispatch, then bounded materialization).
+        Returns whether another round should follow at once (more to materialize, notices waiting)."""
+        # Work that is due first (timeouts, dispatch), then materialization, bounded per round:
+        # under overload the loop keeps handing out work instead of only writing it down.
+        await self.time_out(now)
+        await self.apply_notices()  # records others changed: taken in before deciding on dispatch
+        await self.dispatch_due(now)
+        again = False
+        if not self.backlogged(now):
+            execs, skips, reached = self.plan_round(now + self.s.lookahead_ms, self.s.max_planned_per_round)
+            await self.write_planned(execs, skips, reached)
+            again = reached < now + self.s.lookahead_ms  # more to materialize
+        self.stats.rounds += 1
+        return again or bool(self._notices)
+
+    async def run(self) -> None:
+        await self.start()
         # Partitions sweep at staggered times (first sweep after 0.5-1x the interval), so that the
         # listings of all partitions a node claimed together do not land in the same instant.
         next_sweep = self.clock.monotonic() + self.s.retention_interval * (0.5 + (self.p % 16) / 32)
@@ -684,19 +704,9 @@ class PartitionPlanner:
             if self.clock.monotonic() >= next_sweep:
                 await self.sweep(now)
                 next_sweep = self.clock.monotonic() + self.s.retention_interval
-            # Work that is due first (timeouts, dispatch), then materialization, bounded per round:
-            # under overload the loop keeps handing out work instead of only writing it down.
-            await self.time_out(now)
-            await self.apply_notices()  # records others changed: taken in before deciding on dispatch
-            await self.dispatch_due(now)
-            again = False
-            if not self.backlogged(now):
-                execs, skips, reached = self.plan_round(now + self.s.lookahead_ms, self.s.max_planned_per_round)
-                await self.write_planned(execs, skips, reached)
-                again = reached < now + self.s.lookahead_ms  # more to materialize
-            self.stats.rounds += 1
+            again = await self.step(now)
             self.wake.clear()
-            if again or self._notices:  # the next round starts at once (after the others had a turn)
+            if again:  # the next round starts at once (after the others had a turn)
                 self.wake.set()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), self.s.loop_interval)
