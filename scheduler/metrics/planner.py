@@ -148,9 +148,9 @@ def _node_gauges(node: PlannerNode) -> Iterable[Metric]:
     yield CounterMetricFamily("scheduler_fencing_rejections",
                               "Owner writes etcd refused because the fencing token was stale.",
                               value=stats.fenced_out)
-    yield CounterMetricFamily("scheduler_partition_restarts",
-                              "Partition planners reloaded from etcd (lost compare-and-swap, unknown outcome).",
-                              value=node.restarts)
+    yield counter_family("scheduler_partition_restarts",
+                         "Partition planners reloaded from etcd, by reason (stale_state, outcome_unknown, "
+                         "compare_failed, etcd_error; malformed_txn is a bug).", "reason", node.restart_reasons)
     d = node.dispatcher
     depth = GaugeMetricFamily("scheduler_dispatch_queue_depth", "Executions waiting for a worker, per pool.",
                               labels=["pool"])

@@ -40,6 +40,11 @@ class ScheduleMeta:
     created_ms: int = 0
     updated_ms: int = 0
     request_id: str = ""
+    # The etcd revision of the put that set the current activation (create, resume, pause, spec change);
+    # 0: the put that wrote this very value (its mod_revision). A planner compares it with the revision
+    # its partition's checkpoint was planned at, to know whether the checkpoint's writer knew this
+    # activation (scheduler/store/checkpoint.py).
+    activated_rev: int = 0
 
 
 def encode_schedule(s: Schedule, *, activated_ms: int, meta: ScheduleMeta | None = None) -> bytes:
@@ -57,12 +62,14 @@ def encode_schedule(s: Schedule, *, activated_ms: int, meta: ScheduleMeta | None
     }
     if meta is not None:
         d["meta"] = {"c": meta.created_ms, "u": meta.updated_ms, "rid": meta.request_id}
+        if meta.activated_rev:
+            d["meta"]["ar"] = meta.activated_rev
     return json.dumps(d, separators=_SEP).encode()
 
 
 def decode_schedule_meta(value: bytes) -> ScheduleMeta:
     m = json.loads(value).get("meta") or {}
-    return ScheduleMeta(int(m.get("c", 0)), int(m.get("u", 0)), str(m.get("rid", "")))
+    return ScheduleMeta(int(m.get("c", 0)), int(m.get("u", 0)), str(m.get("rid", "")), int(m.get("ar", 0)))
 
 
 def decode_schedule(value: bytes, version: int) -> tuple[Schedule, int]:
