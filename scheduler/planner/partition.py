@@ -47,7 +47,6 @@ from scheduler.execution import (
     Execution,
     Trigger,
     cancel,
-    dispatch,
     log_fields,
     new_execution,
     result,
@@ -56,6 +55,7 @@ from scheduler.execution import (
 )
 from scheduler.metrics.planner import PlannerMetrics
 from scheduler.model import ScheduleState, execution_id
+from scheduler.planner.dispatch_round import RoundInput, ScheduleView, plan_dispatch
 from scheduler.planner.ownership import Ownership
 from scheduler.planner.pending import PendingIndex
 from scheduler.planner.settings import PlannerSettings
@@ -72,9 +72,8 @@ from scheduler.store.ledger import Ledger
 from scheduler.store.notices import Notice, parse_notice
 from scheduler.store.schedules import ScheduleStore, StoredSchedule
 from scheduler.store.txn_check import duplicate_write
-from scheduler.timeplan import Overlap, Plan, SkipReason, jitter_ms
+from scheduler.timeplan import Plan, SkipReason, jitter_ms
 from scheduler.timeplan.missed import SkipRange, decide_missed
-from scheduler.timeplan.overlap import OverlapAction, decide_overlap
 
 log = logging.getLogger(__name__)
 
@@ -570,22 +569,6 @@ class PartitionPlanner:
         self._withdraw.clear()
         return out
 
-    def _overlapping(self, in_flight: Sequence[Execution], x: Execution) -> tuple[list[Execution], list[str]]:
-        """The runs of x's schedule that were really in progress at x's due time (started by then and
-        not finished, catch-up runs left out: a run late by design queues the later ones behind it),
-        and which of them are not yet confirmed in flight by a read sent after that time."""
-        real: list[Execution] = []
-        unconfirmed: list[str] = []
-        for r in in_flight:
-            cur = r.current
-            if r.id in self._catchup or cur is None or (cur.started_ms or cur.dispatched_ms) > x.due_ms:
-                continue
-            real.append(r)
-            c = self._confirmed.get(r.id)
-            if c is None or c[0] != r.mod_revision or c[1] < x.due_ms:
-                unconfirmed.append(r.id)
-        return real, unconfirmed
-
     async def _confirm_in_flight(self) -> None:
         """Re-read records an overlap skip or cancel would rest on. A view from a load, or one a result
         recorded elsewhere has not reached yet, must not cost a run."""
@@ -622,7 +605,7 @@ class PartitionPlanner:
         self.starved_pools = set()
         if self._confirm:
             await self._confirm_in_flight()
-        cas = self._withdrawals()  # id -> (old, new): one transition per record and txn
+        withdrawn = self._withdrawals()  # id -> (old, new): one transition per record and txn
         # Per pool, only what its workers can take now: a pool without capacity keeps its due work
         # waiting in its own heap, where it stands in front of nobody else's. Bounded like
         # materialization: one round is one uninterrupted stretch of the event loop, and lease
@@ -632,86 +615,31 @@ class PartitionPlanner:
             cap = self.dispatcher.capacity(pool)
             if cap > 0:
                 limits[pool] = min(cap, self.s.max_planned_per_round)
-        if not limits and not cas:
+        if not limits and not withdrawn:
             return
-        due = self.pending.ready(now_ms, limits) if limits else {}
-        budget = dict(limits)
         fence = self.ownership.fence(self.p)
         if fence is None:
             return
-        token = f"{self.p}:{fence.token}"
-        for sid, waiting in due.items():
-            sch = self.schedules.get(sid)
-            if sch is None or sch.stored.schedule.state is ScheduleState.PAUSED:
-                why = SkipReason.PAUSED if sch else SkipReason.SCHEDULE_DELETED
-                for x in waiting:
-                    if x.id in cas:
-                        continue
-                    if x.state is ExecState.SCHEDULED:
-                        cas[x.id] = (x, skip(x, why.value))
-                    elif sch is None:
-                        cas[x.id] = (x, cancel(x, why.value))
-                    else:
-                        self.pending.park(x)  # a retry of a paused schedule waits for the resume
-                continue
-            sched_policy = sch.stored.schedule.policies.overlap
-            # An execution may carry its own policy (trigger/backfill override; rerun and replay run
-            # regardless). ALLOW_ALL and retries always START.
-            in_flight = [r for r in self.pending.of_schedule(sid) if r.state in IN_FLIGHT]
-            held = False  # an earlier run of this schedule waits: later ones wait behind it, in order
-            buffered: list[str] = []  # held by the policy behind a run really in progress (BUFFER_ONE counts)
-            for x in waiting:
-                if x.id in cas:
-                    continue
-                pool = x.pool
-                policy = x.overlap or sched_policy
-                cancel_them: list[Execution] = []
-                if x.state is ExecState.RETRY_WAIT or policy is Overlap.ALLOW_ALL:
-                    action = OverlapAction.START  # a retry is the same run, not a new one
-                else:
-                    real, unconfirmed = self._overlapping(in_flight, x)
-                    if real or buffered:
-                        action = decide_overlap(policy, tuple(r.id for r in real), tuple(buffered)).action
-                        lossy = action is OverlapAction.SKIP or action is OverlapAction.CANCEL_THEN_START
-                        if lossy and real and (unconfirmed if action is OverlapAction.CANCEL_THEN_START
-                                               else len(unconfirmed) == len(real)):
-                            self._confirm.update(unconfirmed)  # decided next round, on records read after x.due
-                            action = OverlapAction.BUFFER
-                        elif action is OverlapAction.BUFFER:
-                            buffered.append(x.id)
-                        cancel_them = real
-                    elif in_flight or held:
-                        action = OverlapAction.BUFFER  # behind a late run: no overlap at x's due time
-                    else:
-                        action = OverlapAction.START
-                if action is OverlapAction.SKIP:
-                    cas[x.id] = (x, skip(x, SkipReason.OVERLAP_SKIP.value))
-                    continue
-                if action is OverlapAction.BUFFER:
-                    self.pending.defer(x)  # waits for the running one
-                    held = True
-                    continue
-                if budget.get(pool, 0) <= 0:
-                    self.pending.defer(x)  # waits for worker capacity
-                    self.starved_pools.add(pool)
-                    held = True
-                    continue
-                if action is OverlapAction.CANCEL_THEN_START:
-                    for r in cancel_them:
-                        if r.id not in cas and r.state in IN_FLIGHT:
-                            cas[r.id] = (r, cancel(r, "overlap"))
-                            self.dispatcher.cancel(r, "overlap")
-                    in_flight = [r for r in in_flight if r.id not in cas]
-                budget[pool] -= 1
-                self.dispatcher.reserve(pool, 1)
-                reserved[pool] = reserved.get(pool, 0) + 1
-                new = dispatch(x, worker="", planner=self.node_id, token=token, now_ms=now_ms)
-                cas[x.id] = (x, new)
-                in_flight.append(new)
-        for pool, left in budget.items():
-            if left <= 0 and self.pending.has_ready(now_ms, pool):
-                self.starved_pools.add(pool)
+        due = self.pending.ready(now_ms, limits) if limits else {}
+        views = {sid: ScheduleView(sch.stored.schedule.policies.overlap,
+                                   sch.stored.schedule.state is ScheduleState.PAUSED)
+                 for sid in due if (sch := self.schedules.get(sid)) is not None}
+        in_flight = {sid: [r for r in self.pending.of_schedule(sid) if r.state in IN_FLIGHT] for sid in due}
+        plan = plan_dispatch(RoundInput(
+            now_ms=now_ms, due=due, schedules=views, in_flight=in_flight, budget=limits, catchup=self._catchup,
+            confirmed=self._confirmed, node_id=self.node_id, token=f"{self.p}:{fence.token}",
+            transitions=withdrawn))
+        for x in plan.defer:
+            self.pending.defer(x)
+        for x in plan.park:
+            self.pending.park(x)
+        self._confirm |= plan.confirm
+        for pool, n in plan.started.items():
+            self.dispatcher.reserve(pool, n)
+            reserved[pool] = reserved.get(pool, 0) + n
+        self.starved_pools = {p for p in plan.starved_pools if self.pending.has_ready(now_ms, p)}
         self.starved = bool(self.starved_pools)
+        cas = plan.transitions
         if not cas:
             return
         pairs = list(cas.values())
@@ -739,6 +667,9 @@ class PartitionPlanner:
             elif debug:
                 log.debug("execution skipped", extra={"event": "skip", "reason": new.skip_reason,
                                                       **log_fields(new, self.p, self._token())})
+        for r, why in plan.stop:  # only once the cancel is recorded: a lost CAS stops nothing
+            if (now_rec := self.pending.get(r.id)) is None or now_rec.state is ExecState.CANCELLED:
+                self.dispatcher.cancel(r, why)
         if sent and self.metrics is not None:
             self.metrics.dispatched(sent, now_ms)
         if lost:
