@@ -111,6 +111,7 @@ class _Sched:
     plan: Plan
     gen: int  # re-plans bump it: timer heap entries of an older generation are stale
     owed_from: int  # planned times after this are owed by this owner (activation or watermark)
+    paused_through: int = 0  # the last planned time recorded as skipped while paused
 
 
 # When an activation was not known to the checkpoint's writer, its planned times are owed from the
@@ -312,8 +313,10 @@ class PartitionPlanner:
             self._retarget(sid, st.schedule.worker_pool)
             self.wake.set()
             return
-        # Never earlier than the margin behind the checkpoint: records there may have been swept.
-        self._add_schedule(st, max(st.activated_ms, self.ck.watermark_ms - self.replan_ms))
+        # Never earlier than the margin behind the checkpoint: records there may have been swept. A
+        # resume seen late leaves the planned times already recorded as paused to that record.
+        owed = max(st.activated_ms, self.ck.watermark_ms - self.replan_ms, old.paused_through if old else 0)
+        self._add_schedule(st, owed)
         if st.schedule.state is ScheduleState.PAUSED:
             self._withdraw[sid] = (0, SkipReason.PAUSED)
         else:
@@ -421,6 +424,7 @@ class PartitionPlanner:
             if sch is None or sch.gen != gen:
                 continue  # deleted or re-planned since
             skips.append((sid, SkipRange(SkipReason.PAUSED, t - 1, t)))
+            sch.paused_through = t
             self._push_next(sch, t)
         while paused:  # drop stale tops, so they do not hold the watermark back
             sch = self.schedules.get(paused[0][1])
