@@ -197,6 +197,7 @@ class PartitionPlanner:
         self._held: dict[str, int] = {}  # schedule id -> planned times after this are not materialized
         self._hold_writes: dict[str, int | None] = {}  # hold records to put (from) or delete (None)
         self._held_late: set[str] = set()  # held while their pool was saturated, not workerless
+        self._settled: list[tuple[str, SkipRange]] = []  # skips of holds ended by a change (next round)
         self._pools: frozenset[str] | None = None  # worker pools of the schedules (cache)
         # Notices of records others changed (API operations, results recorded elsewhere): key ->
         # (notice, its mod_revision). `_rescan`: list the partition's notices from etcd next round.
@@ -233,6 +234,7 @@ class PartitionPlanner:
         self._confirmed.clear()
         self._held.clear()
         self._held_late.clear()
+        self._settled.clear()
         self._hold_writes.clear()
         self._pools = None
         held_from: dict[str, int] = {}
@@ -279,12 +281,11 @@ class PartitionPlanner:
             log.exception("cannot plan schedule", extra={"schedule_id": st.schedule.id, "partition": self.p})
             self.schedules.pop(st.schedule.id, None)
             return
+        old = self.schedules.get(st.schedule.id)
+        if old is not None and st.schedule.id in self._held:  # a new activation ends the hold
+            self._settle_hold(old, max(owed_from, old.owed_from), SkipReason.SCHEDULE_CHANGED)
         sch = _Sched(st, plan, next(self._gen), owed_from)
         self.schedules[st.schedule.id] = sch
-        held = self._held.pop(st.schedule.id, None)
-        if held is not None:  # planned afresh from the new activation: the hold is over
-            self._hold_writes[st.schedule.id] = None
-            self._held_late.discard(st.schedule.id)
         self._pools = None
         self._push_next(sch, owed_from)
 
@@ -340,7 +341,9 @@ class PartitionPlanner:
             self._loading.append(lambda: self.on_schedule_delete(schedule_id, revision))
             return
         self.sched_rev = max(self.sched_rev, revision)
-        self.schedules.pop(schedule_id, None)
+        old = self.schedules.pop(schedule_id, None)
+        if old is not None and schedule_id in self._held:
+            self._settle_hold(old, self.clock.wall_ms(), SkipReason.SCHEDULE_DELETED)
         self._pools = None
         self._withdraw[schedule_id] = (0, SkipReason.SCHEDULE_DELETED)
         self.wake.set()
@@ -416,6 +419,9 @@ class PartitionPlanner:
         skips: list[tuple[str, SkipRange]] = []
         if self._held:
             self._release_held(now_ms, execs, skips)
+        if self._settled:
+            skips += self._settled
+            self._settled = []
         reached = horizon_ms
         paused = self.paused_heap
         while paused and paused[0][0] <= min(now_ms, horizon_ms):
@@ -479,6 +485,21 @@ class PartitionPlanner:
                 skips += [(sid, r) for r in d.skipped]
             sch.owed_from = max(after, horizon)
             self._push_next(sch, sch.owed_from)
+
+    def _settle_hold(self, sch: _Sched, until_ms: int, ended_by: SkipReason) -> None:
+        """A held schedule changed (new activation) or was deleted before its pool was served again: its
+        held planned times up to the change are decided as missed now, by its policy; the runs that
+        policy would have run are recorded as ended by the change (they would be withdrawn at once)."""
+        sid = sch.stored.schedule.id
+        after = self._held.pop(sid)
+        self._held_late.discard(sid)
+        self._hold_writes[sid] = None
+        if after >= until_ms:
+            return
+        p = sch.stored.schedule.policies
+        d = decide_missed(sch.plan, after, until_ms, p.missed_runs, p.catchup_window_ms, p.catchup_cap)
+        self._settled += [(sid, r) for r in d.skipped]
+        self._settled += [(sid, SkipRange(ended_by, t - 1, t)) for t in d.run]
 
     def update_blocked(self, now_ms: int) -> None:
         """Which pools are blocked (see `blocked_pools`): due work older than `backlog_ms` waits for them,
