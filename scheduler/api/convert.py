@@ -204,6 +204,11 @@ _SKIP = {
 }
 
 
+def skip_reason_pb(reason: str) -> epb.SkipReason:
+    """A stored skip reason (a SkipReason value) as the enum; UNSPECIFIED for one this build does not know."""
+    return _SKIP.get(reason, epb.SKIP_REASON_UNSPECIFIED)
+
+
 def execution_state_from_pb(field: str, value: int) -> ExecState:
     for k, v in _EXEC_STATE.items():
         if v == value:

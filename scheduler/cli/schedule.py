@@ -92,7 +92,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("id")
     p.add_argument("--start", required=True, metavar="RFC3339", help="inclusive start")
     p.add_argument("--end", required=True, metavar="RFC3339", help="exclusive end (not in the future)")
-    p.add_argument("--overlap", choices=enum_choices(spb.OverlapPolicy, _OVERLAP))
+    p.add_argument("--overlap", choices=enum_choices(spb.OverlapPolicy, _OVERLAP),
+                   help="overlap policy of the backfilled runs (default buffer_all: every planned time of the "
+                        "range runs, one after another; the schedule's own policy is not used)")
     p.add_argument("--dry-run", action="store_true", help="count, write nothing")
 
     p = verb("preview", "next planned times of a stored schedule (the server computes them)", _preview)
