@@ -276,10 +276,11 @@ def _dead_reason(e: Execution, error_class: ErrorClass) -> str:
     `attempt_base`: a rerun or replay has its own budget)."""
     if error_class is ErrorClass.PERMANENT:
         return "permanent error"
-    if e.attempt - e.attempt_base >= e.retry.max_attempts:
-        return f"retries exhausted ({e.attempt - e.attempt_base} attempts)"
+    n = e.attempt - e.attempt_base
+    if n >= e.retry.max_attempts:
+        return f"retries exhausted ({n} attempt{'s' if n != 1 else ''})"
     unknown = sum(1 for a in e.attempts if a.attempt > e.attempt_base and a.error_class is ErrorClass.UNKNOWN)
-    return f"unknown-error limit ({unknown} unknown errors)"
+    return f"unknown-error limit ({unknown} unknown error{'s' if unknown != 1 else ''})"
 
 
 def timed_out(e: Execution, now_ms: int) -> bool:

@@ -33,6 +33,9 @@ T = TypeVar("T")
 _MAX_MESSAGE = 32 * 1024 * 1024
 
 
+DEFAULT_NAME = "default"  # tenant and worker pool when the caller gives none (as the CLI)
+
+
 def _time_range(start: Instant | None, end: Instant | None) -> Any:
     r = sspb.TimeRange()
     if start is not None:
@@ -88,7 +91,15 @@ class SchedulerClient:
     # ---- schedules ------------------------------------------------------------------------------
 
     async def create_schedule(self, schedule: Any, *, request_id: str = "", timeout: float | None = None) -> Any:
-        """Create `schedule` (a `Schedule` message); returns the stored one. ALREADY_EXISTS if taken."""
+        """Create `schedule` (a `Schedule` message); returns the stored one. ALREADY_EXISTS if taken.
+        An empty `tenant` or `worker_pool` is sent as `default`, as `schedctl schedule create` does (the
+        API itself requires both); the caller's message is not modified."""
+        if not schedule.tenant or not schedule.worker_pool:
+            filled = type(schedule)()
+            filled.CopyFrom(schedule)
+            filled.tenant = filled.tenant or DEFAULT_NAME
+            filled.worker_pool = filled.worker_pool or DEFAULT_NAME
+            schedule = filled
         req = sspb.CreateScheduleRequest(schedule=schedule, request_id=request_id)
         return (await self._call("CreateSchedule", self._schedules.CreateSchedule, req, timeout)).schedule
 

@@ -190,6 +190,10 @@ def test_execution_reads_never_internal(eid: str, states: list[int], start: Any,
     assert _run(call("ListExecutions", req)) in DELIBERATE
     assert _run(call("ListDeadLetters", spb.ListDeadLettersRequest(task_type=eid[:70], page_token=token))) \
         in DELIBERATE
+    skips = spb.ListSkipsRequest(schedule_id=eid[:20], page_token=token)
+    if start is not None:
+        skips.planned.start.CopyFrom(start)
+    assert _run(call("ListSkips", skips)) in DELIBERATE
 
 
 @FUZZ
