@@ -209,8 +209,8 @@ class AdminService:
         if not others and nid not in drained and not request.force:
             raise FailedPrecondition(
                 f"{nid!r} is the only live planner that is not draining: draining it stops every partition until "
-                f"an undrain (`schedctl planner undrain {nid}`), a restart or a new planner; pass force to do it "
-                f"anyway")
+                f"an undrain (`schedctl planner undrain {nid}`), a restart or a new planner; set force "
+                f"(`schedctl planner drain --force`) to do it anyway")
         value = json.dumps({"reason": why, "requested_ms": self.clock.wall_ms(), "by": self.node_id},
                            separators=(",", ":")).encode()
         # Create-if-absent: draining a draining planner changes nothing (the first request stands).
