@@ -234,8 +234,8 @@ def check_in_window(ms: int, field: str) -> int:
 
 def format_instant(ms: int) -> str:
     """RFC3339 UTC with milliseconds, for messages (any year from 1 to 9999)."""
-    return (datetime(1, 1, 1, tzinfo=UTC) + timedelta(milliseconds=ms - _YEAR1_MS)).strftime(
-        "%Y-%m-%dT%H:%M:%S.") + f"{ms % 1000:03d}Z"
+    dt = datetime(1, 1, 1, tzinfo=UTC) + timedelta(milliseconds=ms - _YEAR1_MS)
+    return f"{dt.year:04d}-" + dt.strftime("%m-%dT%H:%M:%S.") + f"{ms % 1000:03d}Z"  # %Y drops zeros on glibc
 
 
 def format_duration_ms(ms: int) -> str:

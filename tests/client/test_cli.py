@@ -167,6 +167,8 @@ async def test_executions_backfill_and_dead_letters(fake: tuple[FakeApi, str]) -
     eid = "s@2026-05-28T00:03:00.000Z"
     r = await schedctl("exec", "get", eid, server=srv)
     assert r.rc == 0 and "backfill" in r.out
+    planned_row = next(line for line in r.out.splitlines() if line.startswith("planned_at"))
+    assert planned_row.split()[1] == "2026-05-28T00:03:00.000Z", "milliseconds, as in the id (issue 9)"
     r = await schedctl("exec", "cancel", eid, "--reason", "not needed", "--json", server=srv)
     assert r.rc == 0 and r.json()["state"] == "EXECUTION_STATE_CANCELLED"
     r = await schedctl("exec", "cancel", eid, server=srv)

@@ -315,3 +315,19 @@ def _ts(ms: int) -> Any:
     t = Timestamp()
     t.FromMilliseconds(ms)
     return t
+
+
+async def test_trigger_skew_is_reported_in_human_units(env: Env) -> None:
+    await env.create("tr")
+    with pytest.raises(Aborted) as e:
+        await env.svc.TriggerSchedule(spb.TriggerScheduleRequest(id="tr", trigger_time=_ts(NOW - 3_690_000)), CTX)
+    assert e.value.code is grpc.StatusCode.INVALID_ARGUMENT
+    assert "is 1h1m30s from the server's clock; the allowance is 1m" in e.value.details, e.value.details
+
+
+async def test_preview_after_outside_the_planning_window_is_refused(env: Env) -> None:
+    await env.create("pv")
+    far = _ts(253_370_764_800_000)  # 9999-01-01: valid for the API, beyond what plans cover
+    with pytest.raises(Aborted) as e:
+        await env.svc.PreviewSchedule(spb.PreviewScheduleRequest(schedule_id="pv", after=far), CTX)
+    assert e.value.details.startswith("after: 9999-01-01T00:00:00.000Z is outside the planning window")
