@@ -151,7 +151,8 @@ def enum_value(enum: Any, prefix: str, choice: str) -> Any:
 
 
 def duration_text(ms: int) -> str:
+    """`250ms`, `5.6s`, `90s`, `5m`, `2h`: what a person reads at a glance (a lag, a timeout)."""
     if ms % 1000:
-        return f"{ms}ms"
+        return f"{ms}ms" if abs(ms) < 1000 else f"{ms / 1000:.1f}s"
     s = ms // 1000
     return f"{s}s" if s < 120 or s % 60 else (f"{s // 60}m" if s < 7200 or s % 3600 else f"{s // 3600}h")

@@ -24,10 +24,10 @@ from scheduler.cli.common import (
     ts,
 )
 from scheduler.cli.executions import show_execution
-from scheduler.cli.output import Exit, rfc3339
+from scheduler.cli.output import Exit
 from scheduler.cli.schedule_input import add_schedule_flags, build_schedule
 from scheduler.client import SchedulerClient
-from scheduler.model import parse_rfc3339
+from scheduler.model import format_rfc3339_ms, parse_rfc3339
 
 _STATE = "SCHEDULE_STATE_"
 _OVERLAP = "OVERLAP_POLICY_"
@@ -251,7 +251,8 @@ def _backfill(args: argparse.Namespace) -> int:
             print_json(to_dict(last) | {"dry_run": args.dry_run})
         else:
             verb = "would create" if args.dry_run else "created"
-            print(f"{args.id}: {last.planned} planned times in [{rfc3339(start)}, {rfc3339(end)}): "
+            print(f"{args.id}: {last.planned} planned times in [{format_rfc3339_ms(start)}, "
+                  f"{format_rfc3339_ms(end)}): "
                   f"{verb} {last.created}, {last.existing} existed, {last.skipped} skipped (overlap)")
         return Exit.OK if last.done else Exit.FAILURE
     return run_call(args, body)

@@ -239,18 +239,19 @@ def format_instant(ms: int) -> str:
 
 
 def format_duration_ms(ms: int) -> str:
-    """A duration in the units people read, as parse_duration_ms writes them: `90s`, `1h30m`, `250ms`,
-    `2d3h`. Negative durations get a leading `-`."""
+    """A duration in the units people read, as parse_duration_ms writes them: `90s` -> `1m30s`, `250ms`,
+    `2d3h`. Exact up to three units; longer ones keep their three largest (`2526d9h26m`, not down to the
+    millisecond). Negative durations get a leading `-`."""
     if ms < 0:
         return "-" + format_duration_ms(-ms)
     if ms == 0:
         return "0s"
-    out = ""
+    parts: list[tuple[int, str]] = []
     for unit in ("d", "h", "m", "s", "ms"):
         n, ms = divmod(ms, _UNIT_MS[unit])
-        if n:
-            out += f"{n}{unit}"
-    return out
+        if n or parts:
+            parts.append((n, unit))
+    return "".join(f"{n}{u}" for n, u in parts[:3] if n)
 
 
 def parse_duration_ms(text: str, field: str) -> int:
