@@ -28,7 +28,7 @@ from scheduler.api.errors import Context, grpc_errors
 from scheduler.clock import Clock
 from scheduler.errors import FailedPrecondition, InvalidArgument, NotFound, VersionMismatch
 from scheduler.planner.ownership import MemberInfo, Ownership
-from scheduler.store.etcd.ops import Compare, get, put
+from scheduler.store.etcd.ops import Compare, delete, get, put
 from scheduler.store.keyspace import Keyspace
 from scheduler.store.kv import KV
 
@@ -214,12 +214,25 @@ class AdminService:
         value = json.dumps({"reason": why, "requested_ms": self.clock.wall_ms(), "by": self.node_id},
                            separators=(",", ":")).encode()
         # Create-if-absent: draining a draining planner changes nothing (the first request stands).
-        await self.kv.txn([Compare.create_revision(key, "==", 0)], [put(key, value)], timeout=self.timeout)
+        r = await self.kv.txn([Compare.create_revision(key, "==", 0)], [put(key, value)], timeout=self.timeout)
+        if r.succeeded and not request.force and not await self._someone_left(nid):
+            # Two drains racing (each saw the other planner still eligible) would together stop
+            # everything: whoever finds that after its write takes its own request back.
+            await self.kv.txn([Compare.mod_revision(key, "==", r.revision)], [delete(key)], timeout=self.timeout)
+            raise FailedPrecondition(f"another drain was requested at the same time: draining {nid!r} too would "
+                                     f"leave no planner to own partitions; retry, or set force")
         log.info("drain requested", extra={"event": "drain_requested", "node": nid, "reason": why,
                                            "forced": request.force and not others})
         return apb.DrainPlannerResponse(planner=cpb.PlannerInfo(
             node_id=m.node_id, region=m.region, api_address=m.api_address, liveness=cpb.PLANNER_LIVENESS_DRAINING,
             last_seen=ms_to_timestamp(self.clock.wall_ms())))
+
+    async def _someone_left(self, nid: str) -> bool:
+        """Is a live planner other than `nid` without a drain request (after our write)?"""
+        members = await self._members()
+        drains = await self.kv.range(self.ks.drains, prefix=True, keys_only=True, timeout=self.timeout)
+        drained = {self.ks.last_segment(x.key) for x in drains.kvs}
+        return any(o != nid and o not in drained for o in members)
 
     @grpc_errors
     async def UndrainPlanner(self, request: apb.UndrainPlannerRequest,

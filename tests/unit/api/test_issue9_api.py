@@ -331,3 +331,24 @@ async def test_preview_after_outside_the_planning_window_is_refused(env: Env) ->
     with pytest.raises(Aborted) as e:
         await env.svc.PreviewSchedule(spb.PreviewScheduleRequest(schedule_id="pv", after=far), CTX)
     assert e.value.details.startswith("after: 9999-01-01T00:00:00.000Z is outside the planning window")
+
+
+async def test_two_drains_racing_cannot_together_leave_no_planner(env: Env) -> None:
+    admin = _admin(env)
+    for nid in ("p1", "p2"):
+        await env.kv.put(env.ks.member(nid), MemberInfo(nid, "r", "127.0.0.1:1", NOW).encode())
+    real = admin._members
+    calls = 0
+
+    async def members_with_a_concurrent_drain() -> dict[str, MemberInfo]:
+        nonlocal calls
+        calls += 1
+        if calls == 2:  # after our check and write: another node drained p2 meanwhile
+            await env.kv.put(env.ks.drain("p2"), b"{}")
+        return await real()
+
+    admin._members = members_with_a_concurrent_drain  # type: ignore[method-assign]
+    with pytest.raises(Aborted) as e:
+        await admin.DrainPlanner(apb.DrainPlannerRequest(node_id="p1"), CTX)
+    assert e.value.code is grpc.StatusCode.FAILED_PRECONDITION and "at the same time" in e.value.details
+    assert await env.kv.get(env.ks.drain("p1")) is None, "our request was taken back"
