@@ -352,3 +352,10 @@ async def test_two_drains_racing_cannot_together_leave_no_planner(env: Env) -> N
         await admin.DrainPlanner(apb.DrainPlannerRequest(node_id="p1"), CTX)
     assert e.value.code is grpc.StatusCode.FAILED_PRECONDITION and "at the same time" in e.value.details
     assert await env.kv.get(env.ks.drain("p1")) is None, "our request was taken back"
+
+
+async def test_get_execution_of_a_dead_letter_says_why(env: Env) -> None:
+    await env.create("why")
+    d = await _dead_letter(env, "why", NOW - 60_000, b"")
+    got = await env.svc.GetExecution(spb.GetExecutionRequest(execution_id=d.id), CTX)
+    assert got.execution.state_message == "retries exhausted (1 attempt)"
