@@ -18,7 +18,7 @@ from scheduler import logs
 from scheduler._gen.scheduler.v1 import cluster_pb2 as cpb
 from scheduler.cli.common import client_parent, enum_name, print_json, run_call
 from scheduler.cli.output import Exit, fail_invalid
-from scheduler.cli.settings_help import HELP
+from scheduler.cli.settings_help import DEFAULT_TEXT, HELP
 from scheduler.client import SchedulerClient
 from scheduler.clock import SYSTEM_CLOCK
 from scheduler.config import CoordinationSettings, EtcdSettings, parse_listen_address
@@ -43,6 +43,8 @@ UNSAFE_TITLE = "UNSAFE, FOR TESTS ONLY (they switch off safety checks; never set
 
 
 def _default_text(f: dataclasses.Field[Any]) -> str:
+    if f.name in DEFAULT_TEXT:
+        return DEFAULT_TEXT[f.name]
     d = f.default
     if d is None or d == "":
         return "unset"

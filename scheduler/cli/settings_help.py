@@ -18,11 +18,11 @@ HELP: dict[str, str] = {
     "etcd_key_file": "client key (PEM) for etcd mTLS (with --etcd-cert-file)",
     # coordination
     "node_id": "this planner's unique name in the cluster",
-    "region": "region of this node; planners of the primary region own partitions",
-    "api_address": "host:port workers and peers should dial (default: the bound --api-host:--api-port)",
+    "region": "region this node runs in (planners of the primary region own partitions; `region switchover`)",
+    "api_address": "host:port workers and peers should dial",
     "partitions": "number of partitions P, fixed at cluster init (a node with another value refuses to start)",
     "lease_ttl": "seconds; etcd session lease TTL (minimum 2): how fast a dead planner's partitions move",
-    "renew_interval": "seconds between lease keep-alives (default: lease_ttl / 3)",
+    "renew_interval": "seconds between lease keep-alives",
     "safety_margin": "seconds; the planner fences itself this long before its lease could expire",
     "rpc_timeout": "seconds; deadline of each etcd request",
     "max_txn_ops": "most operations in one etcd txn (etcd's --max-txn-ops is 128)",
@@ -49,7 +49,7 @@ HELP: dict[str, str] = {
     "heartbeat_timeout": "seconds; a worker stream silent this long is ended and its attempts timed out "
                          "(keep it above lease_ttl + takeover time)",
     # worker
-    "worker_id": "this worker's unique name (default: <hostname>:<pid>)",
+    "worker_id": "this worker's unique name",
     "pool": "worker pool this worker serves",
     "planners": "planner API addresses to start from, comma-separated (the others are discovered)",
     "concurrency": "most attempts running at once, across all planners",
@@ -66,4 +66,11 @@ HELP: dict[str, str] = {
     "shell_kill_grace": "seconds; shell executor: SIGTERM, then SIGKILL the process group after this",
     "http_timeout": "seconds; http executor request timeout when the payload sets no timeout_s",
     "log_level": "debug, info, warning or error",
+}
+
+# Defaults computed at start-up, where the settings class holds a placeholder (None or "").
+DEFAULT_TEXT: dict[str, str] = {
+    "api_address": "the bound --api-host:--api-port",
+    "renew_interval": "lease_ttl / 3",
+    "worker_id": "<hostname>:<pid>",
 }

@@ -51,3 +51,4 @@ def test_unsafe_switches_are_grouped_apart_and_labelled() -> None:
 def test_worker_help_shows_defaults() -> None:
     text = " ".join(_help("worker").split())
     assert "--concurrency N most attempts running at once" in text and "(default: 8; env SCHED_CONCURRENCY)" in text
+    assert "(default: <hostname>:<pid>; env SCHED_WORKER_ID)" in text, "a default computed at start-up says so"
