@@ -214,6 +214,8 @@ def test_sync_wrapper(fake_server_thread: str) -> None:
         with pytest.raises(ClientError) as ei:
             c.get_schedule("nope")
         assert ei.value.code is grpc.StatusCode.NOT_FOUND
+        assert list(c.list_skips("s1").skips) == []
+        assert c.undrain_planner("p1").liveness == cpb.PLANNER_LIVENESS_ALIVE
 
 
 async def test_plain_status_without_details() -> None:
