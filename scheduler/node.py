@@ -144,7 +144,7 @@ class PlannerNode:
     def make_api(self, ops: OperationsPort | None = None) -> tuple[ScheduleService, AdminService]:
         """The ScheduleService and AdminService of this node (any node serves any schedule).
         `ops`: the operations behind trigger/rerun/backfill/cancel/dead letters; by default the
-        project's implementation when this build has it."""
+        project's implementation (tests pass a fake)."""
         if ops is None:
             ops = default_operations(self)
         schedules = ScheduleService(kv=self.kv, ks=self.ks, store=self.store, ledger=self.ledger, clock=self.clock,

@@ -28,7 +28,7 @@ from scheduler.api.errors import Context, grpc_errors
 from scheduler.clock import Clock
 from scheduler.errors import FailedPrecondition, InvalidArgument, NotFound, VersionMismatch
 from scheduler.planner.ownership import MemberInfo, Ownership
-from scheduler.store.etcd.ops import Compare, get, put
+from scheduler.store.etcd.ops import Compare, delete, get, put
 from scheduler.store.keyspace import Keyspace
 from scheduler.store.kv import KV
 
@@ -203,13 +203,56 @@ class AdminService:
         if m is None:
             raise NotFound(f"no live planner {nid!r}")
         key = self.ks.drain(nid)
+        drains = await self.kv.range(self.ks.drains, prefix=True, keys_only=True, timeout=self.timeout)
+        drained = {self.ks.last_segment(x.key) for x in drains.kvs}
+        others = sorted(o for o in members if o != nid and o not in drained)
+        if not others and nid not in drained and not request.force:
+            raise FailedPrecondition(
+                f"{nid!r} is the only live planner that is not draining: draining it stops every partition until "
+                f"an undrain (`schedctl planner undrain {nid}`), a restart or a new planner; set force "
+                f"(`schedctl planner drain --force`) to do it anyway")
         value = json.dumps({"reason": why, "requested_ms": self.clock.wall_ms(), "by": self.node_id},
                            separators=(",", ":")).encode()
         # Create-if-absent: draining a draining planner changes nothing (the first request stands).
-        await self.kv.txn([Compare.create_revision(key, "==", 0)], [put(key, value)], timeout=self.timeout)
-        log.info("drain requested", extra={"event": "drain_requested", "node": nid, "reason": why})
+        r = await self.kv.txn([Compare.create_revision(key, "==", 0)], [put(key, value)], timeout=self.timeout)
+        if r.succeeded and not request.force and not await self._someone_left(nid):
+            # Two drains racing (each saw the other planner still eligible) would together stop
+            # everything: whoever finds that after its write takes its own request back.
+            await self.kv.txn([Compare.mod_revision(key, "==", r.revision)], [delete(key)], timeout=self.timeout)
+            raise FailedPrecondition(f"another drain was requested at the same time: draining {nid!r} too would "
+                                     f"leave no planner to own partitions; retry, or set force")
+        log.info("drain requested", extra={"event": "drain_requested", "node": nid, "reason": why,
+                                           "forced": request.force and not others})
         return apb.DrainPlannerResponse(planner=cpb.PlannerInfo(
             node_id=m.node_id, region=m.region, api_address=m.api_address, liveness=cpb.PLANNER_LIVENESS_DRAINING,
+            last_seen=ms_to_timestamp(self.clock.wall_ms())))
+
+    async def _someone_left(self, nid: str) -> bool:
+        """Is a live planner other than `nid` without a drain request (after our write)?"""
+        members = await self._members()
+        drains = await self.kv.range(self.ks.drains, prefix=True, keys_only=True, timeout=self.timeout)
+        drained = {self.ks.last_segment(x.key) for x in drains.kvs}
+        return any(o != nid and o not in drained for o in members)
+
+    @grpc_errors
+    async def UndrainPlanner(self, request: apb.UndrainPlannerRequest,
+                             context: Context) -> apb.UndrainPlannerResponse:
+        """Delete the drain request: every planner's ownership loop watches the drain keys, so the
+        planner counts as eligible again and claims its share at its next reconcile."""
+        nid = inputs.optional_name(request.node_id, "node_id")
+        if not nid:
+            raise InvalidArgument("node_id", "is required")
+        members = await self._members()
+        m = members.get(nid)
+        r = await self.kv.delete(self.ks.drain(nid), timeout=self.timeout)
+        if m is None and not r.deleted:
+            raise NotFound(f"no live planner {nid!r}, and no drain request for it")
+        log.info("drain withdrawn", extra={"event": "drain_withdrawn", "node": nid})
+        if m is None:
+            return apb.UndrainPlannerResponse(planner=cpb.PlannerInfo(node_id=nid,
+                                                                      liveness=cpb.PLANNER_LIVENESS_DOWN))
+        return apb.UndrainPlannerResponse(planner=cpb.PlannerInfo(
+            node_id=m.node_id, region=m.region, api_address=m.api_address, liveness=cpb.PLANNER_LIVENESS_ALIVE,
             last_seen=ms_to_timestamp(self.clock.wall_ms())))
 
     @grpc_errors

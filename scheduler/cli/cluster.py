@@ -31,6 +31,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def show_policy(r: Any) -> str:
+    if not r.primary_region and not r.version:
+        return "no region policy set (every region's planners may own partitions; `region switchover` sets one)"
     return f"primary region {r.primary_region or '-'} (version {r.version}, since {opt_ts(r, 'updated_at')})" + (
         f": {r.reason}" if r.reason else "")
 

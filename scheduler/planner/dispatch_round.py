@@ -58,12 +58,17 @@ class DispatchPlan:
 def overlapping(in_flight: Sequence[Execution], x: Execution, catchup: Set[str],
                 confirmed: Mapping[str, tuple[int, int]]) -> tuple[list[Execution], list[str]]:
     """The runs really in progress at x's due time, and which of them are not yet confirmed in flight
-    by a read sent at or after it."""
+    by a read sent at or after it.
+
+    A run with its own overlap policy (a backfill or trigger: an operator's request, due when it was
+    made) counts every run in flight, as Temporal's BackfillRequest does: a backfill of a range with
+    `skip` runs one of it, not all of it one after another."""
     real: list[Execution] = []
     unconfirmed: list[str] = []
+    explicit = x.overlap is not None
     for r in in_flight:
         cur = r.current
-        if r.id in catchup or cur is None or (cur.started_ms or cur.dispatched_ms) > x.due_ms:
+        if cur is None or (not explicit and (r.id in catchup or (cur.started_ms or cur.dispatched_ms) > x.due_ms)):
             continue
         real.append(r)
         c = confirmed.get(r.id)

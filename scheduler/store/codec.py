@@ -141,6 +141,8 @@ def _encode_execution_slow(e: Execution) -> bytes:
         d["base"] = e.attempt_base
     if e.run_trigger is not None:
         d["rtr"] = e.run_trigger.value
+    if e.dead_reason:
+        d["dr"] = e.dead_reason
     return _dumps(d).encode()
 
 
@@ -185,6 +187,8 @@ def encode_execution(e: Execution) -> bytes:
         out += f',"base":{e.attempt_base}'
     if e.run_trigger is not None:
         out += f',"rtr":"{e.run_trigger.value}"'
+    if e.dead_reason:
+        out += ',"dr":' + _str(e.dead_reason)
     return (out + "}").encode()
 
 
@@ -212,6 +216,6 @@ def decode_execution(value: bytes, mod_revision: int = 0) -> Execution:
         next_attempt_ms=int(d.get("next", 0)), skip_reason=d.get("why", ""),
         overlap=Overlap(d["ov"]) if d.get("ov") else None,
         payload=base64.b64decode(d["pay"]) if "pay" in d else None, attempt_base=int(d.get("base", 0)),
-        run_trigger=Trigger(d["rtr"]) if d.get("rtr") else None,
+        run_trigger=Trigger(d["rtr"]) if d.get("rtr") else None, dead_reason=d.get("dr", ""),
         mod_revision=mod_revision,
     )

@@ -126,3 +126,14 @@ def test_a_withdrawal_and_the_due_loop_never_make_two_transitions_of_one_record(
                                     in_flight={}, budget={"p": 5}, catchup=frozenset(), confirmed={}, node_id="n",
                                     token="0:7", transitions={x.id: (x, skip(x, "paused"))}))
     assert len(plan.transitions) == 1
+
+
+def test_a_run_with_its_own_policy_counts_every_run_in_flight() -> None:
+    """A backfill asked with `skip` runs one of its range (Temporal's BackfillRequest), even though the
+    run in flight started after the others came due."""
+    first = replace(running(90_000, started=99_900), overlap=Overlap.SKIP)
+    second = replace(ex(91_000), overlap=Overlap.SKIP)
+    assert states(round_([second], in_flight=[first], confirmed_at=NOW)) == {91_000: "skipped:overlap_skip"}
+    buffered = replace(ex(91_000), overlap=Overlap.BUFFER_ALL)
+    plan = round_([buffered], in_flight=[first], confirmed_at=NOW)
+    assert states(plan) == {} and [x.planned_ms for x in plan.defer] == [91_000]

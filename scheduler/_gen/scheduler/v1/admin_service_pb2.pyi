@@ -98,14 +98,28 @@ class SwitchoverResponse(_message.Message):
     def __init__(self, region_policy: _Optional[_Union[_cluster_pb2.RegionPolicy, _Mapping]] = ...) -> None: ...
 
 class DrainPlannerRequest(_message.Message):
-    __slots__ = ("node_id", "reason")
+    __slots__ = ("node_id", "reason", "force")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    FORCE_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     reason: str
-    def __init__(self, node_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+    force: bool
+    def __init__(self, node_id: _Optional[str] = ..., reason: _Optional[str] = ..., force: _Optional[bool] = ...) -> None: ...
 
 class DrainPlannerResponse(_message.Message):
+    __slots__ = ("planner",)
+    PLANNER_FIELD_NUMBER: _ClassVar[int]
+    planner: _cluster_pb2.PlannerInfo
+    def __init__(self, planner: _Optional[_Union[_cluster_pb2.PlannerInfo, _Mapping]] = ...) -> None: ...
+
+class UndrainPlannerRequest(_message.Message):
+    __slots__ = ("node_id",)
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    def __init__(self, node_id: _Optional[str] = ...) -> None: ...
+
+class UndrainPlannerResponse(_message.Message):
     __slots__ = ("planner",)
     PLANNER_FIELD_NUMBER: _ClassVar[int]
     planner: _cluster_pb2.PlannerInfo
