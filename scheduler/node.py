@@ -161,8 +161,18 @@ class PlannerNode:
 
         admin = AdminService(kv=self.kv, ks=self.ks, ownership=self.ownership, clock=self.clock,
                              node_id=self.s.node_id, region=self.s.region, partitions=self.s.partitions,
-                             local=LocalView(depth, workers), rpc_timeout=self.s.rpc_timeout)
+                             local=LocalView(depth, workers, self.oldest_waiting), rpc_timeout=self.s.rpc_timeout)
         return schedules, admin
+
+    def oldest_waiting(self) -> dict[int, int]:
+        """Owned partition -> the oldest due (or retry) time of an execution waiting for a worker."""
+        owned = set(self.ownership.owned_partitions())
+        out = {}
+        for p, planner in self.planners.items():
+            t = planner.pending.oldest_ready() if p in owned else None
+            if t is not None:
+                out[p] = t
+        return out
 
     def planner_infos(self) -> list[cluster_pb2.PlannerInfo]:
         out = []

@@ -44,6 +44,8 @@ class LocalView:
 
     queue_depth: Callable[[], int]
     workers: Callable[[], list[tuple[str, str, str, int, int]]]  # (worker id, pool, region, capacity, running)
+    # partition -> the oldest due (or retry) time of an execution waiting for a worker, for owned partitions
+    waiting: Callable[[], dict[int, int]] = dict
 
 
 def _policy(value: bytes | None, version: int) -> cpb.RegionPolicy:
@@ -83,6 +85,11 @@ class AdminService:
                                  dispatch_queue_depth=self.local.queue_depth(),
                                  connected_workers=len({r[0] for r in rows}))
 
+    def _waiting(self, now: int) -> list[apb.PartitionStatus]:
+        """This node's owned partitions with runs waiting for a worker (only the oldest_waiting field)."""
+        return [apb.PartitionStatus(partition=p, oldest_waiting=ms_to_duration(max(0, now - t)))
+                for p, t in sorted(self.local.waiting().items())]
+
     def _liveness(self, node_id: str, *, alive: bool) -> cpb.PlannerLiveness:
         if not alive:
             return cpb.PLANNER_LIVENESS_DOWN
@@ -114,7 +121,8 @@ class AdminService:
         me = self._local_status(members)
         if any(k == LOCAL_ONLY for k, _ in (context.invocation_metadata() or ())):
             return apb.GetClusterStatusResponse(server_time=ms_to_timestamp(now), answered_by=self.node_id,
-                                                planners=[me], worker_pools=self._pools(self.local.workers()))
+                                                planners=[me], worker_pools=self._pools(self.local.workers()),
+                                                partitions=self._waiting(now))
         owners = await self.kv.range(self.ks.owners, prefix=True, timeout=self.timeout)
         checkpoints = await self.kv.range(self.ks.checkpoints, prefix=True, timeout=self.timeout)
         policy = await self.kv.get(self.ks.region_policy, timeout=self.timeout)
@@ -125,6 +133,7 @@ class AdminService:
         answers = await asyncio.gather(*(self._peer(m) for m in peers))
         planners = [me]
         pools = self._pools(self.local.workers())
+        waiting = {w.partition: w.oldest_waiting for w in self._waiting(now)}
         for m, (resp, offset) in zip(peers, answers, strict=True):
             ps = apb.PlannerStatus(planner=cpb.PlannerInfo(
                 node_id=m.node_id, region=m.region, api_address=m.api_address,
@@ -135,6 +144,8 @@ class AdminService:
                 ps.partitions_owned, ps.dispatch_queue_depth = theirs.partitions_owned, theirs.dispatch_queue_depth
                 ps.connected_workers = theirs.connected_workers
                 pools = _merge_pools(pools, list(resp.worker_pools))
+            for w in resp.partitions if resp is not None else ():
+                waiting.setdefault(w.partition, w.oldest_waiting)
             if offset is not None:
                 ps.clock_offset.CopyFrom(offset)
             planners.append(ps)
@@ -159,6 +170,8 @@ class AdminService:
             if marks.get(p):
                 st.watermark.CopyFrom(ms_to_timestamp(marks[p]))
                 st.lag.CopyFrom(ms_to_duration(max(0, now - marks[p])))
+            if p in waiting and owner_of.get(p, ("",))[0]:
+                st.oldest_waiting.CopyFrom(waiting[p])
             parts.append(st)
         return apb.GetClusterStatusResponse(
             server_time=ms_to_timestamp(now), answered_by=self.node_id,

@@ -37,7 +37,7 @@ from scheduler._gen.scheduler.v1 import schedule_service_pb2 as spb
 from scheduler.execution import ErrorClass, ExecState, Execution, Trigger, dispatch, result
 from scheduler.model import RetryPolicy, execution_id
 from scheduler.store.etcd import EtcdClient
-from scheduler.store.keyspace import Keyspace
+from scheduler.store.keyspace import Keyspace, partition_for
 from scheduler.store.ledger import Ledger
 from tests.etcd_cluster import EtcdCluster
 from tests.integration.api_cluster import PREFIX, ApiCluster, P, start_api_cluster, wait_until
@@ -747,3 +747,21 @@ def test_nothing_crashed(cluster: ApiCluster) -> None:
     for p in cluster.planners.planners.values():
         internal = [r for r in p.log_records() if r.get("logger") == "scheduler.api"]
         assert not internal, internal
+
+
+def test_cluster_status_shows_the_oldest_run_waiting_for_a_worker(cluster: ApiCluster) -> None:
+    """Issue 9 item 12: a checkpoint can be fresh while runs wait; the owner reports how long the oldest
+    due execution of each partition has waited, through whichever node answers."""
+    a = cluster.schedules("a")
+    a.CreateSchedule(spb.CreateScheduleRequest(schedule=sched("waits", spec="* * * * * *", worker_pool="nobody")),
+                     timeout=10)
+    p = partition_for("waits", P)
+
+    def waiting() -> apb.PartitionStatus | None:
+        st = cluster.admin("b").GetClusterStatus(apb.GetClusterStatusRequest(), timeout=10)
+        part = st.partitions[p]
+        return part if part.HasField("oldest_waiting") and part.oldest_waiting.seconds >= 2 else None
+
+    part = wait_until(waiting, 30, "the waiting run to show in cluster status")
+    assert part.owner in ("a", "b") and part.lag.seconds < 30
+    a.DeleteSchedule(spb.DeleteScheduleRequest(id="waits"), timeout=10)
