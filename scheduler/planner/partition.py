@@ -60,7 +60,7 @@ from scheduler.planner.ownership import Ownership
 from scheduler.planner.pending import PendingIndex
 from scheduler.planner.settings import PlannerSettings
 from scheduler.store.checkpoint import Checkpoint, advance, read_checkpoint
-from scheduler.store.codec import decode_execution, peek_state
+from scheduler.store.codec import decode_execution, peek_state, with_plan_fields
 from scheduler.store.combiner import WriteCombiner
 from scheduler.store.etcd.errors import Malformed
 from scheduler.store.etcd.ops import Compare, Op, delete, get, put, txn
@@ -111,7 +111,7 @@ class _Sched:
     plan: Plan
     gen: int  # re-plans bump it: timer heap entries of an older generation are stale
     owed_from: int  # planned times after this are owed by this owner (activation or watermark)
-    paused_through: int = 0  # the last planned time recorded as skipped while paused
+    handled: int = 0  # the last planned time handled under this activation (materialized, or skipped)
 
 
 # When an activation was not known to the checkpoint's writer, its planned times are owed from the
@@ -197,7 +197,10 @@ class PartitionPlanner:
         self._held: dict[str, int] = {}  # schedule id -> planned times after this are not materialized
         self._hold_writes: dict[str, int | None] = {}  # hold records to put (from) or delete (None)
         self._held_late: set[str] = set()  # held while their pool was saturated, not workerless
-        self._settled: list[tuple[str, SkipRange]] = []  # skips of holds ended by a change (next round)
+        # Planned times of an activation that ended before they were handled (a hold, or heap entries not
+        # yet materialized, when the next activation came): written by the next round.
+        self._settled: list[tuple[str, SkipRange]] = []
+        self._settled_runs: list[Execution] = []
         self._pools: frozenset[str] | None = None  # worker pools of the schedules (cache)
         # Notices of records others changed (API operations, results recorded elsewhere): key ->
         # (notice, its mod_revision). `_rescan`: list the partition's notices from etcd next round.
@@ -235,6 +238,7 @@ class PartitionPlanner:
         self._held.clear()
         self._held_late.clear()
         self._settled.clear()
+        self._settled_runs.clear()
         self._hold_writes.clear()
         self._pools = None
         held_from: dict[str, int] = {}
@@ -247,6 +251,15 @@ class PartitionPlanner:
             if st.schedule.id in held_from:  # planned times after the hold were not materialized
                 owed = max(st.activated_ms, min(owed, held_from[st.schedule.id]))
             self._add_schedule(st, owed)
+            prev = st.meta.previous
+            if (ck.sched_rev and st.activation_rev > ck.sched_rev and prev is not None
+                    and int(prev.get("rev", 0)) <= ck.sched_rev and st.schedule.id not in held_from):
+                # The writer planned the previous activation up to the watermark: the rest of it, up to
+                # the current activation that the writer never saw, is this owner's to handle.
+                before = with_plan_fields(st.schedule, prev)
+                with contextlib.suppress(Exception):  # a stored spec a newer engine refuses: nothing to plan
+                    self._settle(_Sched(replace(st, schedule=before), before.plan(), 0, 0),
+                                 max(ck.watermark_ms, int(prev.get("activated", 0))), st.activated_ms)
             if st.schedule.state is ScheduleState.PAUSED:
                 self._withdraw[st.schedule.id] = (0, SkipReason.PAUSED)
             elif ck.sched_rev and st.activation_rev > ck.sched_rev and st.activated_ms < ck.watermark_ms:
@@ -316,7 +329,10 @@ class PartitionPlanner:
             return
         # Never earlier than the margin behind the checkpoint: records there may have been swept. A
         # resume seen late leaves the planned times already recorded as paused to that record.
-        owed = max(st.activated_ms, self.ck.watermark_ms - self.replan_ms, old.paused_through if old else 0)
+        was_paused = old is not None and old.stored.schedule.state is ScheduleState.PAUSED
+        owed = max(st.activated_ms, self.ck.watermark_ms - self.replan_ms, old.handled if old and was_paused else 0)
+        if old is not None and sid not in self._held:  # the old activation's times up to the new one
+            self._settle(old, max(old.owed_from, old.handled), st.activated_ms)
         self._add_schedule(st, owed)
         if st.schedule.state is ScheduleState.PAUSED:
             self._withdraw[sid] = (0, SkipReason.PAUSED)
@@ -422,6 +438,9 @@ class PartitionPlanner:
         if self._settled:
             skips += self._settled
             self._settled = []
+        if self._settled_runs:
+            execs += self._settled_runs
+            self._settled_runs = []
         reached = horizon_ms
         paused = self.paused_heap
         while paused and paused[0][0] <= min(now_ms, horizon_ms):
@@ -430,7 +449,7 @@ class PartitionPlanner:
             if sch is None or sch.gen != gen:
                 continue  # deleted or re-planned since
             skips.append((sid, SkipRange(SkipReason.PAUSED, t - 1, t)))
-            sch.paused_through = t
+            sch.handled = t
             self._push_next(sch, t)
         while paused:  # drop stale tops, so they do not hold the watermark back
             sch = self.schedules.get(paused[0][1])
@@ -454,6 +473,7 @@ class PartitionPlanner:
                 continue
             due = t + jitter_ms(s.id, t, s.policies.jitter_ms)
             execs.append(self._new_execution(sch, t, due))
+            sch.handled = t
             self._push_next(sch, t)
         return execs, skips, reached
 
@@ -485,6 +505,32 @@ class PartitionPlanner:
                 skips += [(sid, r) for r in d.skipped]
             sch.owed_from = max(after, horizon)
             self._push_next(sch, sch.owed_from)
+
+    def _settle(self, sch: _Sched, after_ms: int, until_ms: int) -> None:
+        """Planned times in (after, until] of an activation that ended before this owner handled them:
+        a paused one's are recorded as paused, an active one's are owed as runs (late ones by the
+        missed-run policy, like any catch-up)."""
+        if after_ms >= until_ms or not sch.plan.any_between_ms(after_ms, until_ms):
+            return
+        s = sch.stored.schedule
+        sid = s.id
+        if s.state is ScheduleState.PAUSED:
+            self._settled.append((sid, SkipRange(SkipReason.PAUSED, after_ms, until_ms)))
+            return
+        now = self.clock.wall_ms()
+        horizon = now - self.s.late_grace_ms
+        if after_ms < horizon:
+            p = s.policies
+            d = decide_missed(sch.plan, after_ms, min(until_ms, horizon), p.missed_runs, p.catchup_window_ms,
+                              p.catchup_cap)
+            for t in d.run:
+                e = self._new_execution(sch, t, now)
+                self._settled_runs.append(e)
+                self._catchup.add(e.id)
+            self._settled += [(sid, r) for r in d.skipped]
+            after_ms = horizon
+        for t in itertools.islice(sch.plan.between_ms(after_ms, until_ms), 1_000):
+            self._settled_runs.append(self._new_execution(sch, t, t + jitter_ms(sid, t, s.policies.jitter_ms)))
 
     def _settle_hold(self, sch: _Sched, until_ms: int, ended_by: SkipReason) -> None:
         """A held schedule changed (new activation) or was deleted before its pool was served again: its

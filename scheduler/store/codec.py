@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import base64
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from scheduler.execution import Attempt, ErrorClass, ExecState, Execution, Trigger
@@ -45,6 +45,26 @@ class ScheduleMeta:
     # its partition's checkpoint was planned at, to know whether the checkpoint's writer knew this
     # activation (scheduler/store/checkpoint.py).
     activated_rev: int = 0
+    # The activation before the current one, as far as planning goes: {"spec", "tz", "start", "end",
+    # "state", "gap", "fold", "activated", "rev"}. A new owner whose checkpoint's writer never saw the
+    # current activation handles the planned times between the watermark and it under this one.
+    previous: dict[str, Any] | None = None
+
+
+def plan_fields(s: Schedule, activated_ms: int, activation_rev: int) -> dict[str, Any]:
+    """The fields of a schedule that its planned times depend on, for ScheduleMeta.previous."""
+    p = s.policies
+    return {"spec": s.spec, "tz": s.time_zone, "start": s.start_ms, "end": s.end_ms, "state": s.state.value,
+            "gap": p.dst_gap.value if p.dst_gap else None, "fold": p.dst_overlap.value if p.dst_overlap else None,
+            "activated": activated_ms, "rev": activation_rev}
+
+
+def with_plan_fields(s: Schedule, d: dict[str, Any]) -> Schedule:
+    """`s` as it was planned under `d` (plan_fields of an earlier activation)."""
+    pol = replace(s.policies, dst_gap=DstGap(d["gap"]) if d.get("gap") else None,
+                  dst_overlap=DstOverlap(d["fold"]) if d.get("fold") else None)
+    return replace(s, spec=str(d["spec"]), time_zone=str(d.get("tz", "UTC")), start_ms=d.get("start"),
+                   end_ms=d.get("end"), state=ScheduleState(d.get("state", "active")), policies=pol)
 
 
 def encode_schedule(s: Schedule, *, activated_ms: int, meta: ScheduleMeta | None = None) -> bytes:
@@ -64,12 +84,15 @@ def encode_schedule(s: Schedule, *, activated_ms: int, meta: ScheduleMeta | None
         d["meta"] = {"c": meta.created_ms, "u": meta.updated_ms, "rid": meta.request_id}
         if meta.activated_rev:
             d["meta"]["ar"] = meta.activated_rev
+        if meta.previous:
+            d["meta"]["pv"] = meta.previous
     return json.dumps(d, separators=_SEP).encode()
 
 
 def decode_schedule_meta(value: bytes) -> ScheduleMeta:
     m = json.loads(value).get("meta") or {}
-    return ScheduleMeta(int(m.get("c", 0)), int(m.get("u", 0)), str(m.get("rid", "")), int(m.get("ar", 0)))
+    return ScheduleMeta(int(m.get("c", 0)), int(m.get("u", 0)), str(m.get("rid", "")), int(m.get("ar", 0)),
+                        m.get("pv"))
 
 
 def decode_schedule(value: bytes, version: int) -> tuple[Schedule, int]:

@@ -71,6 +71,17 @@ def segments_of(history: list[StoredSchedule]) -> list[Segment]:
     return out
 
 
+def unserved_windows(history: list[StoredSchedule], end_ms: int) -> list[tuple[int, int]]:
+    """When the schedule's pool had no worker (a mistyped pool, until an update fixed it)."""
+    out = []
+    for i, st in enumerate(history):
+        if st.schedule.worker_pool != "pool":
+            since = st.meta.updated_ms or st.activated_ms
+            until = history[i + 1].meta.updated_ms if i + 1 < len(history) else end_ms
+            out.append((since, until + GRACE_MS))
+    return out
+
+
 def in_progress(records: list[Execution], t: int, other_than: str) -> bool:
     """Whether a run of the schedule other than `other_than` had an attempt out at instant t."""
     for e in records:
@@ -207,6 +218,7 @@ async def test_operations_mixed_with_faults_keep_every_planned_time_accounted(et
         for sid, hist in sorted(history.items()):
             segs = segments_of(hist)
             end = deleted_at.get(sid, window_end)
+            unserved = unserved_windows(hist, end)
             for i, seg in enumerate(segs):
                 until = min(segs[i + 1].start_ms if i + 1 < len(segs) else end, end)
                 s = seg.schedule
@@ -238,7 +250,7 @@ async def test_operations_mixed_with_faults_keep_every_planned_time_accounted(et
                                 not in_progress(by_schedule.get(sid, []), t, eid):
                             problems.append(f"{eid} overlap-skipped with nothing in progress at its time")
                     elif reason in ("policy_skip", "outside_catchup_window", "over_cap"):
-                        if not in_fault(t) and s.worker_pool != "nobody":
+                        if not in_fault(t) and not any(a <= t <= b for a, b in unserved):
                             problems.append(f"{eid} skipped as missed ({reason}) outside any fault window")
                     elif reason in ("schedule_changed", "schedule_deleted"):
                         if not near_change:
@@ -252,16 +264,18 @@ async def test_operations_mixed_with_faults_keep_every_planned_time_accounted(et
         if problems:  # what the history holds around each problem, to read the failure from the log
             for prob in problems[:5]:
                 sid = prob.split("@")[0]
-                print(f"--- {prob}\n  activations: {[(g.start_ms, g.schedule.spec, g.schedule.state.value) for g in segments_of(history[sid])]}"
-                      f"\n  faults: {faults}; hold: {holds.get(sid)}; skip ranges: {sorted(ranges.get(sid, []))[-6:]}")
+                acts = [(g.start_ms, g.schedule.spec, g.schedule.state.value) for g in segments_of(history[sid])]
+                print(f"--- {prob}\n  activations: {acts}\n  faults: {faults}; hold: {holds.get(sid)}; "
+                      f"skip ranges: {sorted(ranges.get(sid, []))[-6:]}")
                 for e in sorted(by_schedule.get(sid, []), key=lambda e: e.planned_ms)[-40:]:
                     print(f"  {e.id} {e.state.value} {e.skip_reason} trig={e.trigger.value} due={e.due_ms} "
                           f"{[(a.attempt, a.dispatched_ms, a.started_ms, a.finished_ms) for a in e.attempts]}")
         assert not problems, f"{len(problems)} problems: {problems[:15]}"
         assert ran.get(triggered.id) == 1, "the triggered run ran once"
-        assert backfilled and backfilled[-1].created == 10, backfilled
+        assert backfilled and backfilled[-1].created == backfilled[-1].planned >= 3, backfilled
         bf = [e for e in by_schedule.get("s7", []) if e.planned_ms < created_ms]
-        assert len(bf) == 10 and all(ran.get(e.id) == 1 for e in bf), "every backfilled time ran once"
+        assert len(bf) == backfilled[-1].created and all(ran.get(e.id) == 1 for e in bf), \
+            "every backfilled time ran once, none skipped (buffer_all by default)"
         assert states["succeeded"] > 0.6 * sum(states.values()), dict(states)
 
         # --- no partition stuck ---------------------------------------------------------------------
