@@ -252,10 +252,12 @@ class PartitionPlanner:
                 owed = max(st.activated_ms, min(owed, held_from[st.schedule.id]))
             self._add_schedule(st, owed)
             prev = st.meta.previous
-            if (ck.sched_rev and st.activation_rev > ck.sched_rev and prev is not None
-                    and int(prev.get("rev", 0)) <= ck.sched_rev and st.schedule.id not in held_from):
-                # The writer planned the previous activation up to the watermark: the rest of it, up to
-                # the current activation that the writer never saw, is this owner's to handle.
+            fresh = not ck.watermark_ms  # no owner ever planned this partition: every activation is new
+            if (prev is not None and st.schedule.id not in held_from
+                    and (fresh or (ck.sched_rev and st.activation_rev > ck.sched_rev
+                                   and int(prev.get("rev", 0)) <= ck.sched_rev))):
+                # The writer planned the previous activation up to the watermark (or nobody planned it at
+                # all): the rest of it, up to the current activation the writer never saw, is ours.
                 before = with_plan_fields(st.schedule, prev)
                 with contextlib.suppress(Exception):  # a stored spec a newer engine refuses: nothing to plan
                     self._settle(_Sched(replace(st, schedule=before), before.plan(), 0, 0),

@@ -265,7 +265,9 @@ async def test_operations_mixed_with_faults_keep_every_planned_time_accounted(et
             for prob in problems[:5]:
                 sid = prob.split("@")[0]
                 acts = [(g.start_ms, g.schedule.spec, g.schedule.state.value) for g in segments_of(history[sid])]
-                print(f"--- {prob}\n  activations: {acts}\n  faults: {faults}; hold: {holds.get(sid)}; "
+                print(f"--- {prob}\n  activations: {acts}\n  created {created_ms}, faults: {faults}, unserved: "
+                      f"{unserved_windows(history[sid], window_end)}, updates: "
+                      f"{[(h.meta.updated_ms, h.schedule.worker_pool) for h in history[sid]]}; hold: {holds.get(sid)}; "
                       f"skip ranges: {sorted(ranges.get(sid, []))[-6:]}")
                 for e in sorted(by_schedule.get(sid, []), key=lambda e: e.planned_ms)[-40:]:
                     print(f"  {e.id} {e.state.value} {e.skip_reason} trig={e.trigger.value} due={e.due_ms} "

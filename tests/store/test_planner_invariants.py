@@ -236,3 +236,25 @@ async def test_a_pool_without_workers_does_not_stop_other_pools_of_its_partition
     assert fixed and all(e.state is not ExecState.SCHEDULED or e.due_ms > end - 1_000 for e in fixed), \
         "runs written for the mistyped pool still wait after the fix"
     assert node.restarts == 0, node.restart_reasons
+
+
+async def test_activations_before_any_planner_ran_are_accounted(kv: EtcdClient, key_prefix: str) -> None:
+    """A schedule created, then paused, while no planner was up (a cluster starting): the first owner
+    handles the create's planned times up to the pause (by the missed-run policy: here all run, so all
+    become runs, which the pause then withdraws as it withdraws every run not yet started), then the
+    paused ones. Before, the times between the create and the pause had no record at all."""
+    node = PlannerNode(kv, Keyspace(key_prefix.rstrip("/")), COORD, SYSTEM_CLOCK, planner=FAST)
+    node.dispatcher = Pools(kv, node)
+    created = SYSTEM_CLOCK.wall_ms() - 8_000
+    pol = Policies(missed_runs=MissedRuns.ALL, catchup_cap=100, catchup_window_ms=60_000)
+    st = await node.store.create(sched(1, policies=pol), created)
+    paused_at = SYSTEM_CLOCK.wall_ms() - 3_000
+    paused = (await node.store.update(replace(st.schedule, state=ScheduleState.PAUSED), None, paused_at)).schedule
+    async with running(node):
+        await asyncio.sleep(2.5)
+        end = SYSTEM_CLOCK.wall_ms()
+    before = await account(node, kv, st.schedule, created, paused_at)
+    assert not before.missing, f"the create's planned times before the pause: {before.missing}"
+    assert len(before.skips) >= 4 and set(before.skips.values()) == {"paused"}, before.skips
+    after = await account(node, kv, paused, paused_at, end - 500)
+    assert not after.missing and set(after.skips.values()) == {"paused"} and not after.runs
