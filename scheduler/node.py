@@ -31,6 +31,7 @@ from scheduler.planner.ownership import LostReason, MemberInfo, NotOwner, Owners
 from scheduler.planner.partition import DispatchSink, PartitionPlanner, Restart
 from scheduler.planner.results import record_result
 from scheduler.planner.settings import PlannerSettings
+from scheduler.status import NodeStatus, PartitionStatus, WorkerStatus
 from scheduler.store.codec import decode_schedule, decode_schedule_meta
 from scheduler.store.combiner import WriteCombiner
 from scheduler.store.etcd import EtcdClient, EtcdConfig
@@ -103,7 +104,7 @@ class PlannerNode:
         self.ownership = Ownership(kv, ks, settings, clock, listener=self)
         # Always kept (plain ints): served over HTTP only when metrics_address is set (cli/planner.py).
         self.metrics = metrics or PlannerMetrics(schedule_limit=self.planner_settings.metrics_schedule_limit)
-        self.metrics.attach(self)
+        self.metrics.observe(self.status)
         self.ownership.lease_observer = self.metrics
         self.store = ScheduleStore(kv, ks, settings.partitions, timeout=settings.rpc_timeout)
         self.ledger = Ledger(ks, settings.partitions)
@@ -150,29 +151,26 @@ class PlannerNode:
         schedules = ScheduleService(kv=self.kv, ks=self.ks, store=self.store, ledger=self.ledger, clock=self.clock,
                                     ops=ops, rpc_timeout=self.s.rpc_timeout)
 
-        def workers() -> list[tuple[str, str, str, int, int]]:
-            d = self.dispatcher
-            if not isinstance(d, Dispatcher):
-                return []
-            return [(c.worker_id, c.pool, c.region, c.capacity, len(c.running)) for c in d.conns.values()]
-
-        def depth() -> int:
-            return len(self.dispatcher.queue) if isinstance(self.dispatcher, Dispatcher) else 0
-
         admin = AdminService(kv=self.kv, ks=self.ks, ownership=self.ownership, clock=self.clock,
                              node_id=self.s.node_id, region=self.s.region, partitions=self.s.partitions,
-                             local=LocalView(depth, workers, self.oldest_waiting), rpc_timeout=self.s.rpc_timeout)
+                             local=LocalView(self.status), rpc_timeout=self.s.rpc_timeout)
         return schedules, admin
 
-    def oldest_waiting(self) -> dict[int, int]:
-        """Owned partition -> the oldest due (or retry) time of an execution waiting for a worker."""
+    def status(self) -> NodeStatus:
+        """This node's state as one snapshot (scheduler/status.py): what metrics and cluster status read."""
         owned = set(self.ownership.owned_partitions())
-        out = {}
-        for p, planner in self.planners.items():
-            t = planner.pending.oldest_ready() if p in owned else None
-            if t is not None:
-                out[p] = t
-        return out
+        parts = tuple(PartitionStatus(p, planner.ck.watermark_ms, planner.pending.oldest_ready())
+                      for p, planner in sorted(self.planners.items()) if p in owned)
+        d = self.dispatcher
+        depth: dict[str, int] = {}
+        workers: tuple[WorkerStatus, ...] = ()
+        if isinstance(d, Dispatcher):
+            depth = d.queue.depths()
+            workers = tuple(WorkerStatus(c.worker_id, c.pool, c.region, c.capacity, c.credits, len(c.running))
+                            for c in d.conns.values())
+        return NodeStatus(now_ms=self.clock.wall_ms(), owned=parts, queue_depth=depth, workers=workers,
+                          fenced_txns=self.fence_stats.txns, fencing_rejections=self.fence_stats.fenced_out,
+                          restarts=dict(self.restart_reasons))
 
     def planner_infos(self) -> list[cluster_pb2.PlannerInfo]:
         out = []

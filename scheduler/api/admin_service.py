@@ -28,6 +28,7 @@ from scheduler.api.errors import Context, grpc_errors
 from scheduler.clock import Clock
 from scheduler.errors import FailedPrecondition, InvalidArgument, NotFound, VersionMismatch
 from scheduler.planner.ownership import MemberInfo, Ownership
+from scheduler.status import NodeStatus
 from scheduler.store.etcd.ops import Compare, delete, get, put
 from scheduler.store.keyspace import Keyspace
 from scheduler.store.kv import KV
@@ -40,12 +41,21 @@ PEER_TIMEOUT = 0.5  # seconds a peer has to report its local load
 
 @dataclass(frozen=True)
 class LocalView:
-    """What only this node knows: its dispatch queue and its worker streams."""
+    """What only this node knows (its dispatch queue, its worker streams, its partition loops), as the
+    node's status snapshot (scheduler/status.py)."""
 
-    queue_depth: Callable[[], int]
-    workers: Callable[[], list[tuple[str, str, str, int, int]]]  # (worker id, pool, region, capacity, running)
-    # partition -> the oldest due (or retry) time of an execution waiting for a worker, for owned partitions
-    waiting: Callable[[], dict[int, int]] = dict
+    status: Callable[[], NodeStatus]
+
+    def queue_depth(self) -> int:
+        return sum(self.status().queue_depth.values())
+
+    def workers(self) -> list[tuple[str, str, str, int, int]]:
+        """(worker id, pool, region, capacity, running) per worker stream."""
+        return [(w.worker_id, w.pool, w.region, w.capacity, w.running) for w in self.status().workers]
+
+    def waiting(self) -> dict[int, int]:
+        """Owned partition -> the oldest due (or retry) time of an execution waiting for a worker."""
+        return {p.partition: p.oldest_waiting_ms for p in self.status().owned if p.oldest_waiting_ms is not None}
 
 
 def _policy(value: bytes | None, version: int) -> cpb.RegionPolicy:

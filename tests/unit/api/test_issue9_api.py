@@ -24,6 +24,7 @@ from scheduler.clock import FakeClock
 from scheduler.execution import ErrorClass, ExecState, Execution, Trigger, dispatch, result
 from scheduler.model import RetryPolicy, execution_id
 from scheduler.planner.ownership import MemberInfo, Ownership
+from scheduler.status import NodeStatus
 from scheduler.store.keyspace import Keyspace, partition_for
 from scheduler.store.ledger import Ledger
 from scheduler.store.memory import MemoryKV
@@ -277,7 +278,7 @@ class _Own:
 
 def _admin(env: Env) -> AdminService:
     return AdminService(kv=env.kv, ks=env.ks, ownership=cast(Ownership, _Own()), clock=env.clock, node_id="p1",
-                        region="r", partitions=P, local=LocalView(lambda: 0, lambda: []), rpc_timeout=1.0)
+                        region="r", partitions=P, local=LocalView(lambda: NodeStatus(0, ())), rpc_timeout=1.0)
 
 
 async def test_drain_of_the_last_planner_needs_force_and_undrain_withdraws_it(env: Env) -> None:
