@@ -41,7 +41,6 @@ from scheduler.clock import Clock
 from scheduler.errors import NotFound
 from scheduler.execution import (
     IN_FLIGHT,
-    TERMINAL,
     ErrorClass,
     ExecState,
     Execution,
@@ -58,9 +57,10 @@ from scheduler.model import ScheduleState, execution_id
 from scheduler.planner.dispatch_round import RoundInput, ScheduleView, plan_dispatch
 from scheduler.planner.ownership import Ownership
 from scheduler.planner.pending import PendingIndex
+from scheduler.planner.retention import retention_deletes
 from scheduler.planner.settings import PlannerSettings
 from scheduler.store.checkpoint import Checkpoint, advance, read_checkpoint
-from scheduler.store.codec import decode_execution, peek_state, with_plan_fields
+from scheduler.store.codec import decode_execution, with_plan_fields
 from scheduler.store.combiner import WriteCombiner
 from scheduler.store.etcd.errors import Malformed
 from scheduler.store.etcd.ops import Compare, Op, delete, get, put, txn
@@ -887,57 +887,17 @@ class PartitionPlanner:
         self.wake.set()
 
     async def sweep(self, now_ms: int) -> int:
-        """Delete terminal records past the retention period or count (never dead letters), and
-        skip records past the period. Fenced like every owner write. Returns how many were deleted.
-
-        Keys first: a key names the schedule and the planned time, so the candidates (too old, or
-        beyond the count) are found without transferring a single record; only the candidates' values
-        are read, to delete the terminal ones. A partition with nothing to delete costs one keys-only
-        listing, not a read of its whole history."""
-        listing = await self.kv.range(self.ks.executions(self.p), prefix=True, keys_only=True,
-                                      timeout=self.rpc_timeout)
-        cutoff = now_ms - self.s.retention_ms
-        # Never a record a new owner might plan again (REPLAN_MARGIN_MS): re-created, it would run twice.
+        """Retention (planner/retention.py), fenced like every owner write. Returns how many were deleted."""
         recent = self.ck.watermark_ms - self.replan_ms
         self._catchup &= {e.id for e in self.pending.values()}
-        by_schedule: dict[bytes, list[tuple[int, bytes]]] = {}  # (planned ms, key), unfinished ones left out
-        for i, x in enumerate(listing.kvs):
-            head, _, planned = x.key.rpartition(b"/")
-            by_schedule.setdefault(head, []).append((int(planned), x.key))
-            if i % 5000 == 4999:
-                await asyncio.sleep(0)  # a long history must not starve lease keep-alives
-        candidates: list[bytes] = []
-        for es in by_schedule.values():
-            if len(es) <= self.s.retention_count and min(es)[0] >= cutoff:
-                continue
-            sch = self.schedules.get(self.ks.execution_id_of(es[0][1]).rpartition("@")[0])
-            keep_after = sch.stored.activated_ms if sch is not None and sch.stored.activated_ms >= recent \
-                else None
-            es.sort(reverse=True)
-            # The count is of terminal records; unfinished ones (known to this owner) are not counted.
-            kept = 0
-            for planned_ms, k in es:
-                if self.pending.get(self.ks.execution_id_of(k)) is not None:
-                    continue
-                if keep_after is not None and planned_ms > keep_after:
-                    kept += 1
-                elif kept >= self.s.retention_count or planned_ms < cutoff:
-                    candidates.append(k)
-                else:
-                    kept += 1
-        doomed: list[Op] = []
-        for i in range(0, len(candidates), 100):
-            got = await self.kv.txn([], [get(k) for k in candidates[i:i + 100]], timeout=self.rpc_timeout)
-            for r in got.responses:
-                for x in getattr(r, "kvs", ()):
-                    if peek_state(x.value) in TERMINAL:
-                        # Only if unchanged since we read it: a replay may have brought it back to life.
-                        doomed.append(txn([Compare.mod_revision(x.key, "==", x.mod_revision)], [delete(x.key)]))
-        skips = await self.kv.range(self.ks.skips(self.p), prefix=True, keys_only=True, timeout=self.rpc_timeout)
-        for kv in skips.kvs:
-            through = int(kv.key.rsplit(b"-", 1)[1])
-            if through < cutoff:
-                doomed.append(delete(kv.key))
+
+        def keep_after(schedule_id: str) -> int | None:
+            # Never a record a new owner might plan again (REPLAN_MARGIN_MS): re-created, it would run twice.
+            sch = self.schedules.get(schedule_id)
+            return sch.stored.activated_ms if sch is not None and sch.stored.activated_ms >= recent else None
+
+        doomed = await retention_deletes(self.kv, self.ks, self.p, now_ms, self.s, keep_after=keep_after,
+                                         unfinished=lambda eid: eid in self.pending, timeout=self.rpc_timeout)
         await self._commit(doomed)
         self._rescan = True  # leftover notices (a lost watch event) are cleared with each sweep
         return len(doomed)
