@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import heapq
 import itertools
 import json
 import logging
@@ -47,14 +46,14 @@ from scheduler.execution import (
     Trigger,
     cancel,
     log_fields,
-    new_execution,
     result,
     skip,
     with_revision,
 )
 from scheduler.metrics.planner import PlannerMetrics
-from scheduler.model import ScheduleState, execution_id
+from scheduler.model import ScheduleState
 from scheduler.planner.dispatch_round import RoundInput, ScheduleView, plan_dispatch
+from scheduler.planner.materialize import Materializer, Tracked
 from scheduler.planner.ownership import Ownership
 from scheduler.planner.pending import PendingIndex
 from scheduler.planner.retention import retention_deletes
@@ -72,8 +71,8 @@ from scheduler.store.ledger import Ledger
 from scheduler.store.notices import Notice, parse_notice
 from scheduler.store.schedules import ScheduleStore, StoredSchedule
 from scheduler.store.txn_check import duplicate_write
-from scheduler.timeplan import Plan, SkipReason, jitter_ms
-from scheduler.timeplan.missed import SkipRange, decide_missed
+from scheduler.timeplan import SkipReason
+from scheduler.timeplan.missed import SkipRange
 
 log = logging.getLogger(__name__)
 
@@ -105,21 +104,6 @@ class DispatchSink(Protocol):
     def cancel(self, e: Execution, reason: str) -> None: ...
 
 
-@dataclass
-class _Sched:
-    stored: StoredSchedule
-    plan: Plan
-    gen: int  # re-plans bump it: timer heap entries of an older generation are stale
-    owed_from: int  # planned times after this are owed by this owner (activation or watermark)
-    handled: int = 0  # the last planned time handled under this activation (materialized, or skipped)
-
-
-# When an activation was not known to the checkpoint's writer, its planned times are owed from the
-# activation, but never from further back than the lookahead plus this margin behind the checkpoint
-# (an activation is unknown to the writer only while the writer's watch lags it: milliseconds, or seconds
-# under load). The sweep keeps the records of activations that recent (see sweep()): one deleted and
-# created again would run twice.
-REPLAN_MARGIN_MS = 10_000
 
 
 @dataclass
@@ -160,19 +144,15 @@ class PartitionPlanner:
         self.rpc_timeout, self.disable_fencing = rpc_timeout, disable_fencing
         self.fence_stats = fence_stats or FenceStats()
         self.stats = PlannerStats()
-        self.schedules: dict[str, _Sched] = {}
-        # (next planned ms, schedule id, generation) of active schedules, and of paused ones (whose
-        # planned times are recorded as skipped once due, not ahead); stale entries are skipped.
-        self.heap: list[tuple[int, str, int]] = []
-        self.paused_heap: list[tuple[int, str, int]] = []
-        self._gen = itertools.count(1)
+        # Ids of runs created by a catch-up: a run that was late by design is no overlap for the runs
+        # planned while it waited (they queue behind it instead of being skipped).
+        self._catchup: set[str] = set()
+        self.m = Materializer(partition, settings, clock, self._catchup)  # what is owed, and what to write
+        self.schedules = self.m.schedules
         self.pending = PendingIndex()  # unfinished executions of this partition
         # Pre-written runs to withdraw (schedule id -> (planned after, reason)): a pause or delete
         # withdraws every scheduled one, a spec change those after it that the new spec does not plan.
         self._withdraw: dict[str, tuple[int, SkipReason]] = {}
-        # Ids of runs created by a catch-up: a run that was late by design is no overlap for the runs
-        # planned while it waited (they queue behind it instead of being skipped).
-        self._catchup: set[str] = set()
         # Overlap skips and cancels are decided only on records confirmed in flight after the due time
         # of the run they would skip: id -> (mod_revision, wall ms the confirming read was sent).
         self._confirmed: dict[str, tuple[int, int]] = {}
@@ -181,7 +161,6 @@ class PartitionPlanner:
         # written after planning says its writer knew. Events during load() wait in `_loading`.
         self.sched_rev = 0
         self._loading: list[Callable[[], None]] | None = None
-        self.replan_ms = settings.lookahead_ms + REPLAN_MARGIN_MS
         self.reload = False  # the node's schedule watch lost events (compaction): reload from etcd
         self.ck = Checkpoint(partition, 0, 0)
         self.wake = asyncio.Event()
@@ -190,17 +169,6 @@ class PartitionPlanner:
         # instead of letting it wait out `loop_interval`.
         self.starved = False
         self.starved_pools: set[str] = set()  # pools whose whole capacity the last round used
-        # Backpressure per pool: a pool whose due work waits longer than `backlog_ms` for a worker is
-        # blocked, and its schedules are held (not materialized) from their next planned time on, with a
-        # hold record in etcd; when the pool is served again they catch up by their missed-run policy.
-        self.blocked_pools: set[str] = set()
-        self._held: dict[str, int] = {}  # schedule id -> planned times after this are not materialized
-        self._hold_writes: dict[str, int | None] = {}  # hold records to put (from) or delete (None)
-        self._held_late: set[str] = set()  # held while their pool was saturated, not workerless
-        # Planned times of an activation that ended before they were handled (a hold, or heap entries not
-        # yet materialized, when the next activation came): written by the next round.
-        self._settled: list[tuple[str, SkipRange]] = []
-        self._settled_runs: list[Execution] = []
         self._pools: frozenset[str] | None = None  # worker pools of the schedules (cache)
         # Notices of records others changed (API operations, results recorded elsewhere): key ->
         # (notice, its mod_revision). `_rescan`: list the partition's notices from etcd next round.
@@ -229,28 +197,20 @@ class PartitionPlanner:
         self.pending.clear()
         for e in execs:
             self.pending.put(e)
-        self.schedules.clear()
-        self.heap.clear()
-        self.paused_heap.clear()
+        self.m.clear()
         self._withdraw.clear()
-        self._catchup.clear()
         self._confirmed.clear()
-        self._held.clear()
-        self._held_late.clear()
-        self._settled.clear()
-        self._settled_runs.clear()
-        self._hold_writes.clear()
         self._pools = None
         held_from: dict[str, int] = {}
         for kv in holds.kvs:
             sid = self.ks.last_segment(kv.key)
             held_from[sid] = int(json.loads(kv.value)["from"])
-            self._hold_writes[sid] = None  # the claim's catch-up covers it: deleted with the first write
+            self.m.hold_writes[sid] = None  # the claim's catch-up covers it: deleted with the first write
         for st in stored:
-            owed = self._owed_from_checkpoint(st)
+            owed = self.m.owed_from_checkpoint(st, ck)
             if st.schedule.id in held_from:  # planned times after the hold were not materialized
                 owed = max(st.activated_ms, min(owed, held_from[st.schedule.id]))
-            self._add_schedule(st, owed)
+            self.m.track(st, owed)
             prev = st.meta.previous
             fresh = not ck.watermark_ms  # no owner ever planned this partition: every activation is new
             if (prev is not None and st.schedule.id not in held_from
@@ -260,7 +220,7 @@ class PartitionPlanner:
                 # all): the rest of it, up to the current activation the writer never saw, is ours.
                 before = with_plan_fields(st.schedule, prev)
                 with contextlib.suppress(Exception):  # a stored spec a newer engine refuses: nothing to plan
-                    self._settle(_Sched(replace(st, schedule=before), before.plan(), 0, 0),
+                    self.m.settle(Tracked(replace(st, schedule=before), before.plan(), 0, 0),
                                  max(ck.watermark_ms, int(prev.get("activated", 0))), st.activated_ms)
             if st.schedule.state is ScheduleState.PAUSED:
                 self._withdraw[st.schedule.id] = (0, SkipReason.PAUSED)
@@ -275,40 +235,6 @@ class PartitionPlanner:
         for apply in held:
             apply()
         return rev
-
-    def _owed_from_checkpoint(self, st: StoredSchedule) -> int:
-        """Where a schedule's owed planned times start for an owner resuming from the checkpoint."""
-        w, a = self.ck.watermark_ms, st.activated_ms
-        if st.activation_rev <= self.ck.sched_rev or not self.ck.sched_rev:
-            # The writer knew this activation: it handled every planned time up to w. (A checkpoint
-            # without sched_rev, from an older version, is taken as knowing all, as that version did.)
-            return max(w, a)
-        if a < w - self.replan_ms:
-            log.warning("activation far behind the checkpoint and unknown to its writer: owed from the margin",
-                        extra={"event": "replan_clamped", "partition": self.p, "schedule_id": st.schedule.id})
-        return max(a, w - self.replan_ms)
-
-    def _add_schedule(self, st: StoredSchedule, owed_from: int) -> None:
-        """Track `st` and plan it afresh: its planned times after `owed_from` (older heap entries go stale)."""
-        try:
-            plan = st.schedule.plan()
-        except Exception:  # stored specs were validated; a newer engine refusing one must not stop the loop
-            log.exception("cannot plan schedule", extra={"schedule_id": st.schedule.id, "partition": self.p})
-            self.schedules.pop(st.schedule.id, None)
-            return
-        old = self.schedules.get(st.schedule.id)
-        if old is not None and st.schedule.id in self._held:  # a new activation ends the hold
-            self._settle_hold(old, max(owed_from, old.owed_from), SkipReason.SCHEDULE_CHANGED)
-        sch = _Sched(st, plan, next(self._gen), owed_from)
-        self.schedules[st.schedule.id] = sch
-        self._pools = None
-        self._push_next(sch, owed_from)
-
-    def _push_next(self, sch: _Sched, after_ms: int) -> None:
-        nxt = sch.plan.next_after_ms(after_ms)
-        if nxt is not None:
-            heap = self.paused_heap if sch.stored.schedule.state is ScheduleState.PAUSED else self.heap
-            heapq.heappush(heap, (nxt, sch.stored.schedule.id, sch.gen))
 
     def on_schedule_put(self, st: StoredSchedule) -> None:
         """A create or update seen by watch. A new activation (create, pause, resume, spec change) is
@@ -332,10 +258,12 @@ class PartitionPlanner:
         # Never earlier than the margin behind the checkpoint: records there may have been swept. A
         # resume seen late leaves the planned times already recorded as paused to that record.
         was_paused = old is not None and old.stored.schedule.state is ScheduleState.PAUSED
-        owed = max(st.activated_ms, self.ck.watermark_ms - self.replan_ms, old.handled if old and was_paused else 0)
-        if old is not None and sid not in self._held:  # the old activation's times up to the new one
-            self._settle(old, max(old.owed_from, old.handled), st.activated_ms)
-        self._add_schedule(st, owed)
+        owed = max(st.activated_ms, self.ck.watermark_ms - self.m.replan_ms,
+                   old.handled if old and was_paused else 0)
+        if old is not None and sid not in self.m.held:  # the old activation's times up to the new one
+            self.m.settle(old, max(old.owed_from, old.handled), st.activated_ms)
+        self.m.track(st, owed)
+        self._pools = None
         if st.schedule.state is ScheduleState.PAUSED:
             self._withdraw[sid] = (0, SkipReason.PAUSED)
         else:
@@ -360,8 +288,8 @@ class PartitionPlanner:
             return
         self.sched_rev = max(self.sched_rev, revision)
         old = self.schedules.pop(schedule_id, None)
-        if old is not None and schedule_id in self._held:
-            self._settle_hold(old, self.clock.wall_ms(), SkipReason.SCHEDULE_DELETED)
+        if old is not None and schedule_id in self.m.held:
+            self.m.settle_hold(old, self.clock.wall_ms(), SkipReason.SCHEDULE_DELETED)
         self._pools = None
         self._withdraw[schedule_id] = (0, SkipReason.SCHEDULE_DELETED)
         self.wake.set()
@@ -386,180 +314,18 @@ class PartitionPlanner:
             rs = await self._fenced(fence, ops)
         return [(ok, r.revision) for r in rs for ok in self.ledger.cas_results(r)]
 
-    def _new_execution(self, sch: _Sched, planned_ms: int, due_ms: int) -> Execution:
-        s = sch.stored.schedule
-        return new_execution(
-            id=execution_id(s.id, planned_ms), schedule_id=s.id, tenant=s.tenant, pool=s.worker_pool,
-            task_type=s.task_type, planned_ms=planned_ms, due_ms=due_ms, trigger=Trigger.SCHEDULED,
-            retry=s.policies.retry, timeout_ms=s.policies.execution_timeout_ms,
-        )
-
-    def catch_up(self, now_ms: int) -> tuple[list[Execution], list[tuple[str, SkipRange]]]:
-        """Missed-run decisions for every schedule owed planned times older than the grace."""
-        runs: list[Execution] = []
-        skips: list[tuple[str, SkipRange]] = []
-        horizon = now_ms - self.s.late_grace_ms
-        for sid, sch in self.schedules.items():
-            s = sch.stored.schedule
-            owed_from = sch.owed_from
-            if horizon <= owed_from:
-                continue
-            if s.state is ScheduleState.PAUSED:
-                if sch.plan.any_between_ms(owed_from, horizon):
-                    skips.append((sid, SkipRange(SkipReason.PAUSED, owed_from, horizon)))
-                continue
-            p = s.policies
-            d = decide_missed(sch.plan, owed_from, horizon, p.missed_runs, p.catchup_window_ms, p.catchup_cap)
-            for t in d.run:
-                e = self._new_execution(sch, t, now_ms)
-                runs.append(e)
-                self._catchup.add(e.id)
-            skips += [(sid, r) for r in d.skipped]
-        # The timer heaps restart after the catch-up horizon for everyone.
-        self.heap, self.paused_heap = [], []
-        for sch in self.schedules.values():
-            sch.owed_from = max(sch.owed_from, horizon)
-            self._push_next(sch, sch.owed_from)
-        return runs, skips
-
-    def plan_round(
-        self, now_ms: int, horizon_ms: int, limit: int | None = None
-    ) -> tuple[list[Execution], list[tuple[str, SkipRange]], int]:
-        """Planned times up to the horizon: executions for active schedules; for paused ones, skips of
-        the planned times that are due (a paused schedule's later ones wait in its heap: a resume
-        before then runs them, and the watermark stays before them).
-
-        At most `limit` of them per round, so that an overloaded planner keeps dispatching between
-        rounds instead of spending itself on materialization (backpressure). Returns the watermark
-        the round reached: the horizon, or just before the first planned time it left for a later
-        round (every planned time at or before the watermark was handled)."""
-        execs: list[Execution] = []
-        skips: list[tuple[str, SkipRange]] = []
-        if self._held:
-            self._release_held(now_ms, execs, skips)
-        if self._settled:
-            skips += self._settled
-            self._settled = []
-        if self._settled_runs:
-            execs += self._settled_runs
-            self._settled_runs = []
-        reached = horizon_ms
-        paused = self.paused_heap
-        while paused and paused[0][0] <= min(now_ms, horizon_ms):
-            t, sid, gen = heapq.heappop(paused)
-            sch = self.schedules.get(sid)
-            if sch is None or sch.gen != gen:
-                continue  # deleted or re-planned since
-            skips.append((sid, SkipRange(SkipReason.PAUSED, t - 1, t)))
-            sch.handled = t
-            self._push_next(sch, t)
-        while paused:  # drop stale tops, so they do not hold the watermark back
-            sch = self.schedules.get(paused[0][1])
-            if sch is not None and sch.gen == paused[0][2]:
-                reached = min(reached, paused[0][0] - 1)
-                break
-            heapq.heappop(paused)
-        heap = self.heap
-        while heap and heap[0][0] <= horizon_ms:
-            if limit is not None and len(execs) + len(skips) >= limit:
-                return execs, skips, min(reached, heap[0][0] - 1)
-            t, sid, gen = heapq.heappop(heap)
-            sch = self.schedules.get(sid)
-            if sch is None or sch.gen != gen:
-                continue  # deleted or re-planned since
-            s = sch.stored.schedule
-            if s.worker_pool in self.blocked_pools:
-                self._held[sid] = self._hold_writes[sid] = t - 1  # no next entry until released
-                if s.worker_pool in self.starved_pools:
-                    self._held_late.add(sid)
-                continue
-            due = t + jitter_ms(s.id, t, s.policies.jitter_ms)
-            execs.append(self._new_execution(sch, t, due))
-            sch.handled = t
-            self._push_next(sch, t)
-        return execs, skips, reached
-
-    def _release_held(self, now_ms: int, execs: list[Execution], skips: list[tuple[str, SkipRange]]) -> None:
-        """Held schedules whose pool is served again: their planned times since the hold go through the
-        missed-run policy (they are as missed as after an outage), then they are planned as usual."""
-        horizon = now_ms - self.s.late_grace_ms
-        for sid, after in list(self._held.items()):
-            sch = self.schedules.get(sid)
-            if sch is not None and sch.stored.schedule.worker_pool in self.blocked_pools:
-                continue
-            del self._held[sid]
-            self._hold_writes[sid] = None
-            if sch is None:
-                continue
-            if sid in self._held_late:
-                # Held while its pool was saturated (workers there, all busy): its planned times run late,
-                # in order, as they would have without backpressure; nothing was missed.
-                self._held_late.discard(sid)
-                self._push_next(sch, after)
-                continue
-            if after < horizon:
-                p = sch.stored.schedule.policies
-                d = decide_missed(sch.plan, after, horizon, p.missed_runs, p.catchup_window_ms, p.catchup_cap)
-                for t in d.run:
-                    e = self._new_execution(sch, t, now_ms)
-                    execs.append(e)
-                    self._catchup.add(e.id)
-                skips += [(sid, r) for r in d.skipped]
-            sch.owed_from = max(after, horizon)
-            self._push_next(sch, sch.owed_from)
-
-    def _settle(self, sch: _Sched, after_ms: int, until_ms: int) -> None:
-        """Planned times in (after, until] of an activation that ended before this owner handled them:
-        a paused one's are recorded as paused, an active one's are owed as runs (late ones by the
-        missed-run policy, like any catch-up)."""
-        if after_ms >= until_ms or not sch.plan.any_between_ms(after_ms, until_ms):
-            return
-        s = sch.stored.schedule
-        sid = s.id
-        if s.state is ScheduleState.PAUSED:
-            self._settled.append((sid, SkipRange(SkipReason.PAUSED, after_ms, until_ms)))
-            return
-        now = self.clock.wall_ms()
-        horizon = now - self.s.late_grace_ms
-        if after_ms < horizon:
-            p = s.policies
-            d = decide_missed(sch.plan, after_ms, min(until_ms, horizon), p.missed_runs, p.catchup_window_ms,
-                              p.catchup_cap)
-            for t in d.run:
-                e = self._new_execution(sch, t, now)
-                self._settled_runs.append(e)
-                self._catchup.add(e.id)
-            self._settled += [(sid, r) for r in d.skipped]
-            after_ms = horizon
-        for t in itertools.islice(sch.plan.between_ms(after_ms, until_ms), 1_000):
-            self._settled_runs.append(self._new_execution(sch, t, t + jitter_ms(sid, t, s.policies.jitter_ms)))
-
-    def _settle_hold(self, sch: _Sched, until_ms: int, ended_by: SkipReason) -> None:
-        """A held schedule changed (new activation) or was deleted before its pool was served again: its
-        held planned times up to the change are decided as missed now, by its policy; the runs that
-        policy would have run are recorded as ended by the change (they would be withdrawn at once)."""
-        sid = sch.stored.schedule.id
-        after = self._held.pop(sid)
-        self._held_late.discard(sid)
-        self._hold_writes[sid] = None
-        if after >= until_ms:
-            return
-        p = sch.stored.schedule.policies
-        d = decide_missed(sch.plan, after, until_ms, p.missed_runs, p.catchup_window_ms, p.catchup_cap)
-        self._settled += [(sid, r) for r in d.skipped]
-        self._settled += [(sid, SkipRange(ended_by, t - 1, t)) for t in d.run]
-
     def update_blocked(self, now_ms: int) -> None:
         """Which pools are blocked (see `blocked_pools`): due work older than `backlog_ms` waits for them,
         and their workers have no capacity left (none at all, or the last round used all of it)."""
         late = now_ms - self.s.backlog_ms
         blocked = set()
-        for pool in {*self.pending.pools(), *self.blocked_pools}:
+        for pool in {*self.pending.pools(), *self.m.blocked_pools}:
             oldest = self.pending.oldest_ready(pool)
             if oldest is not None and oldest < late and (pool in self.starved_pools
                                                          or self.dispatcher.capacity(pool) <= 0):
                 blocked.add(pool)
-        self.blocked_pools = blocked
+        self.m.blocked_pools = blocked
+        self.m.starved_pools = self.starved_pools
 
     async def write_planned(
         self, execs: list[Execution], skips: list[tuple[str, SkipRange]], watermark_ms: int, sched_rev: int
@@ -575,7 +341,7 @@ class PartitionPlanner:
         ops: list[Op] = list(self.ledger.create_ops(execs))
         ops += list({(sid, r.after_ms, r.through_ms): self.ledger.skip_op(self.p, sid, r) for sid, r in skips}.values())
         lag = watermark_ms - self.ck.watermark_ms
-        holds, self._hold_writes = self._hold_writes, {}
+        holds = self.m.take_hold_writes()
         write_ck = lag > 0 and (bool(ops) or bool(holds) or lag >= self.s.checkpoint_interval_ms)
         # Holds go in the txn that moves the checkpoint (never passing a held time without its hold).
         hold_ops: list[Op] = [put(self.ks.hold(self.p, sid), json.dumps({"from": t}).encode()) if t is not None
@@ -888,11 +654,11 @@ class PartitionPlanner:
 
     async def sweep(self, now_ms: int) -> int:
         """Retention (planner/retention.py), fenced like every owner write. Returns how many were deleted."""
-        recent = self.ck.watermark_ms - self.replan_ms
+        recent = self.ck.watermark_ms - self.m.replan_ms
         self._catchup &= {e.id for e in self.pending.values()}
 
         def keep_after(schedule_id: str) -> int | None:
-            # Never a record a new owner might plan again (REPLAN_MARGIN_MS): re-created, it would run twice.
+            # Never a record a new owner might plan again (materialize.REPLAN_MARGIN_MS): re-created, it would run twice.
             sch = self.schedules.get(schedule_id)
             return sch.stored.activated_ms if sch is not None and sch.stored.activated_ms >= recent else None
 
@@ -908,7 +674,7 @@ class PartitionPlanner:
         """Claim-time work: read the partition and apply every schedule's missed-run policy."""
         await self.load()
         now = self.clock.wall_ms()
-        runs, skips = self.catch_up(now)
+        runs, skips = self.m.catch_up(now)
         # The checkpoint keeps its writer's sched_rev: activations it did not know may still have
         # planned times between the catch-up horizon and the watermark, which the first round writes.
         await self.write_planned(runs, skips, max(self.ck.watermark_ms, now - self.s.late_grace_ms),
@@ -927,7 +693,7 @@ class PartitionPlanner:
         again = False
         self.update_blocked(now)
         rev = self.sched_rev  # taken before planning: what the planned state reflects
-        execs, skips, reached = self.plan_round(now, now + self.s.lookahead_ms, self.s.max_planned_per_round)
+        execs, skips, reached = self.m.plan_round(now, now + self.s.lookahead_ms, self.s.max_planned_per_round)
         await self.write_planned(execs, skips, reached, rev)
         again = reached < now + self.s.lookahead_ms  # more to materialize
         self.stats.rounds += 1

@@ -1,0 +1,282 @@
+"""Which planned times a partition owes, and which of them the next round writes: the partition's
+schedules with their activations and timer heaps, holds of blocked pools, and the planned times of
+activations that ended before they were handled (docs/architecture.md, "The partition loop").
+
+Pure bookkeeping: no I/O. The partition loop (planner/partition.py) feeds it what it read and saw
+(schedules, checkpoint, watch events, which pools are blocked) and writes what `plan_round` and
+`catch_up` return, with the hold records of `take_hold_writes`, in its fenced batches.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+from dataclasses import dataclass
+
+from scheduler.clock import Clock
+from scheduler.execution import Execution, Trigger, new_execution
+from scheduler.model import ScheduleState, execution_id
+from scheduler.planner.settings import PlannerSettings
+from scheduler.store.checkpoint import Checkpoint
+from scheduler.store.schedules import StoredSchedule
+from scheduler.timeplan import Plan, SkipReason, jitter_ms
+from scheduler.timeplan.missed import SkipRange, decide_missed
+
+log = logging.getLogger(__name__)
+
+# When an activation was not known to the checkpoint's writer, its planned times are owed from the
+# activation, but never from further back than the lookahead plus this margin behind the checkpoint
+# (an activation is unknown to the writer only while the writer's watch lags it: milliseconds, or seconds
+# under load). The sweep keeps the records of activations that recent (planner/retention.py): one
+# deleted and created again would run twice.
+REPLAN_MARGIN_MS = 10_000
+
+
+@dataclass
+class Tracked:
+    stored: StoredSchedule
+    plan: Plan
+    gen: int  # re-plans bump it: timer heap entries of an older generation are stale
+    owed_from: int  # planned times after this are owed by this owner (activation or watermark)
+    handled: int = 0  # the last planned time handled under this activation (materialized, or skipped)
+
+
+class Materializer:
+    def __init__(self, partition: int, settings: PlannerSettings, clock: Clock, catchup: set[str]) -> None:
+        self.p, self.s, self.clock = partition, settings, clock
+        self.schedules: dict[str, Tracked] = {}
+        # (next planned ms, schedule id, generation) of active schedules, and of paused ones (whose
+        # planned times are recorded as skipped once due, not ahead); stale entries are skipped.
+        self.heap: list[tuple[int, str, int]] = []
+        self.paused_heap: list[tuple[int, str, int]] = []
+        self._gen = itertools.count(1)
+        # Ids of runs created by a catch-up (shared with the dispatch round, which never counts them as
+        # overlap: a run late by design queues the later ones behind it).
+        self.catchup = catchup
+        self.replan_ms = settings.lookahead_ms + REPLAN_MARGIN_MS
+        # Backpressure per pool: a pool whose due work waits longer than `backlog_ms` for a worker is
+        # blocked (the partition loop says which), and its schedules are held (not materialized) from
+        # their next planned time on, with a hold record in etcd; when the pool is served again they
+        # catch up by their missed-run policy, or, if the pool was only saturated, run late.
+        self.blocked_pools: set[str] = set()
+        self.starved_pools: set[str] = set()
+        self.held: dict[str, int] = {}  # schedule id -> planned times after this are not materialized
+        self.held_late: set[str] = set()  # held while their pool was saturated, not workerless
+        self.hold_writes: dict[str, int | None] = {}  # hold records to put (from) or delete (None)
+        # Planned times of an activation that ended before they were handled (a hold, or heap entries not
+        # yet materialized, when the next activation came): written by the next round.
+        self.settled: list[tuple[str, SkipRange]] = []
+        self.settled_runs: list[Execution] = []
+
+    def clear(self) -> None:
+        self.schedules.clear()
+        self.heap.clear()
+        self.paused_heap.clear()
+        self.catchup.clear()
+        self.held.clear()
+        self.held_late.clear()
+        self.hold_writes.clear()
+        self.settled.clear()
+        self.settled_runs.clear()
+
+    def take_hold_writes(self) -> dict[str, int | None]:
+        out, self.hold_writes = self.hold_writes, {}
+        return out
+
+    def owed_from_checkpoint(self, st: StoredSchedule, ck: Checkpoint) -> int:
+        """Where a schedule's owed planned times start for an owner resuming from the checkpoint."""
+        w, a = ck.watermark_ms, st.activated_ms
+        if st.activation_rev <= ck.sched_rev or not ck.sched_rev:
+            # The writer knew this activation: it handled every planned time up to w. (A checkpoint
+            # without sched_rev, from an older version, is taken as knowing all, as that version did.)
+            return max(w, a)
+        if a < w - self.replan_ms:
+            log.warning("activation far behind the checkpoint and unknown to its writer: owed from the margin",
+                        extra={"event": "replan_clamped", "partition": self.p, "schedule_id": st.schedule.id})
+        return max(a, w - self.replan_ms)
+
+    def track(self, st: StoredSchedule, owed_from: int) -> None:
+        """Track `st` and plan it afresh: its planned times after `owed_from` (older heap entries go stale)."""
+        try:
+            plan = st.schedule.plan()
+        except Exception:  # stored specs were validated; a newer engine refusing one must not stop the loop
+            log.exception("cannot plan schedule", extra={"schedule_id": st.schedule.id, "partition": self.p})
+            self.schedules.pop(st.schedule.id, None)
+            return
+        old = self.schedules.get(st.schedule.id)
+        if old is not None and st.schedule.id in self.held:  # a new activation ends the hold
+            self.settle_hold(old, max(owed_from, old.owed_from), SkipReason.SCHEDULE_CHANGED)
+        sch = Tracked(st, plan, next(self._gen), owed_from)
+        self.schedules[st.schedule.id] = sch
+        self.push_next(sch, owed_from)
+
+    def push_next(self, sch: Tracked, after_ms: int) -> None:
+        nxt = sch.plan.next_after_ms(after_ms)
+        if nxt is not None:
+            heap = self.paused_heap if sch.stored.schedule.state is ScheduleState.PAUSED else self.heap
+            heapq.heappush(heap, (nxt, sch.stored.schedule.id, sch.gen))
+
+    def new_execution(self, sch: Tracked, planned_ms: int, due_ms: int) -> Execution:
+        s = sch.stored.schedule
+        return new_execution(
+            id=execution_id(s.id, planned_ms), schedule_id=s.id, tenant=s.tenant, pool=s.worker_pool,
+            task_type=s.task_type, planned_ms=planned_ms, due_ms=due_ms, trigger=Trigger.SCHEDULED,
+            retry=s.policies.retry, timeout_ms=s.policies.execution_timeout_ms,
+        )
+
+    def catch_up(self, now_ms: int) -> tuple[list[Execution], list[tuple[str, SkipRange]]]:
+        """Missed-run decisions for every schedule owed planned times older than the grace."""
+        runs: list[Execution] = []
+        skips: list[tuple[str, SkipRange]] = []
+        horizon = now_ms - self.s.late_grace_ms
+        for sid, sch in self.schedules.items():
+            s = sch.stored.schedule
+            owed_from = sch.owed_from
+            if horizon <= owed_from:
+                continue
+            if s.state is ScheduleState.PAUSED:
+                if sch.plan.any_between_ms(owed_from, horizon):
+                    skips.append((sid, SkipRange(SkipReason.PAUSED, owed_from, horizon)))
+                continue
+            p = s.policies
+            d = decide_missed(sch.plan, owed_from, horizon, p.missed_runs, p.catchup_window_ms, p.catchup_cap)
+            for t in d.run:
+                e = self.new_execution(sch, t, now_ms)
+                runs.append(e)
+                self.catchup.add(e.id)
+            skips += [(sid, r) for r in d.skipped]
+        # The timer heaps restart after the catch-up horizon for everyone.
+        self.heap, self.paused_heap = [], []
+        for sch in self.schedules.values():
+            sch.owed_from = max(sch.owed_from, horizon)
+            self.push_next(sch, sch.owed_from)
+        return runs, skips
+
+    def plan_round(
+        self, now_ms: int, horizon_ms: int, limit: int | None = None
+    ) -> tuple[list[Execution], list[tuple[str, SkipRange]], int]:
+        """Planned times up to the horizon: executions for active schedules; for paused ones, skips of
+        the planned times that are due (a paused schedule's later ones wait in its heap: a resume
+        before then runs them, and the watermark stays before them).
+
+        At most `limit` of them per round, so that an overloaded planner keeps dispatching between
+        rounds instead of spending itself on materialization (backpressure). Returns the watermark
+        the round reached: the horizon, or just before the first planned time it left for a later
+        round (every planned time at or before the watermark was handled)."""
+        execs: list[Execution] = []
+        skips: list[tuple[str, SkipRange]] = []
+        if self.held:
+            self._release_held(now_ms, execs, skips)
+        if self.settled:
+            skips += self.settled
+            self.settled = []
+        if self.settled_runs:
+            execs += self.settled_runs
+            self.settled_runs = []
+        reached = horizon_ms
+        paused = self.paused_heap
+        while paused and paused[0][0] <= min(now_ms, horizon_ms):
+            t, sid, gen = heapq.heappop(paused)
+            sch = self.schedules.get(sid)
+            if sch is None or sch.gen != gen:
+                continue  # deleted or re-planned since
+            skips.append((sid, SkipRange(SkipReason.PAUSED, t - 1, t)))
+            sch.handled = t
+            self.push_next(sch, t)
+        while paused:  # drop stale tops, so they do not hold the watermark back
+            sch = self.schedules.get(paused[0][1])
+            if sch is not None and sch.gen == paused[0][2]:
+                reached = min(reached, paused[0][0] - 1)
+                break
+            heapq.heappop(paused)
+        heap = self.heap
+        while heap and heap[0][0] <= horizon_ms:
+            if limit is not None and len(execs) + len(skips) >= limit:
+                return execs, skips, min(reached, heap[0][0] - 1)
+            t, sid, gen = heapq.heappop(heap)
+            sch = self.schedules.get(sid)
+            if sch is None or sch.gen != gen:
+                continue  # deleted or re-planned since
+            s = sch.stored.schedule
+            if s.worker_pool in self.blocked_pools:
+                self.held[sid] = self.hold_writes[sid] = t - 1  # no next entry until released
+                if s.worker_pool in self.starved_pools:
+                    self.held_late.add(sid)
+                continue
+            due = t + jitter_ms(s.id, t, s.policies.jitter_ms)
+            execs.append(self.new_execution(sch, t, due))
+            sch.handled = t
+            self.push_next(sch, t)
+        return execs, skips, reached
+
+    def _release_held(self, now_ms: int, execs: list[Execution], skips: list[tuple[str, SkipRange]]) -> None:
+        """Held schedules whose pool is served again: their planned times since the hold go through the
+        missed-run policy (they are as missed as after an outage), then they are planned as usual."""
+        horizon = now_ms - self.s.late_grace_ms
+        for sid, after in list(self.held.items()):
+            sch = self.schedules.get(sid)
+            if sch is not None and sch.stored.schedule.worker_pool in self.blocked_pools:
+                continue
+            del self.held[sid]
+            self.hold_writes[sid] = None
+            if sch is None:
+                continue
+            if sid in self.held_late:
+                # Held while its pool was saturated (workers there, all busy): its planned times run late,
+                # in order, as they would have without backpressure; nothing was missed.
+                self.held_late.discard(sid)
+                self.push_next(sch, after)
+                continue
+            if after < horizon:
+                p = sch.stored.schedule.policies
+                d = decide_missed(sch.plan, after, horizon, p.missed_runs, p.catchup_window_ms, p.catchup_cap)
+                for t in d.run:
+                    e = self.new_execution(sch, t, now_ms)
+                    execs.append(e)
+                    self.catchup.add(e.id)
+                skips += [(sid, r) for r in d.skipped]
+            sch.owed_from = max(after, horizon)
+            self.push_next(sch, sch.owed_from)
+
+    def settle(self, sch: Tracked, after_ms: int, until_ms: int) -> None:
+        """Planned times in (after, until] of an activation that ended before this owner handled them:
+        a paused one's are recorded as paused, an active one's are owed as runs (late ones by the
+        missed-run policy, like any catch-up)."""
+        if after_ms >= until_ms or not sch.plan.any_between_ms(after_ms, until_ms):
+            return
+        s = sch.stored.schedule
+        sid = s.id
+        if s.state is ScheduleState.PAUSED:
+            self.settled.append((sid, SkipRange(SkipReason.PAUSED, after_ms, until_ms)))
+            return
+        now = self.clock.wall_ms()
+        horizon = now - self.s.late_grace_ms
+        if after_ms < horizon:
+            p = s.policies
+            d = decide_missed(sch.plan, after_ms, min(until_ms, horizon), p.missed_runs, p.catchup_window_ms,
+                              p.catchup_cap)
+            for t in d.run:
+                e = self.new_execution(sch, t, now)
+                self.settled_runs.append(e)
+                self.catchup.add(e.id)
+            self.settled += [(sid, r) for r in d.skipped]
+            after_ms = horizon
+        for t in itertools.islice(sch.plan.between_ms(after_ms, until_ms), 1_000):
+            self.settled_runs.append(self.new_execution(sch, t, t + jitter_ms(sid, t, s.policies.jitter_ms)))
+
+    def settle_hold(self, sch: Tracked, until_ms: int, ended_by: SkipReason) -> None:
+        """A held schedule changed (new activation) or was deleted before its pool was served again: its
+        held planned times up to the change are decided as missed now, by its policy; the runs that
+        policy would have run are recorded as ended by the change (they would be withdrawn at once)."""
+        sid = sch.stored.schedule.id
+        after = self.held.pop(sid)
+        self.held_late.discard(sid)
+        self.hold_writes[sid] = None
+        if after >= until_ms:
+            return
+        p = sch.stored.schedule.policies
+        d = decide_missed(sch.plan, after, until_ms, p.missed_runs, p.catchup_window_ms, p.catchup_cap)
+        self.settled += [(sid, r) for r in d.skipped]
+        self.settled += [(sid, SkipRange(ended_by, t - 1, t)) for t in d.run]
+
