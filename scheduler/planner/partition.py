@@ -658,7 +658,7 @@ class PartitionPlanner:
         self._catchup &= {e.id for e in self.pending.values()}
 
         def keep_after(schedule_id: str) -> int | None:
-            # Never a record a new owner might plan again (materialize.REPLAN_MARGIN_MS): re-created, it would run twice.
+            # Never a record a new owner may plan again (materialize.REPLAN_MARGIN_MS): created anew, it runs twice.
             sch = self.schedules.get(schedule_id)
             return sch.stored.activated_ms if sch is not None and sch.stored.activated_ms >= recent else None
 
