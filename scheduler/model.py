@@ -98,6 +98,11 @@ def execution_id(schedule_id: str, planned_ms: int) -> str:
     return f"{schedule_id}@{format_rfc3339_ms(planned_ms)}"
 
 
+def schedule_of(execution_id: str) -> str:
+    """The schedule id of an execution id built by `execution_id` (validated input: api/inputs.py)."""
+    return execution_id.rpartition("@")[0]
+
+
 _FORMATTED: dict[int, str] = {}  # second -> "YYYY-MM-DDTHH:MM:SS.": schedules share their planned seconds
 
 

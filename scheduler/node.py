@@ -26,7 +26,7 @@ from scheduler.dispatch.service import Dispatcher
 from scheduler.errors import FencedOut, NotFound, OutcomeUnknown
 from scheduler.execution import Disposition, ExecState, Execution, log_fields
 from scheduler.metrics.planner import PlannerMetrics
-from scheduler.model import format_rfc3339_ms
+from scheduler.model import format_rfc3339_ms, schedule_of
 from scheduler.planner.ownership import LostReason, MemberInfo, NotOwner, Ownership
 from scheduler.planner.partition import DispatchSink, PartitionPlanner, Restart
 from scheduler.planner.results import record_result
@@ -182,7 +182,7 @@ class PlannerNode:
 
     def lookup_pending(self, execution_id: str) -> Execution | None:
         """An unfinished execution of a partition this node plans, as its planner last wrote it."""
-        sid = execution_id.rpartition("@")[0]
+        sid = schedule_of(execution_id)
         planner = self.planners.get(self.store.partition(sid))
         return None if planner is None else planner.pending.get(execution_id)
 
@@ -213,7 +213,7 @@ class PlannerNode:
         knowledge could retry an attempt its worker still runs for the owner."""
         by_partition: dict[int, list[tuple[str, int]]] = {}
         for eid, n in attempts:
-            by_partition.setdefault(self.store.partition(eid.rpartition("@")[0]), []).append((eid, n))
+            by_partition.setdefault(self.store.partition(schedule_of(eid)), []).append((eid, n))
         for partition, keys in by_partition.items():
             planner = self.planners.get(partition)
             if planner is not None:

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from scheduler.model import schedule_of
 from scheduler.store.etcd.ops import prefix_end
 from scheduler.store.etcd.types import KeyValue
 from scheduler.store.kv import KV
@@ -65,6 +66,6 @@ class DeadIndex:
     def decode(key: bytes, value: bytes) -> DeadIndex:
         d = json.loads(value)
         eid = str(d["id"])
-        return DeadIndex(eid, eid.rpartition("@")[0], int(key.rsplit(b"/", 1)[1]), str(d.get("tenant", "")),
+        return DeadIndex(eid, schedule_of(eid), int(key.rsplit(b"/", 1)[1]), str(d.get("tenant", "")),
                          str(d.get("task", "")),
                          int(d.get("dead_ms", 0)), bytes.fromhex(d.get("payload", "")))

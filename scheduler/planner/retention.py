@@ -16,6 +16,7 @@ import asyncio
 from collections.abc import Callable
 
 from scheduler.execution import TERMINAL
+from scheduler.model import schedule_of
 from scheduler.planner.settings import PlannerSettings
 from scheduler.store.codec import peek_state
 from scheduler.store.etcd.ops import Compare, Op, delete, get, txn
@@ -42,7 +43,7 @@ async def retention_deletes(
     for es in by_schedule.values():
         if len(es) <= s.retention_count and min(es)[0] >= cutoff:
             continue
-        protected = keep_after(ks.execution_id_of(es[0][1]).rpartition("@")[0])
+        protected = keep_after(schedule_of(ks.execution_id_of(es[0][1])))
         es.sort(reverse=True)
         kept = 0  # the count is of terminal records; unfinished ones are not counted
         for planned_ms, k in es:
