@@ -106,7 +106,9 @@ class Materializer:
             return
         old = self.schedules.get(st.schedule.id)
         if old is not None and st.schedule.id in self.held:  # a new activation ends the hold
-            self.settle_hold(old, max(owed_from, old.owed_from), SkipReason.SCHEDULE_CHANGED)
+            paused = st.schedule.state is ScheduleState.PAUSED
+            self.settle_hold(old, max(owed_from, old.owed_from),
+                             SkipReason.PAUSED if paused else SkipReason.SCHEDULE_CHANGED)
         sch = Tracked(st, plan, next(self._gen), owed_from)
         self.schedules[st.schedule.id] = sch
         self.push_next(sch, owed_from)
