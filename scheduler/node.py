@@ -290,9 +290,11 @@ class PlannerNode:
         self.restart_reasons[reason] = self.restart_reasons.get(reason, 0) + 1
 
     async def _watch(self, prefix: bytes, route: Callable[[EventType, bytes, bytes, int], None],
-                     on_compacted: Callable[[PartitionPlanner], None]) -> None:
-        """One watch stream over a whole prefix, resumed after errors, each event routed."""
-        rev = 0
+                     on_compacted: Callable[[PartitionPlanner], None], start_rev: int = 0) -> None:
+        """One watch stream over a whole prefix, resumed after errors, each event routed. `start_rev`:
+        deliver every change after it (read before any partition is claimed, so that no change between
+        a partition's load and the watch's start can fall between the two)."""
+        rev = start_rev
         while True:
             try:
                 if rev == 0:
@@ -313,9 +315,9 @@ class PlannerNode:
                 log.warning("watch %s: %s", prefix.decode(errors="replace"), e)
                 await asyncio.sleep(0.2)
 
-    async def _watch_schedules(self) -> None:
+    async def _watch_schedules(self, start_rev: int = 0) -> None:
         """Route schedule changes to the owning partition planners (they reload on their own restarts)."""
-        await self._watch(self.ks.all_schedules, self._route, self._schedules_missed)
+        await self._watch(self.ks.all_schedules, self._route, self._schedules_missed, start_rev)
 
     @staticmethod
     def _schedules_missed(p: PartitionPlanner) -> None:
@@ -323,9 +325,17 @@ class PlannerNode:
         p.reload = True
         p.wake.set()
 
-    async def _watch_notices(self) -> None:
+    async def _watch_notices(self, start_rev: int = 0) -> None:
         """Route notices (records changed by others) to the owning partition planners."""
-        await self._watch(self.ks.notices(), self._route_notice, lambda p: p.rescan_notices())
+        await self._watch(self.ks.notices(), self._route_notice, lambda p: p.rescan_notices(), start_rev)
+
+    async def _current_revision(self) -> int:
+        while True:
+            try:
+                return (await self.kv.range(self.ks.all_schedules, prefix=True, count_only=True)).revision
+            except EtcdError as e:
+                log.warning("reading etcd's revision to start the watches: %s", e)
+                await asyncio.sleep(0.2)
 
     def _route_notice(self, kind: EventType, key: bytes, value: bytes, mod_revision: int) -> None:
         if kind is not EventType.PUT:
@@ -354,7 +364,12 @@ class PlannerNode:
             planner.on_schedule_delete(sid, mod_revision)
 
     async def run(self) -> None:
-        watchers = [asyncio.create_task(self._watch_schedules()), asyncio.create_task(self._watch_notices())]
+        # The watches start from a revision read before any partition can be claimed: a partition loaded
+        # at a later revision then sees every change after its listing (before, a schedule created while
+        # the watch was still starting could be in neither the listing nor the watch).
+        start_rev = await self._current_revision()
+        watchers = [asyncio.create_task(self._watch_schedules(start_rev)),
+                    asyncio.create_task(self._watch_notices(start_rev))]
         try:
             await self.ownership.run()
         finally:
