@@ -47,6 +47,7 @@ from scheduler.execution import (
 )
 from scheduler.metrics.planner import PlannerMetrics
 from scheduler.model import ScheduleState, execution_id
+from scheduler.planner import starts
 from scheduler.planner.ownership import Ownership
 from scheduler.planner.pending import PendingIndex
 from scheduler.planner.settings import PlannerSettings
@@ -447,7 +448,8 @@ class PartitionPlanner:
                 fence = self.ownership.fence(self.p)
                 if fence is None:
                     return
-                new = dispatch(x, worker="", planner=self.node_id, token=f"{self.p}:{fence.token}", now_ms=now_ms)
+                new = dispatch(x, worker="", planner=self.node_id, token=f"{self.p}:{fence.token}", now_ms=now_ms,
+                               start_timeout_ms=self.s.start_timeout_ms)
                 cas.append((x, new))
                 if need_running:
                     running = (*running, x.id)
@@ -506,9 +508,10 @@ class PartitionPlanner:
     async def time_out(self, now_ms: int) -> None:
         late = self.pending.expired(now_ms)
         lost = self._take_lost(late) if self._lost else []
-        if not late and not lost:
+        unstarted = starts.unstarted_cas(self.pending, [*late, *lost], now_ms)  # no start confirmed by start-by
+        if not late and not lost and not unstarted:
             return
-        cas = []
+        cas = unstarted
         for e in late:
             new, _ = result(e, e.attempt, succeeded=False, error_class=ErrorClass.TIMEOUT,
                             message="deadline passed without a result", now_ms=now_ms)
@@ -526,6 +529,11 @@ class PartitionPlanner:
                 self.pending.put(with_revision(new, rev))
                 if self.metrics is not None:
                     self.metrics.attempt_recorded(new)
+                cur = new.current
+                if cur is not None and cur.never_started:  # start confirmation (planner/starts.py)
+                    log.info("execution not started by its start-by deadline; dispatching it again",
+                             extra={"event": "unstarted", **log_fields(new, self.p)})
+                    continue
                 log.info("execution timed out", extra={"event": "timeout", **log_fields(new, self.p)})
                 if new.state is ExecState.DEAD_LETTER:
                     log.info("execution dead-lettered", extra={"event": "dead_letter", "task_type": new.task_type,
