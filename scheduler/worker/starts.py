@@ -32,7 +32,8 @@ class StartGate:
         return len(self._waiting)
 
     async def confirm(self, attempt: Attempt, timeout: float) -> str:
-        """Ask for the start and wait at most `timeout` seconds: "" to run, else why not to."""
+        """Ask for the start and wait at most `timeout` seconds (what is left of the assignment's
+        start_timeout): "" to run, else why not to."""
         if timeout <= 0:
             self.timed_out += 1
             return "start_timeout passed before the start could be asked for"
@@ -49,7 +50,7 @@ class StartGate:
             return await asyncio.wait_for(asyncio.shield(fut), timeout)
         except TimeoutError:
             self.timed_out += 1
-            return f"no start acknowledgement within start_timeout ({timeout:g} s)"
+            return f"no start acknowledgement within start_timeout ({attempt.start_timeout:g} s after receipt)"
         finally:
             if self._waiting.get(attempt.key) is fut:
                 del self._waiting[attempt.key]
