@@ -215,9 +215,9 @@ class FakePlanner(wgrpc.WorkerServiceServicer):  # type: ignore[misc]  # generat
                     if acks:
                         conn.send(wpb.PlannerMessage(result_ack=wpb.ResultAck(acks=acks)))
                 elif kind == "started":
-                    answers = [wpb.StartAckEntry(execution_id=r.execution_id, attempt=r.attempt, disposition=d,
+                    answers = [wpb.StartAckEntry(execution_id=r.execution_id, attempt=r.attempt, disposition=sd,
                                                  reason="refused by the test")
-                               for r in msg.started.starts if (d := self.start_answer(r, conn)) is not None]
+                               for r in msg.started.starts if (sd := self.start_answer(r, conn)) is not None]
                     if answers:
                         conn.send(wpb.PlannerMessage(start_ack=wpb.StartAck(acks=answers)))
                 elif kind == "drain":
