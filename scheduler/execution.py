@@ -291,8 +291,8 @@ def result(
     assert cur is not None
     ec = None if succeeded or cancelled else (error_class or ErrorClass.UNKNOWN)
     done = _evolve(cur, finished_ms=now_ms, succeeded=succeeded, error_class=ec, message=message[:2000],
-                   worker=worker or cur.worker, started_ms=cur.started_ms or started_ms,
-                   never_started=not_started or cur.never_started)
+                   worker=worker or cur.worker, started_ms=0 if not_started else cur.started_ms or started_ms,
+                   never_started=not_started or cur.never_started)  # a start recorded but never acted on: none
     if output is not None:
         done = _evolve(done, stdout_tail=output[0], stderr_tail=output[1], exit_code=output[2])
     attempts = (*e.attempts[:-1], done)
