@@ -311,6 +311,7 @@ def result(
 
 
 UNSTARTED_MESSAGE = "no worker confirmed the start by the start-by deadline: dispatched again"
+KILL_MESSAGE = "cancelled, and its worker did not confirm the stop by the kill deadline"
 
 
 def unstarted(e: Execution, now_ms: int) -> Execution | None:
@@ -339,6 +340,11 @@ def cancel(e: Execution, reason: str, now_ms: int = 0, kill_after_ms: int = KILL
     if e.state is ExecState.CANCELLING:
         return e
     cur = e.current
+    if e.state is ExecState.DISPATCHED and cur is not None and cur.start_by_ms and not cur.started_ms and now_ms:
+        # Start confirmation is in force and no start was recorded: no handler runs (a start from now on
+        # is refused, the record having moved), so it is cancelled at once, the attempt never started.
+        unrun = _evolve(cur, finished_ms=now_ms, never_started=True, message="cancelled before it started")
+        return _evolve(e, state=ExecState.CANCELLED, skip_reason=reason, attempts=(*e.attempts[:-1], unrun))
     if e.state in IN_FLIGHT and cur is not None and now_ms:
         stopping = _evolve(cur, stop_requested_ms=now_ms, deadline_ms=min(cur.deadline_ms, now_ms + kill_after_ms))
         return _evolve(e, state=ExecState.CANCELLING, skip_reason=reason, attempts=(*e.attempts[:-1], stopping))

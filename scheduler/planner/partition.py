@@ -32,12 +32,12 @@ from scheduler.clock import Clock
 from scheduler.errors import NotFound
 from scheduler.execution import (
     IN_FLIGHT,
+    KILL_MESSAGE,
     TERMINAL,
     ErrorClass,
     ExecState,
     Execution,
     Trigger,
-    cancel,
     dispatch,
     log_fields,
     new_execution,
@@ -48,6 +48,7 @@ from scheduler.execution import (
 from scheduler.metrics.planner import PlannerMetrics
 from scheduler.model import ScheduleState, execution_id
 from scheduler.planner import starts
+from scheduler.planner.cancels import cancel_for_overlap
 from scheduler.planner.ownership import Ownership
 from scheduler.planner.pending import PendingIndex
 from scheduler.planner.settings import PlannerSettings
@@ -435,11 +436,13 @@ class PartitionPlanner:
                         self.pending.defer(y)  # waits for worker capacity
                     break
                 if action is OverlapAction.CANCEL_THEN_START:
-                    for rid in running:
-                        r = self.pending.get(rid)
-                        if r is not None and r.state in IN_FLIGHT:
-                            cas.append((r, cancel(r, "overlap")))
-                            self.dispatcher.cancel(r, "overlap")
+                    stops, stopping = cancel_for_overlap(self.pending, running, now_ms)  # planner/cancels.py
+                    for r, stop in stops:
+                        cas.append((r, stop))
+                        self.dispatcher.cancel(r, "overlap")
+                    if stopping:  # starts once the cancelled runs have really stopped (CANCELLING ended)
+                        self.pending.defer(x)
+                        continue
                     running = ()
                 budget[pool] -= 1
                 started += 1
@@ -474,7 +477,7 @@ class PartitionPlanner:
                 sent.append(new)
                 if debug:
                     log.debug("execution dispatched", extra={"event": "dispatch", **log_fields(new, self.p)})
-            elif new.state is ExecState.CANCELLED:
+            elif new.state in (ExecState.CANCELLED, ExecState.CANCELLING):
                 log.info("execution cancelled", extra={"event": "cancel", "reason": new.skip_reason,
                                                        **log_fields(new, self.p)})
             elif debug:
@@ -512,9 +515,10 @@ class PartitionPlanner:
         if not late and not lost and not unstarted:
             return
         cas = unstarted
-        for e in late:
-            new, _ = result(e, e.attempt, succeeded=False, error_class=ErrorClass.TIMEOUT,
-                            message="deadline passed without a result", now_ms=now_ms)
+        for e in late:  # a CANCELLING one ends CANCELLED: its kill deadline passed
+            new, _ = result(e, e.attempt, succeeded=False, error_class=ErrorClass.TIMEOUT, now_ms=now_ms,
+                            message=KILL_MESSAGE if e.state is ExecState.CANCELLING else
+                            "deadline passed without a result")
             cas.append((e, new))
         for e in lost:  # the same CAS against the record this owner holds: a result recorded meanwhile wins
             new, _ = result(e, e.attempt, succeeded=False, error_class=ErrorClass.TIMEOUT, message=LOST_MESSAGE,
@@ -598,7 +602,7 @@ class PartitionPlanner:
         if old is not None and old.mod_revision > e.mod_revision:
             return  # our own dispatcher recorded something newer while we read
         cur = e.current
-        if e.state is ExecState.CANCELLED and cur is not None and not cur.finished_ms:
+        if e.state in (ExecState.CANCELLED, ExecState.CANCELLING) and cur is not None and not cur.finished_ms:
             self.dispatcher.cancel(e, e.skip_reason or "cancelled")  # its worker is told to stop
         self.pending.put(e)
         if e.state is not ExecState.SCHEDULED or e.schedule_id not in self.schedules:
