@@ -124,18 +124,20 @@ class StartRecorder:
             else:
                 assert d is not None
                 fast.append((q, e, d))
-        for i in range(0, len(fast), _MAX_PER_TXN):
-            chunk = fast[i:i + _MAX_PER_TXN]
+        async def commit(chunk: list[tuple[_Req, Execution, Execution]]) -> None:
             try:
                 tr = await self.kv.txn([], [self._op(old, new) for _, old, new in chunk])
             except SchedError:
-                slow += [q for q, _, _ in chunk]  # outcome unknown: the read tells
-                continue
+                slow.extend(q for q, _, _ in chunk)  # outcome unknown: the read tells
+                return
             for (q, _, new), applied in zip(chunk, self.ledger.cas_results(tr), strict=True):
                 if applied:
                     self._won(q, with_revision(new, tr.revision))
                 else:
                     slow.append(q)
+
+        # Chunks of one batch in flight together (as results): one txn's round trip, not one per chunk.
+        await asyncio.gather(*(commit(fast[i:i + _MAX_PER_TXN]) for i in range(0, len(fast), _MAX_PER_TXN)))
         if slow:
             gate = asyncio.Semaphore(_SLOW_CONCURRENCY)
 

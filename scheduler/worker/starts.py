@@ -46,16 +46,21 @@ class StartGate:
         if not self._flush_pending:  # attempts of one Assignments message share one Started message
             self._flush_pending = True
             asyncio.get_running_loop().call_soon(self._flush)
+        # A timer that answers the future itself: cheaper than wait_for's wrapper on every execution.
+        timer = asyncio.get_running_loop().call_later(timeout, self._expire, fut, attempt)
         try:
-            return await asyncio.wait_for(asyncio.shield(fut), timeout)
-        except TimeoutError:
-            self.timed_out += 1
-            return f"no start acknowledgement within start_timeout ({attempt.start_timeout:g} s after receipt)"
+            return await fut
         finally:
+            timer.cancel()
             if self._waiting.get(attempt.key) is fut:
                 del self._waiting[attempt.key]
             if not fut.done():
                 fut.cancel()
+
+    def _expire(self, fut: asyncio.Future[str], attempt: Attempt) -> None:
+        if not fut.done():
+            self.timed_out += 1
+            fut.set_result(f"no start acknowledgement within start_timeout ({attempt.start_timeout:g} s after receipt)")
 
     def _flush(self) -> None:
         self._flush_pending = False
