@@ -154,6 +154,9 @@ class Execution:
     # `trigger` says how the execution was created and never changes; a run an operator started again
     # is RERUN or REPLAY here, and its attempts carry it.
     run_trigger: Trigger | None = None
+    # Why it entered DEAD_LETTER, written by that transition (`result`) and kept after a discard; a
+    # replay clears it. Recorded, not recomputed on read: the policy and attempt base may change.
+    dead_reason: str = ""
     mod_revision: int = field(default=0, compare=False)  # etcd's, for the next CAS; not stored
 
     @property
@@ -307,7 +310,28 @@ def result(
     if _should_retry(e2, ec):
         wait = max(backoff_ms(e2, attempt), retry_after_ms)
         return _evolve(e2, state=ExecState.RETRY_WAIT, next_attempt_ms=now_ms + wait), Disposition.RECORDED
-    return _evolve(e2, state=ExecState.DEAD_LETTER), Disposition.RECORDED
+    return _evolve(e2, state=ExecState.DEAD_LETTER, dead_reason=_dead_reason(e2, ec)), Disposition.RECORDED
+
+
+def dead_reason(e: Execution) -> str:
+    """The recorded reason of a dead letter; for a record written before reasons were recorded, the
+    same rule applied to its latest attempt."""
+    if e.dead_reason:
+        return e.dead_reason
+    cur = e.current
+    return _dead_reason(e, cur.error_class if cur is not None and cur.error_class else ErrorClass.UNKNOWN)
+
+
+def _dead_reason(e: Execution, error_class: ErrorClass) -> str:
+    """Why `_should_retry` said no, counting only the attempts of the run under way (after
+    `attempt_base`: a rerun or replay has its own budget)."""
+    if error_class is ErrorClass.PERMANENT:
+        return "permanent error"
+    n = e.attempt - e.attempt_base
+    if n >= e.retry.max_attempts:
+        return f"retries exhausted ({n} attempt{'s' if n != 1 else ''})"
+    unknown = sum(1 for a in e.attempts if a.attempt > e.attempt_base and a.error_class is ErrorClass.UNKNOWN)
+    return f"unknown-error limit ({unknown} unknown error{'s' if unknown != 1 else ''})"
 
 
 UNSTARTED_MESSAGE = "no worker confirmed the start by the start-by deadline: dispatched again"
@@ -365,7 +389,7 @@ def replay(e: Execution, now_ms: int, *, payload: bytes | None = None) -> Execut
         raise TransitionError(f"{e.id}: only dead letters can be replayed, not {e.state}")
     return _evolve(e, state=ExecState.SCHEDULED, run_trigger=Trigger.REPLAY, due_ms=min(e.due_ms, now_ms),
                    next_attempt_ms=0, attempt_base=e.attempt, overlap=Overlap.ALLOW_ALL,
-                   payload=payload if payload is not None else e.payload)
+                   payload=payload if payload is not None else e.payload, dead_reason="")
 
 
 def discard(e: Execution) -> Execution:

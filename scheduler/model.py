@@ -20,7 +20,7 @@ from enum import StrEnum
 
 from scheduler.errors import InvalidArgument
 from scheduler.timeplan import DstGap, DstOverlap, MissedRuns, Overlap, Plan, parse_spec
-from scheduler.timeplan.plan import from_ms
+from scheduler.timeplan.plan import format_duration_ms, from_ms
 
 ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")
 LABEL_KEY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]*$")
@@ -133,13 +133,15 @@ def _check_name(value: str, name: str, max_len: int) -> None:
 
 def _check_policies(p: Policies) -> None:
     if not 0 <= p.catchup_window_ms <= 366 * DAY_MS:
-        raise InvalidArgument("policies.catchup_window", "must be between 0 and 366d")
+        raise InvalidArgument("policies.catchup_window",
+                              f"is {format_duration_ms(p.catchup_window_ms)}; must be between 0 and 366d")
     if not 1 <= p.catchup_cap <= 10_000:
         raise InvalidArgument("policies.catchup_cap", f"{p.catchup_cap} is outside 1-10000")
     if not 0 <= p.jitter_ms <= DAY_MS:
-        raise InvalidArgument("policies.jitter", "must be between 0 and 24h")
+        raise InvalidArgument("policies.jitter", f"is {format_duration_ms(p.jitter_ms)}; must be between 0 and 24h")
     if not 1_000 <= p.execution_timeout_ms <= 7 * DAY_MS:
-        raise InvalidArgument("policies.execution_timeout", "must be between 1s and 7d")
+        raise InvalidArgument("policies.execution_timeout",
+                              f"is {format_duration_ms(p.execution_timeout_ms)}; must be between 1s and 7d")
     r = p.retry
     if not 1 <= r.max_attempts <= MAX_ATTEMPTS_LIMIT:
         raise InvalidArgument("policies.retry.max_attempts", f"{r.max_attempts} is outside 1-{MAX_ATTEMPTS_LIMIT}")
@@ -147,7 +149,9 @@ def _check_policies(p: Policies) -> None:
         raise InvalidArgument("policies.retry.max_unknown_attempts", "must be between 1 and max_attempts")
     if not 0 < r.initial_backoff_ms <= r.max_backoff_ms <= DAY_MS:
         raise InvalidArgument(
-            "policies.retry.initial_backoff", "needs 0 < initial_backoff <= max_backoff <= 24h"
+            "policies.retry.initial_backoff",
+            f"needs 0 < initial_backoff <= max_backoff <= 24h (initial_backoff "
+            f"{format_duration_ms(r.initial_backoff_ms)}, max_backoff {format_duration_ms(r.max_backoff_ms)})"
         )
     if not 1.0 <= r.multiplier <= 10.0:
         raise InvalidArgument("policies.retry.multiplier", f"{r.multiplier} is outside 1-10")

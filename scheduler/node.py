@@ -31,10 +31,11 @@ from scheduler.planner.ownership import LostReason, MemberInfo, NotOwner, Owners
 from scheduler.planner.partition import DispatchSink, PartitionPlanner, Restart
 from scheduler.planner.results import record_result
 from scheduler.planner.settings import PlannerSettings
-from scheduler.store.codec import decode_schedule
+from scheduler.status import NodeStatus, PartitionStatus, WorkerStatus
+from scheduler.store.codec import decode_schedule, decode_schedule_meta
 from scheduler.store.combiner import WriteCombiner
 from scheduler.store.etcd import EtcdClient, EtcdConfig
-from scheduler.store.etcd.errors import Compacted, EtcdError
+from scheduler.store.etcd.errors import Compacted, EtcdError, Malformed
 from scheduler.store.etcd.ops import Op
 from scheduler.store.etcd.types import EventType
 from scheduler.store.fenced import CompareFailed, Fence, FenceStats
@@ -104,7 +105,7 @@ class PlannerNode:
         self.ownership = Ownership(kv, ks, settings, clock, listener=self)
         # Always kept (plain ints): served over HTTP only when metrics_address is set (cli/planner.py).
         self.metrics = metrics or PlannerMetrics(schedule_limit=self.planner_settings.metrics_schedule_limit)
-        self.metrics.attach(self)
+        self.metrics.observe(self.status)
         self.ownership.lease_observer = self.metrics
         self.store = ScheduleStore(kv, ks, settings.partitions, timeout=settings.rpc_timeout)
         self.ledger = Ledger(ks, settings.partitions)
@@ -114,6 +115,7 @@ class PlannerNode:
                                       stats=self.fence_stats)
         self.planners: dict[int, PartitionPlanner] = {}
         self.restarts = 0  # partition planners restarted from etcd's state (a lost CAS, an unknown outcome)
+        self.restart_reasons: dict[str, int] = {}  # the same, by reason (metrics)
         self._loops: dict[int, asyncio.Task[None]] = {}
 
     def advertise(self, api_address: str) -> None:
@@ -145,25 +147,32 @@ class PlannerNode:
     def make_api(self, ops: OperationsPort | None = None) -> tuple[ScheduleService, AdminService]:
         """The ScheduleService and AdminService of this node (any node serves any schedule).
         `ops`: the operations behind trigger/rerun/backfill/cancel/dead letters; by default the
-        project's implementation when this build has it."""
+        project's implementation (tests pass a fake)."""
         if ops is None:
             ops = default_operations(self)
         schedules = ScheduleService(kv=self.kv, ks=self.ks, store=self.store, ledger=self.ledger, clock=self.clock,
                                     ops=ops, rpc_timeout=self.s.rpc_timeout)
 
-        def workers() -> list[tuple[str, str, str, int, int]]:
-            d = self.dispatcher
-            if not isinstance(d, Dispatcher):
-                return []
-            return [(c.worker_id, c.pool, c.region, c.capacity, len(c.running)) for c in d.conns.values()]
-
-        def depth() -> int:
-            return len(self.dispatcher.queue) if isinstance(self.dispatcher, Dispatcher) else 0
-
         admin = AdminService(kv=self.kv, ks=self.ks, ownership=self.ownership, clock=self.clock,
                              node_id=self.s.node_id, region=self.s.region, partitions=self.s.partitions,
-                             local=LocalView(depth, workers), rpc_timeout=self.s.rpc_timeout)
+                             local=LocalView(self.status), rpc_timeout=self.s.rpc_timeout)
         return schedules, admin
+
+    def status(self) -> NodeStatus:
+        """This node's state as one snapshot (scheduler/status.py): what metrics and cluster status read."""
+        owned = set(self.ownership.owned_partitions())
+        parts = tuple(PartitionStatus(p, planner.ck.watermark_ms, planner.pending.oldest_ready())
+                      for p, planner in sorted(self.planners.items()) if p in owned)
+        d = self.dispatcher
+        depth: dict[str, int] = {}
+        workers: tuple[WorkerStatus, ...] = ()
+        if isinstance(d, Dispatcher):
+            depth = d.queue.depths()
+            workers = tuple(WorkerStatus(c.worker_id, c.pool, c.region, c.capacity, c.credits, len(c.running))
+                            for c in d.conns.values())
+        return NodeStatus(now_ms=self.clock.wall_ms(), owned=parts, queue_depth=depth, workers=workers,
+                          fenced_txns=self.fence_stats.txns, fencing_rejections=self.fence_stats.fenced_out,
+                          restarts=dict(self.restart_reasons))
 
     def planner_infos(self) -> list[cluster_pb2.PlannerInfo]:
         out = []
@@ -252,6 +261,10 @@ class PlannerNode:
             task.cancel()  # stop planning and dispatching for this partition at once
 
     async def _partition(self, partition: int, token: int = 0) -> None:
+        # Restarts back off while they come quickly one after the other: a reload that leads to the same
+        # failure must not spin (20 restarts a second, each reading the whole partition), and one that
+        # keeps failing is visible in the metrics and the log, not only as a quiet INFO line.
+        backoff = self.planner_settings.loop_interval
         while True:
             planner = PartitionPlanner(
                 partition, kv=self.kv, ks=self.ks, ownership=self.ownership, store=self.store, ledger=self.ledger,
@@ -261,6 +274,7 @@ class PlannerNode:
                 max_ops=self.s.max_txn_ops, combiner=self.combiner, metrics=self.metrics,
             )
             self.planners[partition] = planner
+            started = self.clock.monotonic()
             try:
                 await planner.run()
             except NotOwner:
@@ -269,10 +283,26 @@ class PlannerNode:
                 log.warning("fenced out", extra={"event": "fenced_out", "partition": partition,
                                                  "token": f"{partition}:{token}", "error": str(e)})
                 return
+            except Malformed as e:
+                self._restarted("malformed_txn")
+                log.error("etcd refused a write of this partition as malformed (a bug): reloading the partition",
+                          exc_info=e, extra={"event": "malformed_txn", "partition": partition})
             except (Restart, OutcomeUnknown, CompareFailed, EtcdError) as e:
-                self.restarts += 1
-                log.info("restarting partition planner: %s", e, extra={"partition": partition})
-                await asyncio.sleep(self.planner_settings.loop_interval)
+                reason = ("stale_state" if isinstance(e, Restart) else "outcome_unknown"
+                          if isinstance(e, OutcomeUnknown) else "compare_failed" if isinstance(e, CompareFailed)
+                          else "etcd_error")
+                self._restarted(reason)
+                level = logging.WARNING if backoff > self.planner_settings.loop_interval else logging.INFO
+                log.log(level, "restarting partition planner: %s", e,
+                        extra={"event": "partition_restart", "partition": partition, "reason": reason})
+            # A planner that ran for a while starts over quickly; one that failed again soon waits longer.
+            ran = self.clock.monotonic() - started
+            backoff = self.planner_settings.loop_interval if ran > 10 else min(backoff * 2, 5.0)
+            await asyncio.sleep(backoff)
+
+    def _restarted(self, reason: str) -> None:
+        self.restarts += 1
+        self.restart_reasons[reason] = self.restart_reasons.get(reason, 0) + 1
 
     async def _watch(self, prefix: bytes, route: Callable[[EventType, bytes, bytes, int], None],
                      on_compacted: Callable[[PartitionPlanner], None]) -> None:
@@ -300,7 +330,13 @@ class PlannerNode:
 
     async def _watch_schedules(self) -> None:
         """Route schedule changes to the owning partition planners (they reload on their own restarts)."""
-        await self._watch(self.ks.all_schedules, self._route, lambda p: p.wake.set())
+        await self._watch(self.ks.all_schedules, self._route, self._schedules_missed)
+
+    @staticmethod
+    def _schedules_missed(p: PartitionPlanner) -> None:
+        """Schedule changes were compacted away before the watch saw them: the planner reloads."""
+        p.reload = True
+        p.wake.set()
 
     async def _watch_notices(self) -> None:
         """Route notices (records changed by others) to the owning partition planners."""
@@ -328,9 +364,9 @@ class PlannerNode:
             return
         if kind is EventType.PUT:
             s, activated = decode_schedule(value, mod_revision)
-            planner.on_schedule_put(StoredSchedule(s, activated, partition))
+            planner.on_schedule_put(StoredSchedule(s, activated, partition, decode_schedule_meta(value)))
         else:
-            planner.on_schedule_delete(sid)
+            planner.on_schedule_delete(sid, mod_revision)
 
     async def run(self) -> None:
         watchers = [asyncio.create_task(self._watch_schedules()), asyncio.create_task(self._watch_notices())]

@@ -28,7 +28,8 @@ from scheduler.api.errors import Context, grpc_errors
 from scheduler.clock import Clock
 from scheduler.errors import FailedPrecondition, InvalidArgument, NotFound, VersionMismatch
 from scheduler.planner.ownership import MemberInfo, Ownership
-from scheduler.store.etcd.ops import Compare, get, put
+from scheduler.status import NodeStatus
+from scheduler.store.etcd.ops import Compare, delete, get, put
 from scheduler.store.keyspace import Keyspace
 from scheduler.store.kv import KV
 
@@ -40,10 +41,21 @@ PEER_TIMEOUT = 0.5  # seconds a peer has to report its local load
 
 @dataclass(frozen=True)
 class LocalView:
-    """What only this node knows: its dispatch queue and its worker streams."""
+    """What only this node knows (its dispatch queue, its worker streams, its partition loops), as the
+    node's status snapshot (scheduler/status.py)."""
 
-    queue_depth: Callable[[], int]
-    workers: Callable[[], list[tuple[str, str, str, int, int]]]  # (worker id, pool, region, capacity, running)
+    status: Callable[[], NodeStatus]
+
+    def queue_depth(self) -> int:
+        return sum(self.status().queue_depth.values())
+
+    def workers(self) -> list[tuple[str, str, str, int, int]]:
+        """(worker id, pool, region, capacity, running) per worker stream."""
+        return [(w.worker_id, w.pool, w.region, w.capacity, w.running) for w in self.status().workers]
+
+    def waiting(self) -> dict[int, int]:
+        """Owned partition -> the oldest due (or retry) time of an execution waiting for a worker."""
+        return {p.partition: p.oldest_waiting_ms for p in self.status().owned if p.oldest_waiting_ms is not None}
 
 
 def _policy(value: bytes | None, version: int) -> cpb.RegionPolicy:
@@ -83,6 +95,11 @@ class AdminService:
                                  dispatch_queue_depth=self.local.queue_depth(),
                                  connected_workers=len({r[0] for r in rows}))
 
+    def _waiting(self, now: int) -> list[apb.PartitionStatus]:
+        """This node's owned partitions with runs waiting for a worker (only the oldest_waiting field)."""
+        return [apb.PartitionStatus(partition=p, oldest_waiting=ms_to_duration(max(0, now - t)))
+                for p, t in sorted(self.local.waiting().items())]
+
     def _liveness(self, node_id: str, *, alive: bool) -> cpb.PlannerLiveness:
         if not alive:
             return cpb.PLANNER_LIVENESS_DOWN
@@ -114,7 +131,8 @@ class AdminService:
         me = self._local_status(members)
         if any(k == LOCAL_ONLY for k, _ in (context.invocation_metadata() or ())):
             return apb.GetClusterStatusResponse(server_time=ms_to_timestamp(now), answered_by=self.node_id,
-                                                planners=[me], worker_pools=self._pools(self.local.workers()))
+                                                planners=[me], worker_pools=self._pools(self.local.workers()),
+                                                partitions=self._waiting(now))
         owners = await self.kv.range(self.ks.owners, prefix=True, timeout=self.timeout)
         checkpoints = await self.kv.range(self.ks.checkpoints, prefix=True, timeout=self.timeout)
         policy = await self.kv.get(self.ks.region_policy, timeout=self.timeout)
@@ -125,6 +143,7 @@ class AdminService:
         answers = await asyncio.gather(*(self._peer(m) for m in peers))
         planners = [me]
         pools = self._pools(self.local.workers())
+        waiting = {w.partition: w.oldest_waiting for w in self._waiting(now)}
         for m, (resp, offset) in zip(peers, answers, strict=True):
             ps = apb.PlannerStatus(planner=cpb.PlannerInfo(
                 node_id=m.node_id, region=m.region, api_address=m.api_address,
@@ -135,6 +154,8 @@ class AdminService:
                 ps.partitions_owned, ps.dispatch_queue_depth = theirs.partitions_owned, theirs.dispatch_queue_depth
                 ps.connected_workers = theirs.connected_workers
                 pools = _merge_pools(pools, list(resp.worker_pools))
+            for w in resp.partitions if resp is not None else ():
+                waiting.setdefault(w.partition, w.oldest_waiting)
             if offset is not None:
                 ps.clock_offset.CopyFrom(offset)
             planners.append(ps)
@@ -159,6 +180,8 @@ class AdminService:
             if marks.get(p):
                 st.watermark.CopyFrom(ms_to_timestamp(marks[p]))
                 st.lag.CopyFrom(ms_to_duration(max(0, now - marks[p])))
+            if p in waiting and owner_of.get(p, ("",))[0]:
+                st.oldest_waiting.CopyFrom(waiting[p])
             parts.append(st)
         return apb.GetClusterStatusResponse(
             server_time=ms_to_timestamp(now), answered_by=self.node_id,
@@ -203,13 +226,56 @@ class AdminService:
         if m is None:
             raise NotFound(f"no live planner {nid!r}")
         key = self.ks.drain(nid)
+        drains = await self.kv.range(self.ks.drains, prefix=True, keys_only=True, timeout=self.timeout)
+        drained = {self.ks.last_segment(x.key) for x in drains.kvs}
+        others = sorted(o for o in members if o != nid and o not in drained)
+        if not others and nid not in drained and not request.force:
+            raise FailedPrecondition(
+                f"{nid!r} is the only live planner that is not draining: draining it stops every partition until "
+                f"an undrain (`schedctl planner undrain {nid}`), a restart or a new planner; set force "
+                f"(`schedctl planner drain --force`) to do it anyway")
         value = json.dumps({"reason": why, "requested_ms": self.clock.wall_ms(), "by": self.node_id},
                            separators=(",", ":")).encode()
         # Create-if-absent: draining a draining planner changes nothing (the first request stands).
-        await self.kv.txn([Compare.create_revision(key, "==", 0)], [put(key, value)], timeout=self.timeout)
-        log.info("drain requested", extra={"event": "drain_requested", "node": nid, "reason": why})
+        r = await self.kv.txn([Compare.create_revision(key, "==", 0)], [put(key, value)], timeout=self.timeout)
+        if r.succeeded and not request.force and not await self._someone_left(nid):
+            # Two drains racing (each saw the other planner still eligible) would together stop
+            # everything: whoever finds that after its write takes its own request back.
+            await self.kv.txn([Compare.mod_revision(key, "==", r.revision)], [delete(key)], timeout=self.timeout)
+            raise FailedPrecondition(f"another drain was requested at the same time: draining {nid!r} too would "
+                                     f"leave no planner to own partitions; retry, or set force")
+        log.info("drain requested", extra={"event": "drain_requested", "node": nid, "reason": why,
+                                           "forced": request.force and not others})
         return apb.DrainPlannerResponse(planner=cpb.PlannerInfo(
             node_id=m.node_id, region=m.region, api_address=m.api_address, liveness=cpb.PLANNER_LIVENESS_DRAINING,
+            last_seen=ms_to_timestamp(self.clock.wall_ms())))
+
+    async def _someone_left(self, nid: str) -> bool:
+        """Is a live planner other than `nid` without a drain request (after our write)?"""
+        members = await self._members()
+        drains = await self.kv.range(self.ks.drains, prefix=True, keys_only=True, timeout=self.timeout)
+        drained = {self.ks.last_segment(x.key) for x in drains.kvs}
+        return any(o != nid and o not in drained for o in members)
+
+    @grpc_errors
+    async def UndrainPlanner(self, request: apb.UndrainPlannerRequest,
+                             context: Context) -> apb.UndrainPlannerResponse:
+        """Delete the drain request: every planner's ownership loop watches the drain keys, so the
+        planner counts as eligible again and claims its share at its next reconcile."""
+        nid = inputs.optional_name(request.node_id, "node_id")
+        if not nid:
+            raise InvalidArgument("node_id", "is required")
+        members = await self._members()
+        m = members.get(nid)
+        r = await self.kv.delete(self.ks.drain(nid), timeout=self.timeout)
+        if m is None and not r.deleted:
+            raise NotFound(f"no live planner {nid!r}, and no drain request for it")
+        log.info("drain withdrawn", extra={"event": "drain_withdrawn", "node": nid})
+        if m is None:
+            return apb.UndrainPlannerResponse(planner=cpb.PlannerInfo(node_id=nid,
+                                                                      liveness=cpb.PLANNER_LIVENESS_DOWN))
+        return apb.UndrainPlannerResponse(planner=cpb.PlannerInfo(
+            node_id=m.node_id, region=m.region, api_address=m.api_address, liveness=cpb.PLANNER_LIVENESS_ALIVE,
             last_seen=ms_to_timestamp(self.clock.wall_ms())))
 
     @grpc_errors

@@ -205,6 +205,11 @@ _SKIP = {
 }
 
 
+def skip_reason_pb(reason: str) -> epb.SkipReason:
+    """A stored skip reason (a SkipReason value) as the enum; UNSPECIFIED for one this build does not know."""
+    return _SKIP.get(reason, epb.SKIP_REASON_UNSPECIFIED)
+
+
 def execution_state_from_pb(field: str, value: int) -> ExecState:
     for k, v in _EXEC_STATE.items():
         if v == value:
@@ -272,6 +277,8 @@ def execution_to_pb(e: Execution) -> epb.Execution:
         out.skip_reason = _SKIP.get(e.skip_reason, epb.SKIP_REASON_UNSPECIFIED)
     if e.skip_reason:
         out.state_message = e.skip_reason  # the cancel reason, or the stored skip reason
+    elif e.state is ExecState.DEAD_LETTER and e.dead_reason:
+        out.state_message = e.dead_reason  # as recorded when it was dead-lettered
     if e.next_attempt_ms and e.state is ExecState.RETRY_WAIT:
         out.next_attempt_at.CopyFrom(ms_to_timestamp(e.next_attempt_ms))
     if e.attempts:

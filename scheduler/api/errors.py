@@ -32,10 +32,6 @@ Context = grpc.aio.ServicerContext[Any, Any]
 
 UNKNOWN_OUTCOME = "etcd is unreachable; if this was a write, its outcome is unknown: read again before retrying"
 
-class OperationsUnavailable(errors.SchedError):
-    """This server has no operations implementation wired in (trigger, rerun, backfill...)."""
-
-
 # Order matters: the first matching class wins (OutcomeUnknown before the EtcdError it subclasses).
 _CODES: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (errors.InvalidArgument, grpc.StatusCode.INVALID_ARGUMENT),
@@ -48,7 +44,6 @@ _CODES: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (errors.OutcomeUnknown, grpc.StatusCode.UNAVAILABLE),
     (EtcdError, grpc.StatusCode.UNAVAILABLE),
     (errors.FencedOut, grpc.StatusCode.UNAVAILABLE),
-    (OperationsUnavailable, grpc.StatusCode.UNIMPLEMENTED),
 )
 
 

@@ -41,8 +41,10 @@ from scheduler.store.notices import notice_op
 from scheduler.store.schedules import ScheduleStore, StoredSchedule
 from scheduler.timeplan import Overlap, SkipReason
 from scheduler.timeplan.overlap import OverlapAction, decide_overlap
+from scheduler.timeplan.plan import format_duration_ms
 
 MAX_REASON_BYTES = 1024
+BACKFILL_OVERLAP = Overlap.BUFFER_ALL  # BackfillRequest.overlap_policy UNSPECIFIED
 
 
 @dataclass(frozen=True)
@@ -146,9 +148,10 @@ class Operations:
         s = self._active(await self._schedule(schedule_id), "triggering it")
         now = self.clock.wall_ms()
         if at_ms is not None and abs(at_ms - now) > self.skew_allowance_ms:
-            raise InvalidArgument("trigger_time", f"{format_rfc3339_ms(at_ms)} is {abs(at_ms - now)} ms from the "
-                                  f"server's clock; the allowance is {self.skew_allowance_ms} ms "
-                                  f"(leave it unset for now)")
+            off = format_duration_ms(abs(at_ms - now))
+            raise InvalidArgument("trigger_time", f"{format_rfc3339_ms(at_ms)} is {off} from the server's clock; "
+                                  f"the allowance is "
+                                  f"{format_duration_ms(self.skew_allowance_ms)} (leave it unset for now)")
         plan = s.plan()
         t = now if at_ms is None else at_ms
         for _ in range(self.max_trigger_probes):
@@ -165,7 +168,8 @@ class Operations:
             if created is not None:
                 return created
             # Taken between our read and our create: look at the same instant again.
-        raise ResourceExhausted(f"no free execution id within {self.max_trigger_probes} ms of the trigger time")
+        raise ResourceExhausted(f"no free execution id within {format_duration_ms(self.max_trigger_probes)} of the "
+                                f"trigger time")
 
     # ---- rerun --------------------------------------------------------------------------------------
 
@@ -222,7 +226,10 @@ class Operations:
             if len(times) > self.backfill_limit:
                 raise ResourceExhausted(f"the range holds more than {self.backfill_limit} planned times (the "
                                         f"backfill limit); split it")
-        policy = overlap or s.policies.overlap
+        # A backfill's own policy (Temporal's BackfillRequest has one), by default every planned time
+        # of the range, one after another: the schedule's policy is about a run coming due while
+        # another runs, and a backfill makes them all due at once (issue 9, item 6).
+        policy = overlap or BACKFILL_OVERLAP
         p = partition_for(s.id, self.partitions)
         current, _ = await self.ledger.list_partition(self.kv, p, schedule_id=s.id, timeout=self.timeout)
         running = tuple(e.id for e in current if e.state in IN_FLIGHT)
@@ -340,9 +347,13 @@ class Operations:
         except (ValueError, AttributeError):
             return None  # an unreadable index entry: the schedule's current payload, as for any run
 
-    async def replay_dead_letter(self, execution_id: str, reason: str = "") -> Execution:
-        """Back to scheduled under its original id, with a fresh retry budget and the payload it died with
-        (Trigger REPLAY); the dead-letter key goes in the same txn."""
+    async def replay_dead_letter(self, execution_id: str, reason: str = "",
+                                 use_current_schedule: bool = False) -> Execution:
+        """Back to scheduled under its original id, with a fresh retry budget (Trigger REPLAY); the
+        dead-letter key goes in the same txn. By default it runs as it died: the payload snapshot of
+        its dead letter, its task type, pool, retry policy and timeout. `use_current_schedule`: with
+        the schedule's current payload, task type, pool, retry policy and timeout instead (the fix an
+        operator made with UpdateSchedule)."""
         self._check_reason(reason)
         for _ in range(self.max_rounds):
             e = await self._dead_letter(execution_id)
@@ -351,8 +362,14 @@ class Operations:
             except NotFound:
                 raise FailedPrecondition(f"schedule {e.schedule_id!r} was deleted; discard the dead letter "
                                          f"instead") from None
-            self._active(st, "replaying its dead letters")
-            new = replay(e, self.clock.wall_ms(), payload=await self._dead_payload(e))
+            s = self._active(st, "replaying its dead letters")
+            if use_current_schedule:
+                p = s.policies
+                # payload None: the planner sends the schedule's payload as of the dispatch.
+                new = replace(replay(e, self.clock.wall_ms()), payload=None, tenant=s.tenant, pool=s.worker_pool,
+                              task_type=s.task_type, retry=p.retry, timeout_ms=p.execution_timeout_ms)
+            else:
+                new = replay(e, self.clock.wall_ms(), payload=await self._dead_payload(e))
             if reason:
                 new = replace(new, skip_reason=reason)
             done = await self._cas(e, new)

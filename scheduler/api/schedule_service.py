@@ -10,7 +10,9 @@ fields it did not mean to change.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+import heapq
+import json
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import replace
 from typing import TypeVar
 
@@ -25,25 +27,29 @@ from scheduler.api.convert import (
     overlap_from_pb,
     schedule_from_pb,
     schedule_to_pb,
+    skip_reason_pb,
 )
-from scheduler.api.errors import Context, OperationsUnavailable, grpc_errors, grpc_stream_errors
+from scheduler.api.errors import Context, grpc_errors, grpc_stream_errors
 from scheduler.api.ports import OperationsPort
 from scheduler.api.reads import DeadIndex, page, prefix_range, scan
 from scheduler.api.selector import parse_selector
 from scheduler.clock import Clock
 from scheduler.errors import InvalidArgument, NotFound, VersionMismatch
-from scheduler.execution import ErrorClass, Execution
+from scheduler.execution import ExecState, Execution, dead_reason
 from scheduler.model import Schedule, ScheduleState, validate_schedule
-from scheduler.store.codec import decode_execution
+from scheduler.store.codec import decode_execution, peek_state
 from scheduler.store.keyspace import Keyspace, partition_for
 from scheduler.store.kv import KV
 from scheduler.store.ledger import Ledger
 from scheduler.store.schedules import ScheduleStore, StoredSchedule
-from scheduler.timeplan import DstGap, DstOverlap, parse_spec
+from scheduler.timeplan import DstGap, DstOverlap, Plan, parse_spec
+from scheduler.timeplan.plan import check_in_window
 
 _E = TypeVar("_E", DstGap, DstOverlap)
 PREVIEW_DEFAULT, PREVIEW_MAX = 10, 1000
 _RMW_ATTEMPTS = 8  # re-reads of an unconditional read-modify-write racing other writers
+# Records one page of a listing across every schedule (ListExecutions without schedule_id) reads at most.
+CROSS_SCHEDULE_SCAN = 10_000
 
 
 def stored_to_pb(st: StoredSchedule) -> pb.Schedule:
@@ -55,29 +61,13 @@ def stored_to_pb(st: StoredSchedule) -> pb.Schedule:
     return out
 
 
-def dead_reason(e: Execution) -> str:
-    cur = e.current
-    if cur is not None and cur.error_class is ErrorClass.PERMANENT:
-        return "permanent error"
-    unknown = sum(1 for a in e.attempts if a.error_class is ErrorClass.UNKNOWN)
-    if cur is not None and cur.error_class is ErrorClass.UNKNOWN and unknown >= e.retry.max_unknown_attempts:
-        return "unknown-error limit"
-    return f"retries exhausted ({e.attempt} attempts)"
-
-
 class ScheduleService:
     """Registered with schedule_service_pb2_grpc.add_ScheduleServiceServicer_to_server."""
 
     def __init__(self, *, kv: KV, ks: Keyspace, store: ScheduleStore, ledger: Ledger, clock: Clock,
-                 ops: OperationsPort | None, rpc_timeout: float) -> None:
+                 ops: OperationsPort, rpc_timeout: float) -> None:
         self.kv, self.ks, self.store, self.ledger, self.clock = kv, ks, store, ledger, clock
-        self._ops, self.timeout = ops, rpc_timeout
-
-    @property
-    def ops(self) -> OperationsPort:
-        if self._ops is None:
-            raise OperationsUnavailable("this server has no operations implementation")
-        return self._ops
+        self.ops, self.timeout = ops, rpc_timeout
 
     # ---- schedules --------------------------------------------------------------------------------
 
@@ -139,7 +129,6 @@ class ScheduleService:
     async def DeleteSchedule(self, request: spb.DeleteScheduleRequest, context: Context) -> spb.DeleteScheduleResponse:
         sid = inputs.schedule_id(request.id)
         expected = request.expected_version if request.HasField("expected_version") else None
-        ops = self.ops if request.cancel_running else None  # refuse before writing, not half-way
         try:
             cur = await self.store.get(sid)
             if expected is not None and cur.schedule.version != expected:
@@ -154,8 +143,8 @@ class ScheduleService:
             if not request.allow_missing:
                 raise
             return spb.DeleteScheduleResponse()
-        if ops is not None:
-            await ops.cancel_running(sid, "schedule deleted")
+        if request.cancel_running:
+            await self.ops.cancel_running(sid, "schedule deleted")
         return spb.DeleteScheduleResponse()
 
     @grpc_errors
@@ -189,7 +178,6 @@ class ScheduleService:
         sid = inputs.schedule_id(request.id)
         why = inputs.reason(request.reason)
         expected = request.expected_version if request.HasField("expected_version") else None
-        ops = self.ops if request.cancel_running else None  # refuse before writing, not half-way
 
         def change(cur: StoredSchedule) -> Schedule | None:
             s = cur.schedule
@@ -198,8 +186,8 @@ class ScheduleService:
             return replace(s, state=ScheduleState.PAUSED, paused_reason=why)
 
         st = await self._rmw(sid, expected, change)
-        if ops is not None:
-            await ops.cancel_running(sid, f"schedule paused: {why}" if why else "schedule paused")
+        if request.cancel_running:
+            await self.ops.cancel_running(sid, f"schedule paused: {why}" if why else "schedule paused")
         return spb.PauseScheduleResponse(schedule=stored_to_pb(st))
 
     @grpc_errors
@@ -265,7 +253,8 @@ class ScheduleService:
     async def ReplayDeadLetter(self, request: spb.ReplayDeadLetterRequest,
                                context: Context) -> spb.ReplayDeadLetterResponse:
         inputs.execution_id(request.execution_id)
-        e = await self.ops.replay_dead_letter(request.execution_id, reason=inputs.reason(request.reason))
+        e = await self.ops.replay_dead_letter(request.execution_id, reason=inputs.reason(request.reason),
+                                              use_current_schedule=request.use_current_schedule)
         return spb.ReplayDeadLetterResponse(execution=execution_to_pb(e))
 
     @grpc_errors
@@ -283,8 +272,8 @@ class ScheduleService:
         count = request.count or PREVIEW_DEFAULT
         if count > PREVIEW_MAX:
             raise InvalidArgument("count", f"{count} is above the limit of {PREVIEW_MAX}")
-        after = inputs.timestamp_ms(request.after, "after", exact=False) if request.HasField("after") \
-            else self.clock.wall_ms()
+        after = check_in_window(inputs.timestamp_ms(request.after, "after", exact=False), "after") \
+            if request.HasField("after") else self.clock.wall_ms()
         which = request.WhichOneof("source")
         if which == "schedule_id":
             plan = (await self.store.get(inputs.schedule_id(request.schedule_id, "schedule_id"))).schedule.plan()
@@ -342,29 +331,113 @@ class ScheduleService:
         after = paging.decode_token(request.page_token, filters)
         if after is not None and not (isinstance(after, list) and len(after) == 2):
             raise InvalidArgument("page_token", "is not a token this server issued")
+        if not sid:
+            if request.newest_first:
+                raise InvalidArgument("newest_first", "needs schedule_id: a listing of every schedule's executions is "
+                                      "in storage order (partition, schedule id, planned time)")
+            return await self._list_all_executions(tenant, states, lo, hi, size, filters, after)
         sign = -1 if request.newest_first else 1
 
         def order(e: Execution) -> tuple[str, int]:
             return (e.schedule_id, sign * e.planned_ms)
 
-        if sid:
-            p = partition_for(sid, self.store.partitions)
-            start = self.ks.execution(p, sid, lo) if lo is not None else self.ks.executions(p, sid)
-            end = self.ks.execution(p, sid, hi) if hi is not None else prefix_range(self.ks.executions(p, sid))[1]
-        else:
-            start, end = prefix_range(self.ks.all_executions)
+        p = partition_for(sid, self.store.partitions)
+        start = self.ks.execution(p, sid, lo) if lo is not None else self.ks.executions(p, sid)
+        end = self.ks.execution(p, sid, hi) if hi is not None else prefix_range(self.ks.executions(p, sid))[1]
         matches: list[Execution] = []
         pos = None if after is None else (str(after[0]), int(after[1]))
         async for x in scan(self.kv, start, end, timeout=self.timeout):
+            if states and peek_state(x.value) not in states:
+                continue
             e = decode_execution(x.value, x.mod_revision)
-            if (tenant and e.tenant != tenant) or (states and e.state not in states) \
-                    or (lo is not None and e.planned_ms < lo) or (hi is not None and e.planned_ms >= hi) \
-                    or (pos is not None and order(e) <= pos):
+            if (tenant and e.tenant != tenant) or (pos is not None and order(e) <= pos):
                 continue
             matches.append(e)
         got, more = page(matches, order, None, size)
         token = paging.encode_token(filters, list(order(got[-1]))) if more else ""
         return spb.ListExecutionsResponse(executions=[execution_to_pb(e) for e in got], next_page_token=token)
+
+    async def _list_all_executions(self, tenant: str, states: set[ExecState], lo: int | None, hi: int | None,
+                                   size: int, filters: Sequence[object], after: object) -> spb.ListExecutionsResponse:
+        """Every schedule's executions in key order, resuming after the token's key and reading at most
+        CROSS_SCHEDULE_SCAN records per page: a page costs what it returns plus a bounded scan, never a
+        scan of the whole ledger (issue 9). A page cut short by the budget may hold fewer than `size`
+        (even none) and still carry a token."""
+        start, end = prefix_range(self.ks.all_executions)
+        if after is not None:
+            if not (isinstance(after, list) and len(after) == 2 and after[0] == "k" and isinstance(after[1], str)):
+                raise InvalidArgument("page_token", "is not a token this server issued")
+            resume = after[1].encode()
+            if not start <= resume < end:
+                raise InvalidArgument("page_token", "is not a token this server issued")
+            start = resume + b"\x00"
+        got: list[Execution] = []
+        last: bytes | None = None
+        scanned = 0
+        finished = True
+        async for x in scan(self.kv, start, end, timeout=self.timeout):
+            if scanned >= CROSS_SCHEDULE_SCAN or len(got) >= size:
+                finished = False
+                break
+            scanned += 1
+            last = x.key
+            if states and peek_state(x.value) not in states:
+                continue
+            e = decode_execution(x.value, x.mod_revision)
+            if (tenant and e.tenant != tenant) or (lo is not None and e.planned_ms < lo) \
+                    or (hi is not None and e.planned_ms >= hi):
+                continue
+            got.append(e)
+        token = paging.encode_token(filters, ["k", last.decode()]) if not finished and last is not None else ""
+        return spb.ListExecutionsResponse(executions=[execution_to_pb(e) for e in got], next_page_token=token)
+
+    @grpc_errors
+    async def ListSkips(self, request: spb.ListSkipsRequest, context: Context) -> spb.ListSkipsResponse:
+        """Planned times of one schedule that were not run: executions in state SKIPPED and skip records
+        (ranges (after, through], expanded with the schedule's current plan), merged by planned time."""
+        sid = inputs.schedule_id(request.schedule_id, "schedule_id")
+        lo, hi = _time_range(request.planned, "planned")
+        size = paging.page_size(request.page_size)
+        filters = ["skips", sid, lo, hi]
+        after = paging.decode_token(request.page_token, filters)
+        if after is not None and not isinstance(after, int):
+            raise InvalidArgument("page_token", "is not a token this server issued")
+        floor = max(x for x in (after, None if lo is None else lo - 1, -1) if x is not None)  # exclusive
+        ceil = inputs.MAX_MS if hi is None else hi - 1  # inclusive
+        try:
+            plan: Plan | None = (await self.store.get(sid)).schedule.plan()
+        except NotFound:
+            plan = None  # deleted: its records stay, its ranges are listed unexpanded
+        p = partition_for(sid, self.store.partitions)
+        sources: list[Iterator[tuple[int, int, spb.SkippedTime]]] = []
+        recorded: list[tuple[int, int, spb.SkippedTime]] = []
+        async for x in scan(self.kv, self.ks.execution(p, sid, floor + 1),
+                            self.ks.execution(p, sid, ceil + 1), timeout=self.timeout):
+            if peek_state(x.value) is not ExecState.SKIPPED:
+                continue
+            e = decode_execution(x.value, x.mod_revision)
+            recorded.append((e.planned_ms, 0, spb.SkippedTime(
+                schedule_id=sid, planned_at=ms_to_timestamp(e.planned_ms), reason=skip_reason_pb(e.skip_reason),
+                execution_id=e.id, message=e.skip_reason)))
+        sources.append(iter(recorded))
+        async for x in scan(self.kv, *prefix_range(self.ks.skips(p, sid)), timeout=self.timeout):
+            r = _skip_record(x.key, x.value)
+            if r is None or r[1] <= floor or r[0] >= ceil:
+                continue
+            sources.append(_expand(sid, plan, *r, floor, ceil))
+        out: list[spb.SkippedTime] = []
+        seen = floor
+        more = False
+        for ms, _, item in heapq.merge(*sources, key=lambda t: (t[0], t[1])):
+            if ms <= seen:
+                continue  # one entry per planned time: the execution record's, when there is one
+            if len(out) >= size:
+                more = True
+                break
+            out.append(item)
+            seen = ms
+        token = paging.encode_token(filters, seen) if more else ""
+        return spb.ListSkipsResponse(skips=out, next_page_token=token)
 
     @grpc_errors
     async def ListDeadLetters(self, request: spb.ListDeadLettersRequest,
@@ -433,3 +506,32 @@ def _time_range(r: spb.TimeRange, field: str, *, exact: bool = False) -> tuple[i
         raise InvalidArgument(f"{field}.end", "is before start")
     return lo, hi
 
+
+
+def _skip_record(key: bytes, value: bytes) -> tuple[int, int, str] | None:
+    """(after, through, reason) of a skip record (Ledger.skip_op); None for one this build cannot read."""
+    try:
+        after, _, through = Keyspace.last_segment(key).partition("-")
+        return int(after), int(through), str(json.loads(value).get("reason", ""))
+    except (ValueError, AttributeError):
+        return None
+
+
+def _expand(sid: str, plan: Plan | None, after: int, through: int, reason: str, floor: int,
+            ceil: int) -> Iterator[tuple[int, int, spb.SkippedTime]]:
+    """The planned times of one skip record in (floor, ceil], lazily (a week of per-second misses is
+    one record, and a page takes only what it shows). Without a plan (the schedule was deleted): the
+    record itself, once, at its `through`."""
+    def entry(ms: int | None) -> spb.SkippedTime:
+        out = spb.SkippedTime(schedule_id=sid, reason=skip_reason_pb(reason), range_after=ms_to_timestamp(after),
+                              range_through=ms_to_timestamp(through))
+        if ms is not None:
+            out.planned_at.CopyFrom(ms_to_timestamp(ms))
+        return out
+
+    if plan is None:
+        if floor < through <= ceil:
+            yield through, 1, entry(None)
+        return
+    for ms in plan.between_ms(max(after, floor), min(through, ceil)):
+        yield ms, 1, entry(ms)

@@ -31,6 +31,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def show_policy(r: Any) -> str:
+    if not r.primary_region and not r.version:
+        return "no region policy set (every region's planners may own partitions; `region switchover` sets one)"
     return f"primary region {r.primary_region or '-'} (version {r.version}, since {opt_ts(r, 'updated_at')})" + (
         f": {r.reason}" if r.reason else "")
 
@@ -43,10 +45,12 @@ def _status(args: argparse.Namespace) -> int:
             return Exit.OK
         owned = [p for p in st.partitions if p.owner]
         lags = [p.lag.ToMilliseconds() for p in st.partitions if p.HasField("lag")]
+        waits = [p.oldest_waiting.ToMilliseconds() for p in st.partitions if p.HasField("oldest_waiting")]
         out = sys.stdout
         out.write(f"answered by {st.answered_by} at {opt_ts(st, 'server_time')}; {show_policy(st.region_policy)}\n")
         out.write(f"partitions: {len(owned)}/{st.partition_count} owned; max watermark lag "
-                  f"{duration_text(max(lags)) if lags else '-'}; dispatch queue depth {st.dispatch_queue_depth}\n\n")
+                  f"{duration_text(max(lags)) if lags else '-'}; oldest run waiting for a worker "
+                  f"{duration_text(max(waits)) if waits else '-'}; dispatch queue depth {st.dispatch_queue_depth}\n\n")
         table(["PLANNER", "REGION", "LIVENESS", "PARTITIONS", "QUEUE", "WORKERS", "ADDRESS", "LAST_SEEN"],
               [(p.planner.node_id, p.planner.region,
                 enum_name(cpb.PlannerLiveness, p.planner.liveness, "PLANNER_LIVENESS_"), p.partitions_owned,
@@ -57,10 +61,12 @@ def _status(args: argparse.Namespace) -> int:
               [(w.pool, w.region, w.connected_workers, w.capacity, w.running) for w in st.worker_pools])
         if args.partitions:
             out.write("\n")
-            table(["PARTITION", "OWNER", "REGION", "TOKEN", "WATERMARK", "LAG"],
+            table(["PARTITION", "OWNER", "REGION", "TOKEN", "WATERMARK", "LAG", "OLDEST_WAITING"],
                   [(p.partition, p.owner or "-", p.owner_region or "-",
                     p.fencing_token.revision if p.HasField("fencing_token") else "-", opt_ts(p, "watermark"),
-                    duration_text(p.lag.ToMilliseconds()) if p.HasField("lag") else "-") for p in st.partitions])
+                    duration_text(p.lag.ToMilliseconds()) if p.HasField("lag") else "-",
+                    duration_text(p.oldest_waiting.ToMilliseconds()) if p.HasField("oldest_waiting") else "-")
+                   for p in st.partitions])
         return Exit.OK
     return run_call(args, body)
 

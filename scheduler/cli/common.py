@@ -20,10 +20,11 @@ import grpc
 from google.protobuf import json_format
 from google.protobuf.message import Message
 
-from scheduler.cli.output import Exit, rfc3339
+from scheduler.cli.output import Exit
 from scheduler.client import ClientError, SchedulerClient, load_client_settings
 from scheduler.config import CoordinationSettings, EtcdSettings
 from scheduler.errors import InvalidArgument
+from scheduler.model import format_rfc3339_ms
 from scheduler.planner.settings import PlannerSettings
 from scheduler.worker.settings import WorkerSettings
 
@@ -126,8 +127,9 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
 
 
 def ts(t: Any) -> str:
-    """A Timestamp field as RFC3339 UTC, `-` when unset (the caller passes `msg.field if HasField`)."""
-    return "-" if t is None else rfc3339(t.ToMilliseconds())
+    """A Timestamp field as RFC3339 UTC with milliseconds, as in execution ids (`...:36.000Z`), `-` when
+    unset (the caller passes `msg.field if HasField`)."""
+    return "-" if t is None else format_rfc3339_ms(t.ToMilliseconds())
 
 
 def opt_ts(m: Any, field: str) -> str:
@@ -149,7 +151,8 @@ def enum_value(enum: Any, prefix: str, choice: str) -> Any:
 
 
 def duration_text(ms: int) -> str:
+    """`250ms`, `5.6s`, `90s`, `5m`, `2h`: what a person reads at a glance (a lag, a timeout)."""
     if ms % 1000:
-        return f"{ms}ms"
+        return f"{ms}ms" if abs(ms) < 1000 else f"{ms / 1000:.1f}s"
     s = ms // 1000
     return f"{s}s" if s < 120 or s % 60 else (f"{s // 60}m" if s < 7200 or s % 3600 else f"{s // 3600}h")

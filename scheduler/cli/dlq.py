@@ -28,9 +28,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
     for name, help, func in (("replay", "run a dead letter again with a fresh retry budget", _replay),
                              ("discard", "drop a dead letter for good (its execution ends FAILED)", _discard)):
-        p = verbs.add_parser(name, parents=[conn], help=help)
+        p = verbs.add_parser(name, parents=[conn], help=help, description=help[0].upper() + help[1:] + ".")
         p.add_argument("execution_id", metavar="EXECUTION_ID")
         p.add_argument("--reason", default="")
+        if name == "replay":
+            p.add_argument("--with-current-schedule", action="store_true",
+                           help="run it with the schedule's current payload, command, task type, pool, retry "
+                                "policy and timeout (after `schedule update` fixed them). Default: as it died, "
+                                "with the payload kept in the dead letter")
         p.set_defaults(func=func)
 
 
@@ -54,7 +59,8 @@ def _list(args: argparse.Namespace) -> int:
 
 def _replay(args: argparse.Namespace) -> int:
     async def body(c: SchedulerClient) -> int:
-        show_execution(await c.replay_dead_letter(args.execution_id, reason=args.reason), args.json)
+        show_execution(await c.replay_dead_letter(args.execution_id, reason=args.reason,
+                                                  use_current_schedule=args.with_current_schedule), args.json)
         return Exit.OK
     return run_call(args, body)
 

@@ -33,14 +33,18 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     conn = client_parent()
 
     p = verbs.add_parser("list", parents=[conn], help="list executions (newest planned time first)",
-                         description="List executions, newest planned time first within a schedule.")
+                         description="List executions, newest planned time first within a schedule. Without "
+                                     "--schedule, every schedule's, in storage order (partition, schedule, planned "
+                                     "time), read page by page. Skipped planned times that never became an "
+                                     "execution are listed by `schedctl skips SCHEDULE_ID`.")
     p.add_argument("--schedule", "-s", default="", metavar="ID", help="only this schedule's")
     p.add_argument("--tenant", default="")
     p.add_argument("--state", action="append", choices=enum_choices(epb.ExecutionState, _STATE),
                    help="only in this state (repeatable)")
     p.add_argument("--since", metavar="RFC3339", help="planned at or after")
     p.add_argument("--until", metavar="RFC3339", help="planned before")
-    p.add_argument("--oldest-first", action="store_true")
+    p.add_argument("--oldest-first", action="store_true", help="oldest planned time first (always so without "
+                   "--schedule)")
     p.add_argument("--limit", type=int, default=50, metavar="N", help="at most N (default 50; 0: all)")
     p.set_defaults(func=_list)
 
@@ -52,6 +56,17 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("execution_id", metavar="EXECUTION_ID")
     p.add_argument("--reason", default="")
     p.set_defaults(func=_cancel)
+
+    p = sub.add_parser("skips", parents=[conn], help="planned times of a schedule that did not run, and why (server)",
+                       description="List the planned times of one schedule that were not run, with the reason "
+                                   "(missed during an outage, paused, overlap, schedule changed...), oldest first: "
+                                   "skip records expanded with the schedule's current spec, and executions "
+                                   "recorded as skipped.")
+    p.add_argument("schedule_id", metavar="SCHEDULE_ID")
+    p.add_argument("--since", metavar="RFC3339", help="planned at or after")
+    p.add_argument("--until", metavar="RFC3339", help="planned before")
+    p.add_argument("--limit", type=int, default=100, metavar="N", help="at most N (default 100; 0: all)")
+    p.set_defaults(func=_skips)
 
 
 def show_execution(e: Any, as_json: bool) -> None:
@@ -101,7 +116,7 @@ def _list(args: argparse.Namespace) -> int:
     async def body(c: SchedulerClient) -> int:
         found = [e async for e in c.iter_executions(
             limit=args.limit or None, schedule_id=args.schedule, tenant=args.tenant, states=states,
-            planned_start=since, planned_end=until, newest_first=not args.oldest_first)]
+            planned_start=since, planned_end=until, newest_first=bool(args.schedule) and not args.oldest_first)]
         if args.json:
             print_json({"executions": [to_dict(e) for e in found]})
         else:
@@ -111,6 +126,26 @@ def _list(args: argparse.Namespace) -> int:
                     (e.attempts[-1].worker_id or "-") if e.attempts else "-",
                     opt_ts(e.attempts[-1], "started_at") if e.attempts else "-", _finished(e), _message(e))
                    for e in found])
+        return Exit.OK
+    return run_call(args, body)
+
+
+def _skips(args: argparse.Namespace) -> int:
+    since = parse_rfc3339(args.since, "since") if args.since else None
+    until = parse_rfc3339(args.until, "until") if args.until else None
+
+    async def body(c: SchedulerClient) -> int:
+        found = [x async for x in c.iter_skips(args.schedule_id, limit=args.limit or None, planned_start=since,
+                                               planned_end=until)]
+        if args.json:
+            print_json({"skips": [to_dict(x) for x in found]})
+        else:
+            table(["PLANNED_AT", "REASON", "RECORDED_AS"],
+                  [(opt_ts(x, "planned_at") if x.HasField("planned_at") else
+                    f"({opt_ts(x, 'range_after')}, {opt_ts(x, 'range_through')}]",
+                    enum_name(epb.SkipReason, x.reason, "SKIP_REASON_"),
+                    x.execution_id or f"skip record ({opt_ts(x, 'range_after')}, {opt_ts(x, 'range_through')}]")
+                   for x in found])
         return Exit.OK
     return run_call(args, body)
 

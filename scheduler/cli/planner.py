@@ -18,6 +18,7 @@ from scheduler import logs
 from scheduler._gen.scheduler.v1 import cluster_pb2 as cpb
 from scheduler.cli.common import client_parent, enum_name, print_json, run_call
 from scheduler.cli.output import Exit, fail_invalid
+from scheduler.cli.settings_help import DEFAULT_TEXT, HELP
 from scheduler.client import SchedulerClient
 from scheduler.clock import SYSTEM_CLOCK
 from scheduler.config import CoordinationSettings, EtcdSettings, parse_listen_address
@@ -36,37 +37,103 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+_GROUPS = {"EtcdSettings": "etcd", "CoordinationSettings": "coordination (sessions, partitions, timing)",
+           "PlannerSettings": "planner loop, API and retention", "WorkerSettings": "worker"}
+UNSAFE_TITLE = "UNSAFE, FOR TESTS ONLY (they switch off safety checks; never set them in production)"
+
+
+def _default_text(f: dataclasses.Field[Any]) -> str:
+    if f.name in DEFAULT_TEXT:
+        return DEFAULT_TEXT[f.name]
+    d = f.default
+    if d is None or d == "":
+        return "unset"
+    if isinstance(d, tuple):
+        return ",".join(str(x) for x in d)
+    if isinstance(d, bool):
+        return str(d).lower()
+    return f"{d:_}".replace("_", ",") if isinstance(d, int) and d >= 10_000 else str(d)
+
+
 def add_settings_flags(p: argparse.ArgumentParser, *classes: type[Any]) -> None:
-    """One flag per settings field; values stay None unless given, so env and TOML can fill them."""
+    """One flag per settings field, grouped by settings class, with its meaning, unit and default; values
+    stay None unless given, so env and TOML can fill them. `unsafe_*` switches go in their own group,
+    labelled as test-only."""
+    unsafe: list[tuple[dataclasses.Field[Any], str]] = []
     for cls in classes:
+        group = p.add_argument_group(_GROUPS.get(cls.__name__, cls.__name__))
         for f in dataclasses.fields(cls):
-            kind = "comma-separated list" if "tuple" in str(f.type) else "value"
-            p.add_argument(_flag(f.name), dest=f.name, default=None, metavar=f.name.upper(),
-                           help=f"{kind}; env SCHED_{f.name.upper()}")
+            text = f"{HELP.get(f.name, f.name.replace('_', ' '))} (default: {_default_text(f)}; " \
+                   f"env SCHED_{f.name.upper()})"
+            if f.name.startswith("unsafe_"):
+                unsafe.append((f, text))
+                continue
+            group.add_argument(_flag(f.name), dest=f.name, default=None, metavar=_metavar(f), help=text)
+    if unsafe:  # last, under their own heading
+        group = p.add_argument_group(UNSAFE_TITLE)
+        for f, text in unsafe:
+            group.add_argument(_flag(f.name), dest=f.name, default=None, metavar=_metavar(f), help=text)
+
+
+def _metavar(f: dataclasses.Field[Any]) -> str:
+    t = str(f.type)
+    if "tuple" in t:
+        return "LIST"
+    if "bool" in t:
+        return "BOOL"
+    if "float" in t or "int" in t:
+        return "N"
+    return f.name.upper()
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("planner", help="run one planner node",
-                       description="Run one planner node. Settings: flags, then SCHED_* variables, then --config.")
+    p = sub.add_parser(
+        "planner", help="run one planner node (or drain/undrain one)",
+        description="Run one planner node: it serves the API, owns its share of the partitions and dispatches to "
+                    "workers. Every setting comes from its flag, else its SCHED_* variable, else --config "
+                    "(TOML, flat keys named like the flags with underscores), else the default shown. "
+                    "`schedctl planner drain|undrain NODE_ID` steer a running planner instead.")
     p.add_argument("--config", metavar="FILE", help="TOML file with settings (flat keys, as the flag names)")
-    p.add_argument("--log-level", default="info")
+    p.add_argument("--log-level", default="info", help="debug, info, warning or error (default: info)")
     add_settings_flags(p, EtcdSettings, CoordinationSettings, PlannerSettings)
     p.set_defaults(func=run)
     # `schedctl planner drain NODE` is an optional sub-action: without it, `schedctl planner [flags]`
     # runs a planner exactly as before.
-    actions = p.add_subparsers(dest="action", required=False, metavar="[drain]")
+    actions = p.add_subparsers(dest="action", required=False, metavar="[drain|undrain]")
     d = actions.add_parser("drain", parents=[client_parent()],
                            help="tell a running planner to hand its partitions over",
                            description="Tell planner NODE_ID (through any node's API) to hand its partitions over "
-                                       "and stop claiming; it keeps serving the API.")
+                                       "and stop claiming; it keeps serving the API. Refused (exit 4) when no "
+                                       "other live planner would be left to own partitions, unless --force. "
+                                       "Undo with `schedctl planner undrain NODE_ID` (a restart also ends it).")
     d.add_argument("node_id", metavar="NODE_ID")
     d.add_argument("--reason", default="")
+    d.add_argument("--force", action="store_true",
+                   help="drain even the last planner: every partition stops being planned until an undrain")
     d.set_defaults(func=_drain)
+    u = actions.add_parser("undrain", parents=[client_parent()],
+                           help="withdraw a drain: the planner claims its share of partitions again",
+                           description="Withdraw the drain request of planner NODE_ID: it counts as eligible "
+                                       "again and claims its share of the partitions.")
+    u.add_argument("node_id", metavar="NODE_ID")
+    u.set_defaults(func=_undrain)
+
+
+def _undrain(args: argparse.Namespace) -> int:
+    async def body(c: SchedulerClient) -> int:
+        info = await c.undrain_planner(args.node_id)
+        if args.json:
+            print_json(info)
+        else:
+            liveness = enum_name(cpb.PlannerLiveness, info.liveness, "PLANNER_LIVENESS_")
+            print(f"{info.node_id} ({info.region or '-'}): {liveness}")
+        return Exit.OK
+    return run_call(args, body)
 
 
 def _drain(args: argparse.Namespace) -> int:
     async def body(c: SchedulerClient) -> int:
-        info = await c.drain_planner(args.node_id, reason=args.reason)
+        info = await c.drain_planner(args.node_id, reason=args.reason, force=args.force)
         if args.json:
             print_json(info)
         else:

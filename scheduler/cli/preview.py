@@ -11,6 +11,7 @@ from scheduler.clock import SYSTEM_CLOCK
 from scheduler.errors import InvalidArgument
 from scheduler.model import parse_rfc3339
 from scheduler.timeplan import DstGap, DstOverlap, parse_spec
+from scheduler.timeplan.plan import check_in_window
 from scheduler.timeplan.zone import get_zone
 
 MAX_COUNT = 10_000
@@ -39,7 +40,8 @@ def run(args: argparse.Namespace) -> int:
         if not 1 <= args.count <= MAX_COUNT:
             raise InvalidArgument("count", f"{args.count} is outside 1-{MAX_COUNT}")
         get_zone(args.tz)  # name the zone field before the spec's
-        start = SYSTEM_CLOCK.wall_ms() if args.start is None else parse_rfc3339(args.start, "start")
+        start = SYSTEM_CLOCK.wall_ms() if args.start is None else \
+            check_in_window(parse_rfc3339(args.start, "start"), "start")
         plan = parse_spec(
             args.cron,
             schedule_id=args.schedule_id,

@@ -24,10 +24,10 @@ from scheduler.cli.common import (
     ts,
 )
 from scheduler.cli.executions import show_execution
-from scheduler.cli.output import Exit, rfc3339
+from scheduler.cli.output import Exit
 from scheduler.cli.schedule_input import add_schedule_flags, build_schedule
 from scheduler.client import SchedulerClient
-from scheduler.model import parse_rfc3339
+from scheduler.model import format_rfc3339_ms, parse_rfc3339
 
 _STATE = "SCHEDULE_STATE_"
 _OVERLAP = "OVERLAP_POLICY_"
@@ -92,7 +92,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("id")
     p.add_argument("--start", required=True, metavar="RFC3339", help="inclusive start")
     p.add_argument("--end", required=True, metavar="RFC3339", help="exclusive end (not in the future)")
-    p.add_argument("--overlap", choices=enum_choices(spb.OverlapPolicy, _OVERLAP))
+    p.add_argument("--overlap", choices=enum_choices(spb.OverlapPolicy, _OVERLAP),
+                   help="overlap policy of the backfilled runs (default buffer_all: every planned time of the "
+                        "range runs, one after another; the schedule's own policy is not used)")
     p.add_argument("--dry-run", action="store_true", help="count, write nothing")
 
     p = verb("preview", "next planned times of a stored schedule (the server computes them)", _preview)
@@ -249,7 +251,8 @@ def _backfill(args: argparse.Namespace) -> int:
             print_json(to_dict(last) | {"dry_run": args.dry_run})
         else:
             verb = "would create" if args.dry_run else "created"
-            print(f"{args.id}: {last.planned} planned times in [{rfc3339(start)}, {rfc3339(end)}): "
+            print(f"{args.id}: {last.planned} planned times in [{format_rfc3339_ms(start)}, "
+                  f"{format_rfc3339_ms(end)}): "
                   f"{verb} {last.created}, {last.existing} existed, {last.skipped} skipped (overlap)")
         return Exit.OK if last.done else Exit.FAILURE
     return run_call(args, body)

@@ -60,8 +60,9 @@ def add_schedule_flags(p: argparse.ArgumentParser, *, creating: bool) -> None:
     pay.add_argument("--command", metavar="SHELL",
                      help="shorthand: task type `shell` with payload {\"command\": SHELL}")
     g.add_argument("--label", action="append", metavar="KEY=VALUE", default=None, help="label (repeatable)")
-    g.add_argument("--start", metavar="RFC3339", help="no planned time before this")
-    g.add_argument("--end", metavar="RFC3339", help="no planned time at or after this")
+    g.add_argument("--start", metavar="RFC3339", help="first instant that may be planned (inclusive)")
+    g.add_argument("--end", metavar="RFC3339", help="last instant that may be planned (inclusive: a planned time "
+                   "equal to it still runs)")
     pol = p.add_argument_group("policies (docs/time.md)")
     for dest, (_, enum, prefix) in _ENUMS.items():
         pol.add_argument("--" + dest.replace("_", "-"), dest=dest, choices=enum_choices(enum, prefix))

@@ -33,6 +33,9 @@ T = TypeVar("T")
 _MAX_MESSAGE = 32 * 1024 * 1024
 
 
+DEFAULT_NAME = "default"  # tenant and worker pool when the caller gives none (as the CLI)
+
+
 def _time_range(start: Instant | None, end: Instant | None) -> Any:
     r = sspb.TimeRange()
     if start is not None:
@@ -88,7 +91,15 @@ class SchedulerClient:
     # ---- schedules ------------------------------------------------------------------------------
 
     async def create_schedule(self, schedule: Any, *, request_id: str = "", timeout: float | None = None) -> Any:
-        """Create `schedule` (a `Schedule` message); returns the stored one. ALREADY_EXISTS if taken."""
+        """Create `schedule` (a `Schedule` message); returns the stored one. ALREADY_EXISTS if taken.
+        An empty `tenant` or `worker_pool` is sent as `default`, as `schedctl schedule create` does (the
+        API itself requires both); the caller's message is not modified."""
+        if not schedule.tenant or not schedule.worker_pool:
+            filled = type(schedule)()
+            filled.CopyFrom(schedule)
+            filled.tenant = filled.tenant or DEFAULT_NAME
+            filled.worker_pool = filled.worker_pool or DEFAULT_NAME
+            schedule = filled
         req = sspb.CreateScheduleRequest(schedule=schedule, request_id=request_id)
         return (await self._call("CreateSchedule", self._schedules.CreateSchedule, req, timeout)).schedule
 
@@ -228,6 +239,29 @@ class SchedulerClient:
             if not token:
                 return
 
+    async def list_skips(self, schedule_id: str, *, planned_start: Instant | None = None,
+                         planned_end: Instant | None = None, page_size: int = 0, page_token: str = "",
+                         timeout: float | None = None) -> Any:
+        """One page: a `ListSkipsResponse` (skips, next_page_token), the planned times not run and why."""
+        req = sspb.ListSkipsRequest(schedule_id=schedule_id, page_size=page_size, page_token=page_token)
+        if planned_start is not None or planned_end is not None:
+            req.planned.CopyFrom(_time_range(planned_start, planned_end))
+        return await self._call("ListSkips", self._schedules.ListSkips, req, timeout)
+
+    async def iter_skips(self, schedule_id: str, *, limit: int | None = None, **filters: Any) -> AsyncIterator[Any]:
+        """Every skipped planned time (at most `limit`), page after page; filters as list_skips."""
+        token, n = "", 0
+        while True:
+            page = await self.list_skips(schedule_id, page_token=token, **filters)
+            for x in page.skips:
+                if limit is not None and n >= limit:
+                    return
+                n += 1
+                yield x
+            token = page.next_page_token
+            if not token:
+                return
+
     async def cancel_execution(self, execution_id: str, *, reason: str = "", timeout: float | None = None) -> Any:
         req = sspb.CancelExecutionRequest(execution_id=execution_id, reason=reason)
         return (await self._call("CancelExecution", self._schedules.CancelExecution, req, timeout)).execution
@@ -257,8 +291,12 @@ class SchedulerClient:
             if not token:
                 return
 
-    async def replay_dead_letter(self, execution_id: str, *, reason: str = "", timeout: float | None = None) -> Any:
-        req = sspb.ReplayDeadLetterRequest(execution_id=execution_id, reason=reason)
+    async def replay_dead_letter(self, execution_id: str, *, reason: str = "", use_current_schedule: bool = False,
+                                 timeout: float | None = None) -> Any:
+        """Run a dead letter again: as it died (default) or with the schedule's current payload, task type,
+        pool, retry policy and timeout (`use_current_schedule`)."""
+        req = sspb.ReplayDeadLetterRequest(execution_id=execution_id, reason=reason,
+                                           use_current_schedule=use_current_schedule)
         return (await self._call("ReplayDeadLetter", self._schedules.ReplayDeadLetter, req, timeout)).execution
 
     async def discard_dead_letter(self, execution_id: str, *, reason: str = "", timeout: float | None = None) -> Any:
@@ -280,10 +318,17 @@ class SchedulerClient:
             req.expected_version = expected_version
         return (await self._call("Switchover", self._admin.Switchover, req, timeout)).region_policy
 
-    async def drain_planner(self, node_id: str, *, reason: str = "", timeout: float | None = None) -> Any:
-        """Tell planner `node_id` to hand its partitions over; returns its `PlannerInfo` (DRAINING)."""
-        req = apb.DrainPlannerRequest(node_id=node_id, reason=reason)
+    async def drain_planner(self, node_id: str, *, reason: str = "", force: bool = False,
+                            timeout: float | None = None) -> Any:
+        """Tell planner `node_id` to hand its partitions over; returns its `PlannerInfo` (DRAINING).
+        Refused (FAILED_PRECONDITION) when it would leave no planner to own partitions, unless `force`."""
+        req = apb.DrainPlannerRequest(node_id=node_id, reason=reason, force=force)
         return (await self._call("DrainPlanner", self._admin.DrainPlanner, req, timeout)).planner
+
+    async def undrain_planner(self, node_id: str, *, timeout: float | None = None) -> Any:
+        """Withdraw a drain request: the planner claims partitions again; returns its `PlannerInfo`."""
+        req = apb.UndrainPlannerRequest(node_id=node_id)
+        return (await self._call("UndrainPlanner", self._admin.UndrainPlanner, req, timeout)).planner
 
     async def get_time(self, *, timeout: float | None = None) -> Any:
         return await self._call("GetTime", self._admin.GetTime, apb.GetTimeRequest(), timeout)

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 import grpc
 
 READS = frozenset({
-    "GetSchedule", "ListSchedules", "PreviewSchedule", "GetExecution", "ListExecutions", "ListDeadLetters",
+    "GetSchedule", "ListSchedules", "PreviewSchedule", "GetExecution", "ListExecutions", "ListSkips",
+    "ListDeadLetters",
     "GetClusterStatus", "GetTime",
 })
 RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE})

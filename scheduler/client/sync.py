@@ -97,6 +97,9 @@ class SyncSchedulerClient:
     def list_executions(self, **kw: Any) -> Any:
         return self._run(self._client.list_executions(**kw))
 
+    def list_skips(self, schedule_id: str, **kw: Any) -> Any:
+        return self._run(self._client.list_skips(schedule_id, **kw))
+
     def cancel_execution(self, execution_id: str, **kw: Any) -> Any:
         return self._run(self._client.cancel_execution(execution_id, **kw))
 
@@ -117,6 +120,9 @@ class SyncSchedulerClient:
 
     def drain_planner(self, node_id: str, **kw: Any) -> Any:
         return self._run(self._client.drain_planner(node_id, **kw))
+
+    def undrain_planner(self, node_id: str, **kw: Any) -> Any:
+        return self._run(self._client.undrain_planner(node_id, **kw))
 
     def get_time(self, **kw: Any) -> Any:
         return self._run(self._client.get_time(**kw))

@@ -7,14 +7,12 @@ lag, checkpoints, queue depth, workers) is read from the node when Prometheus sc
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable, Sequence
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import CollectorRegistry
 
-from scheduler.dispatch.service import Dispatcher
 from scheduler.execution import ErrorClass, ExecState, Execution, Trigger
 from scheduler.metrics.core import (
     SECONDS_BUCKETS,
@@ -25,9 +23,7 @@ from scheduler.metrics.core import (
     counter_family,
     histogram_family,
 )
-
-if TYPE_CHECKING:
-    from scheduler.node import PlannerNode
+from scheduler.status import NodeStatus
 
 DEFAULT_SCHEDULE_LIMIT = 100  # schedules with their own start-lag series per process (the rest: _other)
 TASK_TYPE_LIMIT = 100  # task types with their own dead_letter_total series per process
@@ -53,12 +49,12 @@ class PlannerMetrics:
         self.renew_failures: dict[str, int] = {}
         self.leases_lost: dict[str, int] = {}
         self.partitions_lost: dict[str, int] = {}
-        self._node: PlannerNode | None = None
+        self._status: Callable[[], NodeStatus] | None = None
         self.registry.register(CallbackCollector(self.collect))
 
-    def attach(self, node: PlannerNode) -> None:
-        """The node whose state the gauges read at scrape time."""
-        self._node = node
+    def observe(self, status: Callable[[], NodeStatus]) -> None:
+        """Where the gauges read the node's state at scrape time (PlannerNode.status)."""
+        self._status = status
 
     # ---- events (hot path: ints and lock-free histograms only) -------------------------------------
 
@@ -111,14 +107,13 @@ class PlannerMetrics:
                              "reason", self.leases_lost)
         yield counter_family("scheduler_partitions_lost", "Partitions this node stopped owning, by reason.",
                              "reason", self.partitions_lost)
-        if self._node is not None:
-            yield from _node_gauges(self._node)
+        if self._status is not None:
+            yield from _node_gauges(self._status())
 
 
-def _node_gauges(node: PlannerNode) -> Iterable[Metric]:
-    now_ms = node.clock.wall_ms()
-    owned = node.ownership.owned_partitions()
-    yield GaugeMetricFamily("scheduler_partitions_owned", "Partitions this node owns now.", value=len(owned))
+def _node_gauges(st: NodeStatus) -> Iterable[Metric]:
+    now_ms = st.now_ms
+    yield GaugeMetricFamily("scheduler_partitions_owned", "Partitions this node owns now.", value=len(st.owned))
     lag = GaugeMetricFamily("scheduler_lag_seconds",
                             "Now minus the oldest due time not yet dispatched, per owned partition (0: none).",
                             labels=["partition"])
@@ -129,44 +124,39 @@ def _node_gauges(node: PlannerNode) -> Iterable[Metric]:
     watermark = GaugeMetricFamily("scheduler_checkpoint_watermark_timestamp_seconds",
                                   "The partition's checkpoint watermark (every planned time up to it is handled).",
                                   labels=["partition"])
-    for p, planner in sorted(node.planners.items()):
-        if p not in owned:
-            continue
-        label = [str(p)]
-        oldest = planner.pending.oldest_ready()
+    for part in st.owned:
+        label = [str(part.partition)]
+        oldest = part.oldest_waiting_ms
         lag.add_metric(label, max(0, now_ms - oldest) / 1000 if oldest is not None else 0.0)
-        wm = planner.ck.watermark_ms
+        wm = part.watermark_ms
         if wm:
             behind.add_metric(label, max(0, now_ms - wm) / 1000)
             watermark.add_metric(label, wm / 1000)
     yield lag
     yield behind
     yield watermark
-    stats = node.fence_stats
     yield CounterMetricFamily("scheduler_fenced_txns", "Owner writes sent with the fencing-token compare.",
-                              value=stats.txns)
+                              value=st.fenced_txns)
     yield CounterMetricFamily("scheduler_fencing_rejections",
                               "Owner writes etcd refused because the fencing token was stale.",
-                              value=stats.fenced_out)
-    yield CounterMetricFamily("scheduler_partition_restarts",
-                              "Partition planners reloaded from etcd (lost compare-and-swap, unknown outcome).",
-                              value=node.restarts)
-    d = node.dispatcher
+                              value=st.fencing_rejections)
+    yield counter_family("scheduler_partition_restarts",
+                         "Partition planners reloaded from etcd, by reason (stale_state, outcome_unknown, "
+                         "compare_failed, etcd_error; malformed_txn is a bug).", "reason", st.restarts)
     depth = GaugeMetricFamily("scheduler_dispatch_queue_depth", "Executions waiting for a worker, per pool.",
                               labels=["pool"])
     workers = GaugeMetricFamily("scheduler_connected_workers", "Worker streams connected to this node, per pool.",
                                 labels=["pool"])
     credits = GaugeMetricFamily("scheduler_worker_credits", "Assignments workers of the pool can take now.",
                                 labels=["pool"])
-    if isinstance(d, Dispatcher):
-        for pool, n in sorted(d.queue.depths().items()):
-            depth.add_metric([pool], n)
-        per_pool: dict[str, int] = {}
-        for c in d.conns.values():
-            per_pool[c.pool] = per_pool.get(c.pool, 0) + c.credits
-        for pool, n in sorted(d.connected_workers().items()):
-            workers.add_metric([pool], n)
-            credits.add_metric([pool], per_pool.get(pool, 0))
+    for pool, n in sorted(st.queue_depth.items()):
+        depth.add_metric([pool], n)
+    per_pool: dict[str, int] = {}
+    for w in st.workers:
+        per_pool[w.pool] = per_pool.get(w.pool, 0) + w.credits
+    for pool, n in sorted(st.connected_workers().items()):
+        workers.add_metric([pool], n)
+        credits.add_metric([pool], per_pool.get(pool, 0))
     yield depth
     yield workers
     yield credits

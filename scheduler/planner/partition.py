@@ -1,17 +1,24 @@
 """The planner loop of one owned partition: snapshot -> decide -> act, every `loop_interval`.
 
 On claim it reads the checkpoint watermark W, the partition's schedules and its unfinished
-executions, and applies each schedule's missed-run policy to the planned times it is owed
-(`(max(W, activated), now - grace]`). Then each round:
+executions, and applies each schedule's missed-run policy to the planned times it is owed: those
+after its activation (create, resume, pause, spec change) that the checkpoint's writer had not
+handled: `(max(W, activated), now - grace]` for an activation the writer knew (its revision at or
+below the checkpoint's `sched_rev`), `(activated, now - grace]` for one it did not. Then each round:
 
 1. materialize: every planned time up to `now + lookahead` becomes an execution record (created
-   only if absent, inside the owner's fenced batch) or, for a paused schedule, a skip record; the
-   checkpoint moves to the horizon in the last txn;
-2. dispatch: due executions pass the overlap policy (from the ledger's view of running and buffered
-   executions), are marked dispatched(attempt n, deadline) with a compare-and-swap, and go to the
-   dispatch queue;
+   only if absent, inside the owner's fenced batch); a paused schedule's planned times get a skip
+   record once they are due (not ahead: a resume before then runs them); the checkpoint moves to
+   what the round reached in the last txn;
+2. dispatch: due executions, per worker pool only as many as the pool can start, pass the overlap
+   policy (decided from the records of the schedule's runs really in progress at their due time),
+   are marked dispatched(attempt n, deadline) with a compare-and-swap, and go to the dispatch queue;
 3. time out: in-flight attempts past their recorded deadline get a TIMEOUT result (retry or dead
    letter).
+
+A schedule change seen by the watch re-plans the schedule from its activation (even when the
+checkpoint is already past it: those planned times were planned under the old activation, or not at
+all) and withdraws, with a recorded reason, pre-written runs the new activation does not plan.
 
 Any FencedOut ends the loop at once (the ownership layer drops the partition); OutcomeUnknown and
 lost compare-and-swaps end it too, and the node restarts it from etcd's state, which is always safe
@@ -23,8 +30,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import heapq
+import itertools
+import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -33,12 +42,11 @@ from scheduler.errors import NotFound
 from scheduler.execution import (
     IN_FLIGHT,
     KILL_MESSAGE,
-    TERMINAL,
     ErrorClass,
     ExecState,
     Execution,
     Trigger,
-    dispatch,
+    cancel,
     log_fields,
     new_execution,
     result,
@@ -48,14 +56,16 @@ from scheduler.execution import (
 from scheduler.metrics.planner import PlannerMetrics
 from scheduler.model import ScheduleState, execution_id
 from scheduler.planner import starts
-from scheduler.planner.cancels import cancel_for_overlap
+from scheduler.planner.dispatch_round import RoundInput, ScheduleView, plan_dispatch
 from scheduler.planner.ownership import Ownership
 from scheduler.planner.pending import PendingIndex
+from scheduler.planner.retention import retention_deletes
 from scheduler.planner.settings import PlannerSettings
 from scheduler.store.checkpoint import Checkpoint, advance, read_checkpoint
-from scheduler.store.codec import decode_execution, peek_state
+from scheduler.store.codec import decode_execution, with_plan_fields
 from scheduler.store.combiner import WriteCombiner
-from scheduler.store.etcd.ops import Compare, Op, delete, get, txn
+from scheduler.store.etcd.errors import Malformed
+from scheduler.store.etcd.ops import Compare, Op, delete, get, put, txn
 from scheduler.store.etcd.types import TxnResult
 from scheduler.store.fenced import Fence, FenceStats, fenced_txn
 from scheduler.store.keyspace import Keyspace
@@ -63,9 +73,9 @@ from scheduler.store.kv import KV
 from scheduler.store.ledger import Ledger
 from scheduler.store.notices import Notice, parse_notice
 from scheduler.store.schedules import ScheduleStore, StoredSchedule
-from scheduler.timeplan import Overlap, Plan, SkipReason, jitter_ms
+from scheduler.store.txn_check import duplicate_write
+from scheduler.timeplan import Plan, SkipReason, jitter_ms
 from scheduler.timeplan.missed import SkipRange, decide_missed
-from scheduler.timeplan.overlap import OverlapAction, decide_overlap
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +111,17 @@ class DispatchSink(Protocol):
 class _Sched:
     stored: StoredSchedule
     plan: Plan
+    gen: int  # re-plans bump it: timer heap entries of an older generation are stale
+    owed_from: int  # planned times after this are owed by this owner (activation or watermark)
+    handled: int = 0  # the last planned time handled under this activation (materialized, or skipped)
+
+
+# When an activation was not known to the checkpoint's writer, its planned times are owed from the
+# activation, but never from further back than the lookahead plus this margin behind the checkpoint
+# (an activation is unknown to the writer only while the writer's watch lags it: milliseconds, or seconds
+# under load). The sweep keeps the records of activations that recent (see sweep()): one deleted and
+# created again would run twice.
+REPLAN_MARGIN_MS = 10_000
 
 
 @dataclass
@@ -142,18 +163,46 @@ class PartitionPlanner:
         self.fence_stats = fence_stats or FenceStats()
         self.stats = PlannerStats()
         self.schedules: dict[str, _Sched] = {}
-        self.heap: list[tuple[int, str]] = []  # (next planned ms, schedule id); stale entries skipped
+        # (next planned ms, schedule id, generation) of active schedules, and of paused ones (whose
+        # planned times are recorded as skipped once due, not ahead); stale entries are skipped.
+        self.heap: list[tuple[int, str, int]] = []
+        self.paused_heap: list[tuple[int, str, int]] = []
+        self._gen = itertools.count(1)
         self.pending = PendingIndex()  # unfinished executions of this partition
-        self._withdraw: set[str] = set()  # schedules paused or deleted: withdraw their pre-written runs
+        # Pre-written runs to withdraw (schedule id -> (planned after, reason)): a pause or delete
+        # withdraws every scheduled one, a spec change those after it that the new spec does not plan.
+        self._withdraw: dict[str, tuple[int, SkipReason]] = {}
+        # Ids of runs created by a catch-up: a run that was late by design is no overlap for the runs
+        # planned while it waited (they queue behind it instead of being skipped).
+        self._catchup: set[str] = set()
+        # Overlap skips and cancels are decided only on records confirmed in flight after the due time
+        # of the run they would skip: id -> (mod_revision, wall ms the confirming read was sent).
+        self._confirmed: dict[str, tuple[int, int]] = {}
+        self._confirm: set[str] = set()  # ids to re-read at the start of the next round
+        # The schedule revision this loop has taken in (load, then each watch event): what a checkpoint
+        # written after planning says its writer knew. Events during load() wait in `_loading`.
+        self.sched_rev = 0
+        self._loading: list[Callable[[], None]] | None = None
+        self.replan_ms = settings.lookahead_ms + REPLAN_MARGIN_MS
+        self.reload = False  # the node's schedule watch lost events (compaction): reload from etcd
         self.ck = Checkpoint(partition, 0, 0)
         self.wake = asyncio.Event()
         self.max_ops = max_ops
         # Due work is waiting for worker capacity: the node wakes this loop when credits arrive,
         # instead of letting it wait out `loop_interval`.
         self.starved = False
-        # Schedules paused or deleted that may still have pending executions: only while there are
-        # some does a round take ready items beyond worker capacity (to skip or hold them).
-        self._inactive: set[str] = set()
+        self.starved_pools: set[str] = set()  # pools whose whole capacity the last round used
+        # Backpressure per pool: a pool whose due work waits longer than `backlog_ms` for a worker is
+        # blocked, and its schedules are held (not materialized) from their next planned time on, with a
+        # hold record in etcd; when the pool is served again they catch up by their missed-run policy.
+        self.blocked_pools: set[str] = set()
+        self._held: dict[str, int] = {}  # schedule id -> planned times after this are not materialized
+        self._hold_writes: dict[str, int | None] = {}  # hold records to put (from) or delete (None)
+        self._held_late: set[str] = set()  # held while their pool was saturated, not workerless
+        # Planned times of an activation that ended before they were handled (a hold, or heap entries not
+        # yet materialized, when the next activation came): written by the next round.
+        self._settled: list[tuple[str, SkipRange]] = []
+        self._settled_runs: list[Execution] = []
         self._pools: frozenset[str] | None = None  # worker pools of the schedules (cache)
         # Notices of records others changed (API operations, results recorded elsewhere): key ->
         # (notice, its mod_revision). `_rescan`: list the partition's notices from etcd next round.
@@ -165,64 +214,166 @@ class PartitionPlanner:
     # ---- snapshot ---------------------------------------------------------------------------------
 
     async def load(self) -> int:
-        """Read checkpoint, schedules and unfinished executions; returns the revision to watch from."""
-        self.ck = await read_checkpoint(self.kv, self.ks, self.p, timeout=self.rpc_timeout)
-        stored, rev = await self.store.list_partition(self.p)
-        execs, _ = await self.ledger.list_unfinished(self.kv, self.p, timeout=self.rpc_timeout)
+        """Read checkpoint, schedules and unfinished executions; returns the revision to watch from.
+
+        Schedule changes the node's watch routes here while the reads are under way are held and
+        applied afterwards (each is ignored if the listing already has its version)."""
+        self._loading = []
+        try:
+            ck = await read_checkpoint(self.kv, self.ks, self.p, timeout=self.rpc_timeout)
+            stored, rev = await self.store.list_partition(self.p)
+            execs, _ = await self.ledger.list_unfinished(self.kv, self.p, timeout=self.rpc_timeout)
+            holds = await self.kv.range(self.ks.holds(self.p), prefix=True, timeout=self.rpc_timeout)
+        finally:
+            held, self._loading = self._loading, None
+        self.ck = ck
+        self.sched_rev = max(rev, ck.sched_rev)
         self.pending.clear()
         for e in execs:
             self.pending.put(e)
-        self._withdraw = set(self.pending_schedule_ids())
         self.schedules.clear()
         self.heap.clear()
+        self.paused_heap.clear()
+        self._withdraw.clear()
+        self._catchup.clear()
+        self._confirmed.clear()
+        self._held.clear()
+        self._held_late.clear()
+        self._settled.clear()
+        self._settled_runs.clear()
+        self._hold_writes.clear()
         self._pools = None
+        held_from: dict[str, int] = {}
+        for kv in holds.kvs:
+            sid = self.ks.last_segment(kv.key)
+            held_from[sid] = int(json.loads(kv.value)["from"])
+            self._hold_writes[sid] = None  # the claim's catch-up covers it: deleted with the first write
         for st in stored:
-            self._add_schedule(st)
-        self._inactive = {sid for sid in self._withdraw if sid not in self.schedules}
-        self._inactive |= {sid for sid, sch in self.schedules.items()
-                           if sch.stored.schedule.state is ScheduleState.PAUSED}
+            owed = self._owed_from_checkpoint(st)
+            if st.schedule.id in held_from:  # planned times after the hold were not materialized
+                owed = max(st.activated_ms, min(owed, held_from[st.schedule.id]))
+            self._add_schedule(st, owed)
+            prev = st.meta.previous
+            fresh = not ck.watermark_ms  # no owner ever planned this partition: every activation is new
+            if (prev is not None and st.schedule.id not in held_from
+                    and (fresh or (ck.sched_rev and st.activation_rev > ck.sched_rev
+                                   and int(prev.get("rev", 0)) <= ck.sched_rev))):
+                # The writer planned the previous activation up to the watermark (or nobody planned it at
+                # all): the rest of it, up to the current activation the writer never saw, is ours.
+                before = with_plan_fields(st.schedule, prev)
+                with contextlib.suppress(Exception):  # a stored spec a newer engine refuses: nothing to plan
+                    self._settle(_Sched(replace(st, schedule=before), before.plan(), 0, 0),
+                                 max(ck.watermark_ms, int(prev.get("activated", 0))), st.activated_ms)
+            if st.schedule.state is ScheduleState.PAUSED:
+                self._withdraw[st.schedule.id] = (0, SkipReason.PAUSED)
+            elif ck.sched_rev and st.activation_rev > ck.sched_rev and st.activated_ms < ck.watermark_ms:
+                # A spec change the checkpoint's writer had not seen: its pre-written runs of the old spec.
+                self._withdraw[st.schedule.id] = (st.activated_ms, SkipReason.SCHEDULE_CHANGED)
+        for sid in {e.schedule_id for e in execs} - self.schedules.keys():
+            self._withdraw[sid] = (0, SkipReason.SCHEDULE_DELETED)
         # The records were just read: notices left from before (no owner, a crash) are cleared in the
         # first round, after re-reading what they name (cheap, and correct whatever their age).
         self._rescan = True
+        for apply in held:
+            apply()
         return rev
 
-    def _add_schedule(self, st: StoredSchedule) -> None:
+    def _owed_from_checkpoint(self, st: StoredSchedule) -> int:
+        """Where a schedule's owed planned times start for an owner resuming from the checkpoint."""
+        w, a = self.ck.watermark_ms, st.activated_ms
+        if st.activation_rev <= self.ck.sched_rev or not self.ck.sched_rev:
+            # The writer knew this activation: it handled every planned time up to w. (A checkpoint
+            # without sched_rev, from an older version, is taken as knowing all, as that version did.)
+            return max(w, a)
+        if a < w - self.replan_ms:
+            log.warning("activation far behind the checkpoint and unknown to its writer: owed from the margin",
+                        extra={"event": "replan_clamped", "partition": self.p, "schedule_id": st.schedule.id})
+        return max(a, w - self.replan_ms)
+
+    def _add_schedule(self, st: StoredSchedule, owed_from: int) -> None:
+        """Track `st` and plan it afresh: its planned times after `owed_from` (older heap entries go stale)."""
         try:
             plan = st.schedule.plan()
         except Exception:  # stored specs were validated; a newer engine refusing one must not stop the loop
             log.exception("cannot plan schedule", extra={"schedule_id": st.schedule.id, "partition": self.p})
+            self.schedules.pop(st.schedule.id, None)
             return
-        self.schedules[st.schedule.id] = _Sched(st, plan)
+        old = self.schedules.get(st.schedule.id)
+        if old is not None and st.schedule.id in self._held:  # a new activation ends the hold
+            self._settle_hold(old, max(owed_from, old.owed_from), SkipReason.SCHEDULE_CHANGED)
+        sch = _Sched(st, plan, next(self._gen), owed_from)
+        self.schedules[st.schedule.id] = sch
         self._pools = None
-        if st.schedule.state is ScheduleState.PAUSED:
-            self._inactive.add(st.schedule.id)
-        else:
-            self._inactive.discard(st.schedule.id)
-        cursor = max(self.ck.watermark_ms, st.activated_ms)
-        nxt = plan.next_after_ms(cursor)
+        self._push_next(sch, owed_from)
+
+    def _push_next(self, sch: _Sched, after_ms: int) -> None:
+        nxt = sch.plan.next_after_ms(after_ms)
         if nxt is not None:
-            heapq.heappush(self.heap, (nxt, st.schedule.id))
+            heap = self.paused_heap if sch.stored.schedule.state is ScheduleState.PAUSED else self.heap
+            heapq.heappush(heap, (nxt, sch.stored.schedule.id, sch.gen))
 
     def on_schedule_put(self, st: StoredSchedule) -> None:
-        """A create or update seen by watch: re-plan from the later of the watermark and activation."""
-        old = self.schedules.get(st.schedule.id)
+        """A create or update seen by watch. A new activation (create, pause, resume, spec change) is
+        planned from its instant, even when the checkpoint is past it; any other change (policies,
+        pool, payload, labels) keeps the plan."""
+        if self._loading is not None:
+            self._loading.append(lambda: self.on_schedule_put(st))
+            return
+        self.sched_rev = max(self.sched_rev, st.schedule.version)
+        sid = st.schedule.id
+        old = self.schedules.get(sid)
         if old is not None and old.stored.schedule.version >= st.schedule.version:
             return
-        self._add_schedule(st)
+        if old is not None and old.stored.activation_rev == st.activation_rev:
+            if old.stored.schedule.worker_pool != st.schedule.worker_pool:
+                self._pools = None
+            old.stored = st
+            self._retarget(sid, st.schedule.worker_pool)
+            self.wake.set()
+            return
+        # Never earlier than the margin behind the checkpoint: records there may have been swept. A
+        # resume seen late leaves the planned times already recorded as paused to that record.
+        was_paused = old is not None and old.stored.schedule.state is ScheduleState.PAUSED
+        owed = max(st.activated_ms, self.ck.watermark_ms - self.replan_ms, old.handled if old and was_paused else 0)
+        if old is not None and sid not in self._held:  # the old activation's times up to the new one
+            self._settle(old, max(old.owed_from, old.handled), st.activated_ms)
+        self._add_schedule(st, owed)
         if st.schedule.state is ScheduleState.PAUSED:
-            self._withdraw.add(st.schedule.id)
+            self._withdraw[sid] = (0, SkipReason.PAUSED)
+        else:
+            if old is not None:
+                if old.stored.schedule.state is ScheduleState.PAUSED:
+                    self.pending.unpark(sid)  # retries held while paused continue
+                else:
+                    self._withdraw[sid] = (st.activated_ms, SkipReason.SCHEDULE_CHANGED)
+            self._retarget(sid, st.schedule.worker_pool)
         self.wake.set()
 
-    def on_schedule_delete(self, schedule_id: str) -> None:
-        self.schedules.pop(schedule_id, None)
+    def _retarget(self, sid: str, pool: str) -> None:
+        """Runs waiting for a worker follow their schedule's pool (an update fixing a mistyped pool
+        must not leave the runs written meanwhile waiting for the wrong pool for ever)."""
+        for x in self.pending.of_schedule(sid):
+            if x.pool != pool and x.state in (ExecState.SCHEDULED, ExecState.RETRY_WAIT):
+                self.pending.put(replace(x, pool=pool))
+
+    def on_schedule_delete(self, schedule_id: str, revision: int = 0) -> None:
+        if self._loading is not None:
+            self._loading.append(lambda: self.on_schedule_delete(schedule_id, revision))
+            return
+        self.sched_rev = max(self.sched_rev, revision)
+        old = self.schedules.pop(schedule_id, None)
+        if old is not None and schedule_id in self._held:
+            self._settle_hold(old, self.clock.wall_ms(), SkipReason.SCHEDULE_DELETED)
         self._pools = None
-        self._withdraw.add(schedule_id)
-        self._inactive.add(schedule_id)
+        self._withdraw[schedule_id] = (0, SkipReason.SCHEDULE_DELETED)
         self.wake.set()
 
     # ---- decide + act ---------------------------------------------------------------------------
 
     async def _fenced(self, fence: Fence, ops: Sequence[Op], compares: Sequence[Compare] = ()) -> list[TxnResult]:
+        dup = duplicate_write(ops)
+        if dup is not None:  # etcd would refuse the whole txn: stop before sending, loudly (a bug)
+            raise Malformed(f"partition {self.p}: one batch writes {dup.decode(errors='replace')!r} twice")
         if self.combiner is not None:
             return await self.combiner.submit(fence, ops, compares)
         return await fenced_txn(self.kv, fence, ops, compares=compares, max_ops=self.max_ops,
@@ -252,7 +403,7 @@ class PartitionPlanner:
         horizon = now_ms - self.s.late_grace_ms
         for sid, sch in self.schedules.items():
             s = sch.stored.schedule
-            owed_from = max(self.ck.watermark_ms, sch.stored.activated_ms)
+            owed_from = sch.owed_from
             if horizon <= owed_from:
                 continue
             if s.state is ScheduleState.PAUSED:
@@ -261,73 +412,194 @@ class PartitionPlanner:
                 continue
             p = s.policies
             d = decide_missed(sch.plan, owed_from, horizon, p.missed_runs, p.catchup_window_ms, p.catchup_cap)
-            runs += [self._new_execution(sch, t, now_ms) for t in d.run]
+            for t in d.run:
+                e = self._new_execution(sch, t, now_ms)
+                runs.append(e)
+                self._catchup.add(e.id)
             skips += [(sid, r) for r in d.skipped]
-        # The heap restarts after the catch-up horizon for everyone.
-        self.heap = []
-        for sid, sch in self.schedules.items():
-            cursor = max(self.ck.watermark_ms, sch.stored.activated_ms, horizon)
-            nxt = sch.plan.next_after_ms(cursor)
-            if nxt is not None:
-                self.heap.append((nxt, sid))
-        heapq.heapify(self.heap)
+        # The timer heaps restart after the catch-up horizon for everyone.
+        self.heap, self.paused_heap = [], []
+        for sch in self.schedules.values():
+            sch.owed_from = max(sch.owed_from, horizon)
+            self._push_next(sch, sch.owed_from)
         return runs, skips
 
     def plan_round(
-        self, horizon_ms: int, limit: int | None = None
+        self, now_ms: int, horizon_ms: int, limit: int | None = None
     ) -> tuple[list[Execution], list[tuple[str, SkipRange]], int]:
-        """Planned times up to the horizon: executions for active schedules, skips for paused ones.
+        """Planned times up to the horizon: executions for active schedules; for paused ones, skips of
+        the planned times that are due (a paused schedule's later ones wait in its heap: a resume
+        before then runs them, and the watermark stays before them).
 
         At most `limit` of them per round, so that an overloaded planner keeps dispatching between
         rounds instead of spending itself on materialization (backpressure). Returns the watermark
-        the round reached: the horizon, or just before the first planned time it left for the next
+        the round reached: the horizon, or just before the first planned time it left for a later
         round (every planned time at or before the watermark was handled)."""
         execs: list[Execution] = []
         skips: list[tuple[str, SkipRange]] = []
+        if self._held:
+            self._release_held(now_ms, execs, skips)
+        if self._settled:
+            skips += self._settled
+            self._settled = []
+        if self._settled_runs:
+            execs += self._settled_runs
+            self._settled_runs = []
+        reached = horizon_ms
+        paused = self.paused_heap
+        while paused and paused[0][0] <= min(now_ms, horizon_ms):
+            t, sid, gen = heapq.heappop(paused)
+            sch = self.schedules.get(sid)
+            if sch is None or sch.gen != gen:
+                continue  # deleted or re-planned since
+            skips.append((sid, SkipRange(SkipReason.PAUSED, t - 1, t)))
+            sch.handled = t
+            self._push_next(sch, t)
+        while paused:  # drop stale tops, so they do not hold the watermark back
+            sch = self.schedules.get(paused[0][1])
+            if sch is not None and sch.gen == paused[0][2]:
+                reached = min(reached, paused[0][0] - 1)
+                break
+            heapq.heappop(paused)
         heap = self.heap
         while heap and heap[0][0] <= horizon_ms:
             if limit is not None and len(execs) + len(skips) >= limit:
-                return execs, skips, heap[0][0] - 1
-            t, sid = heapq.heappop(heap)
+                return execs, skips, min(reached, heap[0][0] - 1)
+            t, sid, gen = heapq.heappop(heap)
             sch = self.schedules.get(sid)
-            if sch is None:
-                continue  # deleted
-            cursor = max(self.ck.watermark_ms, sch.stored.activated_ms)
-            if t <= cursor:  # a stale heap entry from before a re-plan
-                continue
+            if sch is None or sch.gen != gen:
+                continue  # deleted or re-planned since
             s = sch.stored.schedule
-            if s.state is ScheduleState.PAUSED:
-                skips.append((sid, SkipRange(SkipReason.PAUSED, t - 1, t)))
-            else:
-                due = t + jitter_ms(s.id, t, s.policies.jitter_ms)
-                execs.append(self._new_execution(sch, t, due))
-            nxt = sch.plan.next_after_ms(t)
-            if nxt is not None:
-                heapq.heappush(heap, (nxt, sid))
-        return execs, skips, horizon_ms
+            if s.worker_pool in self.blocked_pools:
+                self._held[sid] = self._hold_writes[sid] = t - 1  # no next entry until released
+                if s.worker_pool in self.starved_pools:
+                    self._held_late.add(sid)
+                continue
+            due = t + jitter_ms(s.id, t, s.policies.jitter_ms)
+            execs.append(self._new_execution(sch, t, due))
+            sch.handled = t
+            self._push_next(sch, t)
+        return execs, skips, reached
+
+    def _release_held(self, now_ms: int, execs: list[Execution], skips: list[tuple[str, SkipRange]]) -> None:
+        """Held schedules whose pool is served again: their planned times since the hold go through the
+        missed-run policy (they are as missed as after an outage), then they are planned as usual."""
+        horizon = now_ms - self.s.late_grace_ms
+        for sid, after in list(self._held.items()):
+            sch = self.schedules.get(sid)
+            if sch is not None and sch.stored.schedule.worker_pool in self.blocked_pools:
+                continue
+            del self._held[sid]
+            self._hold_writes[sid] = None
+            if sch is None:
+                continue
+            if sid in self._held_late:
+                # Held while its pool was saturated (workers there, all busy): its planned times run late,
+                # in order, as they would have without backpressure; nothing was missed.
+                self._held_late.discard(sid)
+                self._push_next(sch, after)
+                continue
+            if after < horizon:
+                p = sch.stored.schedule.policies
+                d = decide_missed(sch.plan, after, horizon, p.missed_runs, p.catchup_window_ms, p.catchup_cap)
+                for t in d.run:
+                    e = self._new_execution(sch, t, now_ms)
+                    execs.append(e)
+                    self._catchup.add(e.id)
+                skips += [(sid, r) for r in d.skipped]
+            sch.owed_from = max(after, horizon)
+            self._push_next(sch, sch.owed_from)
+
+    def _settle(self, sch: _Sched, after_ms: int, until_ms: int) -> None:
+        """Planned times in (after, until] of an activation that ended before this owner handled them:
+        a paused one's are recorded as paused, an active one's are owed as runs (late ones by the
+        missed-run policy, like any catch-up)."""
+        if after_ms >= until_ms or not sch.plan.any_between_ms(after_ms, until_ms):
+            return
+        s = sch.stored.schedule
+        sid = s.id
+        if s.state is ScheduleState.PAUSED:
+            self._settled.append((sid, SkipRange(SkipReason.PAUSED, after_ms, until_ms)))
+            return
+        now = self.clock.wall_ms()
+        horizon = now - self.s.late_grace_ms
+        if after_ms < horizon:
+            p = s.policies
+            d = decide_missed(sch.plan, after_ms, min(until_ms, horizon), p.missed_runs, p.catchup_window_ms,
+                              p.catchup_cap)
+            for t in d.run:
+                e = self._new_execution(sch, t, now)
+                self._settled_runs.append(e)
+                self._catchup.add(e.id)
+            self._settled += [(sid, r) for r in d.skipped]
+            after_ms = horizon
+        for t in itertools.islice(sch.plan.between_ms(after_ms, until_ms), 1_000):
+            self._settled_runs.append(self._new_execution(sch, t, t + jitter_ms(sid, t, s.policies.jitter_ms)))
+
+    def _settle_hold(self, sch: _Sched, until_ms: int, ended_by: SkipReason) -> None:
+        """A held schedule changed (new activation) or was deleted before its pool was served again: its
+        held planned times up to the change are decided as missed now, by its policy; the runs that
+        policy would have run are recorded as ended by the change (they would be withdrawn at once)."""
+        sid = sch.stored.schedule.id
+        after = self._held.pop(sid)
+        self._held_late.discard(sid)
+        self._hold_writes[sid] = None
+        if after >= until_ms:
+            return
+        p = sch.stored.schedule.policies
+        d = decide_missed(sch.plan, after, until_ms, p.missed_runs, p.catchup_window_ms, p.catchup_cap)
+        self._settled += [(sid, r) for r in d.skipped]
+        self._settled += [(sid, SkipRange(ended_by, t - 1, t)) for t in d.run]
+
+    def update_blocked(self, now_ms: int) -> None:
+        """Which pools are blocked (see `blocked_pools`): due work older than `backlog_ms` waits for them,
+        and their workers have no capacity left (none at all, or the last round used all of it)."""
+        late = now_ms - self.s.backlog_ms
+        blocked = set()
+        for pool in {*self.pending.pools(), *self.blocked_pools}:
+            oldest = self.pending.oldest_ready(pool)
+            if oldest is not None and oldest < late and (pool in self.starved_pools
+                                                         or self.dispatcher.capacity(pool) <= 0):
+                blocked.add(pool)
+        self.blocked_pools = blocked
 
     async def write_planned(
-        self, execs: list[Execution], skips: list[tuple[str, SkipRange]], watermark_ms: int
+        self, execs: list[Execution], skips: list[tuple[str, SkipRange]], watermark_ms: int, sched_rev: int
     ) -> None:
         """Creates, skips and the checkpoint in ONE fenced txn when they fit (the common case); a larger
         batch goes in chunks with the checkpoint last. An idle partition writes its checkpoint only
-        every `checkpoint_interval_ms`, so hundreds of idle partitions do not flood etcd."""
+        every `checkpoint_interval_ms`, so hundreds of idle partitions do not flood etcd.
+
+        `sched_rev`: the schedule revision the planning was done at (every activation at or before
+        it had all its planned times up to the watermark handled), recorded with the checkpoint."""
+        if len({e.id for e in execs}) < len(execs):  # never two creates of one record in a txn
+            execs = list({e.id: e for e in reversed(execs)}.values())[::-1]
         ops: list[Op] = list(self.ledger.create_ops(execs))
-        ops += [self.ledger.skip_op(self.p, sid, r) for sid, r in skips]
+        ops += list({(sid, r.after_ms, r.through_ms): self.ledger.skip_op(self.p, sid, r) for sid, r in skips}.values())
         lag = watermark_ms - self.ck.watermark_ms
-        write_ck = lag > 0 and (bool(ops) or lag >= self.s.checkpoint_interval_ms)
+        holds, self._hold_writes = self._hold_writes, {}
+        write_ck = lag > 0 and (bool(ops) or bool(holds) or lag >= self.s.checkpoint_interval_ms)
+        # Holds go in the txn that moves the checkpoint (never passing a held time without its hold).
+        hold_ops: list[Op] = [put(self.ks.hold(self.p, sid), json.dumps({"from": t}).encode()) if t is not None
+                              else delete(self.ks.hold(self.p, sid)) for sid, t in holds.items()]
+        if not write_ck:
+            ops += hold_ops
+            hold_ops = []
         if not ops and not write_ck:
             return
         async with self.ownership.writing(self.p) as fence:
-            compares, ck_ops, new = advance(self.ks, self.ck, watermark_ms, self.node_id, fence.token)
-            if write_ck and len(ops) + len(ck_ops) <= self.max_ops:
-                rs = await self._fenced(fence, [*ops, *ck_ops], compares)
+            if not write_ck:
+                rs = await self._fenced(fence, ops)
             else:
-                rs = await self._fenced(fence, ops) if ops else []
-                if write_ck:
+                compares, ck_ops, new = advance(self.ks, self.ck, watermark_ms, self.node_id, fence.token,
+                                                max(sched_rev, self.ck.sched_rev))
+                ck_ops = [*hold_ops, *ck_ops]
+                if len(ops) + len(ck_ops) <= self.max_ops:
+                    rs = await self._fenced(fence, [*ops, *ck_ops], compares)
+                else:
+                    rs = await self._fenced(fence, ops) if ops else []
                     rs += await self._fenced(fence, ck_ops, compares)
-        if write_ck:
-            self.ck = replace(new, mod_revision=rs[-1].revision)
+                self.ck = replace(new, mod_revision=rs[-1].revision)
         results = [(ok, r.revision) for r in rs for ok in self.ledger.cas_results(r)][: len(execs)]
         created = 0
         for e, (ok, rev) in zip(execs, results, strict=False):
@@ -343,33 +615,57 @@ class PartitionPlanner:
         self.stats.created += created
         self.stats.skipped_ranges += len(skips)
 
-    def backlogged(self, now_ms: int) -> bool:
-        """Backpressure: workers lack capacity for what is due, and the oldest waiting execution is
-        more than `backlog_ms` late. Materializing more would only spend the CPU that dispatch needs
-        and grow etcd with records nobody can run yet; the planned times wait in the timer heap (the
-        checkpoint does not pass them), and the lag shows in the metrics. Only a round that started
-        all it could makes the loop starved: buffered executions of one schedule, or a pool without
-        workers, cannot stall the other schedules of the partition."""
-        if not self.starved:
-            return False
-        oldest = self.pending.oldest_ready()
-        return oldest is not None and oldest < now_ms - self.s.backlog_ms
-
     def pending_schedule_ids(self) -> set[str]:
         return {e.schedule_id for e in self.pending.values()}
 
-    def _withdrawals(self) -> list[tuple[Execution, Execution]]:
-        """Pause and delete take effect at once: pre-written executions are withdrawn now, not when
-        they come due."""
-        cas = []
-        for sid in self._withdraw:
+    def _withdrawals(self) -> dict[str, tuple[Execution, Execution]]:
+        """Pause, delete and spec changes take effect at once: pre-written executions are withdrawn
+        now, with the reason, not when they come due. A pause holds a retry back (parked until the
+        resume); a delete cancels it."""
+        out: dict[str, tuple[Execution, Execution]] = {}
+        for sid, (after_ms, why) in self._withdraw.items():
             sch = self.schedules.get(sid)
-            if sch is not None and sch.stored.schedule.state is not ScheduleState.PAUSED:
-                continue
-            why = SkipReason.PAUSED.value if sch else "schedule_deleted"
-            cas += [(x, skip(x, why)) for x in self.pending.of_schedule(sid) if x.state is ExecState.SCHEDULED]
+            for x in self.pending.of_schedule(sid):
+                if x.id in out:
+                    continue
+                if why is SkipReason.SCHEDULE_CHANGED:
+                    if (sch is None or x.state is not ExecState.SCHEDULED or x.trigger is not Trigger.SCHEDULED
+                            or x.planned_ms <= after_ms
+                            or sch.plan.next_after_ms(x.planned_ms - 1) == x.planned_ms):
+                        continue  # planned before the change, an operator's run, or the new spec plans it too
+                    out[x.id] = (x, skip(x, why.value))
+                elif x.state is ExecState.SCHEDULED:
+                    out[x.id] = (x, skip(x, why.value))
+                elif x.state is ExecState.RETRY_WAIT:
+                    if why is SkipReason.SCHEDULE_DELETED:
+                        out[x.id] = (x, cancel(x, why.value))
+                    else:
+                        self.pending.park(x)
         self._withdraw.clear()
-        return cas
+        return out
+
+    async def _confirm_in_flight(self) -> None:
+        """Re-read records an overlap skip or cancel would rest on. A view from a load, or one a result
+        recorded elsewhere has not reached yet, must not cost a run."""
+        ids = [eid for eid in itertools.islice(self._confirm, 64) if eid in self.pending]
+        self._confirm.difference_update(ids)
+        if len(self._confirmed) > 4 * max(64, len(self.pending)):
+            self._confirmed = {k: v for k, v in self._confirmed.items() if k in self.pending}
+        records = [x for x in (self.pending.get(eid) for eid in ids) if x is not None]
+        if not records:
+            return
+        sent = self.clock.wall_ms()
+        got = await self.kv.txn([], [get(self.ledger.key(x)) for x in records], timeout=self.rpc_timeout)
+        for x, r in zip(records, got.responses, strict=True):
+            kvs = getattr(r, "kvs", ())
+            if not kvs:
+                self.pending.remove(x.id)
+                continue
+            e = decode_execution(kvs[0].value, kvs[0].mod_revision)
+            self._refresh(e)
+            if e.state in IN_FLIGHT:
+                self._confirmed[e.id] = (e.mod_revision, sent)
+        self.wake.set()
 
     async def dispatch_due(self, now_ms: int) -> None:
         reserved: dict[str, int] = {}
@@ -381,90 +677,54 @@ class PartitionPlanner:
 
     async def _dispatch_due(self, now_ms: int, reserved: dict[str, int]) -> None:
         self.starved = False
-        cas: list[tuple[Execution, Execution]] = self._withdrawals()  # (old, new)
-        budget: dict[str, int] = {}
-        if self._pools is None:
-            self._pools = frozenset(sch.stored.schedule.worker_pool for sch in self.schedules.values())
-        # Items beyond worker capacity would only be deferred again: do not even take them out. Items
-        # of paused/deleted schedules need no capacity; a few extra cover them while there are any.
-        capacity = sum(self.dispatcher.capacity(pool) for pool in self._pools)
-        # Bounded like materialization: one round is one uninterrupted stretch of the event loop, and
-        # lease keep-alives wait behind every stretch of every partition.
-        can_start = min(capacity, self.s.max_planned_per_round)
-        limit = can_start + (16 if self._inactive else 0)
-        if limit <= 0 and not cas:
-            self.starved = self.pending.has_ready(now_ms)  # no worker can take anything now
+        self.starved_pools = set()
+        if self._confirm:
+            await self._confirm_in_flight()
+        withdrawn = self._withdrawals()  # id -> (old, new): one transition per record and txn
+        # Per pool, only what its workers can take now: a pool without capacity keeps its due work
+        # waiting in its own heap, where it stands in front of nobody else's. Bounded like
+        # materialization: one round is one uninterrupted stretch of the event loop, and lease
+        # keep-alives wait behind every stretch of every partition.
+        limits: dict[str, int] = {}
+        for pool in self.pending.pools():
+            cap = self.dispatcher.capacity(pool)
+            if cap > 0:
+                limits[pool] = min(cap, self.s.max_planned_per_round)
+        if not limits and not withdrawn:
             return
-        due = self.pending.ready(now_ms, limit)
-        # Starved (backpressure, see backlogged()) only when the round used all it could start: a
-        # pool without workers holds its own executions back, not the schedules of other pools.
-        started = 0
-        for sid, waiting in due.items():
-            sch = self.schedules.get(sid)
-            if sch is None or sch.stored.schedule.state is ScheduleState.PAUSED:
-                why = SkipReason.PAUSED.value if sch else "schedule_deleted"
-                cas += [(x, skip(x, why)) for x in waiting if x.state is ExecState.SCHEDULED]
-                for x in waiting:
-                    if x.state is not ExecState.SCHEDULED:
-                        self.pending.defer(x)  # a retry of a paused schedule waits for the resume
-                continue
-            sched_policy = sch.stored.schedule.policies.overlap
-            # An execution may carry its own policy (trigger/backfill override; rerun and replay run
-            # regardless). ALLOW_ALL and retries always START: the running set is needed only otherwise.
-            policies = [x.overlap or sched_policy for x in waiting]
-            need_running = any(x.state is not ExecState.RETRY_WAIT and pol is not Overlap.ALLOW_ALL
-                               for x, pol in zip(waiting, policies, strict=True))
-            running = self.pending.running(sid) if need_running else ()
-            for i, x in enumerate(waiting):
-                pool = x.pool
-                if pool not in budget:
-                    budget[pool] = self.dispatcher.capacity(pool)
-                policy = policies[i]
-                if x.state is ExecState.RETRY_WAIT or policy is Overlap.ALLOW_ALL:
-                    action = OverlapAction.START  # a retry is the same run, not a new one
-                else:
-                    buffered = tuple(y.id for y in waiting[:i] if y.state is ExecState.SCHEDULED)
-                    action = decide_overlap(policy, running, buffered).action
-                if action is OverlapAction.SKIP:
-                    cas.append((x, skip(x, SkipReason.OVERLAP_SKIP.value)))
-                    continue
-                if action is OverlapAction.BUFFER:
-                    self.pending.defer(x)  # waits for the running one; later ones see it as buffered
-                    continue
-                if budget[pool] <= 0:
-                    for y in waiting[i:]:
-                        self.pending.defer(y)  # waits for worker capacity
-                    break
-                if action is OverlapAction.CANCEL_THEN_START:
-                    stops, stopping = cancel_for_overlap(self.pending, running, now_ms)  # planner/cancels.py
-                    for r, stop in stops:
-                        cas.append((r, stop))
-                        self.dispatcher.cancel(r, "overlap")
-                    if stopping:  # starts once the cancelled runs have really stopped (CANCELLING ended)
-                        self.pending.defer(x)
-                        continue
-                    running = ()
-                budget[pool] -= 1
-                started += 1
-                self.dispatcher.reserve(pool, 1)
-                reserved[pool] = reserved.get(pool, 0) + 1
-                fence = self.ownership.fence(self.p)
-                if fence is None:
-                    return
-                new = dispatch(x, worker="", planner=self.node_id, token=f"{self.p}:{fence.token}", now_ms=now_ms,
-                               start_timeout_ms=self.s.start_timeout_ms)
-                cas.append((x, new))
-                if need_running:
-                    running = (*running, x.id)
-        self.starved = started >= can_start and self.pending.has_ready(now_ms)
+        fence = self.ownership.fence(self.p)
+        if fence is None:
+            return
+        due = self.pending.ready(now_ms, limits) if limits else {}
+        views = {sid: ScheduleView(sch.stored.schedule.policies.overlap,
+                                   sch.stored.schedule.state is ScheduleState.PAUSED)
+                 for sid in due if (sch := self.schedules.get(sid)) is not None}
+        in_flight = {sid: [r for r in self.pending.of_schedule(sid) if r.state in IN_FLIGHT] for sid in due}
+        plan = plan_dispatch(RoundInput(
+            now_ms=now_ms, due=due, schedules=views, in_flight=in_flight, budget=limits, catchup=self._catchup,
+            confirmed=self._confirmed, node_id=self.node_id, token=f"{self.p}:{fence.token}",
+            start_timeout_ms=self.s.start_timeout_ms,
+            transitions=withdrawn))
+        for x in plan.defer:
+            self.pending.defer(x)
+        for x in plan.park:
+            self.pending.park(x)
+        self._confirm |= plan.confirm
+        for pool, n in plan.started.items():
+            self.dispatcher.reserve(pool, n)
+            reserved[pool] = reserved.get(pool, 0) + n
+        self.starved_pools = {p for p in plan.starved_pools if self.pending.has_ready(now_ms, p)}
+        self.starved = bool(self.starved_pools)
+        cas = plan.transitions
         if not cas:
             return
+        pairs = list(cas.values())
         ok = await self._commit([self.ledger.cas_op(new, old.mod_revision, now_ms=now_ms, old_state=old.state)
-                                  for old, new in cas])
+                                  for old, new in pairs])
         lost = False
         sent: list[Execution] = []
         debug = log.isEnabledFor(logging.DEBUG)  # per-execution lines only when asked for: hot path
-        for (_old, new), (applied, rev) in zip(cas, ok, strict=False):
+        for (_old, new), (applied, rev) in zip(pairs, ok, strict=False):
             if not applied:
                 lost = True
                 continue
@@ -483,6 +743,9 @@ class PartitionPlanner:
             elif debug:
                 log.debug("execution skipped", extra={"event": "skip", "reason": new.skip_reason,
                                                       **log_fields(new, self.p, self._token())})
+        for r, why in plan.stop:  # only once the cancel is recorded: a lost CAS stops nothing
+            if (now_rec := self.pending.get(r.id)) is None or now_rec.state is ExecState.CANCELLED:
+                self.dispatcher.cancel(r, why)
         if sent and self.metrics is not None:
             self.metrics.dispatched(sent, now_ms)
         if lost:
@@ -609,7 +872,7 @@ class PartitionPlanner:
             return
         sch = self.schedules[e.schedule_id]
         if sch.stored.schedule.state is ScheduleState.PAUSED:
-            self._withdraw.add(e.schedule_id)  # a run written as the pause landed is withdrawn too
+            self._withdraw[e.schedule_id] = (0, SkipReason.PAUSED)  # a run written as the pause landed is withdrawn too
 
     def _payload(self, e: Execution) -> bytes:
         """What the execution runs with: its own payload (a replay) or its schedule's current one."""
@@ -634,60 +897,54 @@ class PartitionPlanner:
         self.wake.set()
 
     async def sweep(self, now_ms: int) -> int:
-        """Delete terminal records past the retention period or count (never dead letters), and
-        skip records past the period. Fenced like every owner write. Returns how many were deleted.
+        """Retention (planner/retention.py), fenced like every owner write. Returns how many were deleted."""
+        recent = self.ck.watermark_ms - self.replan_ms
+        self._catchup &= {e.id for e in self.pending.values()}
 
-        Keys first: a key names the schedule and the planned time, so the candidates (too old, or
-        beyond the count) are found without transferring a single record; only the candidates' values
-        are read, to delete the terminal ones. A partition with nothing to delete costs one keys-only
-        listing, not a read of its whole history."""
-        listing = await self.kv.range(self.ks.executions(self.p), prefix=True, keys_only=True,
-                                      timeout=self.rpc_timeout)
-        cutoff = now_ms - self.s.retention_ms
-        by_schedule: dict[bytes, list[tuple[int, bytes]]] = {}  # (planned ms, key), unfinished ones left out
-        for i, x in enumerate(listing.kvs):
-            head, _, planned = x.key.rpartition(b"/")
-            by_schedule.setdefault(head, []).append((int(planned), x.key))
-            if i % 5000 == 4999:
-                await asyncio.sleep(0)  # a long history must not starve lease keep-alives
-        candidates: list[bytes] = []
-        for es in by_schedule.values():
-            if len(es) <= self.s.retention_count and min(es)[0] >= cutoff:
-                continue
-            es.sort(reverse=True)
-            # The count is of terminal records; unfinished ones (known to this owner) are not counted.
-            kept = 0
-            for planned_ms, k in es:
-                if self.pending.get(self.ks.execution_id_of(k)) is not None:
-                    continue
-                if kept >= self.s.retention_count or planned_ms < cutoff:
-                    candidates.append(k)
-                else:
-                    kept += 1
-        doomed: list[Op] = []
-        for i in range(0, len(candidates), 100):
-            got = await self.kv.txn([], [get(k) for k in candidates[i:i + 100]], timeout=self.rpc_timeout)
-            for r in got.responses:
-                for x in getattr(r, "kvs", ()):
-                    if peek_state(x.value) in TERMINAL:
-                        # Only if unchanged since we read it: a replay may have brought it back to life.
-                        doomed.append(txn([Compare.mod_revision(x.key, "==", x.mod_revision)], [delete(x.key)]))
-        skips = await self.kv.range(self.ks.skips(self.p), prefix=True, keys_only=True, timeout=self.rpc_timeout)
-        for kv in skips.kvs:
-            through = int(kv.key.rsplit(b"-", 1)[1])
-            if through < cutoff:
-                doomed.append(delete(kv.key))
+        def keep_after(schedule_id: str) -> int | None:
+            # Never a record a new owner might plan again (REPLAN_MARGIN_MS): re-created, it would run twice.
+            sch = self.schedules.get(schedule_id)
+            return sch.stored.activated_ms if sch is not None and sch.stored.activated_ms >= recent else None
+
+        doomed = await retention_deletes(self.kv, self.ks, self.p, now_ms, self.s, keep_after=keep_after,
+                                         unfinished=lambda eid: eid in self.pending, timeout=self.rpc_timeout)
         await self._commit(doomed)
         self._rescan = True  # leftover notices (a lost watch event) are cleared with each sweep
         return len(doomed)
 
     # ---- the loop -----------------------------------------------------------------------------------
 
-    async def run(self) -> None:
+    async def start(self) -> None:
+        """Claim-time work: read the partition and apply every schedule's missed-run policy."""
         await self.load()
         now = self.clock.wall_ms()
         runs, skips = self.catch_up(now)
-        await self.write_planned(runs, skips, max(self.ck.watermark_ms, now - self.s.late_grace_ms))
+        # The checkpoint keeps its writer's sched_rev: activations it did not know may still have
+        # planned times between the catch-up horizon and the watermark, which the first round writes.
+        await self.write_planned(runs, skips, max(self.ck.watermark_ms, now - self.s.late_grace_ms),
+                                 self.ck.sched_rev)
+
+    async def step(self, now: int) -> bool:
+        """One round at wall time `now` (timeouts, notices, dispatch, then bounded materialization).
+        Returns whether another round should follow at once (more to materialize, notices waiting)."""
+        # Work that is due first (timeouts, dispatch), then materialization, bounded per round:
+        # under overload the loop keeps handing out work instead of only writing it down.
+        if self.reload:
+            raise Restart("the schedule watch lost events (compacted): reload the partition")
+        await self.time_out(now)
+        await self.apply_notices()  # records others changed: taken in before deciding on dispatch
+        await self.dispatch_due(now)
+        again = False
+        self.update_blocked(now)
+        rev = self.sched_rev  # taken before planning: what the planned state reflects
+        execs, skips, reached = self.plan_round(now, now + self.s.lookahead_ms, self.s.max_planned_per_round)
+        await self.write_planned(execs, skips, reached, rev)
+        again = reached < now + self.s.lookahead_ms  # more to materialize
+        self.stats.rounds += 1
+        return again or bool(self._notices) or bool(self._confirm)
+
+    async def run(self) -> None:
+        await self.start()
         # Partitions sweep at staggered times (first sweep after 0.5-1x the interval), so that the
         # listings of all partitions a node claimed together do not land in the same instant.
         next_sweep = self.clock.monotonic() + self.s.retention_interval * (0.5 + (self.p % 16) / 32)
@@ -696,19 +953,9 @@ class PartitionPlanner:
             if self.clock.monotonic() >= next_sweep:
                 await self.sweep(now)
                 next_sweep = self.clock.monotonic() + self.s.retention_interval
-            # Work that is due first (timeouts, dispatch), then materialization, bounded per round:
-            # under overload the loop keeps handing out work instead of only writing it down.
-            await self.time_out(now)
-            await self.apply_notices()  # records others changed: taken in before deciding on dispatch
-            await self.dispatch_due(now)
-            again = False
-            if not self.backlogged(now):
-                execs, skips, reached = self.plan_round(now + self.s.lookahead_ms, self.s.max_planned_per_round)
-                await self.write_planned(execs, skips, reached)
-                again = reached < now + self.s.lookahead_ms  # more to materialize
-            self.stats.rounds += 1
+            again = await self.step(now)
             self.wake.clear()
-            if again or self._notices:  # the next round starts at once (after the others had a turn)
+            if again:  # the next round starts at once (after the others had a turn)
                 self.wake.set()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), self.s.loop_interval)

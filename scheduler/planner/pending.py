@@ -1,6 +1,11 @@
 """The partition planner's view of its unfinished executions, indexed so that each round touches only
-what is due: a heap of ready times (due for scheduled, next attempt for retry-wait), a heap of
-deadlines for in-flight attempts, and the executions of each schedule (for overlap decisions).
+what is due: a heap of ready times per worker pool (due for scheduled, next attempt for retry-wait), a
+heap of deadlines for in-flight attempts, and the executions of each schedule (for overlap decisions).
+
+Ready heaps are per pool so that a pool without capacity (no worker, or one slow worker) never stands
+in front of another pool's due work: a round takes from each pool only what that pool can start.
+Executions that wait for something other than time (a retry of a paused schedule) are parked outside
+the heaps, so that no round picks them up and puts them back for ever.
 
 Heaps hold (time, seq, id) and are cleaned lazily: an entry is acted on only if the execution is still
 in the state and at the time that put it there.
@@ -27,7 +32,8 @@ class PendingIndex:
     def __init__(self) -> None:
         self._by_id: dict[str, Execution] = {}
         self._by_schedule: dict[str, dict[str, Execution]] = {}
-        self._ready: list[tuple[int, int, str]] = []
+        self._ready: dict[str, list[tuple[int, int, str]]] = {}  # pool -> heap
+        self._parked: dict[str, dict[str, Execution]] = {}  # schedule id -> executions waiting for a resume
         self._deadlines: list[tuple[int, int, str]] = []
         self._start_bys: list[tuple[int, int, str]] = []  # dispatched attempts waiting for their start
         self._seq = itertools.count()
@@ -58,7 +64,7 @@ class PendingIndex:
         self._by_schedule.setdefault(e.schedule_id, {})[e.id] = e
         ready = _ready_ms(e)
         if ready is not None:
-            heapq.heappush(self._ready, (ready, next(self._seq), e.id))
+            heapq.heappush(self._ready.setdefault(e.pool, []), (ready, next(self._seq), e.id))
         cur = e.current
         if e.state in IN_FLIGHT and cur is not None:
             heapq.heappush(self._deadlines, (cur.deadline_ms, next(self._seq), e.id))
@@ -73,52 +79,80 @@ class PendingIndex:
                 sched.pop(execution_id, None)
                 if not sched:
                     del self._by_schedule[e.schedule_id]
+            parked = self._parked.get(e.schedule_id)
+            if parked is not None:
+                parked.pop(execution_id, None)
 
     def clear(self) -> None:
         self._by_id.clear()
         self._by_schedule.clear()
         self._ready.clear()
+        self._parked.clear()
         self._deadlines.clear()
         self._start_bys.clear()
 
-    def ready(self, now_ms: int, limit: int | None = None) -> dict[str, list[Execution]]:
-        """Executions whose time has come (at most `limit`, earliest first), by schedule, oldest planned
-        time first. Callers that do not act on one (buffered, no worker capacity) hand it back with
-        `defer()`; asking only for what can be dispatched keeps a backlog from being re-sorted every
-        round."""
+    def pools(self) -> list[str]:
+        """Pools that have (possibly stale) ready entries."""
+        return [p for p, h in self._ready.items() if h]
+
+    def ready(self, now_ms: int, limits: dict[str, int]) -> dict[str, list[Execution]]:
+        """Executions whose time has come, at most `limits[pool]` of each pool (earliest first; pools
+        not named: none), by schedule, oldest planned time first. Callers that do not act on one
+        (buffered, no worker capacity) hand it back with `defer()`; asking only for what can be
+        dispatched keeps a backlog from being re-sorted every round."""
         out: dict[str, list[Execution]] = {}
         seen: set[str] = set()
-        while self._ready and self._ready[0][0] <= now_ms and (limit is None or len(seen) < limit):
-            t, _, eid = heapq.heappop(self._ready)
-            e = self._by_id.get(eid)
-            if e is None or eid in seen or _ready_ms(e) != t:
-                continue  # finished, or moved on since this entry was pushed
-            seen.add(eid)
-            out.setdefault(e.schedule_id, []).append(e)
+        for pool, limit in limits.items():
+            heap = self._ready.get(pool)
+            taken = 0
+            while heap and heap[0][0] <= now_ms and taken < limit:
+                t, _, eid = heapq.heappop(heap)
+                e = self._by_id.get(eid)
+                if e is None or eid in seen or e.pool != pool or _ready_ms(e) != t:
+                    continue  # finished, or moved on (another time, another pool) since this entry was pushed
+                seen.add(eid)
+                taken += 1
+                out.setdefault(e.schedule_id, []).append(e)
         for es in out.values():
             es.sort(key=lambda e: e.planned_ms)
         return out
 
-    def has_ready(self, now_ms: int) -> bool:
+    def has_ready(self, now_ms: int, pool: str | None = None) -> bool:
         """Whether something may be ready (the earliest entry may be stale: a cheap over-estimate)."""
-        return bool(self._ready) and self._ready[0][0] <= now_ms
+        heaps = self._ready.values() if pool is None else [self._ready.get(pool, [])]
+        return any(h and h[0][0] <= now_ms for h in heaps)
 
-    def oldest_ready(self) -> int | None:
-        """The earliest ready time (due or next attempt) of a waiting execution, or None. Drops stale
-        heap entries from the top, as `ready()` would."""
-        heap = self._ready
-        while heap:
-            t, _, eid = heap[0]
-            e = self._by_id.get(eid)
-            if e is not None and _ready_ms(e) == t:
-                return t
-            heapq.heappop(heap)
-        return None
+    def oldest_ready(self, pool: str | None = None) -> int | None:
+        """The earliest ready time (due or next attempt) of a waiting execution (of one pool, or of
+        any), or None. Drops stale heap entries from the tops, as `ready()` would."""
+        best: int | None = None
+        for p, heap in self._ready.items():
+            if pool is not None and p != pool:
+                continue
+            while heap:
+                t, _, eid = heap[0]
+                e = self._by_id.get(eid)
+                if e is not None and e.pool == p and _ready_ms(e) == t:
+                    best = t if best is None else min(best, t)
+                    break
+                heapq.heappop(heap)
+        return best
 
     def defer(self, e: Execution) -> None:
         ready = _ready_ms(e)
         if ready is not None and e.id in self._by_id:
-            heapq.heappush(self._ready, (ready, next(self._seq), e.id))
+            heapq.heappush(self._ready.setdefault(e.pool, []), (ready, next(self._seq), e.id))
+
+    def park(self, e: Execution) -> None:
+        """Hold `e` out of the ready heaps until `unpark()` (its schedule is paused)."""
+        if e.id in self._by_id:
+            self._parked.setdefault(e.schedule_id, {})[e.id] = e
+
+    def unpark(self, schedule_id: str) -> None:
+        for e in self._parked.pop(schedule_id, {}).values():
+            cur = self._by_id.get(e.id)
+            if cur is not None:
+                self.defer(cur)
 
     def expired(self, now_ms: int) -> list[Execution]:
         """In-flight attempts whose recorded deadline has passed."""

@@ -37,7 +37,7 @@ class PlannerSettings(Settings):
 
     def validate(self) -> None:
         if not 0 <= self.lookahead_ms <= 60_000:
-            raise InvalidArgument("lookahead_ms", "must be in 0-60000")
+            raise InvalidArgument("lookahead_ms", f"{self.lookahead_ms} ms is outside 0-60000 ms (0-1m)")
         if not 0.005 <= self.loop_interval <= 5:
             raise InvalidArgument("loop_interval", "must be in 0.005-5 seconds")
         if not 1 <= self.max_planned_per_round <= 100_000:

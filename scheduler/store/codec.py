@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import base64
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from scheduler.execution import Attempt, ErrorClass, ExecState, Execution, Trigger
@@ -40,6 +40,31 @@ class ScheduleMeta:
     created_ms: int = 0
     updated_ms: int = 0
     request_id: str = ""
+    # The etcd revision of the put that set the current activation (create, resume, pause, spec change);
+    # 0: the put that wrote this very value (its mod_revision). A planner compares it with the revision
+    # its partition's checkpoint was planned at, to know whether the checkpoint's writer knew this
+    # activation (scheduler/store/checkpoint.py).
+    activated_rev: int = 0
+    # The activation before the current one, as far as planning goes: {"spec", "tz", "start", "end",
+    # "state", "gap", "fold", "activated", "rev"}. A new owner whose checkpoint's writer never saw the
+    # current activation handles the planned times between the watermark and it under this one.
+    previous: dict[str, Any] | None = None
+
+
+def plan_fields(s: Schedule, activated_ms: int, activation_rev: int) -> dict[str, Any]:
+    """The fields of a schedule that its planned times depend on, for ScheduleMeta.previous."""
+    p = s.policies
+    return {"spec": s.spec, "tz": s.time_zone, "start": s.start_ms, "end": s.end_ms, "state": s.state.value,
+            "gap": p.dst_gap.value if p.dst_gap else None, "fold": p.dst_overlap.value if p.dst_overlap else None,
+            "activated": activated_ms, "rev": activation_rev}
+
+
+def with_plan_fields(s: Schedule, d: dict[str, Any]) -> Schedule:
+    """`s` as it was planned under `d` (plan_fields of an earlier activation)."""
+    pol = replace(s.policies, dst_gap=DstGap(d["gap"]) if d.get("gap") else None,
+                  dst_overlap=DstOverlap(d["fold"]) if d.get("fold") else None)
+    return replace(s, spec=str(d["spec"]), time_zone=str(d.get("tz", "UTC")), start_ms=d.get("start"),
+                   end_ms=d.get("end"), state=ScheduleState(d.get("state", "active")), policies=pol)
 
 
 def encode_schedule(s: Schedule, *, activated_ms: int, meta: ScheduleMeta | None = None) -> bytes:
@@ -57,12 +82,17 @@ def encode_schedule(s: Schedule, *, activated_ms: int, meta: ScheduleMeta | None
     }
     if meta is not None:
         d["meta"] = {"c": meta.created_ms, "u": meta.updated_ms, "rid": meta.request_id}
+        if meta.activated_rev:
+            d["meta"]["ar"] = meta.activated_rev
+        if meta.previous:
+            d["meta"]["pv"] = meta.previous
     return json.dumps(d, separators=_SEP).encode()
 
 
 def decode_schedule_meta(value: bytes) -> ScheduleMeta:
     m = json.loads(value).get("meta") or {}
-    return ScheduleMeta(int(m.get("c", 0)), int(m.get("u", 0)), str(m.get("rid", "")))
+    return ScheduleMeta(int(m.get("c", 0)), int(m.get("u", 0)), str(m.get("rid", "")), int(m.get("ar", 0)),
+                        m.get("pv"))
 
 
 def decode_schedule(value: bytes, version: int) -> tuple[Schedule, int]:
@@ -149,6 +179,8 @@ def _encode_execution_slow(e: Execution) -> bytes:
         d["base"] = e.attempt_base
     if e.run_trigger is not None:
         d["rtr"] = e.run_trigger.value
+    if e.dead_reason:
+        d["dr"] = e.dead_reason
     return _dumps(d).encode()
 
 
@@ -193,6 +225,8 @@ def encode_execution(e: Execution) -> bytes:
         out += f',"base":{e.attempt_base}'
     if e.run_trigger is not None:
         out += f',"rtr":"{e.run_trigger.value}"'
+    if e.dead_reason:
+        out += ',"dr":' + _str(e.dead_reason)
     return (out + "}").encode()
 
 
@@ -220,6 +254,6 @@ def decode_execution(value: bytes, mod_revision: int = 0) -> Execution:
         next_attempt_ms=int(d.get("next", 0)), skip_reason=d.get("why", ""),
         overlap=Overlap(d["ov"]) if d.get("ov") else None,
         payload=base64.b64decode(d["pay"]) if "pay" in d else None, attempt_base=int(d.get("base", 0)),
-        run_trigger=Trigger(d["rtr"]) if d.get("rtr") else None,
+        run_trigger=Trigger(d["rtr"]) if d.get("rtr") else None, dead_reason=d.get("dr", ""),
         mod_revision=mod_revision,
     )

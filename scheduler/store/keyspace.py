@@ -97,6 +97,15 @@ class Keyspace:
         return self._k("skips", f"{partition:0{_PART_WIDTH}d}", schedule_id,
                        f"{after_ms:0{_MS_WIDTH}d}-{through_ms:0{_MS_WIDTH}d}")
 
+    def holds(self, partition: int) -> bytes:
+        return self._k("holds", f"{partition:0{_PART_WIDTH}d}", "")
+
+    def hold(self, partition: int, schedule_id: str) -> bytes:
+        """"This schedule's planned times after <from> were not materialized" (its pool's workers were
+        gone or saturated): written with the checkpoint that passes them, so a new owner catches up on
+        them by the missed-run policy; deleted by the owner that did."""
+        return self._k("holds", f"{partition:0{_PART_WIDTH}d}", schedule_id)
+
     def dead_letters(self, partition: int | None = None) -> bytes:
         if partition is None:
             return self._k("dead", "")

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 
 from scheduler.errors import AlreadyExists, NotFound, VersionMismatch
 from scheduler.model import Schedule
-from scheduler.store.codec import ScheduleMeta, decode_schedule, decode_schedule_meta, encode_schedule
+from scheduler.store.codec import ScheduleMeta, decode_schedule, decode_schedule_meta, encode_schedule, plan_fields
 from scheduler.store.etcd.ops import Compare, delete, get, prefix_end, put
 from scheduler.store.keyspace import Keyspace, partition_for
 from scheduler.store.kv import KV
@@ -23,6 +23,11 @@ class StoredSchedule:
     activated_ms: int  # planned times before this are not owed (creation, resume, spec change)
     partition: int
     meta: ScheduleMeta = field(default_factory=ScheduleMeta)
+
+    @property
+    def activation_rev(self) -> int:
+        """The etcd revision of the write that set the current activation (see ScheduleMeta)."""
+        return self.meta.activated_rev or self.schedule.version
 
 
 def _activation_changed(old: Schedule, new: Schedule) -> bool:
@@ -73,9 +78,13 @@ class ScheduleStore:
         cur = await self.get(s.id)
         if expected_version is not None and cur.schedule.version != expected_version:
             raise VersionMismatch(f"schedule {s.id!r} is at version {cur.schedule.version}, not {expected_version}")
-        activated = now_ms if _activation_changed(cur.schedule, s) else cur.activated_ms
+        changed = _activation_changed(cur.schedule, s)
+        activated = now_ms if changed else cur.activated_ms
         key = self.ks.schedule(cur.partition, s.id)
-        meta = replace(cur.meta, updated_ms=now_ms)
+        # A new activation is this put's own revision (0); otherwise the activation keeps its revision.
+        meta = replace(cur.meta, updated_ms=now_ms, activated_rev=0 if changed else cur.activation_rev,
+                       previous=plan_fields(cur.schedule, cur.activated_ms, cur.activation_rev) if changed
+                       else cur.meta.previous)
         r = await self.kv.txn([Compare.mod_revision(key, "==", cur.schedule.version)],
                               [put(key, encode_schedule(s, activated_ms=activated, meta=meta))], [get(key)],
                               timeout=self.timeout)

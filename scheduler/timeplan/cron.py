@@ -13,6 +13,7 @@ a day of week means "odd days that are also that weekday", exactly as cronie doe
 from __future__ import annotations
 
 import calendar
+import re
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 from datetime import date
@@ -61,8 +62,17 @@ class CronFields:
     fixed_time: bool
 
 
+_YEARISH = re.compile(r"\d{4}(?:[-,]\d{4})*(?:/\d+)?")
+
+
 def parse_fields(text: str, schedule_id: str = "") -> CronFields:
     parts = text.split()
+    if len(parts) in (6, 7) and _YEARISH.fullmatch(parts[-1]):
+        # Quartz-style `... * 2027`: a 6-field spec is read seconds first, so the year would land in
+        # day_of_week and fail there with a confusing range error.
+        raise InvalidArgument(
+            "", f"a year field ({parts[-1]!r}) is not supported: 6 fields are read as second minute hour "
+                "day-of-month month day-of-week; bound the schedule with start_at/end_at instead")
     if len(parts) == 5:
         parts.insert(0, "0")
     elif len(parts) != 6:

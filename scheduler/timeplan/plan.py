@@ -30,6 +30,7 @@ _MS = timedelta(milliseconds=1)
 MIN_MS = int((datetime(1900, 1, 1, tzinfo=UTC) - EPOCH) / _MS)
 MAX_MS = int((datetime(9990, 1, 1, tzinfo=UTC) - EPOCH) / _MS)
 MAX_SPEC_LEN = 256
+_YEAR1_MS = int((datetime(1, 1, 1, tzinfo=UTC) - EPOCH) / _MS)
 # A spec whose every wall time falls into DST gaps under `skip` (e.g. `30 2 * 3 0#2` in New York) has a
 # calendar match but no instant: searches stop one calendar cycle after the query instead of at 9999.
 _HORIZON_S = CYCLE_YEARS * 366 * 86400
@@ -220,6 +221,37 @@ _DURATION = re.compile(r"(\d+)(ms|s|m|h|d)")
 _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 MIN_EVERY_MS = 1000
 MAX_EVERY_MS = 366 * 86_400_000
+
+
+def check_in_window(ms: int, field: str) -> int:
+    """Refuse an instant outside the window plans cover ([MIN_MS, MAX_MS)), naming it: a plan clamps
+    to the window, so an instant before it would silently start in 1900 and one after it find nothing."""
+    if not MIN_MS <= ms < MAX_MS:
+        raise InvalidArgument(field, f"{format_instant(ms)} is outside the planning window "
+                                     f"{format_instant(MIN_MS)} .. {format_instant(MAX_MS)}")
+    return ms
+
+
+def format_instant(ms: int) -> str:
+    """RFC3339 UTC with milliseconds, for messages (any year from 1 to 9999)."""
+    dt = datetime(1, 1, 1, tzinfo=UTC) + timedelta(milliseconds=ms - _YEAR1_MS)
+    return f"{dt.year:04d}-" + dt.strftime("%m-%dT%H:%M:%S.") + f"{ms % 1000:03d}Z"  # %Y drops zeros on glibc
+
+
+def format_duration_ms(ms: int) -> str:
+    """A duration in the units people read, as parse_duration_ms writes them: `90s` -> `1m30s`, `250ms`,
+    `2d3h`. Exact up to three units; longer ones keep their three largest (`2526d9h26m`, not down to the
+    millisecond). Negative durations get a leading `-`."""
+    if ms < 0:
+        return "-" + format_duration_ms(-ms)
+    if ms == 0:
+        return "0s"
+    parts: list[tuple[int, str]] = []
+    for unit in ("d", "h", "m", "s", "ms"):
+        n, ms = divmod(ms, _UNIT_MS[unit])
+        if n or parts:
+            parts.append((n, unit))
+    return "".join(f"{n}{u}" for n, u in parts[:3] if n)
 
 
 def parse_duration_ms(text: str, field: str) -> int:

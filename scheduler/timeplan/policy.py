@@ -42,3 +42,6 @@ class SkipReason(StrEnum):
     OVER_CAP = "over_cap"
     OVERLAP_SKIP = "overlap_skip"
     PAUSED = "paused"
+    # Withdrawn pre-written runs: the schedule was deleted, or its spec changed and no longer plans them.
+    SCHEDULE_DELETED = "schedule_deleted"
+    SCHEDULE_CHANGED = "schedule_changed"

@@ -70,6 +70,7 @@ class FakeApi(ssgrpc.ScheduleServiceServicer, agrpc.AdminServiceServicer):  # ty
         self.calls: list[tuple[str, Any]] = []
         self.fail_next: dict[str, list[grpc.StatusCode]] = {}
         self.region = cpb.RegionPolicy(primary_region="default", version=1)
+        self.skips: dict[str, list[Any]] = {}  # schedule id -> SkippedTime, by planned time
         self.planners = {"p1": cpb.PlannerInfo(node_id="p1", region="default", api_address="127.0.0.1:1",
                                                liveness=cpb.PLANNER_LIVENESS_ALIVE)}
         self.clock_ms = 1_780_000_000_000
@@ -254,6 +255,12 @@ class FakeApi(ssgrpc.ScheduleServiceServicer, agrpc.AdminServiceServicer):  # ty
         chunk, token = _page(items, request.page_size, request.page_token)
         return sspb.ListExecutionsResponse(executions=chunk, next_page_token=token)
 
+    async def ListSkips(self, request: Any, context: Any) -> Any:
+        if not request.schedule_id:
+            raise invalid("schedule_id", "is required")
+        chunk, token = _page(self.skips.get(request.schedule_id, []), request.page_size, request.page_token)
+        return sspb.ListSkipsResponse(skips=chunk, next_page_token=token)
+
     async def CancelExecution(self, request: Any, context: Any) -> Any:
         e = self.executions.get(request.execution_id)
         if e is None:
@@ -279,6 +286,8 @@ class FakeApi(ssgrpc.ScheduleServiceServicer, agrpc.AdminServiceServicer):  # ty
         d = self._take_dead(request.execution_id)
         e = self.executions[request.execution_id]
         e.state, e.trigger, e.state_message = epb.EXECUTION_STATE_SCHEDULED, epb.TRIGGER_REPLAY, request.reason
+        if request.use_current_schedule:
+            e.task_type = self._schedule(e.schedule_id).task_type
         del d
         return sspb.ReplayDeadLetterResponse(execution=e)
 
@@ -328,8 +337,20 @@ class FakeApi(ssgrpc.ScheduleServiceServicer, agrpc.AdminServiceServicer):  # ty
         info = self.planners.get(request.node_id)
         if info is None:
             raise Abort(grpc.StatusCode.NOT_FOUND, f"no planner {request.node_id!r}")
+        others = [p for p in self.planners.values() if p.node_id != info.node_id
+                  and p.liveness != cpb.PLANNER_LIVENESS_DRAINING]
+        if not others and info.liveness != cpb.PLANNER_LIVENESS_DRAINING and not request.force:
+            raise Abort(grpc.StatusCode.FAILED_PRECONDITION,
+                        f"{info.node_id!r} is the only live planner that is not draining; pass force")
         info.liveness = cpb.PLANNER_LIVENESS_DRAINING
         return apb.DrainPlannerResponse(planner=info)
+
+    async def UndrainPlanner(self, request: Any, context: Any) -> Any:
+        info = self.planners.get(request.node_id)
+        if info is None:
+            raise Abort(grpc.StatusCode.NOT_FOUND, f"no planner {request.node_id!r}")
+        info.liveness = cpb.PLANNER_LIVENESS_ALIVE
+        return apb.UndrainPlannerResponse(planner=info)
 
     async def GetTime(self, request: Any, context: Any) -> Any:
         r = apb.GetTimeResponse(node_id="p1", region="default")

@@ -13,6 +13,7 @@ import pytest
 
 from scheduler._gen.scheduler.v1 import cluster_pb2 as cpb
 from scheduler._gen.scheduler.v1 import execution_pb2 as epb
+from scheduler._gen.scheduler.v1 import schedule_service_pb2 as sspb
 from scheduler.cli import planner as planner_cli
 from scheduler.cli.main import build_parser
 from tests.client.fake_server import FakeApi
@@ -166,6 +167,8 @@ async def test_executions_backfill_and_dead_letters(fake: tuple[FakeApi, str]) -
     eid = "s@2026-05-28T00:03:00.000Z"
     r = await schedctl("exec", "get", eid, server=srv)
     assert r.rc == 0 and "backfill" in r.out
+    planned_row = next(line for line in r.out.splitlines() if line.startswith("planned_at"))
+    assert planned_row.split()[1] == "2026-05-28T00:03:00.000Z", "milliseconds, as in the id (issue 9)"
     r = await schedctl("exec", "cancel", eid, "--reason", "not needed", "--json", server=srv)
     assert r.rc == 0 and r.json()["state"] == "EXECUTION_STATE_CANCELLED"
     r = await schedctl("exec", "cancel", eid, server=srv)
@@ -198,11 +201,65 @@ async def test_admin_commands(fake: tuple[FakeApi, str]) -> None:
     assert r.rc == 0 and "primary region default (version 2" in r.out
     r = await schedctl("region", "switchover", "mars", server=srv)
     assert r.rc == 2 and "target_region: no planner has registered in region 'mars'" in r.err
+    # The only planner: refused without --force (exit 4, with what to do), then forced, then undone.
     r = await schedctl("planner", "drain", "p1", "--reason", "upgrade", server=srv)
+    assert r.rc == 4 and "force" in r.err, r.err
+    assert api.planners["p1"].liveness == cpb.PLANNER_LIVENESS_ALIVE
+    r = await schedctl("planner", "drain", "p1", "--reason", "upgrade", "--force", server=srv)
     assert r.rc == 0 and "draining" in r.out
     assert api.planners["p1"].liveness == cpb.PLANNER_LIVENESS_DRAINING
+    r = await schedctl("planner", "undrain", "p1", server=srv)
+    assert r.rc == 0 and "p1 (default): alive" in r.out, r.out
+    assert api.planners["p1"].liveness == cpb.PLANNER_LIVENESS_ALIVE
     r = await schedctl("planner", "drain", "p9", server=srv)
     assert r.rc == 3
+    r = await schedctl("planner", "undrain", "p9", server=srv)
+    assert r.rc == 3
+
+
+async def test_cluster_status_without_a_region_policy(fake: tuple[FakeApi, str]) -> None:
+    api, srv = fake
+    api.region = cpb.RegionPolicy()
+    r = await schedctl("cluster", "status", server=srv)
+    assert r.rc == 0 and "no region policy set" in r.out and "version 0" not in r.out, r.out
+
+
+async def test_skips_and_replay_with_the_current_schedule(fake: tuple[FakeApi, str]) -> None:
+    api, srv = fake
+    assert (await schedctl("schedule", "create", "--id", "s", "--cron", "* * * * *", "--command", "true",
+                           server=srv)).rc == 0
+    one = sspb.SkippedTime(schedule_id="s", reason=epb.SKIP_REASON_PAUSED, execution_id="s@2026-05-28T00:01:00.000Z")
+    one.planned_at.FromMilliseconds(T0 + 60_000)
+    rng = sspb.SkippedTime(schedule_id="s", reason=epb.SKIP_REASON_OVER_CAP)
+    rng.planned_at.FromMilliseconds(T0 + 120_000)
+    rng.range_after.FromMilliseconds(T0 + 60_000)
+    rng.range_through.FromMilliseconds(T0 + 180_000)
+    api.skips["s"] = [one, rng]
+    r = await schedctl("skips", "s", server=srv)
+    lines = r.out.splitlines()
+    assert r.rc == 0 and lines[0].split() == ["PLANNED_AT", "REASON", "RECORDED_AS"], r.out
+    assert "paused" in lines[1] and "s@2026-05-28T00:01:00.000Z" in lines[1]
+    assert "over_cap" in lines[2] and "skip record (" in lines[2]
+    r = await schedctl("skips", "s", "--json", "--limit", "1", server=srv)
+    assert r.rc == 0 and len(r.json()["skips"]) == 1  # type: ignore[arg-type]
+    r = await schedctl("skips", "", server=srv)
+    assert r.rc == 2 and r.err.startswith("schedctl: schedule_id:"), r.err
+
+    dead = api.add_dead_letter("s", T0)
+    api.schedules["s"].task_type = "fixed"
+    r = await schedctl("dlq", "replay", dead, server=srv)
+    assert r.rc == 0 and not api.calls[-1][1].use_current_schedule
+    dead = api.add_dead_letter("s", T0 + 1000)
+    r = await schedctl("dlq", "replay", dead, "--with-current-schedule", "--json", server=srv)
+    assert r.rc == 0 and api.calls[-1][1].use_current_schedule and r.json()["task_type"] == "fixed"
+
+
+async def test_exec_list_without_a_schedule_is_in_storage_order(fake: tuple[FakeApi, str]) -> None:
+    api, srv = fake
+    assert (await schedctl("exec", "list", server=srv)).rc == 0
+    assert not api.calls[-1][1].newest_first, "newest first is only asked for within a schedule"
+    assert (await schedctl("exec", "list", "--schedule", "x", server=srv)).rc == 0
+    assert api.calls[-1][1].newest_first
 
 
 async def test_server_from_env_then_config_file(fake: tuple[FakeApi, str], tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 import grpc
 import pytest
 
+from scheduler._gen.scheduler.v1 import cluster_pb2 as cpb
 from scheduler._gen.scheduler.v1 import execution_pb2 as epb
 from scheduler._gen.scheduler.v1 import schedule_pb2 as spb
 from scheduler._gen.scheduler.v1 import schedule_service_pb2 as sspb
@@ -39,6 +40,16 @@ async def test_schedule_lifecycle(client: SchedulerClient) -> None:
     with pytest.raises(ClientError) as ei:
         await client.get_schedule("s1")
     assert ei.value.code is grpc.StatusCode.NOT_FOUND and "not found" in str(ei.value)
+
+
+async def test_tenant_and_pool_default_like_the_cli(client: SchedulerClient) -> None:
+    mine = spb.Schedule(id="d1", spec="@hourly", task_type="shell")
+    s = await client.create_schedule(mine)
+    assert (s.tenant, s.worker_pool) == ("default", "default")
+    assert (mine.tenant, mine.worker_pool) == ("", ""), "the caller's message is left alone"
+    s = await client.create_schedule(spb.Schedule(id="d2", spec="@hourly", task_type="shell", tenant="t",
+                                                  worker_pool="p"))
+    assert (s.tenant, s.worker_pool) == ("t", "p")
 
 
 async def test_invalid_argument_carries_the_field_violations(client: SchedulerClient) -> None:
@@ -186,7 +197,11 @@ async def test_dead_letters_and_admin(fake: tuple[FakeApi, str], client: Schedul
     with pytest.raises(ClientError) as ei:
         await client.switchover("mars")
     assert ei.value.violations[0].field == "target_region"
-    assert (await client.drain_planner("p1")).liveness != 0
+    with pytest.raises(ClientError) as ei:
+        await client.drain_planner("p1")  # the only planner
+    assert ei.value.code is grpc.StatusCode.FAILED_PRECONDITION
+    assert (await client.drain_planner("p1", force=True)).liveness == cpb.PLANNER_LIVENESS_DRAINING
+    assert (await client.undrain_planner("p1")).liveness == cpb.PLANNER_LIVENESS_ALIVE
     assert (await client.get_time()).node_id == "p1"
 
 
@@ -199,6 +214,8 @@ def test_sync_wrapper(fake_server_thread: str) -> None:
         with pytest.raises(ClientError) as ei:
             c.get_schedule("nope")
         assert ei.value.code is grpc.StatusCode.NOT_FOUND
+        assert list(c.list_skips("s1").skips) == []
+        assert c.undrain_planner("p1").liveness == cpb.PLANNER_LIVENESS_ALIVE
 
 
 async def test_plain_status_without_details() -> None:

@@ -37,7 +37,7 @@ from scheduler._gen.scheduler.v1 import schedule_service_pb2 as spb
 from scheduler.execution import ErrorClass, ExecState, Execution, Trigger, dispatch, result
 from scheduler.model import RetryPolicy, execution_id
 from scheduler.store.etcd import EtcdClient
-from scheduler.store.keyspace import Keyspace
+from scheduler.store.keyspace import Keyspace, partition_for
 from scheduler.store.ledger import Ledger
 from tests.etcd_cluster import EtcdCluster
 from tests.integration.api_cluster import PREFIX, ApiCluster, P, start_api_cluster, wait_until
@@ -98,9 +98,9 @@ def test_health_and_reflection_list_every_service(cluster: ApiCluster) -> None:
             "grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection"} <= services
     pool = DescriptorPool(db)
     methods = {m.name for m in pool.FindServiceByName("scheduler.v1.ScheduleService").methods}
-    assert {"CreateSchedule", "ListExecutions", "Backfill", "DiscardDeadLetter"} <= methods
+    assert {"CreateSchedule", "ListExecutions", "ListSkips", "Backfill", "DiscardDeadLetter"} <= methods
     assert {m.name for m in pool.FindServiceByName("scheduler.v1.AdminService").methods} == \
-        {"GetClusterStatus", "Switchover", "DrainPlanner", "GetTime"}
+        {"GetClusterStatus", "Switchover", "DrainPlanner", "UndrainPlanner", "GetTime"}
 
 
 # ---- create / get --------------------------------------------------------------------------------------
@@ -342,9 +342,28 @@ def test_executions_get_list_filters_paging(cluster: ApiCluster) -> None:
         if not token:
             break
     assert seen == sorted(seen, reverse=True) and len(seen) >= 3
-    by_tenant = a.ListExecutions(spb.ListExecutionsRequest(tenant="acme", states=[epb.EXECUTION_STATE_SUCCEEDED],
-                                                           page_size=1000), timeout=10)
-    assert {e.execution_id for e in done} <= {e.execution_id for e in by_tenant.executions}
+    # Across schedules: storage order, bounded pages; following the tokens finds them all, each once.
+    across: list[str] = []
+    token = ""
+    while True:
+        r = a.ListExecutions(spb.ListExecutionsRequest(tenant="acme", states=[epb.EXECUTION_STATE_SUCCEEDED],
+                                                       page_size=2, page_token=token), timeout=10)
+        across += [e.execution_id for e in r.executions]
+        token = r.next_page_token
+        if not token:
+            break
+    assert {e.execution_id for e in done} <= set(across) and len(across) == len(set(across))
+    fails(grpc.StatusCode.INVALID_ARGUMENT, a.ListExecutions, spb.ListExecutionsRequest(newest_first=True),
+          "newest_first")
+    # The pause above leaves planned times not run: ListSkips says so, with the reason.
+
+    def paused_skips() -> list[spb.SkippedTime]:
+        r = b.ListSkips(spb.ListSkipsRequest(schedule_id="e-1"), timeout=10)
+        return [x for x in r.skips if x.reason == epb.SKIP_REASON_PAUSED]
+
+    skipped = wait_until(paused_skips, 30, "a planned time of e-1 skipped as paused")
+    assert all(x.schedule_id == "e-1" and x.HasField("planned_at") for x in skipped)
+    fails(grpc.StatusCode.INVALID_ARGUMENT, a.ListSkips, spb.ListSkipsRequest(), "schedule_id")
     fails(grpc.StatusCode.NOT_FOUND, a.GetExecution, spb.GetExecutionRequest(
         execution_id="e-1@2001-01-01T00:00:00.000Z"))
     for bad in ("e-1", "e-1@2026-11-29T10:00:00Z", "e 1@2026-11-29T10:00:00.000Z", "x" * 1000):
@@ -506,8 +525,11 @@ def test_backfill_streams_progress_and_is_safe_to_repeat(cluster: ApiCluster) ->
     start = end - 250 * 60_000  # 250 planned times: more than one batch
     req = spb.BackfillRequest(schedule_id="op-b", start_time=ts(start), end_time=ts(end), dry_run=True)
     dry = list(a.Backfill(req, timeout=30))
-    # The schedule's own overlap policy (SKIP): all but the first would be skipped.
-    assert (dry[-1].done, dry[-1].planned, dry[-1].created, dry[-1].skipped) == (True, 250, 1, 249)
+    # The backfill's own default (BUFFER_ALL), not the schedule's SKIP: every planned time (issue 9, item 6).
+    assert (dry[-1].done, dry[-1].planned, dry[-1].created, dry[-1].skipped) == (True, 250, 250, 0)
+    req.overlap_policy = pb.OVERLAP_POLICY_SKIP  # asked for: all but the first skipped
+    skipping = list(a.Backfill(req, timeout=30))
+    assert (skipping[-1].planned, skipping[-1].created, skipping[-1].skipped) == (250, 1, 249)
     assert len(dry) > 1 and [m.planned for m in dry] == sorted(m.planned for m in dry)
     listed = a.ListExecutions(spb.ListExecutionsRequest(schedule_id="op-b"), timeout=10)
     assert not listed.executions  # a dry run writes nothing
@@ -687,6 +709,8 @@ def test_zz_drain_planner_through_another_node(cluster: ApiCluster) -> None:
     assert r.node_id == "b" and r.liveness == cpb.PLANNER_LIVENESS_DRAINING
     again = adm.DrainPlanner(apb.DrainPlannerRequest(node_id="b"), timeout=10).planner
     assert again.liveness == cpb.PLANNER_LIVENESS_DRAINING
+    # a is now the only planner left to own partitions: draining it too needs force.
+    fails(grpc.StatusCode.FAILED_PRECONDITION, adm.DrainPlanner, apb.DrainPlannerRequest(node_id="a"))
 
     def drained() -> apb.GetClusterStatusResponse | None:
         st = cluster.admin("b").GetClusterStatus(apb.GetClusterStatusRequest(), timeout=10)
@@ -704,6 +728,16 @@ def test_zz_drain_planner_through_another_node(cluster: ApiCluster) -> None:
     assert drained() is not None
     # It did own partitions before the drain (a drain of an idle node would prove nothing).
     assert cluster.planners["b"].events("acquired")
+    # Undrain: b takes its share back.
+    u = adm.UndrainPlanner(apb.UndrainPlannerRequest(node_id="b"), timeout=10).planner
+    assert u.liveness == cpb.PLANNER_LIVENESS_ALIVE
+
+    def shared() -> bool:
+        st = cluster.admin("a").GetClusterStatus(apb.GetClusterStatusRequest(), timeout=10)
+        return {p.owner for p in st.partitions} == {"a", "b"}
+
+    wait_until(shared, 30, "b to claim partitions again after the undrain")
+    fails(grpc.StatusCode.NOT_FOUND, adm.UndrainPlanner, apb.UndrainPlannerRequest(node_id="nobody"))
 
 
 def test_nothing_crashed(cluster: ApiCluster) -> None:
@@ -713,3 +747,21 @@ def test_nothing_crashed(cluster: ApiCluster) -> None:
     for p in cluster.planners.planners.values():
         internal = [r for r in p.log_records() if r.get("logger") == "scheduler.api"]
         assert not internal, internal
+
+
+def test_cluster_status_shows_the_oldest_run_waiting_for_a_worker(cluster: ApiCluster) -> None:
+    """Issue 9 item 12: a checkpoint can be fresh while runs wait; the owner reports how long the oldest
+    due execution of each partition has waited, through whichever node answers."""
+    a = cluster.schedules("a")
+    a.CreateSchedule(spb.CreateScheduleRequest(schedule=sched("waits", spec="* * * * * *", worker_pool="nobody")),
+                     timeout=10)
+    p = partition_for("waits", P)
+
+    def waiting() -> apb.PartitionStatus | None:
+        st = cluster.admin("b").GetClusterStatus(apb.GetClusterStatusRequest(), timeout=10)
+        part = st.partitions[p]
+        return part if part.HasField("oldest_waiting") and part.oldest_waiting.seconds >= 2 else None
+
+    part = wait_until(waiting, 30, "the waiting run to show in cluster status")
+    assert part.owner in ("a", "b") and part.lag.seconds < 30
+    a.DeleteSchedule(spb.DeleteScheduleRequest(id="waits"), timeout=10)

@@ -24,8 +24,8 @@ from scheduler.store.etcd import (
 )
 from scheduler.store.etcd._pb import txn_request
 from scheduler.store.etcd.connection import Connection, grpc_target
-from scheduler.store.etcd.errors import from_rpc_error
-from tests.etcd_cluster import EtcdFactory
+from scheduler.store.etcd.errors import Malformed, from_rpc_error
+from tests.etcd_cluster import EtcdCluster, EtcdFactory
 
 _S = grpc.StatusCode
 
@@ -59,7 +59,7 @@ def _rpc_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
                      Unauthenticated, Unauthenticated, id="bad-password"),
         pytest.param(_S.PERMISSION_DENIED, "etcdserver: permission denied", PermissionDenied, PermissionDenied,
                      id="permission"),
-        pytest.param(_S.INVALID_ARGUMENT, "etcdserver: duplicate key given in txn request", EtcdError, EtcdError,
+        pytest.param(_S.INVALID_ARGUMENT, "etcdserver: duplicate key given in txn request", Malformed, Malformed,
                      id="other"),
     ],
 )
@@ -153,3 +153,18 @@ async def test_write_to_a_frozen_etcd_is_outcome_unknown(etcd_factory: EtcdFacto
         # Either way it landed at most once: the client did not send it again.
         kv = await etcd.get("k", timeout=5)
         assert kv is None or kv.version == 1
+
+
+async def test_a_txn_writing_one_key_twice_is_malformed_and_the_guard_sees_it_first(etcd_server: EtcdCluster,
+                                                                                    key_prefix: str) -> None:
+    """etcd refuses the whole request (the pause wedge of issue 9); `duplicate_write` catches it unsent."""
+    from scheduler.store.etcd.ops import put, txn
+    from scheduler.store.txn_check import duplicate_write
+
+    k = f"{key_prefix}dup".encode()
+    ops = [txn([Compare.create_revision(k, "==", 0)], [put(k, b"a")]), txn([], [put(k, b"b")])]
+    assert duplicate_write(ops) == k
+    async with EtcdClient(etcd_server.config(timeout=2.0)) as c:
+        with pytest.raises(Malformed, match="duplicate key"):
+            await c.txn([], ops)
+        assert await c.get(k) is None, "nothing of a refused txn is applied"

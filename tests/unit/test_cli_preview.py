@@ -64,3 +64,16 @@ def test_preview_bad_flag_value_is_a_usage_error() -> None:
     r = run("preview", "--cron", "* * * * *", "--dst-gap", "sometimes")
     assert r.returncode == 2
     assert "--dst-gap" in r.stderr
+
+
+@pytest.mark.parametrize("start", ["0001-01-01T00:00:00Z", "1899-12-31T23:59:59Z", "9995-01-01T00:00:00Z"])
+def test_preview_refuses_instants_outside_the_planning_window(start: str) -> None:
+    """Issue 9: 0001 used to start silently in 1900, and a start past 9990 printed nothing with exit 0."""
+    r = run("preview", "--cron", "0 0 1 1 *", "--start", start)
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.startswith("schedctl: start: ") and "outside the planning window 1900-01-01" in r.stderr, r.stderr
+
+
+def test_preview_names_an_unsupported_year_field() -> None:
+    r = run("preview", "--cron", "0 0 1 1 * 2027")
+    assert r.returncode == 2 and "spec: a year field ('2027') is not supported" in r.stderr, r.stderr

@@ -221,3 +221,28 @@ def test_operator_overrides_round_trip_and_old_records_still_decode() -> None:
     assert (d.overlap, d.payload, d.attempt_base, d.run_trigger) == (None, None, 0, None)
     assert b'"tr":"s' in encode_execution(go(E)) and encode_execution(go(E)).count(b'"tr"') == 1, \
         "a first run's attempts carry no trigger of their own"
+
+
+def test_dead_reason_is_recorded_by_the_transition_and_counts_only_the_run_that_died() -> None:
+    """Issue 9: the reason is written when the record enters DEAD_LETTER, with the replay's attempt base."""
+    dead = exhaust(E)
+    assert dead.dead_reason == "retries exhausted (3 attempts)"
+    r = replay(dead, T0 + 60_000)
+    assert r.dead_reason == "", "a replay clears it: the new run has not died"
+    dead2 = exhaust(r)
+    assert (dead2.attempt, dead2.dead_reason) == (6, "retries exhausted (3 attempts)"), \
+        "attempts 4-6 belong to the replay; the first run's three are not counted"
+    assert discard(dead2).dead_reason == dead2.dead_reason, "kept on the FAILED record"
+    assert decode_execution(encode_execution(dead2)).dead_reason == dead2.dead_reason
+    perm = fail(go(E), 1, ErrorClass.PERMANENT)
+    assert perm.dead_reason == "permanent error"
+    e = replace(E, retry=RetryPolicy(max_attempts=5, max_unknown_attempts=1))
+    assert fail(go(e), 1, ErrorClass.UNKNOWN).dead_reason == "unknown-error limit (1 unknown error)"
+
+
+def test_dead_reason_of_a_record_written_before_reasons_were_recorded() -> None:
+    from scheduler.execution import dead_reason
+    dead = exhaust(replay(exhaust(E), T0 + 60_000))
+    legacy = replace(dead, dead_reason="")
+    assert dead_reason(legacy) == "retries exhausted (3 attempts)", "the fallback respects attempt_base too"
+    assert dead_reason(dead) == dead.dead_reason

@@ -48,12 +48,14 @@ def test_good_schedule_validates_to_a_plan() -> None:
         pytest.param({"start_ms": 1, "end_ms": 2}, "spec", "never fires", id="empty-window"),
         pytest.param({"policies": Policies(catchup_cap=0)}, "policies.catchup_cap", "outside", id="cap"),
         pytest.param({"policies": Policies(jitter_ms=-1)}, "policies.jitter", "between", id="jitter"),
-        pytest.param({"policies": Policies(execution_timeout_ms=10)}, "policies.execution_timeout", "between",
-                     id="timeout"),
+        pytest.param({"policies": Policies(jitter_ms=90_000_000)}, "policies.jitter", "is 1d1h; must be between",
+                     id="jitter-human-units"),
+        pytest.param({"policies": Policies(execution_timeout_ms=10)}, "policies.execution_timeout",
+                     "is 10ms; must be between 1s and 7d", id="timeout"),
         pytest.param({"policies": Policies(retry=RetryPolicy(max_attempts=0))}, "policies.retry.max_attempts",
                      "outside", id="attempts"),
         pytest.param({"policies": Policies(retry=RetryPolicy(initial_backoff_ms=5, max_backoff_ms=1))},
-                     "policies.retry.initial_backoff", "<=", id="backoff-order"),
+                     "policies.retry.initial_backoff", "(initial_backoff 5ms, max_backoff 1ms)", id="backoff-order"),
     ],
 )
 def test_invalid_schedule(change: dict[str, object], field: str, reason: str) -> None:

@@ -58,6 +58,7 @@ SERVICES: dict[str, dict[str, tuple[str, str, str]]] = {
         "PreviewSchedule": ("PreviewScheduleRequest", "PreviewScheduleResponse", UNARY),
         "GetExecution": ("GetExecutionRequest", "GetExecutionResponse", UNARY),
         "ListExecutions": ("ListExecutionsRequest", "ListExecutionsResponse", UNARY),
+        "ListSkips": ("ListSkipsRequest", "ListSkipsResponse", UNARY),
         "CancelExecution": ("CancelExecutionRequest", "CancelExecutionResponse", UNARY),
         "ListDeadLetters": ("ListDeadLettersRequest", "ListDeadLettersResponse", UNARY),
         "ReplayDeadLetter": ("ReplayDeadLetterRequest", "ReplayDeadLetterResponse", UNARY),
@@ -71,6 +72,7 @@ SERVICES: dict[str, dict[str, tuple[str, str, str]]] = {
         "GetClusterStatus": ("GetClusterStatusRequest", "GetClusterStatusResponse", UNARY),
         "Switchover": ("SwitchoverRequest", "SwitchoverResponse", UNARY),
         "DrainPlanner": ("DrainPlannerRequest", "DrainPlannerResponse", UNARY),
+        "UndrainPlanner": ("UndrainPlannerRequest", "UndrainPlannerResponse", UNARY),
         "GetTime": ("GetTimeRequest", "GetTimeResponse", UNARY),
     },
 }
@@ -136,6 +138,13 @@ FIELDS: dict[str, dict[str, tuple[int, str]]] = {
     "GetExecutionRequest": {"execution_id": (1, "string")},
     "PartitionStatus": {"partition": (1, "uint32"), "owner": (2, "string"), "fencing_token": (4, TOKEN)},
     "GetTimeResponse": {"server_time": (1, TS)},
+    "ReplayDeadLetterRequest": {"execution_id": (1, "string"), "reason": (2, "string"),
+                                "use_current_schedule": (3, "bool")},
+    "DrainPlannerRequest": {"node_id": (1, "string"), "reason": (2, "string"), "force": (3, "bool")},
+    "UndrainPlannerRequest": {"node_id": (1, "string")},
+    "ListSkipsRequest": {"schedule_id": (1, "string"), "planned": (2, f"{PACKAGE}.TimeRange")},
+    "SkippedTime": {"schedule_id": (1, "string"), "planned_at": (2, TS), "reason": (3, f"{PACKAGE}.SkipReason"),
+                    "execution_id": (4, "string")},
 }
 
 # The stream envelopes: oneof `body` member -> (number, message type).
@@ -291,7 +300,7 @@ def test_execution_ids_are_the_key_everywhere() -> None:
 
 
 def test_list_methods_paginate() -> None:
-    for method in ("ListSchedules", "ListExecutions", "ListDeadLetters"):
+    for method in ("ListSchedules", "ListExecutions", "ListSkips", "ListDeadLetters"):
         request, response = _message(f"{method}Request"), _message(f"{method}Response")
         assert _type_name(request.fields_by_name["page_size"]) == "int32", method
         assert _type_name(request.fields_by_name["page_token"]) == "string", method

@@ -19,6 +19,7 @@ __all__ = [
     "EtcdError",
     "LeaseLost",
     "LeaseNotFound",
+    "Malformed",
     "NoSpace",
     "OutcomeUnknown",
     "PermissionDenied",
@@ -70,6 +71,11 @@ class NoSpace(EtcdError):
     """etcd's backend quota is exhausted (NOSPACE alarm); writes are refused until an operator acts."""
 
 
+class Malformed(EtcdError):
+    """etcd refused the request as malformed (INVALID_ARGUMENT: a txn naming one key twice, too many
+    operations...). Nothing was applied, and sending it again gives the same answer: a bug of ours."""
+
+
 class Unauthenticated(EtcdError):
     """Wrong user or password, or a token etcd no longer accepts."""
 
@@ -103,6 +109,7 @@ _RULES: tuple[_Rule, ...] = (
     _Rule(_S.INVALID_ARGUMENT, "authentication failed", Unauthenticated, Unauthenticated),
     _Rule(_S.INVALID_ARGUMENT, "user name is empty", Unauthenticated, Unauthenticated),
     _Rule(_S.INVALID_ARGUMENT, "revision of auth store is old", Unauthenticated, Unauthenticated),
+    _Rule(_S.INVALID_ARGUMENT, None, Malformed, Malformed),
     _Rule(_S.PERMISSION_DENIED, None, PermissionDenied, PermissionDenied),
     _Rule(_S.UNAVAILABLE, None, Unavailable, OutcomeUnknown),
     _Rule(_S.DEADLINE_EXCEEDED, None, Unavailable, OutcomeUnknown),

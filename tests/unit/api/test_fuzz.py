@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from scheduler._gen.scheduler.v1 import schedule_pb2 as pb
 from scheduler._gen.scheduler.v1 import schedule_service_pb2 as spb
 from scheduler.api.errors import Context
+from scheduler.api.operations import Operations
 from scheduler.api.schedule_service import ScheduleService
 from scheduler.clock import FakeClock
 from scheduler.store.keyspace import Keyspace
@@ -62,9 +63,10 @@ def ctx() -> Context:
 
 
 def service() -> tuple[ScheduleService, MemoryKV]:
-    kv, ks = MemoryKV(), Keyspace("/f")
-    return ScheduleService(kv=kv, ks=ks, store=ScheduleStore(kv, ks, 4), ledger=Ledger(ks, 4), clock=FakeClock(NOW),
-                           ops=None, rpc_timeout=1.0), kv
+    kv, ks, clock = MemoryKV(), Keyspace("/f"), FakeClock(NOW)
+    store, ledger = ScheduleStore(kv, ks, 4), Ledger(ks, 4)
+    ops = Operations(kv, ks, 4, store, ledger, clock, rpc_timeout=1.0)
+    return ScheduleService(kv=kv, ks=ks, store=store, ledger=ledger, clock=clock, ops=ops, rpc_timeout=1.0), kv
 
 
 async def attempt(aw: Awaitable[object]) -> tuple[grpc.StatusCode, str]:
@@ -188,6 +190,10 @@ def test_execution_reads_never_internal(eid: str, states: list[int], start: Any,
     assert _run(call("ListExecutions", req)) in DELIBERATE
     assert _run(call("ListDeadLetters", spb.ListDeadLettersRequest(task_type=eid[:70], page_token=token))) \
         in DELIBERATE
+    skips = spb.ListSkipsRequest(schedule_id=eid[:20], page_token=token)
+    if start is not None:
+        skips.planned.start.CopyFrom(start)
+    assert _run(call("ListSkips", skips)) in DELIBERATE
 
 
 @FUZZ

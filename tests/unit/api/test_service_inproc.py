@@ -84,8 +84,9 @@ class FakeOps:
         self.calls.append(("cancel_running", schedule_id, reason))
         return 0
 
-    async def replay_dead_letter(self, execution_id: str, reason: str = "") -> Execution:
-        self.calls.append(("replay", execution_id, reason))
+    async def replay_dead_letter(self, execution_id: str, reason: str = "",
+                                 use_current_schedule: bool = False) -> Execution:
+        self.calls.append(("replay", execution_id, reason) + (("current",) if use_current_schedule else ()))
         self._check()
         return _exec(execution_id.rpartition("@")[0], NOW)
 
@@ -247,31 +248,6 @@ async def test_pause_and_delete_cancel_running_through_the_port(
     assert last(ops) == ("cancel_running", "cr", "schedule paused: db down")  # not again without the flag
     await stub.DeleteSchedule(spb.DeleteScheduleRequest(id="cr", cancel_running=True))
     assert last(ops) == ("cancel_running", "cr", "schedule deleted")
-
-
-async def test_without_operations_nothing_is_written_half_way() -> None:
-    kv, ks = MemoryKV(), Keyspace("/n")
-    svc = ScheduleService(kv=kv, ks=ks, store=ScheduleStore(kv, ks, P), ledger=Ledger(ks, P), clock=FakeClock(NOW),
-                          ops=None, rpc_timeout=1.0)
-    server = grpc.aio.server()
-    sgrpc.add_ScheduleServiceServicer_to_server(svc, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    try:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
-            stub = sgrpc.ScheduleServiceStub(ch)
-            s = pb.Schedule(id="h", tenant="t", spec="* * * * *", worker_pool="p", task_type="x")
-            v = (await stub.CreateSchedule(spb.CreateScheduleRequest(schedule=s))).schedule.version
-            for call, req in ((stub.DeleteSchedule, spb.DeleteScheduleRequest(id="h", cancel_running=True)),
-                              (stub.PauseSchedule, spb.PauseScheduleRequest(id="h", cancel_running=True)),
-                              (stub.TriggerSchedule, spb.TriggerScheduleRequest(id="h"))):
-                with pytest.raises(grpc.aio.AioRpcError) as e:
-                    await call(req)
-                assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
-            got = (await stub.GetSchedule(spb.GetScheduleRequest(id="h"))).schedule
-            assert got.version == v and got.state == pb.SCHEDULE_STATE_ACTIVE
-    finally:
-        await server.stop(None)
 
 
 async def test_update_with_nothing_to_change_writes_nothing(

@@ -28,6 +28,9 @@ from scheduler.timeplan import parse_spec
         pytest.param("1,,2 * * * *", "spec.minute", "empty list item", id="empty-item"),
         pytest.param("* * * *", "spec", "expected 5 fields", id="four-fields"),
         pytest.param("* * * * * * *", "spec", "expected 5 fields", id="seven-fields"),
+        pytest.param("0 0 1 1 * 2027", "spec", "a year field ('2027') is not supported", id="year-field"),
+        pytest.param("0 0 0 1 1 * 2027-2030", "spec", "a year field ('2027-2030') is not supported",
+                     id="year-field-seven"),
         pytest.param("", "spec", "is empty", id="empty"),
         pytest.param("0 0 30 2 *", "spec", "matches no day", id="february-30"),
         pytest.param("0 0 31 4,6,9,11 *", "spec", "matches no day", id="31st-of-short-months"),
@@ -65,3 +68,24 @@ def test_bounds_must_be_ordered() -> None:
 @pytest.mark.parametrize("spec", ["0 0 29 2 *", "0 0 * 2 5#5", "0 0 31 * *", "0 0 L 2 *", "0 0 30 2 1"])
 def test_rare_but_possible_specs_are_accepted(spec: str) -> None:
     assert parse_spec(spec).next_after_ms(0) is not None
+
+
+def test_instants_outside_the_planning_window_are_refused_naming_it() -> None:
+    from scheduler.timeplan.plan import MAX_MS, MIN_MS, check_in_window
+    assert check_in_window(MIN_MS, "start") == MIN_MS and check_in_window(MAX_MS - 1, "start") == MAX_MS - 1
+    for bad in (MIN_MS - 1, MAX_MS, -62_135_596_800_000):  # the last is 0001-01-01
+        with pytest.raises(InvalidArgument) as e:
+            check_in_window(bad, "start")
+        assert e.value.field == "start" and "1900-01-01T00:00:00.000Z .. 9990-01-01T00:00:00.000Z" in e.value.reason
+    with pytest.raises(InvalidArgument) as e:
+        check_in_window(-62_135_596_800_000, "start")
+    assert e.value.reason.startswith("0001-01-01T00:00:00.000Z is outside")
+
+
+@pytest.mark.parametrize(("ms", "text"), [(0, "0s"), (250, "250ms"), (90_000, "1m30s"), (60_000, "1m"),
+                                          (86_400_000 + 3_600_000, "1d1h"), (-1500, "-1s500ms")])
+def test_durations_in_messages_are_in_human_units(ms: int, text: str) -> None:
+    from scheduler.timeplan.plan import format_duration_ms, parse_duration_ms
+    assert format_duration_ms(ms) == text
+    if ms >= 0:
+        assert parse_duration_ms(text, "d") == ms, "the same units the flags take"

@@ -32,20 +32,22 @@ class PlannerStatus(_message.Message):
     def __init__(self, planner: _Optional[_Union[_cluster_pb2.PlannerInfo, _Mapping]] = ..., partitions_owned: _Optional[int] = ..., dispatch_queue_depth: _Optional[int] = ..., connected_workers: _Optional[int] = ..., clock_offset: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class PartitionStatus(_message.Message):
-    __slots__ = ("partition", "owner", "owner_region", "fencing_token", "watermark", "lag")
+    __slots__ = ("partition", "owner", "owner_region", "fencing_token", "watermark", "lag", "oldest_waiting")
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     OWNER_FIELD_NUMBER: _ClassVar[int]
     OWNER_REGION_FIELD_NUMBER: _ClassVar[int]
     FENCING_TOKEN_FIELD_NUMBER: _ClassVar[int]
     WATERMARK_FIELD_NUMBER: _ClassVar[int]
     LAG_FIELD_NUMBER: _ClassVar[int]
+    OLDEST_WAITING_FIELD_NUMBER: _ClassVar[int]
     partition: int
     owner: str
     owner_region: str
     fencing_token: _execution_pb2.FencingToken
     watermark: _timestamp_pb2.Timestamp
     lag: _duration_pb2.Duration
-    def __init__(self, partition: _Optional[int] = ..., owner: _Optional[str] = ..., owner_region: _Optional[str] = ..., fencing_token: _Optional[_Union[_execution_pb2.FencingToken, _Mapping]] = ..., watermark: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., lag: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+    oldest_waiting: _duration_pb2.Duration
+    def __init__(self, partition: _Optional[int] = ..., owner: _Optional[str] = ..., owner_region: _Optional[str] = ..., fencing_token: _Optional[_Union[_execution_pb2.FencingToken, _Mapping]] = ..., watermark: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., lag: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., oldest_waiting: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class WorkerPoolStatus(_message.Message):
     __slots__ = ("pool", "region", "connected_workers", "capacity", "running")
@@ -98,14 +100,28 @@ class SwitchoverResponse(_message.Message):
     def __init__(self, region_policy: _Optional[_Union[_cluster_pb2.RegionPolicy, _Mapping]] = ...) -> None: ...
 
 class DrainPlannerRequest(_message.Message):
-    __slots__ = ("node_id", "reason")
+    __slots__ = ("node_id", "reason", "force")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    FORCE_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     reason: str
-    def __init__(self, node_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+    force: bool
+    def __init__(self, node_id: _Optional[str] = ..., reason: _Optional[str] = ..., force: _Optional[bool] = ...) -> None: ...
 
 class DrainPlannerResponse(_message.Message):
+    __slots__ = ("planner",)
+    PLANNER_FIELD_NUMBER: _ClassVar[int]
+    planner: _cluster_pb2.PlannerInfo
+    def __init__(self, planner: _Optional[_Union[_cluster_pb2.PlannerInfo, _Mapping]] = ...) -> None: ...
+
+class UndrainPlannerRequest(_message.Message):
+    __slots__ = ("node_id",)
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    def __init__(self, node_id: _Optional[str] = ...) -> None: ...
+
+class UndrainPlannerResponse(_message.Message):
     __slots__ = ("planner",)
     PLANNER_FIELD_NUMBER: _ClassVar[int]
     planner: _cluster_pb2.PlannerInfo

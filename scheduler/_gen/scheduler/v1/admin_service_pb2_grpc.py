@@ -51,6 +51,11 @@ class AdminServiceStub:
                 request_serializer=scheduler_dot_v1_dot_admin__service__pb2.DrainPlannerRequest.SerializeToString,
                 response_deserializer=scheduler_dot_v1_dot_admin__service__pb2.DrainPlannerResponse.FromString,
                 _registered_method=True)
+        self.UndrainPlanner = channel.unary_unary(
+                '/scheduler.v1.AdminService/UndrainPlanner',
+                request_serializer=scheduler_dot_v1_dot_admin__service__pb2.UndrainPlannerRequest.SerializeToString,
+                response_deserializer=scheduler_dot_v1_dot_admin__service__pb2.UndrainPlannerResponse.FromString,
+                _registered_method=True)
         self.GetTime = channel.unary_unary(
                 '/scheduler.v1.AdminService/GetTime',
                 request_serializer=scheduler_dot_v1_dot_admin__service__pb2.GetTimeRequest.SerializeToString,
@@ -80,6 +85,15 @@ class AdminServiceServicer:
 
     def DrainPlanner(self, request, context):
         """Tells a planner to hand its partitions over and stop claiming. It keeps serving the API.
+        Refused (FAILED_PRECONDITION) when no other live planner would be left to own partitions,
+        unless `force` is set.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UndrainPlanner(self, request, context):
+        """Withdraws a drain request: the planner claims partitions again (its share of them).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -111,6 +125,11 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.DrainPlanner,
                     request_deserializer=scheduler_dot_v1_dot_admin__service__pb2.DrainPlannerRequest.FromString,
                     response_serializer=scheduler_dot_v1_dot_admin__service__pb2.DrainPlannerResponse.SerializeToString,
+            ),
+            'UndrainPlanner': grpc.unary_unary_rpc_method_handler(
+                    servicer.UndrainPlanner,
+                    request_deserializer=scheduler_dot_v1_dot_admin__service__pb2.UndrainPlannerRequest.FromString,
+                    response_serializer=scheduler_dot_v1_dot_admin__service__pb2.UndrainPlannerResponse.SerializeToString,
             ),
             'GetTime': grpc.unary_unary_rpc_method_handler(
                     servicer.GetTime,
@@ -200,6 +219,33 @@ class AdminService:
             '/scheduler.v1.AdminService/DrainPlanner',
             scheduler_dot_v1_dot_admin__service__pb2.DrainPlannerRequest.SerializeToString,
             scheduler_dot_v1_dot_admin__service__pb2.DrainPlannerResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UndrainPlanner(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/scheduler.v1.AdminService/UndrainPlanner',
+            scheduler_dot_v1_dot_admin__service__pb2.UndrainPlannerRequest.SerializeToString,
+            scheduler_dot_v1_dot_admin__service__pb2.UndrainPlannerResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -306,12 +306,14 @@ class ListDeadLettersResponse(_message.Message):
     def __init__(self, dead_letters: _Optional[_Iterable[_Union[_execution_pb2.DeadLetter, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class ReplayDeadLetterRequest(_message.Message):
-    __slots__ = ("execution_id", "reason")
+    __slots__ = ("execution_id", "reason", "use_current_schedule")
     EXECUTION_ID_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    USE_CURRENT_SCHEDULE_FIELD_NUMBER: _ClassVar[int]
     execution_id: str
     reason: str
-    def __init__(self, execution_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+    use_current_schedule: bool
+    def __init__(self, execution_id: _Optional[str] = ..., reason: _Optional[str] = ..., use_current_schedule: _Optional[bool] = ...) -> None: ...
 
 class ReplayDeadLetterResponse(_message.Message):
     __slots__ = ("execution",)
@@ -332,3 +334,41 @@ class DiscardDeadLetterResponse(_message.Message):
     EXECUTION_FIELD_NUMBER: _ClassVar[int]
     execution: _execution_pb2.Execution
     def __init__(self, execution: _Optional[_Union[_execution_pb2.Execution, _Mapping]] = ...) -> None: ...
+
+class ListSkipsRequest(_message.Message):
+    __slots__ = ("schedule_id", "planned", "page_size", "page_token")
+    SCHEDULE_ID_FIELD_NUMBER: _ClassVar[int]
+    PLANNED_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    schedule_id: str
+    planned: TimeRange
+    page_size: int
+    page_token: str
+    def __init__(self, schedule_id: _Optional[str] = ..., planned: _Optional[_Union[TimeRange, _Mapping]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class SkippedTime(_message.Message):
+    __slots__ = ("schedule_id", "planned_at", "reason", "execution_id", "range_after", "range_through", "message")
+    SCHEDULE_ID_FIELD_NUMBER: _ClassVar[int]
+    PLANNED_AT_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    EXECUTION_ID_FIELD_NUMBER: _ClassVar[int]
+    RANGE_AFTER_FIELD_NUMBER: _ClassVar[int]
+    RANGE_THROUGH_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    schedule_id: str
+    planned_at: _timestamp_pb2.Timestamp
+    reason: _execution_pb2.SkipReason
+    execution_id: str
+    range_after: _timestamp_pb2.Timestamp
+    range_through: _timestamp_pb2.Timestamp
+    message: str
+    def __init__(self, schedule_id: _Optional[str] = ..., planned_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., reason: _Optional[_Union[_execution_pb2.SkipReason, str]] = ..., execution_id: _Optional[str] = ..., range_after: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., range_through: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., message: _Optional[str] = ...) -> None: ...
+
+class ListSkipsResponse(_message.Message):
+    __slots__ = ("skips", "next_page_token")
+    SKIPS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    skips: _containers.RepeatedCompositeFieldContainer[SkippedTime]
+    next_page_token: str
+    def __init__(self, skips: _Optional[_Iterable[_Union[SkippedTime, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...

@@ -101,6 +101,11 @@ class ScheduleServiceStub:
                 request_serializer=scheduler_dot_v1_dot_schedule__service__pb2.ListExecutionsRequest.SerializeToString,
                 response_deserializer=scheduler_dot_v1_dot_schedule__service__pb2.ListExecutionsResponse.FromString,
                 _registered_method=True)
+        self.ListSkips = channel.unary_unary(
+                '/scheduler.v1.ScheduleService/ListSkips',
+                request_serializer=scheduler_dot_v1_dot_schedule__service__pb2.ListSkipsRequest.SerializeToString,
+                response_deserializer=scheduler_dot_v1_dot_schedule__service__pb2.ListSkipsResponse.FromString,
+                _registered_method=True)
         self.CancelExecution = channel.unary_unary(
                 '/scheduler.v1.ScheduleService/CancelExecution',
                 request_serializer=scheduler_dot_v1_dot_schedule__service__pb2.CancelExecutionRequest.SerializeToString,
@@ -215,7 +220,19 @@ class ScheduleServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListExecutions(self, request, context):
-        """Lists executions ordered by execution id (schedule id, then planned time).
+        """Lists executions. With schedule_id: that schedule's, by planned time. Without: every
+        schedule's, in storage order (partition, then schedule id, then planned time), each page
+        scanning a bounded number of records (a page may hold fewer than page_size, even none,
+        with a next_page_token: keep following it).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListSkips(self, request, context):
+        """Lists the planned times of one schedule that were not run, with the reason: skip records
+        (missed runs, pause) expanded to planned times, and executions in state SKIPPED. Ordered by
+        planned time.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -316,6 +333,11 @@ def add_ScheduleServiceServicer_to_server(servicer, server):
                     servicer.ListExecutions,
                     request_deserializer=scheduler_dot_v1_dot_schedule__service__pb2.ListExecutionsRequest.FromString,
                     response_serializer=scheduler_dot_v1_dot_schedule__service__pb2.ListExecutionsResponse.SerializeToString,
+            ),
+            'ListSkips': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListSkips,
+                    request_deserializer=scheduler_dot_v1_dot_schedule__service__pb2.ListSkipsRequest.FromString,
+                    response_serializer=scheduler_dot_v1_dot_schedule__service__pb2.ListSkipsResponse.SerializeToString,
             ),
             'CancelExecution': grpc.unary_unary_rpc_method_handler(
                     servicer.CancelExecution,
@@ -690,6 +712,33 @@ class ScheduleService:
             '/scheduler.v1.ScheduleService/ListExecutions',
             scheduler_dot_v1_dot_schedule__service__pb2.ListExecutionsRequest.SerializeToString,
             scheduler_dot_v1_dot_schedule__service__pb2.ListExecutionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListSkips(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/scheduler.v1.ScheduleService/ListSkips',
+            scheduler_dot_v1_dot_schedule__service__pb2.ListSkipsRequest.SerializeToString,
+            scheduler_dot_v1_dot_schedule__service__pb2.ListSkipsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,79 @@
+"""What each process setting means, with its unit: the help text of `schedctl planner` / `schedctl worker`
+flags (the default and the environment variable are appended from the settings class itself).
+
+tests/unit/test_cli_settings_help.py checks that every field of the settings classes has an entry, so a new
+setting cannot reach `--help` without a meaning and a unit.
+"""
+
+from __future__ import annotations
+
+HELP: dict[str, str] = {
+    # etcd
+    "etcd_endpoints": "etcd client URLs or host:port, comma-separated",
+    "etcd_prefix": "key prefix of this cluster in etcd (starts with '/', no trailing '/')",
+    "etcd_username": "etcd user (with --etcd-password)",
+    "etcd_password": "etcd password (with --etcd-username)",
+    "etcd_ca_file": "CA bundle (PEM) to verify etcd's TLS certificate",
+    "etcd_cert_file": "client certificate (PEM) for etcd mTLS (with --etcd-key-file)",
+    "etcd_key_file": "client key (PEM) for etcd mTLS (with --etcd-cert-file)",
+    # coordination
+    "node_id": "this planner's unique name in the cluster",
+    "region": "region this node runs in (planners of the primary region own partitions; `region switchover`)",
+    "api_address": "host:port workers and peers should dial",
+    "partitions": "number of partitions P, fixed at cluster init (a node with another value refuses to start)",
+    "lease_ttl": "seconds; etcd session lease TTL (minimum 2): how fast a dead planner's partitions move",
+    "renew_interval": "seconds between lease keep-alives",
+    "safety_margin": "seconds; the planner fences itself this long before its lease could expire",
+    "rpc_timeout": "seconds; deadline of each etcd request",
+    "max_txn_ops": "most operations in one etcd txn (etcd's --max-txn-ops is 128)",
+    "max_txn_bytes": "bytes; most payload in one etcd txn (below etcd's --max-request-bytes)",
+    "unsafe_disable_fencing": "true/false; drop the owner-revision compare from writes (shows the checks catch "
+                              "a stale writer)",
+    "unsafe_disable_self_fence": "true/false; do not stop writing at the local lease deadline (etcd's compare is "
+                                 "then the only guard)",
+    # planner
+    "lookahead_ms": "milliseconds; executions are written this far ahead of their due time (0-60000)",
+    "loop_interval": "seconds between planner rounds of one partition",
+    "max_planned_per_round": "planned times one partition materializes (and dispatches) per round",
+    "backlog_ms": "milliseconds; no new materializing while due work this late waits for worker capacity",
+    "checkpoint_interval_ms": "milliseconds; how often an idle partition moves its checkpoint",
+    "late_grace_ms": "milliseconds; a planned time less late than this is on time, not missed",
+    "retention_ms": "milliseconds; finished executions older than this are deleted (dead letters are kept)",
+    "retention_count": "finished executions kept per schedule at most",
+    "retention_interval": "seconds between retention sweeps of one partition",
+    "api_port": "gRPC API port (0: pick a free one and log it)",
+    "api_host": "address the gRPC API listens on",
+    "metrics_address": "host:port of the Prometheus /metrics endpoint (port 0: pick one; empty or off: none)",
+    "metrics_schedule_limit": "schedules with their own start-lag series; the rest share `_other`",
+    "heartbeat_interval": "seconds; how often workers heartbeat (told in the Welcome)",
+    "heartbeat_timeout": "seconds; a worker stream silent this long is ended and its attempts timed out "
+                         "(keep it above lease_ttl + takeover time)",
+    "start_timeout_ms": "ms; a dispatched attempt whose worker has not had its start recorded by then is "
+                        "dispatched again (same id) and the worker drops it unrun",
+    # worker
+    "worker_id": "this worker's unique name",
+    "pool": "worker pool this worker serves",
+    "planners": "planner API addresses to start from, comma-separated (the others are discovered)",
+    "concurrency": "most attempts running at once, across all planners",
+    "drain_grace": "seconds; on SIGTERM, how long running attempts may go on before they are stopped",
+    "cancel_grace": "seconds; after a Cancel, how long a handler may clean up before it is stopped",
+    "result_ack_timeout": "seconds; a result without a ResultAck after this long is sent again, through "
+                          "another planner",
+    "credit_idle_after": "seconds; a planner that sends nothing this long keeps only one credit",
+    "reconnect_backoff_min": "seconds; first delay before re-dialling a planner",
+    "reconnect_backoff_max": "seconds; longest delay before re-dialling a planner",
+    "welcome_timeout": "seconds; a planner that does not answer Hello within this is re-dialled",
+    "discovery_interval": "seconds between planner list refreshes",
+    "keepalive_time": "seconds between gRPC keepalive pings (so a frozen planner is noticed)",
+    "flush_timeout": "seconds; at shutdown, how long to wait for the last results to be acknowledged",
+    "shell_kill_grace": "seconds; shell executor: SIGTERM, then SIGKILL the process group after this",
+    "http_timeout": "seconds; http executor request timeout when the payload sets no timeout_s",
+    "log_level": "debug, info, warning or error",
+}
+
+# Defaults computed at start-up, where the settings class holds a placeholder (None or "").
+DEFAULT_TEXT: dict[str, str] = {
+    "api_address": "the bound --api-host:--api-port",
+    "renew_interval": "lease_ttl / 3",
+    "worker_id": "<hostname>:<pid>",
+}

@@ -1,0 +1,167 @@
+"""One dispatch round as a pure function: a snapshot of what is due goes in, a `DispatchPlan` comes out.
+
+The partition planner builds the snapshot (due executions per schedule, the runs in flight, worker
+capacity per pool, which records were confirmed in flight and when), calls `plan_dispatch`, and then
+applies the plan: it commits every transition in one fenced batch *before* it submits a dispatch or
+tells a worker to stop (a cancel whose CAS lost must not reach a worker). Tests assert on the plan.
+
+Overlap (docs/time.md, "What counts as overlap"): a run R counts against a due run X only if R was
+really in progress at X's due time: dispatched at or before it, not finished, and not a catch-up run
+(late by design). A run that started after X's due time queues X behind it instead. A lossy
+decision (skip, cancel) rests only on records re-read after X's due time; until then X waits and
+the plan asks for the read (`confirm`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence, Set
+from dataclasses import dataclass, field
+
+from scheduler.execution import IN_FLIGHT, ExecState, Execution, cancel, dispatch, skip
+from scheduler.timeplan import Overlap, SkipReason
+from scheduler.timeplan.overlap import OverlapAction, decide_overlap
+
+
+@dataclass(frozen=True)
+class ScheduleView:
+    """What the round needs of a schedule that still exists."""
+
+    overlap: Overlap
+    paused: bool
+
+
+@dataclass(frozen=True)
+class RoundInput:
+    now_ms: int
+    due: Mapping[str, Sequence[Execution]]  # schedule id -> due executions, oldest planned time first
+    schedules: Mapping[str, ScheduleView]  # absent: deleted
+    in_flight: Mapping[str, Sequence[Execution]]  # schedule id -> its runs with an attempt out
+    budget: Mapping[str, int]  # pool -> assignments its workers can take now
+    catchup: Set[str]  # ids of runs a catch-up created
+    confirmed: Mapping[str, tuple[int, int]]  # id -> (mod_revision, wall ms the confirming read was sent)
+    node_id: str
+    token: str  # "<partition>:<revision>" of this owner
+    transitions: Mapping[str, tuple[Execution, Execution]] = field(default_factory=dict)  # withdrawals
+    start_timeout_ms: int = 0  # start confirmation: each dispatch's start-by (planner/starts.py); 0: none
+
+
+@dataclass
+class DispatchPlan:
+    transitions: dict[str, tuple[Execution, Execution]]  # id -> (old, new): skips, cancels, dispatches
+    defer: list[Execution] = field(default_factory=list)  # back to the ready heap (buffered, no capacity)
+    park: list[Execution] = field(default_factory=list)  # retries of paused schedules: until the resume
+    confirm: set[str] = field(default_factory=set)  # in-flight records to re-read before deciding
+    stop: list[tuple[Execution, str]] = field(default_factory=list)  # running attempts to stop, once committed
+    starved_pools: set[str] = field(default_factory=set)  # pools with due work beyond their capacity
+    started: dict[str, int] = field(default_factory=dict)  # pool -> dispatches planned (capacity to reserve)
+
+
+def overlapping(in_flight: Sequence[Execution], x: Execution, catchup: Set[str],
+                confirmed: Mapping[str, tuple[int, int]]) -> tuple[list[Execution], list[str]]:
+    """The runs really in progress at x's due time, and which of them are not yet confirmed in flight
+    by a read sent at or after it.
+
+    A run with its own overlap policy (a backfill or trigger: an operator's request, due when it was
+    made) counts every run in flight, as Temporal's BackfillRequest does: a backfill of a range with
+    `skip` runs one of it, not all of it one after another."""
+    real: list[Execution] = []
+    unconfirmed: list[str] = []
+    explicit = x.overlap is not None
+    for r in in_flight:
+        cur = r.current
+        if cur is None or (not explicit and (r.id in catchup or (cur.started_ms or cur.dispatched_ms) > x.due_ms)):
+            continue
+        real.append(r)
+        c = confirmed.get(r.id)
+        if c is None or c[0] != r.mod_revision or c[1] < x.due_ms:
+            unconfirmed.append(r.id)
+    return real, unconfirmed
+
+
+def plan_dispatch(inp: RoundInput) -> DispatchPlan:
+    plan = DispatchPlan(dict(inp.transitions))
+    cas = plan.transitions
+    budget = dict(inp.budget)
+    for sid, waiting in inp.due.items():
+        view = inp.schedules.get(sid)
+        if view is None or view.paused:
+            why = SkipReason.PAUSED if view is not None else SkipReason.SCHEDULE_DELETED
+            for x in waiting:
+                if x.id in cas:
+                    continue
+                if x.state is ExecState.SCHEDULED:
+                    cas[x.id] = (x, skip(x, why.value))
+                elif view is None:
+                    cas[x.id] = (x, cancel(x, why.value))
+                else:
+                    plan.park.append(x)  # a retry of a paused schedule waits for the resume
+            continue
+        _plan_schedule(inp, plan, budget, view, list(inp.in_flight.get(sid, ())), waiting)
+    for pool, left in budget.items():
+        if left <= 0:
+            plan.starved_pools.add(pool)
+    return plan
+
+
+def _plan_schedule(inp: RoundInput, plan: DispatchPlan, budget: dict[str, int], view: ScheduleView,
+                   in_flight: list[Execution], waiting: Sequence[Execution]) -> None:
+    cas = plan.transitions
+    held = False  # an earlier run of this schedule waits: later ones wait behind it, in order
+    buffered: list[str] = []  # held by the policy behind a run really in progress (BUFFER_ONE counts them)
+    for x in waiting:
+        if x.id in cas:
+            continue
+        policy = x.overlap or view.overlap  # a trigger/backfill may carry its own; rerun/replay: ALLOW_ALL
+        real: list[Execution] = []
+        if x.state is ExecState.RETRY_WAIT or policy is Overlap.ALLOW_ALL:
+            action = OverlapAction.START  # a retry is the same run, not a new one
+        else:
+            real, unconfirmed = overlapping(in_flight, x, inp.catchup, inp.confirmed)
+            if real or buffered:
+                action = decide_overlap(policy, tuple(r.id for r in real), tuple(buffered)).action
+                needs = unconfirmed if action is OverlapAction.CANCEL_THEN_START else \
+                    (unconfirmed if real and len(unconfirmed) == len(real) else [])
+                if action in (OverlapAction.SKIP, OverlapAction.CANCEL_THEN_START) and real and needs:
+                    plan.confirm.update(needs)  # decided next round, on records read after x's due time
+                    action = OverlapAction.BUFFER
+                elif action is OverlapAction.BUFFER:
+                    buffered.append(x.id)
+            elif in_flight or held:
+                action = OverlapAction.BUFFER  # behind a late run: nothing was in progress at x's due time
+            else:
+                action = OverlapAction.START
+        if action is OverlapAction.SKIP:
+            cas[x.id] = (x, skip(x, SkipReason.OVERLAP_SKIP.value))
+            continue
+        if action is OverlapAction.BUFFER:
+            plan.defer.append(x)
+            held = True
+            continue
+        if budget.get(x.pool, 0) <= 0:
+            plan.defer.append(x)  # waits for worker capacity
+            plan.starved_pools.add(x.pool)
+            held = True
+            continue
+        if action is OverlapAction.CANCEL_THEN_START:
+            # Cancel is recorded before the work stops (CANCELLING until the worker confirms the stop or
+            # the kill deadline passes): x starts only once every run it cancelled has really stopped.
+            stopping = False
+            for r in real:
+                if r.state is ExecState.CANCELLING:
+                    stopping = True  # cancelled in an earlier round, still stopping
+                elif r.id not in cas and r.state in IN_FLIGHT:
+                    stop = cancel(r, "overlap", inp.now_ms)
+                    cas[r.id] = (r, stop)
+                    plan.stop.append((r, "overlap"))
+                    stopping = stopping or stop.state is ExecState.CANCELLING
+            in_flight = [r for r in in_flight if r.id not in cas]
+            if stopping:
+                plan.defer.append(x)
+                held = True
+                continue
+        budget[x.pool] -= 1
+        plan.started[x.pool] = plan.started.get(x.pool, 0) + 1
+        new = dispatch(x, worker="", planner=inp.node_id, token=inp.token, now_ms=inp.now_ms,
+                       start_timeout_ms=inp.start_timeout_ms)
+        cas[x.id] = (x, new)
+        in_flight.append(new)

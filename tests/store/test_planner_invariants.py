@@ -1,0 +1,260 @@
+"""The product's promise under ordinary operations, against a real etcd (issue 9's audit, items 1, 2,
+3, 8, 10 and 11): every planned time after a schedule's activation either has an execution record
+or a skip record whose reason its policy justifies, and no partition is stuck because of one
+schedule or one pool. Each test checks the recorded history in etcd (execution and skip records),
+not the planner's view of itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, replace
+
+import pytest
+
+from scheduler.clock import SYSTEM_CLOCK
+from scheduler.execution import ExecState, Execution
+from scheduler.model import Policies, Schedule, ScheduleState
+from scheduler.node import PlannerNode
+from scheduler.store.etcd import EtcdClient
+from scheduler.store.keyspace import Keyspace, partition_for
+from scheduler.timeplan import MissedRuns, Overlap
+from tests.store.test_planner_loop import COORD, FAST, FakeDispatcher, executions, kv, sched
+
+__all__ = ["kv"]  # the fixture, re-exported for pytest
+
+pytestmark = pytest.mark.etcd
+
+
+class Pools(FakeDispatcher):
+    """Workers (that finish everything at once) only for the pools in `live`."""
+
+    live: frozenset[str] = frozenset({"p"})
+
+    def capacity(self, pool: str) -> int:
+        return 1000 if pool in self.live else 0
+
+
+@dataclass(frozen=True)
+class Account:
+    runs: dict[int, Execution]  # planned ms -> its execution record
+    skips: dict[int, str]  # planned ms -> skip reason (from skip records and skipped executions)
+    missing: list[int]  # planned times with neither
+
+
+async def account(node: PlannerNode, kv: EtcdClient, s: Schedule, after_ms: int, through_ms: int) -> Account:
+    """Every planned time of `s` in (after, through] and what the history says about it."""
+    ks = node.ks
+    p = partition_for(s.id, COORD.partitions)
+    records = {e.planned_ms: e for e in await executions(node, kv) if e.schedule_id == s.id}
+    ranges = []
+    for x in (await kv.range(ks.skips(p, s.id), prefix=True)).kvs:
+        a, _, b = x.key.rsplit(b"/", 1)[1].partition(b"-")
+        ranges.append((int(a), int(b), json.loads(x.value)["reason"]))
+    plan = s.plan()
+    runs: dict[int, Execution] = {}
+    skips: dict[int, str] = {}
+    missing: list[int] = []
+    t = plan.next_after_ms(after_ms)
+    while t is not None and t <= through_ms:
+        e = records.get(t)
+        if e is not None and e.state is ExecState.SKIPPED:
+            skips[t] = e.skip_reason
+        elif e is not None:
+            runs[t] = e
+        else:
+            why = [r for a, b, r in ranges if a < t <= b]
+            if why:
+                skips[t] = why[0]
+            else:
+                missing.append(t)
+        t = plan.next_after_ms(t)
+    return Account(runs, skips, missing)
+
+
+@asynccontextmanager
+async def running(node: PlannerNode) -> AsyncIterator[None]:
+    t = asyncio.create_task(node.run())
+    try:
+        yield
+    finally:
+        t.cancel()
+        await asyncio.gather(t, return_exceptions=True)
+
+
+def same_partition(n: int, first: str = "s0") -> list[int]:
+    p = partition_for(first, COORD.partitions)
+    return [i for i in range(400) if partition_for(f"s{i}", COORD.partitions) == p][:n]
+
+
+def ceil_s(ms: int) -> int:
+    return (ms // 1000 + 1) * 1000
+
+
+async def test_pausing_a_schedule_with_waiting_runs_does_not_wedge_its_partition(kv: EtcdClient,
+                                                                                 key_prefix: str) -> None:
+    """Item 1: a schedule whose pool nobody serves has runs waiting; pausing it used to put two
+    transitions of one record into one txn (etcd: duplicate key), and the reload rebuilt it for ever."""
+    # backlog_ms short: the pool `nobody` is blocked (its schedule held) well before the pause.
+    node = PlannerNode(kv, Keyspace(key_prefix.rstrip("/")), COORD, SYSTEM_CLOCK,
+                       planner=replace(FAST, backlog_ms=500))
+    node.dispatcher = Pools(kv, node)
+    a, b, c = same_partition(3)
+    t0 = SYSTEM_CLOCK.wall_ms()
+    nowork = (await node.store.create(sched(a, worker_pool="nobody"), t0)).schedule
+    others = [(await node.store.create(sched(i, spec="*/2 * * * * *"), t0)).schedule for i in (b, c)]
+    async with running(node):
+        await asyncio.sleep(4.0)
+        paused_at = SYSTEM_CLOCK.wall_ms()
+        await node.store.update(replace(nowork, state=ScheduleState.PAUSED), None, paused_at)
+        await asyncio.sleep(4.0)
+        end = SYSTEM_CLOCK.wall_ms()
+    assert node.restarts == 0, f"partition restarts: {node.restart_reasons}"
+    for s in others:
+        acc = await account(node, kv, s, t0, end - 1_000)
+        assert not acc.missing and not acc.skips, (acc.missing, acc.skips)
+        assert all(e.state is ExecState.SUCCEEDED for e in acc.runs.values())
+        assert len([t for t in acc.runs if t > paused_at]) >= 1, "the partition kept serving the others"
+    acc = await account(node, kv, nowork, t0, end - 1_000)
+    assert not acc.missing, f"planned times of the held, then paused, schedule with no record: {acc.missing}"
+    assert not acc.runs, "every run that waited for a worker was withdrawn by the pause"
+    assert {r for t, r in acc.skips.items() if t > paused_at} == {"paused"}
+
+
+@pytest.mark.parametrize("op", ["create", "resume", "update"])
+async def test_planned_times_right_after_an_activation_run(kv: EtcdClient, key_prefix: str, op: str) -> None:
+    """Item 2: with the checkpoint already `lookahead` ahead, the planned times between an activation
+    and the watermark used to be neither run nor recorded."""
+    planner = replace(FAST, lookahead_ms=3_000)
+    node = PlannerNode(kv, Keyspace(key_prefix.rstrip("/")), COORD, SYSTEM_CLOCK, planner=planner)
+    node.dispatcher = Pools(kv, node)
+    a, b = same_partition(2)
+    t0 = SYSTEM_CLOCK.wall_ms()
+    await node.store.create(sched(b, spec="@every 1s"), t0)  # keeps the partition's checkpoint moving
+    if op != "create":
+        state = ScheduleState.PAUSED if op == "resume" else ScheduleState.ACTIVE
+        spec = "*/5 * * * * *" if op == "update" else "* * * * * *"
+        st = await node.store.create(sched(a, spec=spec, state=state), t0)
+    async with running(node):
+        await asyncio.sleep(2.0)  # the watermark is now about 3 s ahead
+        at = SYSTEM_CLOCK.wall_ms()
+        if op == "create":
+            s = (await node.store.create(sched(a), at)).schedule
+        else:
+            s = (await node.store.update(replace(st.schedule, state=ScheduleState.ACTIVE, spec="* * * * * *"),
+                                         None, at)).schedule
+        await asyncio.sleep(3.5)
+    acc = await account(node, kv, s, at, at + 2_500)
+    assert not acc.missing, f"planned times after the {op} at {at} with no record: {acc.missing}"
+    assert not acc.skips, acc.skips
+    assert ceil_s(at) in acc.runs, "the first planned second after the activation runs"
+    assert all(e.state is ExecState.SUCCEEDED for e in acc.runs.values())
+
+
+async def test_a_spec_change_withdraws_the_old_specs_pre_written_runs(kv: EtcdClient, key_prefix: str) -> None:
+    """Item 10: an update used to run a planned time of the old spec written ahead by the lookahead,
+    then skip the new spec's first one as its overlap."""
+    node = PlannerNode(kv, Keyspace(key_prefix.rstrip("/")), COORD, SYSTEM_CLOCK,
+                       planner=replace(FAST, lookahead_ms=4_000))
+    disp = Pools(kv, node)
+    node.dispatcher = disp
+    t0 = SYSTEM_CLOCK.wall_ms()
+    st = await node.store.create(sched(1, spec="*/3 * * * * *"), t0)
+    async with running(node):
+        await asyncio.sleep(1.0)
+        at = SYSTEM_CLOCK.wall_ms()
+        new = (await node.store.update(replace(st.schedule, spec="*/2 * * * * *"), None, at)).schedule
+        await asyncio.sleep(4.5)
+    es = {e.planned_ms: e for e in await executions(node, kv) if e.schedule_id == "s1"}
+    old_only = [t for t in es if t > at and (t // 1000) % 3 == 0 and (t // 1000) % 2 != 0]
+    assert old_only, "the old spec had pre-written runs after the update"
+    for t in old_only:
+        assert es[t].state is ExecState.SKIPPED and es[t].skip_reason == "schedule_changed", es[t]
+    assert not [e for e in disp.submitted if e.planned_ms in old_only], "an old-spec run was dispatched"
+    acc = await account(node, kv, new, at, at + 3_500)
+    assert not acc.missing and not acc.skips, (acc.missing, acc.skips)
+
+
+async def test_catch_up_after_a_takeover_runs_its_cap_and_makes_no_overlap_skips(kv: EtcdClient,
+                                                                                 key_prefix: str) -> None:
+    """Items 3 and 11: a new owner dispatches the backlog; overlap `skip` used to drop the later
+    catch-up runs because their (late) predecessor was in flight at dispatch time."""
+    ks = Keyspace(key_prefix.rstrip("/"))
+    node = PlannerNode(kv, ks, COORD, SYSTEM_CLOCK, planner=FAST)
+
+    class Slowish(Pools):
+        """Each run takes 300 ms (less than the 1 s interval: no real overlap at any planned time)."""
+
+        async def _finish(self, e: Execution) -> None:
+            await asyncio.sleep(0.3)
+            await super()._finish(e)
+
+    node.dispatcher = Slowish(kv, node)
+    long_ago = SYSTEM_CLOCK.wall_ms() - 30_000  # nobody planned since: a takeover's backlog
+    pol = Policies(missed_runs=MissedRuns.ALL, catchup_cap=3, catchup_window_ms=60_000, overlap=Overlap.SKIP)
+    s = (await node.store.create(sched(1, policies=pol), long_ago)).schedule
+    async with running(node):
+        await asyncio.sleep(4.0)
+        end = SYSTEM_CLOCK.wall_ms()
+    acc = await account(node, kv, s, long_ago, end - 1_500)
+    assert not acc.missing
+    caught_up = [e for e in acc.runs.values() if e.due_ms - e.planned_ms > FAST.late_grace_ms]
+    assert len(caught_up) == 3 and all(e.state is ExecState.SUCCEEDED for e in caught_up), caught_up
+    assert "overlap_skip" not in acc.skips.values(), f"catch-up manufactured overlaps: {acc.skips}"
+    on_time = [t for t, e in acc.runs.items() if t > end - 3_000]
+    assert on_time and all(acc.runs[t].state is ExecState.SUCCEEDED for t in on_time)
+
+
+async def test_a_pool_without_workers_does_not_stop_other_pools_of_its_partition(kv: EtcdClient,
+                                                                                key_prefix: str) -> None:
+    """Item 8: the round took only the oldest `limit` ready runs; the blocked ones were taken and put
+    back every round, and a `*/2` schedule of a served pool stopped. A typo fixed by an update used to
+    leave the runs written meanwhile on the wrong pool for ever."""
+    node = PlannerNode(kv, Keyspace(key_prefix.rstrip("/")), COORD, SYSTEM_CLOCK,
+                       planner=replace(FAST, max_planned_per_round=4, backlog_ms=500))
+    node.dispatcher = Pools(kv, node)
+    ids = same_partition(6)
+    t0 = SYSTEM_CLOCK.wall_ms()
+    for i in ids[:4]:  # a backlog in a pool nobody serves, larger than a round's limit
+        await node.store.create(sched(i, spec="@every 1s", worker_pool="nobody"), t0)
+    typo = (await node.store.create(sched(ids[4], worker_pool="nopool"), t0)).schedule
+    served = (await node.store.create(sched(ids[5], spec="*/2 * * * * *"), t0)).schedule
+    async with running(node):
+        await asyncio.sleep(4.0)
+        fixed_at = SYSTEM_CLOCK.wall_ms()
+        await node.store.update(replace(typo, worker_pool="p"), None, fixed_at)
+        await asyncio.sleep(3.0)
+        end = SYSTEM_CLOCK.wall_ms()
+    acc = await account(node, kv, served, t0, end - 1_000)
+    assert not acc.missing and not acc.skips, (acc.missing, acc.skips)
+    assert acc.runs and all(e.state is ExecState.SUCCEEDED for e in acc.runs.values()), \
+        {t: e.state for t, e in acc.runs.items()}
+    fixed = [e for e in await executions(node, kv) if e.schedule_id == typo.id]
+    assert fixed and all(e.state is not ExecState.SCHEDULED or e.due_ms > end - 1_000 for e in fixed), \
+        "runs written for the mistyped pool still wait after the fix"
+    assert node.restarts == 0, node.restart_reasons
+
+
+async def test_activations_before_any_planner_ran_are_accounted(kv: EtcdClient, key_prefix: str) -> None:
+    """A schedule created, then paused, while no planner was up (a cluster starting): the first owner
+    handles the create's planned times up to the pause (by the missed-run policy: here all run, so all
+    become runs, which the pause then withdraws as it withdraws every run not yet started), then the
+    paused ones. Before, the times between the create and the pause had no record at all."""
+    node = PlannerNode(kv, Keyspace(key_prefix.rstrip("/")), COORD, SYSTEM_CLOCK, planner=FAST)
+    node.dispatcher = Pools(kv, node)
+    created = SYSTEM_CLOCK.wall_ms() - 8_000
+    pol = Policies(missed_runs=MissedRuns.ALL, catchup_cap=100, catchup_window_ms=60_000)
+    st = await node.store.create(sched(1, policies=pol), created)
+    paused_at = SYSTEM_CLOCK.wall_ms() - 3_000
+    paused = (await node.store.update(replace(st.schedule, state=ScheduleState.PAUSED), None, paused_at)).schedule
+    async with running(node):
+        await asyncio.sleep(2.5)
+        end = SYSTEM_CLOCK.wall_ms()
+    before = await account(node, kv, st.schedule, created, paused_at)
+    assert not before.missing, f"the create's planned times before the pause: {before.missing}"
+    assert len(before.skips) >= 4 and set(before.skips.values()) == {"paused"}, before.skips
+    after = await account(node, kv, paused, paused_at, end - 500)
+    assert not after.missing and set(after.skips.values()) == {"paused"} and not after.runs

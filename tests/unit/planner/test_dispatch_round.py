@@ -1,0 +1,145 @@
+"""The dispatch round's decisions as a table: a snapshot in, a DispatchPlan out (no etcd, no clock)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+import pytest
+
+from scheduler.execution import ExecState, Execution, Trigger, dispatch, skip
+from scheduler.model import RetryPolicy, execution_id
+from scheduler.planner.dispatch_round import DispatchPlan, RoundInput, ScheduleView, plan_dispatch
+from scheduler.timeplan import Overlap
+
+NOW = 100_000
+
+
+def ex(t: int, *, sid: str = "s", pool: str = "p", state: ExecState = ExecState.SCHEDULED) -> Execution:
+    return Execution(id=execution_id(sid, t), schedule_id=sid, tenant="t", pool=pool, task_type="x", planned_ms=t,
+                     due_ms=t, trigger=Trigger.SCHEDULED, retry=RetryPolicy(), timeout_ms=10_000, state=state,
+                     next_attempt_ms=t if state is ExecState.RETRY_WAIT else 0, mod_revision=t // 1000)
+
+
+def running(t: int, started: int) -> Execution:
+    """A run planned at t, dispatched at `started`."""
+    return dispatch(ex(t), worker="w", planner="n", token="0:1", now_ms=started)
+
+
+def round_(due: Sequence[Execution], *, in_flight: Sequence[Execution] = (), policy: Overlap = Overlap.SKIP,
+           budget: int = 10, catchup: frozenset[str] = frozenset(), confirmed_at: int | None = None,
+           paused: bool = False, deleted: bool = False) -> DispatchPlan:
+    confirmed = {r.id: (r.mod_revision, confirmed_at) for r in in_flight} if confirmed_at is not None else {}
+    views = {} if deleted else {"s": ScheduleView(policy, paused)}
+    return plan_dispatch(RoundInput(now_ms=NOW, due={"s": list(due)}, schedules=views, in_flight={"s": list(in_flight)},
+                                    budget={"p": budget}, catchup=catchup, confirmed=confirmed, node_id="n",
+                                    token="0:7"))
+
+
+def states(plan: DispatchPlan) -> dict[int, str]:
+    return {old.planned_ms: new.state.value + (f":{new.skip_reason}" if new.skip_reason else "")
+            for old, new in plan.transitions.values()}
+
+
+def test_nothing_in_flight_starts_it() -> None:
+    plan = round_([ex(99_000)])
+    assert states(plan) == {99_000: "dispatched"} and plan.started == {"p": 1}
+
+
+def test_a_run_in_progress_at_the_due_time_and_confirmed_after_it_skips() -> None:
+    r = running(98_000, started=98_010)
+    plan = round_([ex(99_000)], in_flight=[r], confirmed_at=99_500)
+    assert states(plan) == {99_000: "skipped:overlap_skip"}
+
+
+def test_a_skip_waits_for_a_read_sent_after_the_due_time() -> None:
+    r = running(98_000, started=98_010)
+    for confirmed_at in (None, 98_500):  # never read, or read before x was due: the view may be stale
+        plan = round_([ex(99_000)], in_flight=[r], confirmed_at=confirmed_at)
+        assert states(plan) == {} and [x.planned_ms for x in plan.defer] == [99_000]
+        assert plan.confirm == {r.id}
+
+
+def test_a_run_that_started_after_the_due_time_is_no_overlap_the_next_waits_for_it() -> None:
+    r = running(90_000, started=99_900)  # late: dispatched after x came due
+    plan = round_([ex(99_000)], in_flight=[r], confirmed_at=NOW)
+    assert states(plan) == {} and [x.planned_ms for x in plan.defer] == [99_000] and not plan.confirm
+
+
+def test_catch_up_runs_never_count_as_overlap() -> None:
+    r = running(90_000, started=95_000)
+    plan = round_([ex(99_000)], in_flight=[r], catchup=frozenset({r.id}), confirmed_at=NOW)
+    assert states(plan) == {} and [x.planned_ms for x in plan.defer] == [99_000]
+
+
+def test_a_catch_up_backlog_runs_in_order_one_at_a_time() -> None:
+    backlog = [ex(t) for t in (95_000, 96_000, 97_000)]
+    plan = round_(backlog, catchup=frozenset(x.id for x in backlog))
+    assert states(plan) == {95_000: "dispatched"}
+    assert [x.planned_ms for x in plan.defer] == [96_000, 97_000]
+
+
+@pytest.mark.parametrize(("policy", "expect"), [
+    (Overlap.BUFFER_ONE, {99_500: "skipped:overlap_skip"}),
+    (Overlap.BUFFER_ALL, {}),
+    (Overlap.ALLOW_ALL, {99_000: "dispatched", 99_500: "dispatched"}),
+])
+def test_buffer_and_allow_policies(policy: Overlap, expect: dict[int, str]) -> None:
+    r = running(98_000, started=98_010)
+    plan = round_([ex(99_000), ex(99_500)], in_flight=[r], policy=policy, confirmed_at=NOW)
+    assert states(plan) == expect
+
+
+def test_cancel_other_records_the_cancel_and_stops_the_worker_only_through_the_plan() -> None:
+    r = running(98_000, started=98_010)
+    plan = round_([ex(99_000)], in_flight=[r], policy=Overlap.CANCEL_OTHER, confirmed_at=NOW)
+    # Cancel is recorded before the work stops: the running one is CANCELLING, the new one waits for it.
+    assert states(plan) == {98_000: "cancelling:overlap"} and [x.planned_ms for x in plan.defer] == [99_000]
+    assert [(x.id, why) for x, why in plan.stop] == [(r.id, "overlap")]
+    stopping = round_([ex(99_000)], in_flight=[plan.transitions[r.id][1]], policy=Overlap.CANCEL_OTHER,
+                      confirmed_at=NOW)
+    assert states(stopping) == {} and not stopping.stop and [x.planned_ms for x in stopping.defer] == [99_000]
+    stopped = round_([ex(99_000)], in_flight=[], policy=Overlap.CANCEL_OTHER, confirmed_at=NOW)
+    assert states(stopped) == {99_000: "dispatched"}
+    unconfirmed = round_([ex(99_000)], in_flight=[r], policy=Overlap.CANCEL_OTHER)
+    assert states(unconfirmed) == {} and not unconfirmed.stop and unconfirmed.confirm == {r.id}
+
+
+def test_no_capacity_defers_and_marks_the_pool_starved() -> None:
+    plan = round_([ex(98_000, sid="s"), ex(99_000, sid="s")], budget=1, policy=Overlap.ALLOW_ALL)
+    assert states(plan) == {98_000: "dispatched"} and [x.planned_ms for x in plan.defer] == [99_000]
+    assert plan.starved_pools == {"p"}
+
+
+def test_retries_start_whatever_runs() -> None:
+    r = running(98_000, started=98_010)
+    retry = replace(ex(97_000, state=ExecState.RETRY_WAIT), attempt=1)
+    plan = round_([retry], in_flight=[r], confirmed_at=NOW)
+    assert states(plan) == {97_000: "dispatched"}
+
+
+def test_paused_and_deleted_schedules() -> None:
+    due = [ex(98_000), ex(97_000, state=ExecState.RETRY_WAIT)]
+    paused = round_(due, paused=True)
+    assert states(paused) == {98_000: "skipped:paused"} and [x.planned_ms for x in paused.park] == [97_000]
+    deleted = round_(due, deleted=True)
+    assert states(deleted) == {98_000: "skipped:schedule_deleted", 97_000: "cancelled:schedule_deleted"}
+
+
+def test_a_withdrawal_and_the_due_loop_never_make_two_transitions_of_one_record() -> None:
+    x = ex(98_000)
+    plan = plan_dispatch(RoundInput(now_ms=NOW, due={"s": [x]}, schedules={"s": ScheduleView(Overlap.SKIP, True)},
+                                    in_flight={}, budget={"p": 5}, catchup=frozenset(), confirmed={}, node_id="n",
+                                    token="0:7", transitions={x.id: (x, skip(x, "paused"))}))
+    assert len(plan.transitions) == 1
+
+
+def test_a_run_with_its_own_policy_counts_every_run_in_flight() -> None:
+    """A backfill asked with `skip` runs one of its range (Temporal's BackfillRequest), even though the
+    run in flight started after the others came due."""
+    first = replace(running(90_000, started=99_900), overlap=Overlap.SKIP)
+    second = replace(ex(91_000), overlap=Overlap.SKIP)
+    assert states(round_([second], in_flight=[first], confirmed_at=NOW)) == {91_000: "skipped:overlap_skip"}
+    buffered = replace(ex(91_000), overlap=Overlap.BUFFER_ALL)
+    plan = round_([buffered], in_flight=[first], confirmed_at=NOW)
+    assert states(plan) == {} and [x.planned_ms for x in plan.defer] == [91_000]

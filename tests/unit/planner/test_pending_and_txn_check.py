@@ -1,0 +1,62 @@
+"""The pending index's per-pool ready heaps and the duplicate-write guard (pure, no etcd)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from scheduler.execution import ExecState, Execution, Trigger
+from scheduler.model import RetryPolicy, execution_id
+from scheduler.planner.pending import PendingIndex
+from scheduler.store.etcd.ops import Compare, delete, get, put, txn
+from scheduler.store.txn_check import duplicate_write
+
+
+def ex(sid: str, t: int, pool: str = "a", state: ExecState = ExecState.SCHEDULED) -> Execution:
+    return Execution(id=execution_id(sid, t), schedule_id=sid, tenant="t", pool=pool, task_type="x",
+                     planned_ms=t, due_ms=t, trigger=Trigger.SCHEDULED, retry=RetryPolicy(), timeout_ms=1000,
+                     state=state, next_attempt_ms=t if state is ExecState.RETRY_WAIT else 0)
+
+
+def test_a_pool_without_capacity_never_stands_in_front_of_another_pool() -> None:
+    idx = PendingIndex()
+    for i in range(100):  # a large, older backlog in pool "dead"
+        idx.put(ex(f"d{i}", 1_000 + i, pool="dead"))
+    idx.put(ex("live", 5_000, pool="live"))
+    got = idx.ready(10_000, {"live": 1})  # only the pool that can start something is asked
+    assert [e.id for es in got.values() for e in es] == [execution_id("live", 5_000)]
+    assert idx.oldest_ready("dead") == 1_000 and idx.oldest_ready() == 1_000
+    assert idx.oldest_ready("live") is None
+
+
+def test_limits_are_per_pool_and_a_moved_execution_follows_its_new_pool() -> None:
+    idx = PendingIndex()
+    for i in range(5):
+        idx.put(ex("s", 1_000 * (i + 1), pool="a"))
+    assert sum(len(v) for v in idx.ready(10_000, {"a": 2}).values()) == 2
+    moved = replace(ex("s", 3_000), pool="b")  # an update fixed the schedule's pool
+    idx.put(moved)
+    got = idx.ready(10_000, {"a": 10})
+    assert execution_id("s", 3_000) not in {e.id for es in got.values() for e in es}, "stale entry of the old pool"
+    got = idx.ready(10_000, {"b": 10})
+    assert [e.id for es in got.values() for e in es] == [moved.id]
+
+
+def test_parked_executions_leave_the_heap_until_unparked() -> None:
+    idx = PendingIndex()
+    r = ex("s", 1_000, state=ExecState.RETRY_WAIT)
+    idx.put(r)
+    (x,) = idx.ready(2_000, {"a": 10})["s"]
+    idx.park(x)
+    assert idx.ready(2_000, {"a": 10}) == {} and not idx.has_ready(2_000)
+    idx.unpark("s")
+    assert [e.id for e in idx.ready(2_000, {"a": 10})["s"]] == [r.id]
+
+
+def test_duplicate_write_finds_two_writes_of_one_key_in_nested_txns() -> None:
+    k = b"/x/1"
+    create = txn([Compare.create_revision(k, "==", 0)], [put(k, b"a")], [get(k)])
+    cas = txn([Compare.mod_revision(k, "==", 3)], [put(k, b"b")])
+    assert duplicate_write([create, put(b"/x/2", b"")]) is None
+    assert duplicate_write([create, cas]) == k, "etcd refuses this txn: duplicate key given in txn request"
+    assert duplicate_write([put(k, b""), delete(k)]) == k
+    assert duplicate_write([get(k), get(k), put(k, b"")]) is None, "reads are not writes"
