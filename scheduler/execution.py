@@ -37,11 +37,20 @@ class ExecState(StrEnum):
     DEAD_LETTER = "dead_letter"
     SKIPPED = "skipped"
     CANCELLED = "cancelled"
+    # A cancel recorded while an attempt was out: it becomes CANCELLED when the worker confirms the
+    # stop (any result of that attempt) or when the attempt's (kill) deadline passes. Until then the
+    # attempt may still be running, so it counts as in flight everywhere (overlap, rerun, timeouts).
+    CANCELLING = "cancelling"
 
 
 TERMINAL = frozenset({ExecState.SUCCEEDED, ExecState.FAILED, ExecState.SKIPPED, ExecState.CANCELLED})
 # An attempt may be out on a worker in these states.
-IN_FLIGHT = frozenset({ExecState.DISPATCHED, ExecState.RUNNING})
+IN_FLIGHT = frozenset({ExecState.DISPATCHED, ExecState.RUNNING, ExecState.CANCELLING})
+
+# After a cancel of an attempt that is out, how long the worker has to confirm the stop before the
+# execution is taken as stopped anyway: the worker's cancel_grace (5 s) + the shell executor's
+# SIGTERM->SIGKILL grace (2 s) + a margin for the result to travel.
+KILL_AFTER_MS = 10_000
 
 
 class Trigger(StrEnum):
@@ -110,6 +119,14 @@ class Attempt:
     message: str = ""
     succeeded: bool = False
     trigger: Trigger | None = None  # the run it belongs to when an operator started one again (rerun, replay)
+    # Start confirmation (docs/workers.md, "Start confirmation"): the worker must have the start
+    # recorded (RUNNING) by this planner wall time, or the owner re-dispatches; 0: not confirmed.
+    start_by_ms: int = 0
+    never_started: bool = False  # ended without its handler running: not counted by the retry policy
+    stdout_tail: str = ""  # last bytes of the handler's output, as the executor reported them
+    stderr_tail: str = ""
+    exit_code: int | None = None
+    stop_requested_ms: int = 0  # when a cancel of this attempt was recorded (CANCELLING)
 
 
 @dataclass(frozen=True)
@@ -191,22 +208,36 @@ def dispatchable(e: Execution, now_ms: int) -> bool:
     return False
 
 
-def dispatch(e: Execution, *, worker: str, planner: str, token: str, now_ms: int) -> Execution:
-    """Hand attempt n+1 to a worker. The deadline is recorded so a new owner waits for it."""
+def dispatch(e: Execution, *, worker: str, planner: str, token: str, now_ms: int,
+             start_timeout_ms: int = 0) -> Execution:
+    """Hand attempt n+1 to a worker. The deadline is recorded so a new owner waits for it; so is the
+    start-by instant (`start_timeout_ms` > 0), after which an attempt no worker started is re-dispatched."""
     if not dispatchable(e, now_ms):
         raise TransitionError(f"{e.id}: cannot dispatch in state {e.state} (due {e.due_ms}, now {now_ms})")
     n = e.attempt + 1
     a = Attempt(n, worker, planner, token, now_ms, now_ms + e.timeout_ms + deadline_slack_ms(e.timeout_ms),
-                trigger=e.run_trigger)
+                trigger=e.run_trigger, start_by_ms=now_ms + start_timeout_ms if start_timeout_ms > 0 else 0)
     return _evolve(e, state=ExecState.DISPATCHED, attempt=n, attempts=(*e.attempts, a), next_attempt_ms=0)
 
 
-def started(e: Execution, attempt: int, now_ms: int) -> Execution:
+def start_refusal(e: Execution, attempt: int) -> str:
+    """Why attempt `attempt` may not start now ("" if it may): only a dispatched attempt that is still
+    the current one can. A CAS from the record's revision then makes it RUNNING, and the owner's
+    re-dispatch after start-by is a CAS from the same revision: exactly one of them wins."""
     if e.attempt != attempt or e.state is not ExecState.DISPATCHED:
-        raise TransitionError(f"{e.id}: attempt {attempt} cannot start in state {e.state}/{e.attempt}")
+        return f"execution is {e.state.value} at attempt {e.attempt}"
+    return ""
+
+
+def started(e: Execution, attempt: int, now_ms: int, worker: str = "") -> Execution:
+    """DISPATCHED(n) -> RUNNING(n): the worker's start request, recorded before its handler runs."""
+    why = start_refusal(e, attempt)
+    if why:
+        raise TransitionError(f"{e.id}: attempt {attempt} cannot start: {why}")
     cur = e.current
     assert cur is not None
-    return _evolve(e, state=ExecState.RUNNING, attempts=(*e.attempts[:-1], _evolve(cur, started_ms=now_ms)))
+    return _evolve(e, state=ExecState.RUNNING,
+                   attempts=(*e.attempts[:-1], _evolve(cur, started_ms=now_ms, worker=worker or cur.worker)))
 
 
 def backoff_ms(e: Execution, attempt: int) -> int:
@@ -219,7 +250,10 @@ def backoff_ms(e: Execution, attempt: int) -> int:
 
 
 def _should_retry(e: Execution, error_class: ErrorClass) -> bool:
-    if error_class is ErrorClass.PERMANENT or e.attempt - e.attempt_base >= e.retry.max_attempts:
+    if error_class is ErrorClass.PERMANENT:
+        return False
+    used = e.attempt - e.attempt_base - sum(1 for a in e.attempts if a.never_started and a.attempt > e.attempt_base)
+    if used >= e.retry.max_attempts:
         return False
     if error_class is ErrorClass.UNKNOWN:
         unknown = sum(1 for a in e.attempts if a.attempt > e.attempt_base and a.error_class is ErrorClass.UNKNOWN)
@@ -237,10 +271,20 @@ def result(
     now_ms: int,
     retry_after_ms: int = 0,
     worker: str = "",
+    started_ms: int = 0,
+    not_started: bool = False,
+    cancelled: bool = False,
+    output: tuple[str, str, int | None] | None = None,
 ) -> tuple[Execution, Disposition]:
     """Record attempt `attempt`'s outcome; a late or repeated report changes nothing. `worker` (the id of the
     worker that reported it) fills the attempt's worker, unknown when it was dispatched: the record is
-    marked dispatched before a worker is picked, so the result's write is the one that can say who ran it."""
+    marked dispatched before a worker is picked, so the result's write is the one that can say who ran it.
+
+    `started_ms`: the worker's handler start, kept if no start was recorded. `not_started`: the handler
+    never ran (start refused or unconfirmed, handed back): re-dispatched at once, not counted by the retry
+    policy. `cancelled`: the worker stopped it on a Cancel (outcome CANCELLED: no error class).
+    `output`: (stdout tail, stderr tail, exit code) from the executor. A result of a CANCELLING attempt
+    is the worker's stop confirmation: the execution ends CANCELLED (SUCCEEDED if it finished anyway)."""
     if e.attempt != attempt or e.state not in IN_FLIGHT:
         cur = e.current
         if cur is not None and cur.attempt == attempt and cur.finished_ms:
@@ -248,12 +292,19 @@ def result(
         return e, Disposition.STALE
     cur = e.current
     assert cur is not None
-    ec = None if succeeded else (error_class or ErrorClass.UNKNOWN)
+    ec = None if succeeded or cancelled else (error_class or ErrorClass.UNKNOWN)
     done = _evolve(cur, finished_ms=now_ms, succeeded=succeeded, error_class=ec, message=message[:2000],
-                   worker=worker or cur.worker)
+                   worker=worker or cur.worker, started_ms=0 if not_started else cur.started_ms or started_ms,
+                   never_started=not_started or cur.never_started)  # a start recorded but never acted on: none
+    if output is not None:
+        done = _evolve(done, stdout_tail=output[0], stderr_tail=output[1], exit_code=output[2])
     attempts = (*e.attempts[:-1], done)
     if succeeded:
         return _evolve(e, state=ExecState.SUCCEEDED, attempts=attempts), Disposition.RECORDED
+    if e.state is ExecState.CANCELLING or cancelled:
+        return _evolve(e, state=ExecState.CANCELLED, attempts=attempts), Disposition.RECORDED
+    if not_started:  # the same run, never begun: again at once, like a drain hand-back
+        return _evolve(e, state=ExecState.RETRY_WAIT, attempts=attempts, next_attempt_ms=now_ms), Disposition.RECORDED
     e2 = _evolve(e, attempts=attempts)
     assert ec is not None
     if _should_retry(e2, ec):
@@ -283,14 +334,44 @@ def _dead_reason(e: Execution, error_class: ErrorClass) -> str:
     return f"unknown-error limit ({unknown} unknown error{'s' if unknown != 1 else ''})"
 
 
+UNSTARTED_MESSAGE = "no worker confirmed the start by the start-by deadline: dispatched again"
+KILL_MESSAGE = "cancelled, and its worker did not confirm the stop by the kill deadline"
+
+
+def unstarted(e: Execution, now_ms: int) -> Execution | None:
+    """The owner's side of start confirmation: a DISPATCHED attempt past its start-by instant is ended
+    never-started and the execution is due again at once (same id, next attempt). Applied by a CAS from
+    the record's revision, which a worker's start CAS from that revision excludes. None: not due."""
+    cur = e.current
+    if e.state is not ExecState.DISPATCHED or cur is None or not cur.start_by_ms or cur.start_by_ms > now_ms:
+        return None
+    new, _ = result(e, e.attempt, succeeded=False, error_class=ErrorClass.TRANSIENT, message=UNSTARTED_MESSAGE,
+                    now_ms=now_ms, not_started=True)
+    return new
+
+
 def timed_out(e: Execution, now_ms: int) -> bool:
     cur = e.current
     return e.state in IN_FLIGHT and cur is not None and cur.deadline_ms <= now_ms
 
 
-def cancel(e: Execution, reason: str) -> Execution:
+def cancel(e: Execution, reason: str, now_ms: int = 0, kill_after_ms: int = KILL_AFTER_MS) -> Execution:
+    """Cancel: at once when no attempt is out; otherwise CANCELLING until the worker confirms the stop
+    or the kill deadline (`now + kill_after_ms`, never later than the attempt's own deadline) passes.
+    A second cancel of a CANCELLING execution changes nothing (the first one's deadline stands)."""
     if e.terminal:
         raise TransitionError(f"{e.id}: already {e.state}")
+    if e.state is ExecState.CANCELLING:
+        return e
+    cur = e.current
+    if e.state is ExecState.DISPATCHED and cur is not None and cur.start_by_ms and not cur.started_ms and now_ms:
+        # Start confirmation is in force and no start was recorded: no handler runs (a start from now on
+        # is refused, the record having moved), so it is cancelled at once, the attempt never started.
+        unrun = _evolve(cur, finished_ms=now_ms, never_started=True, message="cancelled before it started")
+        return _evolve(e, state=ExecState.CANCELLED, skip_reason=reason, attempts=(*e.attempts[:-1], unrun))
+    if e.state in IN_FLIGHT and cur is not None and now_ms:
+        stopping = _evolve(cur, stop_requested_ms=now_ms, deadline_ms=min(cur.deadline_ms, now_ms + kill_after_ms))
+        return _evolve(e, state=ExecState.CANCELLING, skip_reason=reason, attempts=(*e.attempts[:-1], stopping))
     return _evolve(e, state=ExecState.CANCELLED, skip_reason=reason)
 
 

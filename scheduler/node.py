@@ -36,6 +36,7 @@ from scheduler.store.codec import decode_schedule, decode_schedule_meta
 from scheduler.store.combiner import WriteCombiner
 from scheduler.store.etcd import EtcdClient, EtcdConfig
 from scheduler.store.etcd.errors import Compacted, EtcdError, Malformed
+from scheduler.store.etcd.ops import Op
 from scheduler.store.etcd.types import EventType
 from scheduler.store.fenced import CompareFailed, Fence, FenceStats
 from scheduler.store.keyspace import Keyspace
@@ -138,7 +139,8 @@ class PlannerNode:
         d = Dispatcher(node_id=self.s.node_id, region=self.s.region, kv=self.kv, ledger=self.ledger, clock=self.clock,
                        record=record, planners=self.planner_infos, on_transition=self._on_transition,
                        lookup=self.lookup_pending, on_capacity=self._wake_starved,
-                       on_lost_attempts=self.on_lost_attempts, **options)
+                       on_lost_attempts=self.on_lost_attempts, on_started=self._on_started,
+                       start_notice=self._notice_unless_owned, **options)
         self.dispatcher = d
         return d
 
@@ -204,6 +206,19 @@ class PlannerNode:
         planner = self.planners.get(partition)
         if planner is not None:
             planner.record_transition(e)
+
+    def _on_started(self, e: Execution) -> None:
+        """A start recorded by this node's dispatcher: the owner's snapshot takes the RUNNING record in
+        (no wake: nothing for the round to do, and starts come thousands a second)."""
+        planner = self.planners.get(self.store.partition(e.schedule_id))
+        if planner is not None:
+            planner.pending.put(e)
+
+    def _notice_unless_owned(self, schedule_id: str, planned_ms: int) -> list[Op]:
+        """A notice for the owner when this node changes a record of a partition it does not own."""
+        if self.store.partition(schedule_id) in self.planners:
+            return []
+        return [notice_op(self.ks, self.s.partitions, schedule_id, planned_ms)]
 
     def on_lost_attempts(self, attempts: list[tuple[str, int]]) -> None:
         """Attempts whose worker stream ended and that no stream re-attached within the heartbeat timeout.

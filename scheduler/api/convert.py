@@ -178,6 +178,7 @@ _EXEC_STATE = {
     ExecState.DEAD_LETTER: epb.EXECUTION_STATE_DEAD_LETTER,
     ExecState.SKIPPED: epb.EXECUTION_STATE_SKIPPED,
     ExecState.CANCELLED: epb.EXECUTION_STATE_CANCELLED,
+    ExecState.CANCELLING: epb.EXECUTION_STATE_CANCELLING,
 }
 _TRIGGER = {
     Trigger.SCHEDULED: epb.TRIGGER_SCHEDULED,
@@ -247,10 +248,20 @@ def _attempt_to_pb(a: Attempt, trigger: int) -> epb.AttemptRecord:
             out.outcome = epb.ATTEMPT_OUTCOME_SUCCEEDED
         elif a.error_class is ErrorClass.TIMEOUT:
             out.outcome = epb.ATTEMPT_OUTCOME_TIMED_OUT
+        elif a.error_class is None:  # a failure always has a class: this one was stopped by a Cancel
+            out.outcome = epb.ATTEMPT_OUTCOME_CANCELLED
         else:
             out.outcome = epb.ATTEMPT_OUTCOME_FAILED
     if a.error_class is not None:
         out.error_class = _ERROR_CLASS[a.error_class]
+    if a.start_by_ms:
+        out.start_by.CopyFrom(ms_to_timestamp(a.start_by_ms))
+    if a.stop_requested_ms:
+        out.stop_requested_at.CopyFrom(ms_to_timestamp(a.stop_requested_ms))
+    out.never_started = a.never_started
+    out.stdout_tail, out.stderr_tail = a.stdout_tail, a.stderr_tail
+    if a.exit_code is not None:
+        out.exit_code = a.exit_code
     return out
 
 

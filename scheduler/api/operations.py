@@ -192,6 +192,10 @@ class Operations:
                 continue
             if e.state is ExecState.DEAD_LETTER:
                 raise FailedPrecondition(f"execution {eid} is a dead letter; replay it with ReplayDeadLetter")
+            if e.state is ExecState.CANCELLING and e.current is not None:
+                raise FailedPrecondition(f"execution {eid} is cancelling: attempt {e.attempt} has not confirmed its "
+                                         f"stop yet (at the latest by {format_rfc3339_ms(e.current.deadline_ms)}); "
+                                         f"rerun it once it has stopped")
             if not e.terminal:
                 raise FailedPrecondition(f"execution {eid} is {e.state.value} (attempt {e.attempt}); "
                                          f"rerun it once it has finished")
@@ -282,8 +286,14 @@ class Operations:
             raise FailedPrecondition(f"execution {e.id} is a dead letter; discard it with DiscardDeadLetter")
         if e.terminal:
             raise FailedPrecondition(f"execution {e.id} is already {e.state.value}")
+        if e.state is ExecState.CANCELLING and e.current is not None:  # the first cancel's kill deadline stands
+            raise FailedPrecondition(f"execution {e.id} is already cancelling: its worker is stopping attempt "
+                                     f"{e.attempt} (at the latest by {format_rfc3339_ms(e.current.deadline_ms)})")
         in_flight = e.state in IN_FLIGHT
-        return await self._cas(e, cancel(e, reason), cancel_attempt=e.attempt if in_flight else 0, reason=reason)
+        # An attempt that is out becomes CANCELLING until its worker confirms the stop (or the kill
+        # deadline passes): nothing may start this id again (rerun) before it really stopped.
+        new = cancel(e, reason, self.clock.wall_ms())
+        return await self._cas(e, new, cancel_attempt=e.attempt if in_flight else 0, reason=reason)
 
     async def cancel_execution(self, execution_id: str, reason: str = "cancelled by operator") -> Execution:
         """Cancel a non-terminal execution; a running attempt's worker is told to stop (via the owner)."""
@@ -310,8 +320,8 @@ class Operations:
         for e in listing:
             cur: Execution | None = e
             for _ in range(self.max_rounds):
-                if cur is None or cur.state not in IN_FLIGHT:
-                    break  # finished (or gone) meanwhile: nothing to cancel
+                if cur is None or cur.state not in IN_FLIGHT or cur.state is ExecState.CANCELLING:
+                    break  # finished (or gone, or being cancelled) meanwhile: nothing to cancel
                 if await self._cancel(cur, reason) is not None:
                     n += 1
                     break

@@ -88,9 +88,24 @@ def show_execution(e: Any, as_json: bool) -> None:
     sys.stdout.write("".join(f"{k.ljust(width)}  {v}\n" for k, v in rows))
     if e.attempts:
         sys.stdout.write("\n")
-        table(["ATTEMPT", "OUTCOME", "WORKER", "STARTED", "FINISHED", "ERROR"],
-              [(a.attempt, enum_name(epb.AttemptOutcome, a.outcome, "ATTEMPT_OUTCOME_"), a.worker_id or "-",
-                opt_ts(a, "started_at"), opt_ts(a, "finished_at"), a.error_message or "-") for a in e.attempts])
+        table(["ATTEMPT", "OUTCOME", "WORKER", "STARTED", "FINISHED", "EXIT", "ERROR"],
+              [(a.attempt, _outcome(a), a.worker_id or "-", opt_ts(a, "started_at"), opt_ts(a, "finished_at"),
+                a.exit_code if a.HasField("exit_code") else "-", " ".join((a.error_message or "-").split())[:200])
+               for a in e.attempts])
+        for a in e.attempts:  # the shell executor's output, last 4 KiB of each stream
+            for name in ("stdout", "stderr"):
+                text = getattr(a, f"{name}_tail")
+                if text:
+                    sys.stdout.write(f"\n--- attempt {a.attempt} {name} (tail)\n{text}")
+                    sys.stdout.write("" if text.endswith("\n") else "\n")
+
+
+def _outcome(a: Any) -> str:
+    """How the attempt ended; while it is out: running (start recorded), never started, or waiting for its start."""
+    if a.outcome:
+        name = enum_name(epb.AttemptOutcome, a.outcome, "ATTEMPT_OUTCOME_")
+        return f"{name} (never started)" if a.never_started else name
+    return "running" if a.HasField("started_at") else "dispatched"
 
 
 def _list(args: argparse.Namespace) -> int:
@@ -105,9 +120,11 @@ def _list(args: argparse.Namespace) -> int:
         if args.json:
             print_json({"executions": [to_dict(e) for e in found]})
         else:
-            table(["EXECUTION_ID", "STATE", "TRIGGER", "ATTEMPT", "FINISHED", "MESSAGE"],
+            table(["EXECUTION_ID", "STATE", "TRIGGER", "ATTEMPT", "WORKER", "STARTED", "FINISHED", "MESSAGE"],
                   [(e.execution_id, enum_name(epb.ExecutionState, e.state, _STATE),
-                    enum_name(epb.Trigger, e.trigger, _TRIGGER), e.attempt, _finished(e), _message(e))
+                    enum_name(epb.Trigger, e.trigger, _TRIGGER), e.attempt,
+                    (e.attempts[-1].worker_id or "-") if e.attempts else "-",
+                    opt_ts(e.attempts[-1], "started_at") if e.attempts else "-", _finished(e), _message(e))
                    for e in found])
         return Exit.OK
     return run_call(args, body)

@@ -48,6 +48,8 @@ HELP: dict[str, str] = {
     "heartbeat_interval": "seconds; how often workers heartbeat (told in the Welcome)",
     "heartbeat_timeout": "seconds; a worker stream silent this long is ended and its attempts timed out "
                          "(keep it above lease_ttl + takeover time)",
+    "start_timeout_ms": "ms; a dispatched attempt whose worker has not had its start recorded by then is "
+                        "dispatched again (same id) and the worker drops it unrun",
     # worker
     "worker_id": "this worker's unique name",
     "pool": "worker pool this worker serves",
@@ -55,7 +57,8 @@ HELP: dict[str, str] = {
     "concurrency": "most attempts running at once, across all planners",
     "drain_grace": "seconds; on SIGTERM, how long running attempts may go on before they are stopped",
     "cancel_grace": "seconds; after a Cancel, how long a handler may clean up before it is stopped",
-    "result_ack_timeout": "seconds; a result without a ResultAck after this long is sent again",
+    "result_ack_timeout": "seconds; a result without a ResultAck after this long is sent again, through "
+                          "another planner",
     "credit_idle_after": "seconds; a planner that sends nothing this long keeps only one credit",
     "reconnect_backoff_min": "seconds; first delay before re-dialling a planner",
     "reconnect_backoff_max": "seconds; longest delay before re-dialling a planner",

@@ -39,6 +39,7 @@ from scheduler._gen.scheduler.v1 import worker_service_pb2 as wpb
 from scheduler.api.convert import ms_to_duration, ms_to_timestamp
 from scheduler.clock import Clock
 from scheduler.dispatch.queue import FairQueue
+from scheduler.dispatch.starts import StartRecorder
 from scheduler.errors import NotFound, SchedError
 from scheduler.execution import (
     IN_FLIGHT,
@@ -51,6 +52,7 @@ from scheduler.execution import (
     with_revision,
 )
 from scheduler.model import parse_rfc3339
+from scheduler.store.etcd.ops import Op
 from scheduler.store.kv import KV
 from scheduler.store.ledger import Ledger, split_execution_id
 
@@ -117,6 +119,8 @@ class Dispatcher:
         lookup: Callable[[str], Execution | None] = lambda eid: None,
         on_capacity: Callable[[], None] = lambda: None,
         on_lost_attempts: Callable[[list[AttemptKey]], None] = lambda keys: None,
+        on_started: Callable[[Execution], None] = lambda e: None,
+        start_notice: Callable[[str, int], Sequence[Op]] = lambda sid, planned_ms: (),
         heartbeat_interval: float = 1.0,
         heartbeat_timeout: float = 5.0,
         type_caps: dict[str, int] | None = None,
@@ -145,6 +149,17 @@ class Dispatcher:
         self._recorder: asyncio.Task[None] | None = None
         self._pump_pending = False
         self._reserved: dict[str, int] = {}  # capacity held by partition loops committing dispatches
+        # Start confirmation (dispatch/starts.py): Started requests from any stream, recorded in batches.
+        self._on_started, self._start_notice = on_started, start_notice
+        self._starts: StartRecorder | None = None
+
+    @property
+    def starts(self) -> StartRecorder:
+        if self._starts is None:  # made on first use: unit tests build a Dispatcher without a ledger
+            self._starts = StartRecorder(kv=self.kv, ledger=self.ledger, ks=self.ledger.ks,
+                                         partitions=self.ledger.partitions, clock=self.clock, lookup=self._lookup,
+                                         on_started=self._on_started, notice_for=self._start_notice)
+        return self._starts
 
     # ---- DispatchSink (called by partition planners) --------------------------------------------------
 
@@ -194,6 +209,7 @@ class Dispatcher:
             payload=it.payload, deadline=ms_to_timestamp(cur.deadline_ms if cur else 0),
             trigger=_TRIGGER[e.current_trigger.value],
             timeout=ms_to_duration(e.timeout_ms),
+            start_timeout=ms_to_duration(cur.start_by_ms - cur.dispatched_ms) if cur and cur.start_by_ms else None,
         )
 
     def _pump(self) -> None:
@@ -225,6 +241,15 @@ class Dispatcher:
             ec = ErrorClass.TIMEOUT
         return ok, ec
 
+    @staticmethod
+    def _details(r: wpb.Result) -> dict[str, Any]:
+        """What a result says beyond its outcome, for `execution.result`: when the handler started, whether
+        it never ran, whether a Cancel stopped it, and the executor's output."""
+        return {"started_ms": r.started_at.ToMilliseconds() if r.HasField("started_at") else 0,
+                "not_started": r.not_started, "cancelled": r.outcome == execution_pb2.ATTEMPT_OUTCOME_CANCELLED,
+                "output": (r.stdout_tail, r.stderr_tail, r.exit_code if r.HasField("exit_code") else None)
+                if r.stdout_tail or r.stderr_tail or r.HasField("exit_code") else None}
+
     _MAX_CAS_PER_TXN = 120  # under etcd's default --max-txn-ops (128)
 
     async def _fast_path(
@@ -243,7 +268,8 @@ class Dispatcher:
                 continue
             ok, ec = self._outcome(r)
             new, disp = result(old, r.attempt, succeeded=ok, error_class=ec, message=r.message, now_ms=now,
-                               retry_after_ms=int(r.retry_after.ToMilliseconds()), worker=worker_of(r))
+                               retry_after_ms=int(r.retry_after.ToMilliseconds()), worker=worker_of(r),
+                               **self._details(r))
             if disp is not Disposition.RECORDED or new.state is ExecState.DEAD_LETTER:
                 slow.append(r)  # dead letters keep the payload: the slow path looks it up
                 continue
@@ -347,7 +373,7 @@ class Dispatcher:
                     e, disp = await self._record(
                         sid, planned_ms, r.attempt, succeeded=ok, error_class=ec, message=r.message,
                         now_ms=self.clock.wall_ms(), retry_after_ms=int(r.retry_after.ToMilliseconds()),
-                        worker=c.worker_id,
+                        worker=c.worker_id, **self._details(r),
                     )
                 except (NotFound, SchedError) as err:
                     log.warning("result not recorded: %s", err, extra={"execution_id": r.execution_id})
@@ -456,7 +482,8 @@ class Dispatcher:
         """Assignments a draining worker hands back unstarted: retried elsewhere, same id."""
         results = [wpb.Result(execution_id=r.execution_id, attempt=r.attempt,
                               outcome=execution_pb2.ATTEMPT_OUTCOME_FAILED,
-                              error_class=execution_pb2.ERROR_CLASS_TRANSIENT, message="returned by a draining worker")
+                              error_class=execution_pb2.ERROR_CLASS_TRANSIENT, message="returned by a draining worker",
+                              not_started=True)
                    for r in refs]
         await self._handle_results(c, results)
 
@@ -471,6 +498,9 @@ class Dispatcher:
                     self._on_capacity()
             elif kind == "results":
                 self._enqueue_results(c, list(msg.results.results))
+            elif kind == "started":
+                self.starts.enqueue(c.worker_id, list(msg.started.starts), lambda acks, c=c: c.out.put_nowait(  # type: ignore[misc]
+                    wpb.PlannerMessage(start_ack=wpb.StartAck(acks=acks))))
             elif kind == "heartbeat":
                 if msg.heartbeat.running:  # once per heartbeat interval, a dict lookup per running attempt
                     self._adopt(c, msg.heartbeat.running)

@@ -42,6 +42,7 @@ class RoundInput:
     node_id: str
     token: str  # "<partition>:<revision>" of this owner
     transitions: Mapping[str, tuple[Execution, Execution]] = field(default_factory=dict)  # withdrawals
+    start_timeout_ms: int = 0  # start confirmation: each dispatch's start-by (planner/starts.py); 0: none
 
 
 @dataclass
@@ -142,13 +143,25 @@ def _plan_schedule(inp: RoundInput, plan: DispatchPlan, budget: dict[str, int], 
             held = True
             continue
         if action is OverlapAction.CANCEL_THEN_START:
+            # Cancel is recorded before the work stops (CANCELLING until the worker confirms the stop or
+            # the kill deadline passes): x starts only once every run it cancelled has really stopped.
+            stopping = False
             for r in real:
-                if r.id not in cas and r.state in IN_FLIGHT:
-                    cas[r.id] = (r, cancel(r, "overlap"))
+                if r.state is ExecState.CANCELLING:
+                    stopping = True  # cancelled in an earlier round, still stopping
+                elif r.id not in cas and r.state in IN_FLIGHT:
+                    stop = cancel(r, "overlap", inp.now_ms)
+                    cas[r.id] = (r, stop)
                     plan.stop.append((r, "overlap"))
+                    stopping = stopping or stop.state is ExecState.CANCELLING
             in_flight = [r for r in in_flight if r.id not in cas]
+            if stopping:
+                plan.defer.append(x)
+                held = True
+                continue
         budget[x.pool] -= 1
         plan.started[x.pool] = plan.started.get(x.pool, 0) + 1
-        new = dispatch(x, worker="", planner=inp.node_id, token=inp.token, now_ms=inp.now_ms)
+        new = dispatch(x, worker="", planner=inp.node_id, token=inp.token, now_ms=inp.now_ms,
+                       start_timeout_ms=inp.start_timeout_ms)
         cas[x.id] = (x, new)
         in_flight.append(new)

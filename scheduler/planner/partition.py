@@ -40,6 +40,7 @@ from scheduler.clock import Clock
 from scheduler.errors import NotFound
 from scheduler.execution import (
     IN_FLIGHT,
+    KILL_MESSAGE,
     ErrorClass,
     ExecState,
     Execution,
@@ -52,6 +53,7 @@ from scheduler.execution import (
 )
 from scheduler.metrics.planner import PlannerMetrics
 from scheduler.model import ScheduleState
+from scheduler.planner import starts
 from scheduler.planner.dispatch_round import RoundInput, ScheduleView, plan_dispatch
 from scheduler.planner.materialize import Materializer, Tracked
 from scheduler.planner.ownership import Ownership
@@ -467,6 +469,7 @@ class PartitionPlanner:
         plan = plan_dispatch(RoundInput(
             now_ms=now_ms, due=due, schedules=views, in_flight=in_flight, budget=limits, catchup=self._catchup,
             confirmed=self._confirmed, node_id=self.node_id, token=f"{self.p}:{fence.token}",
+            start_timeout_ms=self.s.start_timeout_ms,
             transitions=withdrawn))
         for x in plan.defer:
             self.pending.defer(x)
@@ -500,14 +503,15 @@ class PartitionPlanner:
                 sent.append(new)
                 if debug:
                     log.debug("execution dispatched", extra={"event": "dispatch", **log_fields(new, self.p)})
-            elif new.state is ExecState.CANCELLED:
+            elif new.state in (ExecState.CANCELLED, ExecState.CANCELLING):
                 log.info("execution cancelled", extra={"event": "cancel", "reason": new.skip_reason,
                                                        **log_fields(new, self.p)})
             elif debug:
                 log.debug("execution skipped", extra={"event": "skip", "reason": new.skip_reason,
                                                       **log_fields(new, self.p, self._token())})
         for r, why in plan.stop:  # only once the cancel is recorded: a lost CAS stops nothing
-            if (now_rec := self.pending.get(r.id)) is None or now_rec.state is ExecState.CANCELLED:
+            now_rec = self.pending.get(r.id)
+            if now_rec is None or now_rec.state in (ExecState.CANCELLED, ExecState.CANCELLING):
                 self.dispatcher.cancel(r, why)
         if sent and self.metrics is not None:
             self.metrics.dispatched(sent, now_ms)
@@ -537,12 +541,14 @@ class PartitionPlanner:
     async def time_out(self, now_ms: int) -> None:
         late = self.pending.expired(now_ms)
         lost = self._take_lost(late) if self._lost else []
-        if not late and not lost:
+        unstarted = starts.unstarted_cas(self.pending, [*late, *lost], now_ms)  # no start confirmed by start-by
+        if not late and not lost and not unstarted:
             return
-        cas = []
-        for e in late:
-            new, _ = result(e, e.attempt, succeeded=False, error_class=ErrorClass.TIMEOUT,
-                            message="deadline passed without a result", now_ms=now_ms)
+        cas = unstarted
+        for e in late:  # a CANCELLING one ends CANCELLED: its kill deadline passed
+            new, _ = result(e, e.attempt, succeeded=False, error_class=ErrorClass.TIMEOUT, now_ms=now_ms,
+                            message=KILL_MESSAGE if e.state is ExecState.CANCELLING else
+                            "deadline passed without a result")
             cas.append((e, new))
         for e in lost:  # the same CAS against the record this owner holds: a result recorded meanwhile wins
             new, _ = result(e, e.attempt, succeeded=False, error_class=ErrorClass.TIMEOUT, message=LOST_MESSAGE,
@@ -557,6 +563,11 @@ class PartitionPlanner:
                 self.pending.put(with_revision(new, rev))
                 if self.metrics is not None:
                     self.metrics.attempt_recorded(new)
+                cur = new.current
+                if cur is not None and cur.never_started:  # start confirmation (planner/starts.py)
+                    log.info("execution not started by its start-by deadline; dispatching it again",
+                             extra={"event": "unstarted", **log_fields(new, self.p)})
+                    continue
                 log.info("execution timed out", extra={"event": "timeout", **log_fields(new, self.p)})
                 if new.state is ExecState.DEAD_LETTER:
                     log.info("execution dead-lettered", extra={"event": "dead_letter", "task_type": new.task_type,
@@ -621,7 +632,7 @@ class PartitionPlanner:
         if old is not None and old.mod_revision > e.mod_revision:
             return  # our own dispatcher recorded something newer while we read
         cur = e.current
-        if e.state is ExecState.CANCELLED and cur is not None and not cur.finished_ms:
+        if e.state in (ExecState.CANCELLED, ExecState.CANCELLING) and cur is not None and not cur.finished_ms:
             self.dispatcher.cancel(e, e.skip_reason or "cancelled")  # its worker is told to stop
         self.pending.put(e)
         if e.state is not ExecState.SCHEDULED or e.schedule_id not in self.schedules:

@@ -35,6 +35,7 @@ class PendingIndex:
         self._ready: dict[str, list[tuple[int, int, str]]] = {}  # pool -> heap
         self._parked: dict[str, dict[str, Execution]] = {}  # schedule id -> executions waiting for a resume
         self._deadlines: list[tuple[int, int, str]] = []
+        self._start_bys: list[tuple[int, int, str]] = []  # dispatched attempts waiting for their start
         self._seq = itertools.count()
 
     def __len__(self) -> int:
@@ -67,6 +68,8 @@ class PendingIndex:
         cur = e.current
         if e.state in IN_FLIGHT and cur is not None:
             heapq.heappush(self._deadlines, (cur.deadline_ms, next(self._seq), e.id))
+            if e.state is ExecState.DISPATCHED and cur.start_by_ms:
+                heapq.heappush(self._start_bys, (cur.start_by_ms, next(self._seq), e.id))
 
     def remove(self, execution_id: str) -> None:
         e = self._by_id.pop(execution_id, None)
@@ -86,6 +89,7 @@ class PendingIndex:
         self._ready.clear()
         self._parked.clear()
         self._deadlines.clear()
+        self._start_bys.clear()
 
     def pools(self) -> list[str]:
         """Pools that have (possibly stale) ready entries."""
@@ -158,5 +162,16 @@ class PendingIndex:
             e = self._by_id.get(eid)
             cur = None if e is None else e.current
             if e is not None and e.state in IN_FLIGHT and cur is not None and cur.deadline_ms == t:
+                out.append(e)
+        return out
+
+    def unstarted(self, now_ms: int) -> list[Execution]:
+        """Dispatched attempts whose start-by instant has passed with no start recorded."""
+        out = []
+        while self._start_bys and self._start_bys[0][0] <= now_ms:
+            t, _, eid = heapq.heappop(self._start_bys)
+            e = self._by_id.get(eid)
+            cur = None if e is None else e.current
+            if e is not None and e.state is ExecState.DISPATCHED and cur is not None and cur.start_by_ms == t:
                 out.append(e)
         return out

@@ -9,6 +9,7 @@ under us (another result, a timeout, a cancel): read again and decide again.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
 from scheduler.errors import NotFound
 from scheduler.execution import Disposition, ErrorClass, ExecState, Execution, result
@@ -36,14 +37,16 @@ async def record_result(
     timeout: float | None = None,
     max_rounds: int = 5,
     extra: Sequence[Op] = (),
+    **details: Any,
 ) -> tuple[Execution, Disposition]:
-    """`extra`: ops committed only with the result (a notice for a partition owned elsewhere)."""
+    """`extra`: ops committed only with the result (a notice for a partition owned elsewhere). `details`:
+    what else the result says (`execution.result`'s started_ms, not_started, cancelled, output)."""
     for _ in range(max_rounds):
         e = await ledger.get(kv, schedule_id, planned_ms, timeout=timeout)
         if e is None:
             raise NotFound(f"execution {schedule_id}@{planned_ms} not found")
         new, disposition = result(e, attempt, succeeded=succeeded, error_class=error_class, message=message,
-                                  now_ms=now_ms, retry_after_ms=retry_after_ms, worker=worker)
+                                  now_ms=now_ms, retry_after_ms=retry_after_ms, worker=worker, **details)
         if disposition is not Disposition.RECORDED:
             return e, disposition
         payload = b""

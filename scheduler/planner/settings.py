@@ -29,6 +29,11 @@ class PlannerSettings(Settings):
     # before their workers give them up (docs/workers.md, "Liveness").
     heartbeat_interval: float = 1.0
     heartbeat_timeout: float = 10.0
+    # Start confirmation: a worker must have its start recorded (Started -> RUNNING) within this long
+    # of the dispatch, or the owner dispatches the execution again (same id, next attempt) and the
+    # worker, which waits as long for its StartAck, drops it unrun. Keep it above a few etcd round
+    # trips plus a worker's round trip (a stuck dispatch costs at most this much delay).
+    start_timeout_ms: int = 3_000
 
     def validate(self) -> None:
         if not 0 <= self.lookahead_ms <= 60_000:
@@ -48,5 +53,9 @@ class PlannerSettings(Settings):
             raise InvalidArgument("heartbeat_interval", "must be in 0.01-60 seconds")
         if not self.heartbeat_interval < self.heartbeat_timeout <= 3600:
             raise InvalidArgument("heartbeat_timeout", "must be above heartbeat_interval and at most 3600 seconds")
+        if not 100 <= self.start_timeout_ms <= 60_000:
+            raise InvalidArgument("start_timeout_ms", "must be in 100-60000")
+        if self.start_timeout_ms < 4 * self.loop_interval * 1000:
+            raise InvalidArgument("start_timeout_ms", "must be at least 4 loop intervals")
         if not 0 <= self.metrics_schedule_limit <= 10_000:
             raise InvalidArgument("metrics_schedule_limit", "must be in 0-10000")

@@ -133,13 +133,28 @@ def _attempt_to(a: Attempt) -> dict[str, Any]:
         d["m"] = a.message
     if a.trigger is not None:
         d["tr"] = a.trigger.value
+    # Written only when set: a plain attempt keeps its size (one more field per dispatch: start-by).
+    if a.start_by_ms:
+        d["sb"] = a.start_by_ms
+    if a.never_started:
+        d["ns"] = 1
+    if a.stdout_tail:
+        d["so"] = a.stdout_tail
+    if a.stderr_tail:
+        d["se"] = a.stderr_tail
+    if a.exit_code is not None:
+        d["x"] = a.exit_code
+    if a.stop_requested_ms:
+        d["sr"] = a.stop_requested_ms
     return d
 
 
 def _attempt_from(d: dict[str, Any]) -> Attempt:
     return Attempt(int(d["n"]), d["w"], d["p"], d["t"], int(d["d"]), int(d["dl"]), int(d.get("s", 0)),
                    int(d.get("f", 0)), ErrorClass(d["ec"]) if d.get("ec") else None, d.get("m", ""),
-                   bool(d.get("ok", False)), Trigger(d["tr"]) if d.get("tr") else None)
+                   bool(d.get("ok", False)), Trigger(d["tr"]) if d.get("tr") else None, int(d.get("sb", 0)),
+                   bool(d.get("ns", 0)), d.get("so", ""), d.get("se", ""),
+                   int(d["x"]) if d.get("x") is not None else None, int(d.get("sr", 0)))
 
 
 def _encode_execution_slow(e: Execution) -> bytes:

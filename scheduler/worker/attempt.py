@@ -59,6 +59,7 @@ class Outcome:
     error_class: ErrorClass = ErrorClass.NONE
     message: str = ""
     retry_after: float | None = None
+    not_started: bool = False  # the handler never ran (start refused or unconfirmed): re-dispatched at once
 
 
 def truncate(text: str, limit: int = MAX_MESSAGE_BYTES) -> str:
@@ -79,12 +80,16 @@ def classify(exc: BaseException) -> Outcome:
 
 class Attempt:
     def __init__(self, ctx: ExecutionContext, payload: bytes, handler: Handler | None, origin: str,
-                 timeout: float | None) -> None:
+                 timeout: float | None, start_timeout: float | None = None, received: float = 0.0) -> None:
         self.ctx = ctx
         self.payload = payload
         self.handler = handler
         self.origin = origin  # address of the planner stream it came on; results prefer that stream
         self.timeout = timeout
+        # Start confirmation: the handler runs only after a StartAck, asked for within this long of
+        # `received` (monotonic); None: the planner does not confirm starts, run at once.
+        self.start_timeout = start_timeout
+        self.received = received
         self.state = State.PENDING
         self.stop: Stop | None = None
         self.started_ms: int | None = None

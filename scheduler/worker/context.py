@@ -24,6 +24,23 @@ class FencingToken:
         return f"{self.partition}:{self.revision}"
 
 
+OUTPUT_TAIL_BYTES = 4096  # per stream: the tail of stdout/stderr kept on the attempt
+
+
+@dataclass(frozen=True)
+class ExecutorOutput:
+    """What an executor that runs a process reports with the result (kept on the attempt record)."""
+
+    stdout_tail: str = ""
+    stderr_tail: str = ""
+    exit_code: int | None = None  # negative: killed by that signal
+
+
+def tail(data: bytes, limit: int = OUTPUT_TAIL_BYTES) -> str:
+    """The last `limit` bytes as text (a multi-byte character cut at the edge is dropped)."""
+    return data[-limit:].decode(errors="ignore") if len(data) > limit else data.decode(errors="replace")
+
+
 @dataclass
 class ExecutionContext:
     execution_id: str
@@ -42,6 +59,7 @@ class ExecutionContext:
     local_deadline: float | None = field(default=None, repr=False)
     cancel_event: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
     cancel_reason: str = ""
+    output: ExecutorOutput | None = None  # set by executors that capture a process's output (shell)
 
     @property
     def idempotency_key(self) -> str:

@@ -68,6 +68,13 @@ def context_from_assignment(a: wpb.Assignment, worker_id: str, clock: Clock) -> 
     return ctx, timeout
 
 
+def start_timeout_of(a: wpb.Assignment) -> float | None:
+    """Seconds to wait for the start acknowledgement; None: a planner that does not confirm starts."""
+    if a.HasField("start_timeout") and (a.start_timeout.seconds or a.start_timeout.nanos):
+        return float(a.start_timeout.ToMilliseconds()) / 1000
+    return None
+
+
 def result_pb(attempt: Attempt, outcome: Outcome, finished_ms: int) -> wpb.Result:
     ctx = attempt.ctx
     r = wpb.Result(
@@ -79,7 +86,13 @@ def result_pb(attempt: Attempt, outcome: Outcome, finished_ms: int) -> wpb.Resul
         message=outcome.message,
         started_at=ms_to_timestamp(attempt.started_ms if attempt.started_ms is not None else finished_ms),
         finished_at=ms_to_timestamp(finished_ms),
+        not_started=outcome.not_started,
     )
+    out = ctx.output
+    if out is not None:
+        r.stdout_tail, r.stderr_tail = out.stdout_tail, out.stderr_tail
+        if out.exit_code is not None:
+            r.exit_code = out.exit_code
     if outcome.retry_after is not None:
         d = Duration()
         d.FromMilliseconds(max(0, round(outcome.retry_after * 1000)))

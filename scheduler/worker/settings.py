@@ -34,7 +34,10 @@ class WorkerSettings(Settings):
     heartbeat_interval: float = 1.0  # seconds; used only when a planner's Welcome does not say
     drain_grace: float = 30.0  # on SIGTERM: how long running attempts may go on before they are stopped
     cancel_grace: float = 5.0  # after a Cancel: how long a handler may clean up before its task is cancelled
-    result_ack_timeout: float = 10.0  # a result with no ResultAck after this long is sent again
+    # A result with no ResultAck after this long is sent again, through another planner: a planner frozen
+    # with results in hand must not keep them from etcd (and the schedule's next runs) for long. Acks come
+    # within milliseconds; a needless resend costs one DUPLICATE answer.
+    result_ack_timeout: float = 3.0
     credit_idle_after: float = 5.0  # a planner sending nothing this long keeps only one credit (see credits.py)
     reconnect_backoff_min: float = 0.1
     reconnect_backoff_max: float = 5.0

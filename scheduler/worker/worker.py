@@ -31,6 +31,7 @@ from scheduler.worker.credits import CreditBook
 from scheduler.worker.outbox import Disposition, Outbox
 from scheduler.worker.planners import PlannerSet
 from scheduler.worker.settings import WorkerSettings
+from scheduler.worker.starts import StartGate
 from scheduler.worker.stream import PlannerStream
 
 log = logging.getLogger("scheduler.worker")
@@ -73,6 +74,7 @@ class Worker:
         self.book = CreditBook(s.concurrency, s.credit_idle_after)
         self.outbox = Outbox(s.result_ack_timeout)
         self.planners = PlannerSet(self, s)
+        self.starts = StartGate(self._send_to)
         self._handlers: dict[str, Handler] = {}
         self._attempts: dict[AttemptKey, Attempt] = {}
         self._tasks: list[asyncio.Task[None]] = []
@@ -224,6 +226,7 @@ class Worker:
         self.book.quiesce(stream.address)
 
     def stream_down(self, stream: PlannerStream) -> None:
+        self.starts.stream_lost(stream.address, [a for a in self._attempts.values() if a.state is State.PENDING])
         self.book.close(stream.address)
         self.outbox.stream_lost(stream.address)
         self._grant()
@@ -239,6 +242,8 @@ class Worker:
             self._on_ack(msg.result_ack)
         elif kind == "reattached":
             self._on_reattached(stream, msg.reattached)
+        elif kind == "start_ack":
+            self.starts.on_ack(msg.start_ack)
         else:  # a second Welcome, or a message newer than this SDK: nothing to do
             log.debug("ignored planner message", extra={"planner": stream.address, "kind": kind})
 
@@ -250,7 +255,8 @@ class Worker:
         handed_back: list[Attempt] = []
         for i, a in enumerate(assignments):
             ctx, timeout = protocol.context_from_assignment(a, self.worker_id, self.clock)
-            attempt = Attempt(ctx, a.payload, self._handlers.get(a.task_type), stream.address, timeout)
+            attempt = Attempt(ctx, a.payload, self._handlers.get(a.task_type), stream.address, timeout,
+                              protocol.start_timeout_of(a), self.clock.monotonic())
             if attempt.key in self._attempts:  # already running here (a planner re-sent it): run it once
                 log.warning("duplicate assignment ignored", extra={**ctx.log_fields(), "planner": stream.address})
                 if i < within:
@@ -312,7 +318,8 @@ class Worker:
             log.debug("execution started", extra={**fields, "event": "start", "planner": attempt.origin,
                                                   "timeout_s": attempt.timeout})
         try:
-            outcome = await attempt.run()
+            refused = await self._confirm_start(attempt)
+            outcome = await attempt.run() if refused is None else refused
         finally:
             self._forget(attempt)
         if attempt.state is State.RETURNED:
@@ -326,6 +333,25 @@ class Worker:
         # finished meanwhile, not one per attempt (each stream message costs both sides a write).
         self._grant_pending = True
         self._flush_soon()
+
+    async def _confirm_start(self, attempt: Attempt) -> Outcome | None:
+        """Start confirmation: None once a planner recorded the start (run the handler), else the
+        outcome to report for an attempt whose handler must never run (worker/starts.py). A handler
+        without a start confirmation could run while the owner, seeing no start by start-by, already
+        dispatched the next attempt elsewhere."""
+        if attempt.start_timeout is None or attempt.handler is None or attempt.stop is not None:
+            return None  # an older planner; or nothing will run anyway (run() reports why)
+        left = attempt.start_timeout - (self.clock.monotonic() - attempt.received)
+        why = await self.starts.confirm(attempt, left)
+        if not why:
+            return None
+        log.info("execution not started", extra={**attempt.ctx.log_fields(), "event": "not_started",
+                                                 "planner": attempt.origin, "reason": why})
+        return Outcome(Status.FAILED, ErrorClass.TRANSIENT, f"not started: {why}", not_started=True)
+
+    def _send_to(self, address: str, msg: wpb.WorkerMessage) -> bool:
+        stream = self.streams.get(address)
+        return stream is not None and stream.send(msg)
 
     def _report(self, attempt: Attempt, outcome: Outcome) -> None:
         finished = self.clock.wall_ms()

@@ -168,6 +168,10 @@ def test_readme_quickstart(dev_factory: list[Dev], tmp_path: Path) -> None:
     assert all(str(e["execution_id"]).startswith("hello@") for e in done)
     r = schedctl("exec", "list", "--server", dev.server, "--schedule", "hello")
     assert r.returncode == 0 and "succeeded" in r.stdout
+    # The command's output is kept on the attempt and shown by exec get (issue 9).
+    first = str(done[-1]["execution_id"])
+    r = schedctl("exec", "get", "--server", dev.server, first)
+    assert r.returncode == 0 and f"hello from {first}" in r.stdout and "stdout (tail)" in r.stdout, r.stdout
 
     kids |= descendants(dev.proc.pid)  # shell commands running right now too
     assert dev.stop(signal.SIGTERM) == 0, dev.text()

@@ -189,6 +189,9 @@ async def test_a_worker_back_within_the_timeout_keeps_its_attempt(kv: EtcdClient
         await w1.next("welcome")
         w1.send(credits=wpb.Credits(credits=1))
         a1 = (await w1.next("assignments")).assignments[0]
+        w1.send(started=wpb.Started(starts=[wpb.StartRequest(execution_id=a1.execution_id, attempt=1,
+                                                             fencing_token=a1.fencing_token)]))
+        assert (await w1.next("start_ack")).acks[0].disposition == wpb.START_DISPOSITION_STARTED
         await w1.close()  # the connection drops; the worker re-dials at once
         running = [wpb.RunningAttempt(execution_id=a1.execution_id, attempt=1, fencing_token=a1.fencing_token)]
         w1 = Client(port, "w1", running)
@@ -199,7 +202,7 @@ async def test_a_worker_back_within_the_timeout_keeps_its_attempt(kv: EtcdClient
             await asyncio.sleep(2.0)  # four heartbeat timeouts, heartbeating
             assert not d.orphans and d.attempts_lost == 0
             e = await record(node, kv, "blip", planned)
-            assert e.state is ExecState.DISPATCHED and e.attempt == 1, f"kept, not retried: {e}"
+            assert e.state is ExecState.RUNNING and e.attempt == 1, f"kept, not retried: {e}"
             w1.send(results=ok(a1))
             assert (await w1.next("result_ack")).acks[0].disposition == wpb.RESULT_DISPOSITION_RECORDED
         finally:

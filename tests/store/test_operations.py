@@ -18,7 +18,7 @@ from scheduler.api.operations import BackfillCounts, Operations
 from scheduler.clock import SYSTEM_CLOCK
 from scheduler.config import CoordinationSettings
 from scheduler.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
-from scheduler.execution import ExecState, Execution, Trigger
+from scheduler.execution import KILL_AFTER_MS, ExecState, Execution, Trigger
 from scheduler.model import Policies, RetryPolicy, Schedule, ScheduleState, execution_id
 from scheduler.node import PlannerNode
 from scheduler.planner.settings import PlannerSettings
@@ -49,6 +49,8 @@ class Run:
     trigger: str
     payload: bytes
     cancelled: bool = False
+    started_ms: int = 0  # wall times of the handler's start and of its real end (linger* schedules)
+    stopped_ms: int = 0
 
 
 @dataclass
@@ -120,9 +122,14 @@ async def start_env(kv: EtcdClient, key_prefix: str, planner: PlannerSettings = 
         run = Run(ctx.execution_id, ctx.attempt, ctx.trigger, payload)
         env.runs.append(run)
         env.started.setdefault(ctx.execution_id, asyncio.Event()).set()
+        run.started_ms = SYSTEM_CLOCK.wall_ms()
         if ctx.schedule_id.startswith("hold"):
             await asyncio.wait_for(ctx.cancel_event.wait(), 30)
             run.cancelled = True
+        elif ctx.schedule_id.startswith("linger"):  # takes a while to stop after a cancel (cleans up)
+            await asyncio.wait_for(ctx.cancel_event.wait(), 30)
+            await asyncio.sleep(0.8)
+            run.cancelled, run.stopped_ms = True, SYSTEM_CLOCK.wall_ms()
         elif ctx.schedule_id.startswith("fail") and ctx.schedule_id not in env.heal:
             raise PermanentError("bad payload")
 
@@ -401,12 +408,20 @@ async def test_cancel_of_a_running_attempt_reaches_the_worker(env: Env) -> None:
     e = await env.ops.trigger("hold1", None, None)
     await asyncio.wait_for(env.started.setdefault(e.id, asyncio.Event()).wait(), 15)
     c = await env.ops.cancel_execution(e.id, "operator says stop")
-    assert (c.state, c.skip_reason) == (ExecState.CANCELLED, "operator says stop")
+    # Recorded before the work stops: CANCELLING until the worker confirms the stop (issue 9, item 9).
+    assert (c.state, c.skip_reason) == (ExecState.CANCELLING, "operator says stop")
+    cur = c.current
+    assert cur is not None and cur.stop_requested_ms and cur.deadline_ms <= cur.stop_requested_ms + KILL_AFTER_MS
+    with pytest.raises(FailedPrecondition, match="already cancelling"):
+        await env.ops.cancel_execution(e.id)
     async with asyncio.timeout(10):
         while not env.runs[0].cancelled:
             await asyncio.sleep(0.05)
-    await asyncio.sleep(0.3)  # the worker's late result is stale and changes nothing
-    assert (await env.get(e.id)).state is ExecState.CANCELLED
+        while (done := await env.get(e.id)).state is not ExecState.CANCELLED:
+            await asyncio.sleep(0.05)
+    stop = done.current
+    assert stop is not None and stop.finished_ms >= stop.stop_requested_ms and stop.worker and stop.started_ms, stop
+    assert stop.error_class is None and not stop.succeeded, "its outcome is the worker's: CANCELLED"
     with pytest.raises(FailedPrecondition):
         await env.ops.cancel_execution(e.id)
     with pytest.raises(NotFound):
@@ -420,6 +435,49 @@ async def test_cancel_of_a_running_attempt_reaches_the_worker(env: Env) -> None:
     with pytest.raises(InvalidArgument) as err:
         await env.ops.cancel_execution(e.id, "x" * 2000)
     assert err.value.field == "reason"
+
+
+async def test_a_rerun_right_after_a_cancel_waits_until_the_first_run_really_stopped(env: Env) -> None:
+    """Issue 9, item 9: cancel is recorded before the work stops, so the same execution id must not start
+    again before its worker confirmed the stop; the record shows when it really stopped and how."""
+    await env.create("linger1")
+    e = await env.ops.trigger("linger1", None, None)
+    await asyncio.wait_for(env.started.setdefault(e.id, asyncio.Event()).wait(), 15)
+    c = await env.ops.cancel_execution(e.id, "stop it")
+    assert c.state is ExecState.CANCELLING
+    with pytest.raises(FailedPrecondition, match="is cancelling"):
+        await env.ops.rerun("linger1", e.planned_ms)  # at once: refused, the first run is still stopping
+    async with asyncio.timeout(15):
+        while True:
+            try:
+                again = await env.ops.rerun("linger1", e.planned_ms)
+                break
+            except FailedPrecondition:
+                await asyncio.sleep(0.02)
+        while len(env.runs) < 2:
+            await asyncio.sleep(0.02)
+    first, second = env.runs
+    assert again.state is ExecState.SCHEDULED and first.stopped_ms, first
+    assert second.started_ms >= first.stopped_ms, "the second run started before the first one stopped"
+    stopped = next(a for a in (await env.get(e.id)).attempts if a.attempt == 1)
+    assert stopped.error_class is None and not stopped.succeeded and stopped.message.startswith("cancelled by"), stopped
+    assert stopped.worker == "w1" and stopped.started_ms and stopped.stop_requested_ms, stopped
+    assert first.stopped_ms <= stopped.finished_ms < first.stopped_ms + 1_000, "finished when it really stopped"
+
+
+async def test_cancel_other_starts_the_new_run_only_once_the_cancelled_one_stopped(env: Env) -> None:
+    await env.create("linger2", policies=Policies(overlap=Overlap.CANCEL_OTHER))
+    old = await env.ops.trigger("linger2", None, None)
+    await asyncio.wait_for(env.started.setdefault(old.id, asyncio.Event()).wait(), 15)
+    new = await env.ops.trigger("linger2", None, None)
+    await asyncio.wait_for(env.started.setdefault(new.id, asyncio.Event()).wait(), 15)
+    first, second = env.runs
+    assert first.execution_id == old.id and first.stopped_ms, first
+    assert second.started_ms >= first.stopped_ms, "the cancel_other successor started before the old run stopped"
+    done = await env.get(old.id)
+    cur = done.current
+    assert done.state is ExecState.CANCELLED and done.skip_reason == "overlap", done
+    assert cur is not None and cur.error_class is None and cur.finished_ms >= first.stopped_ms, cur
 
 
 async def test_cancel_of_a_scheduled_execution_withdraws_it(env: Env) -> None:
@@ -441,8 +499,11 @@ async def test_cancel_running_cancels_every_in_flight_attempt(env: Env) -> None:
     async with asyncio.timeout(10):
         while not all(r.cancelled for r in env.runs):
             await asyncio.sleep(0.05)
-    for e in es:
-        assert (await env.get(e.id)).state is ExecState.CANCELLED
+    assert await env.ops.cancel_running("hold2", "again") == 0, "cancelling already"
+    async with asyncio.timeout(10):
+        for e in es:
+            while (await env.get(e.id)).state is not ExecState.CANCELLED:
+                await asyncio.sleep(0.05)
     assert await env.ops.cancel_running("hold2", "again") == 0
     assert await env.ops.cancel_running("never-existed", "x") == 0
 

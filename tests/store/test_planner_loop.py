@@ -24,7 +24,9 @@ pytestmark = pytest.mark.etcd
 
 COORD = CoordinationSettings(node_id="n1", lease_ttl=2, renew_interval=0.5, rpc_timeout=0.5, safety_margin=0.3,
                              partitions=4)
-FAST = PlannerSettings(lookahead_ms=500, loop_interval=0.05, late_grace_ms=1_000)
+# The fake dispatcher below stands for workers that start what they get at once but confirms no starts
+# (Started/StartAck): a start-by that never passes keeps its dispatches from being re-dispatched.
+FAST = PlannerSettings(lookahead_ms=500, loop_interval=0.05, late_grace_ms=1_000, start_timeout_ms=60_000)
 
 
 class FakeDispatcher:

@@ -68,3 +68,24 @@ def test_unknown_enum_value_names_the_field() -> None:
     with pytest.raises(InvalidArgument) as err:
         schedule_from_pb(m)
     assert err.value.field == "policies.overlap"
+
+
+def test_an_attempt_shows_its_start_output_exit_code_and_cancel() -> None:
+    from scheduler._gen.scheduler.v1 import execution_pb2 as epb
+    from scheduler.api.convert import execution_to_pb
+    from scheduler.execution import Attempt, ExecState, Execution, Trigger
+    from scheduler.store.codec import decode_execution, encode_execution
+
+    a = Attempt(1, "w1", "n1", "3:10", 1_000, 9_000, started_ms=1_200, finished_ms=2_000, start_by_ms=4_000,
+                stdout_tail="hello\n", stderr_tail="oops\n", exit_code=0, stop_requested_ms=1_500)
+    e = Execution(id="s@x", schedule_id="s", tenant="t", pool="p", task_type="shell", planned_ms=1_000,
+                  due_ms=1_000, trigger=Trigger.SCHEDULED, retry=RetryPolicy(), timeout_ms=5_000,
+                  state=ExecState.CANCELLED, attempt=1, attempts=(a,))
+    assert decode_execution(encode_execution(e)) == e, "the record keeps every attempt field"
+    out = execution_to_pb(e).attempts[0]
+    assert out.outcome == epb.ATTEMPT_OUTCOME_CANCELLED, "finished with no error class: stopped by a cancel"
+    assert (out.worker_id, out.started_at.ToMilliseconds(), out.start_by.ToMilliseconds()) == ("w1", 1_200, 4_000)
+    assert (out.stdout_tail, out.stderr_tail, out.exit_code, out.stop_requested_at.ToMilliseconds()) == \
+        ("hello\n", "oops\n", 0, 1_500)
+    cancelling = execution_to_pb(Execution(**{**e.__dict__, "state": ExecState.CANCELLING}))
+    assert cancelling.state == epb.EXECUTION_STATE_CANCELLING

@@ -155,6 +155,7 @@ ONEOFS: dict[str, dict[str, tuple[int, str]]] = {
         "heartbeat": (3, "Heartbeat"),
         "results": (4, "Results"),
         "drain": (5, "Drain"),
+        "started": (6, "Started"),
     },
     "PlannerMessage": {
         "welcome": (1, "Welcome"),
@@ -162,6 +163,7 @@ ONEOFS: dict[str, dict[str, tuple[int, str]]] = {
         "cancel": (3, "Cancel"),
         "result_ack": (4, "ResultAck"),
         "reattached": (5, "Reattached"),
+        "start_ack": (6, "StartAck"),
     },
 }
 

@@ -52,6 +52,7 @@ def assignment(
     timeout: float | None = 5.0,
     trigger: epb.Trigger = epb.TRIGGER_SCHEDULED,
     tenant: str = "acme",
+    start_timeout: float | None = None,
 ) -> wpb.Assignment:
     """The n-th planned time of a test schedule, one second apart."""
     from scheduler.model import execution_id
@@ -63,6 +64,8 @@ def assignment(
         fencing_token=epb.FencingToken(partition=partition, revision=revision), payload=payload,
         trigger=trigger,
     )
+    if start_timeout is not None:
+        a.start_timeout.CopyFrom(duration(start_timeout))
     if timeout is not None:
         a.timeout.CopyFrom(duration(timeout))
         a.deadline.CopyFrom(ts(planned + round(timeout * 1000)))
@@ -119,6 +122,9 @@ class FakePlanner(wgrpc.WorkerServiceServicer):  # type: ignore[misc]  # generat
         self.ack: Callable[[wpb.Result, Conn], wpb.ResultDisposition | None] = lambda r, c: RECORDED
         self.reattach: Callable[[list[wpb.RunningAttempt]], wpb.Reattached | None] = lambda running: None
         self.on_drain: Callable[[Conn, wpb.Drain], None] = lambda c, d: None
+        # How to answer each start request; None: do not answer it.
+        self.start_answer: Callable[[wpb.StartRequest, Conn], wpb.StartDisposition | None] = \
+            lambda r, c: wpb.START_DISPOSITION_STARTED
         self.ignore_half_close = False  # misbehave: keep the stream open after the worker's half-close
         self.address = ""
         self.port = port  # 0: any free port
@@ -208,6 +214,12 @@ class FakePlanner(wgrpc.WorkerServiceServicer):  # type: ignore[misc]  # generat
                             for r in msg.results.results if (d := self.ack(r, conn)) is not None]
                     if acks:
                         conn.send(wpb.PlannerMessage(result_ack=wpb.ResultAck(acks=acks)))
+                elif kind == "started":
+                    answers = [wpb.StartAckEntry(execution_id=r.execution_id, attempt=r.attempt, disposition=sd,
+                                                 reason="refused by the test")
+                               for r in msg.started.starts if (sd := self.start_answer(r, conn)) is not None]
+                    if answers:
+                        conn.send(wpb.PlannerMessage(start_ack=wpb.StartAck(acks=answers)))
                 elif kind == "drain":
                     self.on_drain(conn, msg.drain)  # may still use credits: an assignment crossing the Drain
                     conn.credits = 0  # a draining worker's credits are void

@@ -121,3 +121,15 @@ async def test_invalid_payload_is_permanent_and_names_the_field(payload: bytes, 
     with pytest.raises(PermanentError) as info:
         await ShellExecutor()(make_ctx(), payload)
     assert str(info.value).startswith(field)
+
+
+async def test_the_output_tails_and_the_exit_code_are_kept_for_the_attempt() -> None:
+    ctx = make_ctx()
+    await ShellExecutor()(ctx, _payload("echo hello; echo oops >&2"))
+    assert ctx.output is not None
+    assert (ctx.output.stdout_tail, ctx.output.stderr_tail, ctx.output.exit_code) == ("hello\n", "oops\n", 0)
+    big = make_ctx()
+    with pytest.raises(Exception):  # noqa: B017, PT011 (the class is tested above; here the tails)
+        await ShellExecutor()(big, _payload("yes a | head -c 10000; echo END; exit 3"))
+    assert big.output is not None and big.output.exit_code == 3
+    assert len(big.output.stdout_tail) == 4096 and big.output.stdout_tail.endswith("a\nEND\n")

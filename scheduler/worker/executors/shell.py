@@ -14,7 +14,7 @@ import os
 import signal
 from pathlib import Path
 
-from scheduler.worker.context import ExecutionContext
+from scheduler.worker.context import OUTPUT_TAIL_BYTES, ExecutionContext, ExecutorOutput, tail
 from scheduler.worker.errors import PermanentError, TaskTimeout, TransientError
 from scheduler.worker.executors import payload as pl
 
@@ -44,14 +44,20 @@ def command_env(ctx: ExecutionContext, extra: dict[str, str], base: dict[str, st
 
 
 class _Tail:
-    """Keeps the last bytes of the command's output for the error message, however much it prints."""
+    """Keeps the last bytes of the command's output for the error message (both streams, in arrival
+    order), and of each stream for the attempt record, however much it prints."""
 
     def __init__(self) -> None:
         self.data = b""
+        self.streams = [b"", b""]  # stdout, stderr
 
-    async def pump(self, stream: asyncio.StreamReader) -> None:
+    async def pump(self, stream: asyncio.StreamReader, which: int) -> None:
         while chunk := await stream.read(65536):
             self.data = (self.data + chunk)[-_TAIL_BYTES:]
+            self.streams[which] = (self.streams[which] + chunk)[-OUTPUT_TAIL_BYTES:]
+
+    def output(self, code: int | None) -> ExecutorOutput:
+        return ExecutorOutput(tail(self.streams[0]), tail(self.streams[1]), code)
 
     def text(self) -> str:
         out = self.data.decode(errors="replace").strip()
@@ -70,16 +76,19 @@ class ShellExecutor:
         limit = pl.min_timeout(pl.timeout_s(data), ctx.remaining())
         # Our own pipe rather than asyncio's: asyncio's Process.wait() also waits for its pipes to close,
         # which a background child (`cmd &`) holding the output open would delay indefinitely.
-        rfd, wfd = os.pipe()
-        stream = asyncio.StreamReader()
+        # One pipe per stream: their tails are kept apart on the attempt (`exec get` shows them).
+        pipes: list[tuple[int, asyncio.StreamReader, asyncio.BaseTransport]] = []
         try:
-            transport, _ = await asyncio.get_running_loop().connect_read_pipe(
-                lambda: asyncio.StreamReaderProtocol(stream), os.fdopen(rfd, "rb", buffering=0))
+            for _ in range(2):
+                pipes.append(await _pipe())
         except BaseException:
-            os.close(wfd)
+            for wfd, _, transport in pipes:
+                os.close(wfd)
+                transport.close()
             raise
+        (out_fd, out, out_t), (err_fd, err, err_t) = pipes
         spawn = asyncio.ensure_future(asyncio.create_subprocess_exec(
-            self.shell, "-c", command, env=env, stdin=asyncio.subprocess.DEVNULL, stdout=wfd, stderr=wfd,
+            self.shell, "-c", command, env=env, stdin=asyncio.subprocess.DEVNULL, stdout=out_fd, stderr=err_fd,
             start_new_session=True,  # its own process group, so a timeout kills the children too
         ))
         try:
@@ -89,15 +98,18 @@ class ShellExecutor:
         except asyncio.CancelledError:
             with contextlib.suppress(Exception):
                 await self._kill_group(await spawn)
-            transport.close()
+            out_t.close()
+            err_t.close()
             raise
         except BaseException:
-            transport.close()
+            out_t.close()
+            err_t.close()
             raise
         finally:
-            os.close(wfd)
+            os.close(out_fd)
+            os.close(err_fd)
         tail = _Tail()
-        reader = asyncio.create_task(tail.pump(stream))
+        readers = asyncio.gather(tail.pump(out, 0), tail.pump(err, 1))
         try:
             await asyncio.wait_for(proc.wait(), limit)
         except TimeoutError:
@@ -108,12 +120,16 @@ class ShellExecutor:
             await asyncio.shield(self._kill_group(proc))
             raise
         finally:
-            # The shell has exited; read what is already in the pipe, but do not wait for a background
-            # child that keeps it open.
+            # The shell has exited; read what is already in the pipes, but do not wait for a background
+            # child that keeps them open.
             with contextlib.suppress(TimeoutError, asyncio.CancelledError):
-                await asyncio.wait_for(asyncio.shield(reader), 0.1)
-            reader.cancel()
-            transport.close()
+                await asyncio.wait_for(asyncio.shield(readers), 0.1)
+            readers.cancel()
+            with contextlib.suppress(BaseException):
+                await readers
+            out_t.close()
+            err_t.close()
+            ctx.output = tail.output(proc.returncode)  # kept on the attempt whatever the outcome
         self._check(proc.returncode, tail)
 
     @staticmethod
@@ -145,6 +161,19 @@ class ShellExecutor:
         until = loop.time() + 1.0  # SIGKILL is not instant under load: return once the group is gone
         while loop.time() < until and _group_alive(pgid):  # noqa: ASYNC110
             await asyncio.sleep(0.01)
+
+
+async def _pipe() -> tuple[int, asyncio.StreamReader, asyncio.BaseTransport]:
+    """A pipe whose read end is an asyncio stream: (write fd for the child, reader, its transport)."""
+    rfd, wfd = os.pipe()
+    stream = asyncio.StreamReader()
+    try:
+        transport, _ = await asyncio.get_running_loop().connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(stream), os.fdopen(rfd, "rb", buffering=0))
+    except BaseException:
+        os.close(wfd)
+        raise
+    return wfd, stream, transport
 
 
 _PROC = Path("/proc")

@@ -93,8 +93,14 @@ def test_buffer_and_allow_policies(policy: Overlap, expect: dict[int, str]) -> N
 def test_cancel_other_records_the_cancel_and_stops_the_worker_only_through_the_plan() -> None:
     r = running(98_000, started=98_010)
     plan = round_([ex(99_000)], in_flight=[r], policy=Overlap.CANCEL_OTHER, confirmed_at=NOW)
-    assert states(plan) == {98_000: "cancelled:overlap", 99_000: "dispatched"}
+    # Cancel is recorded before the work stops: the running one is CANCELLING, the new one waits for it.
+    assert states(plan) == {98_000: "cancelling:overlap"} and [x.planned_ms for x in plan.defer] == [99_000]
     assert [(x.id, why) for x, why in plan.stop] == [(r.id, "overlap")]
+    stopping = round_([ex(99_000)], in_flight=[plan.transitions[r.id][1]], policy=Overlap.CANCEL_OTHER,
+                      confirmed_at=NOW)
+    assert states(stopping) == {} and not stopping.stop and [x.planned_ms for x in stopping.defer] == [99_000]
+    stopped = round_([ex(99_000)], in_flight=[], policy=Overlap.CANCEL_OTHER, confirmed_at=NOW)
+    assert states(stopped) == {99_000: "dispatched"}
     unconfirmed = round_([ex(99_000)], in_flight=[r], policy=Overlap.CANCEL_OTHER)
     assert states(unconfirmed) == {} and not unconfirmed.stop and unconfirmed.confirm == {r.id}
 

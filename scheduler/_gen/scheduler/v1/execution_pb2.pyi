@@ -32,6 +32,7 @@ class ExecutionState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     EXECUTION_STATE_DEAD_LETTER: _ClassVar[ExecutionState]
     EXECUTION_STATE_SKIPPED: _ClassVar[ExecutionState]
     EXECUTION_STATE_CANCELLED: _ClassVar[ExecutionState]
+    EXECUTION_STATE_CANCELLING: _ClassVar[ExecutionState]
 
 class SkipReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -75,6 +76,7 @@ EXECUTION_STATE_RETRY_WAIT: ExecutionState
 EXECUTION_STATE_DEAD_LETTER: ExecutionState
 EXECUTION_STATE_SKIPPED: ExecutionState
 EXECUTION_STATE_CANCELLED: ExecutionState
+EXECUTION_STATE_CANCELLING: ExecutionState
 SKIP_REASON_UNSPECIFIED: SkipReason
 SKIP_REASON_POLICY_SKIP: SkipReason
 SKIP_REASON_OUTSIDE_CATCHUP_WINDOW: SkipReason
@@ -103,7 +105,7 @@ class FencingToken(_message.Message):
     def __init__(self, partition: _Optional[int] = ..., revision: _Optional[int] = ...) -> None: ...
 
 class AttemptRecord(_message.Message):
-    __slots__ = ("attempt", "worker_id", "planner_id", "fencing_token", "dispatched_at", "started_at", "finished_at", "deadline", "outcome", "error_class", "error_message", "trigger")
+    __slots__ = ("attempt", "worker_id", "planner_id", "fencing_token", "dispatched_at", "started_at", "finished_at", "deadline", "outcome", "error_class", "error_message", "trigger", "start_by", "never_started", "stdout_tail", "stderr_tail", "exit_code", "stop_requested_at")
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     PLANNER_ID_FIELD_NUMBER: _ClassVar[int]
@@ -116,6 +118,12 @@ class AttemptRecord(_message.Message):
     ERROR_CLASS_FIELD_NUMBER: _ClassVar[int]
     ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
     TRIGGER_FIELD_NUMBER: _ClassVar[int]
+    START_BY_FIELD_NUMBER: _ClassVar[int]
+    NEVER_STARTED_FIELD_NUMBER: _ClassVar[int]
+    STDOUT_TAIL_FIELD_NUMBER: _ClassVar[int]
+    STDERR_TAIL_FIELD_NUMBER: _ClassVar[int]
+    EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    STOP_REQUESTED_AT_FIELD_NUMBER: _ClassVar[int]
     attempt: int
     worker_id: str
     planner_id: str
@@ -128,7 +136,13 @@ class AttemptRecord(_message.Message):
     error_class: ErrorClass
     error_message: str
     trigger: Trigger
-    def __init__(self, attempt: _Optional[int] = ..., worker_id: _Optional[str] = ..., planner_id: _Optional[str] = ..., fencing_token: _Optional[_Union[FencingToken, _Mapping]] = ..., dispatched_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., deadline: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., outcome: _Optional[_Union[AttemptOutcome, str]] = ..., error_class: _Optional[_Union[ErrorClass, str]] = ..., error_message: _Optional[str] = ..., trigger: _Optional[_Union[Trigger, str]] = ...) -> None: ...
+    start_by: _timestamp_pb2.Timestamp
+    never_started: bool
+    stdout_tail: str
+    stderr_tail: str
+    exit_code: int
+    stop_requested_at: _timestamp_pb2.Timestamp
+    def __init__(self, attempt: _Optional[int] = ..., worker_id: _Optional[str] = ..., planner_id: _Optional[str] = ..., fencing_token: _Optional[_Union[FencingToken, _Mapping]] = ..., dispatched_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., deadline: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., outcome: _Optional[_Union[AttemptOutcome, str]] = ..., error_class: _Optional[_Union[ErrorClass, str]] = ..., error_message: _Optional[str] = ..., trigger: _Optional[_Union[Trigger, str]] = ..., start_by: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., never_started: _Optional[bool] = ..., stdout_tail: _Optional[str] = ..., stderr_tail: _Optional[str] = ..., exit_code: _Optional[int] = ..., stop_requested_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class Execution(_message.Message):
     __slots__ = ("execution_id", "schedule_id", "tenant", "planned_at", "due_at", "trigger", "state", "skip_reason", "attempt", "attempts", "next_attempt_at", "fencing_token", "task_type", "worker_pool", "state_message", "created_at", "updated_at")

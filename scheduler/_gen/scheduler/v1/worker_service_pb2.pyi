@@ -14,6 +14,12 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class StartDisposition(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    START_DISPOSITION_UNSPECIFIED: _ClassVar[StartDisposition]
+    START_DISPOSITION_STARTED: _ClassVar[StartDisposition]
+    START_DISPOSITION_REFUSED: _ClassVar[StartDisposition]
+
 class CancelReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     CANCEL_REASON_UNSPECIFIED: _ClassVar[CancelReason]
@@ -29,6 +35,9 @@ class ResultDisposition(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     RESULT_DISPOSITION_DUPLICATE: _ClassVar[ResultDisposition]
     RESULT_DISPOSITION_STALE: _ClassVar[ResultDisposition]
     RESULT_DISPOSITION_RETRY: _ClassVar[ResultDisposition]
+START_DISPOSITION_UNSPECIFIED: StartDisposition
+START_DISPOSITION_STARTED: StartDisposition
+START_DISPOSITION_REFUSED: StartDisposition
 CANCEL_REASON_UNSPECIFIED: CancelReason
 CANCEL_REASON_REQUESTED: CancelReason
 CANCEL_REASON_SCHEDULE_STOPPED: CancelReason
@@ -41,32 +50,36 @@ RESULT_DISPOSITION_STALE: ResultDisposition
 RESULT_DISPOSITION_RETRY: ResultDisposition
 
 class WorkerMessage(_message.Message):
-    __slots__ = ("hello", "credits", "heartbeat", "results", "drain")
+    __slots__ = ("hello", "credits", "heartbeat", "results", "drain", "started")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     CREDITS_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     RESULTS_FIELD_NUMBER: _ClassVar[int]
     DRAIN_FIELD_NUMBER: _ClassVar[int]
+    STARTED_FIELD_NUMBER: _ClassVar[int]
     hello: Hello
     credits: Credits
     heartbeat: Heartbeat
     results: Results
     drain: Drain
-    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., credits: _Optional[_Union[Credits, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., results: _Optional[_Union[Results, _Mapping]] = ..., drain: _Optional[_Union[Drain, _Mapping]] = ...) -> None: ...
+    started: Started
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., credits: _Optional[_Union[Credits, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., results: _Optional[_Union[Results, _Mapping]] = ..., drain: _Optional[_Union[Drain, _Mapping]] = ..., started: _Optional[_Union[Started, _Mapping]] = ...) -> None: ...
 
 class PlannerMessage(_message.Message):
-    __slots__ = ("welcome", "assignments", "cancel", "result_ack", "reattached")
+    __slots__ = ("welcome", "assignments", "cancel", "result_ack", "reattached", "start_ack")
     WELCOME_FIELD_NUMBER: _ClassVar[int]
     ASSIGNMENTS_FIELD_NUMBER: _ClassVar[int]
     CANCEL_FIELD_NUMBER: _ClassVar[int]
     RESULT_ACK_FIELD_NUMBER: _ClassVar[int]
     REATTACHED_FIELD_NUMBER: _ClassVar[int]
+    START_ACK_FIELD_NUMBER: _ClassVar[int]
     welcome: Welcome
     assignments: Assignments
     cancel: Cancel
     result_ack: ResultAck
     reattached: Reattached
-    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., assignments: _Optional[_Union[Assignments, _Mapping]] = ..., cancel: _Optional[_Union[Cancel, _Mapping]] = ..., result_ack: _Optional[_Union[ResultAck, _Mapping]] = ..., reattached: _Optional[_Union[Reattached, _Mapping]] = ...) -> None: ...
+    start_ack: StartAck
+    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., assignments: _Optional[_Union[Assignments, _Mapping]] = ..., cancel: _Optional[_Union[Cancel, _Mapping]] = ..., result_ack: _Optional[_Union[ResultAck, _Mapping]] = ..., reattached: _Optional[_Union[Reattached, _Mapping]] = ..., start_ack: _Optional[_Union[StartAck, _Mapping]] = ...) -> None: ...
 
 class RunningAttempt(_message.Message):
     __slots__ = ("execution_id", "attempt", "fencing_token", "started_at")
@@ -137,7 +150,7 @@ class Heartbeat(_message.Message):
     def __init__(self, running: _Optional[_Iterable[_Union[RunningAttempt, _Mapping]]] = ..., worker_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class Result(_message.Message):
-    __slots__ = ("execution_id", "attempt", "fencing_token", "outcome", "error_class", "message", "started_at", "finished_at", "retry_after")
+    __slots__ = ("execution_id", "attempt", "fencing_token", "outcome", "error_class", "message", "started_at", "finished_at", "retry_after", "not_started", "stdout_tail", "stderr_tail", "exit_code")
     EXECUTION_ID_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     FENCING_TOKEN_FIELD_NUMBER: _ClassVar[int]
@@ -147,6 +160,10 @@ class Result(_message.Message):
     STARTED_AT_FIELD_NUMBER: _ClassVar[int]
     FINISHED_AT_FIELD_NUMBER: _ClassVar[int]
     RETRY_AFTER_FIELD_NUMBER: _ClassVar[int]
+    NOT_STARTED_FIELD_NUMBER: _ClassVar[int]
+    STDOUT_TAIL_FIELD_NUMBER: _ClassVar[int]
+    STDERR_TAIL_FIELD_NUMBER: _ClassVar[int]
+    EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
     execution_id: str
     attempt: int
     fencing_token: _execution_pb2.FencingToken
@@ -156,7 +173,11 @@ class Result(_message.Message):
     started_at: _timestamp_pb2.Timestamp
     finished_at: _timestamp_pb2.Timestamp
     retry_after: _duration_pb2.Duration
-    def __init__(self, execution_id: _Optional[str] = ..., attempt: _Optional[int] = ..., fencing_token: _Optional[_Union[_execution_pb2.FencingToken, _Mapping]] = ..., outcome: _Optional[_Union[_execution_pb2.AttemptOutcome, str]] = ..., error_class: _Optional[_Union[_execution_pb2.ErrorClass, str]] = ..., message: _Optional[str] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., retry_after: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+    not_started: bool
+    stdout_tail: str
+    stderr_tail: str
+    exit_code: int
+    def __init__(self, execution_id: _Optional[str] = ..., attempt: _Optional[int] = ..., fencing_token: _Optional[_Union[_execution_pb2.FencingToken, _Mapping]] = ..., outcome: _Optional[_Union[_execution_pb2.AttemptOutcome, str]] = ..., error_class: _Optional[_Union[_execution_pb2.ErrorClass, str]] = ..., message: _Optional[str] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., retry_after: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., not_started: _Optional[bool] = ..., stdout_tail: _Optional[str] = ..., stderr_tail: _Optional[str] = ..., exit_code: _Optional[int] = ...) -> None: ...
 
 class Results(_message.Message):
     __slots__ = ("results",)
@@ -175,7 +196,7 @@ class Drain(_message.Message):
     def __init__(self, reason: _Optional[str] = ..., grace: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., returned: _Optional[_Iterable[_Union[AttemptRef, _Mapping]]] = ...) -> None: ...
 
 class Assignment(_message.Message):
-    __slots__ = ("execution_id", "schedule_id", "tenant", "task_type", "planned_at", "attempt", "fencing_token", "payload", "deadline", "trigger", "timeout")
+    __slots__ = ("execution_id", "schedule_id", "tenant", "task_type", "planned_at", "attempt", "fencing_token", "payload", "deadline", "trigger", "timeout", "start_timeout")
     EXECUTION_ID_FIELD_NUMBER: _ClassVar[int]
     SCHEDULE_ID_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
@@ -187,6 +208,7 @@ class Assignment(_message.Message):
     DEADLINE_FIELD_NUMBER: _ClassVar[int]
     TRIGGER_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_FIELD_NUMBER: _ClassVar[int]
+    START_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
     execution_id: str
     schedule_id: str
     tenant: str
@@ -198,7 +220,42 @@ class Assignment(_message.Message):
     deadline: _timestamp_pb2.Timestamp
     trigger: _execution_pb2.Trigger
     timeout: _duration_pb2.Duration
-    def __init__(self, execution_id: _Optional[str] = ..., schedule_id: _Optional[str] = ..., tenant: _Optional[str] = ..., task_type: _Optional[str] = ..., planned_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., attempt: _Optional[int] = ..., fencing_token: _Optional[_Union[_execution_pb2.FencingToken, _Mapping]] = ..., payload: _Optional[bytes] = ..., deadline: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., trigger: _Optional[_Union[_execution_pb2.Trigger, str]] = ..., timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+    start_timeout: _duration_pb2.Duration
+    def __init__(self, execution_id: _Optional[str] = ..., schedule_id: _Optional[str] = ..., tenant: _Optional[str] = ..., task_type: _Optional[str] = ..., planned_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., attempt: _Optional[int] = ..., fencing_token: _Optional[_Union[_execution_pb2.FencingToken, _Mapping]] = ..., payload: _Optional[bytes] = ..., deadline: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., trigger: _Optional[_Union[_execution_pb2.Trigger, str]] = ..., timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., start_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+
+class StartRequest(_message.Message):
+    __slots__ = ("execution_id", "attempt", "fencing_token")
+    EXECUTION_ID_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    FENCING_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    execution_id: str
+    attempt: int
+    fencing_token: _execution_pb2.FencingToken
+    def __init__(self, execution_id: _Optional[str] = ..., attempt: _Optional[int] = ..., fencing_token: _Optional[_Union[_execution_pb2.FencingToken, _Mapping]] = ...) -> None: ...
+
+class Started(_message.Message):
+    __slots__ = ("starts",)
+    STARTS_FIELD_NUMBER: _ClassVar[int]
+    starts: _containers.RepeatedCompositeFieldContainer[StartRequest]
+    def __init__(self, starts: _Optional[_Iterable[_Union[StartRequest, _Mapping]]] = ...) -> None: ...
+
+class StartAckEntry(_message.Message):
+    __slots__ = ("execution_id", "attempt", "disposition", "reason")
+    EXECUTION_ID_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    DISPOSITION_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    execution_id: str
+    attempt: int
+    disposition: StartDisposition
+    reason: str
+    def __init__(self, execution_id: _Optional[str] = ..., attempt: _Optional[int] = ..., disposition: _Optional[_Union[StartDisposition, str]] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class StartAck(_message.Message):
+    __slots__ = ("acks",)
+    ACKS_FIELD_NUMBER: _ClassVar[int]
+    acks: _containers.RepeatedCompositeFieldContainer[StartAckEntry]
+    def __init__(self, acks: _Optional[_Iterable[_Union[StartAckEntry, _Mapping]]] = ...) -> None: ...
 
 class Assignments(_message.Message):
     __slots__ = ("assignments",)

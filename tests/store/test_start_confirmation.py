@@ -1,0 +1,331 @@
+"""Start confirmation over a real socket, raw protocol clients and a real etcd (docs/workers.md, "Start
+confirmation"): a dispatch that no worker starts is dispatched again, same execution id, within
+`start_timeout`, without holding the schedule's later runs; a Started for the superseded attempt is
+refused; and under a race between the worker's start and the owner's re-dispatch exactly one runs."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from typing import Any
+
+import grpc
+import pytest
+
+from scheduler._gen.scheduler.v1 import execution_pb2
+from scheduler._gen.scheduler.v1 import worker_service_pb2 as wpb
+from scheduler._gen.scheduler.v1 import worker_service_pb2_grpc as wgrpc
+from scheduler.clock import SYSTEM_CLOCK
+from scheduler.config import CoordinationSettings
+from scheduler.dispatch.service import Dispatcher
+from scheduler.execution import UNSTARTED_MESSAGE, ExecState, Execution
+from scheduler.model import Policies, RetryPolicy, Schedule
+from scheduler.node import PlannerNode
+from scheduler.planner.settings import PlannerSettings
+from scheduler.server import start_server
+from scheduler.store.etcd import EtcdClient
+from scheduler.store.keyspace import Keyspace
+from tests.etcd_cluster import EtcdCluster
+
+pytestmark = pytest.mark.etcd
+
+COORD = CoordinationSettings(node_id="n1", lease_ttl=2, renew_interval=0.5, rpc_timeout=0.5, safety_margin=0.3,
+                             partitions=4)
+START_TIMEOUT_MS = 600
+FAST = PlannerSettings(lookahead_ms=500, loop_interval=0.02, late_grace_ms=1_000, start_timeout_ms=START_TIMEOUT_MS)
+POLICIES = Policies(execution_timeout_ms=120_000, retry=RetryPolicy(max_attempts=1))  # no retry budget at all
+
+
+@pytest.fixture
+async def kv(etcd_server: EtcdCluster) -> AsyncIterator[EtcdClient]:
+    async with EtcdClient(etcd_server.config(timeout=0.5)) as c:
+        yield c
+
+
+@contextlib.asynccontextmanager
+async def planner(kv: EtcdClient, prefix: str) -> AsyncIterator[tuple[PlannerNode, Dispatcher, int]]:
+    node = PlannerNode(kv, Keyspace(prefix), COORD, SYSTEM_CLOCK, planner=FAST)
+    d = node.make_dispatcher()
+    server, port = await start_server(d, "127.0.0.1", 0)
+    task = asyncio.create_task(node.run())
+    try:
+        # Every partition claimed and planned once before the test creates schedules: a schedule created
+        # while the node was still claiming was seen once to be missed by its partition planner.
+        async with asyncio.timeout(15):
+            while len(node.planners) < COORD.partitions or any(p.stats.rounds == 0 for p in node.planners.values()):
+                await asyncio.sleep(0.05)
+        yield node, d, port
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await server.stop(None)
+
+
+class Client:
+    """A raw worker stream; every message is sent when the test says."""
+
+    def __init__(self, port: int, worker_id: str, credits: int = 1) -> None:
+        self.ch = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+        self.out: asyncio.Queue[wpb.WorkerMessage] = asyncio.Queue()
+        self.send(hello=wpb.Hello(worker_id=worker_id, pool="pool", region="default", capacity=credits,
+                                  task_types=["x"]))
+        self.send(credits=wpb.Credits(credits=credits))
+        self.call: Any = wgrpc.WorkerServiceStub(self.ch).Connect(self._requests())
+        self.inbox: dict[str, asyncio.Queue[Any]] = {}
+        self.reader = asyncio.create_task(self._read())
+
+    async def _requests(self) -> AsyncIterator[wpb.WorkerMessage]:
+        while True:
+            yield await self.out.get()
+
+    async def _read(self) -> None:
+        """Every message into a queue per kind, so that waiting for one kind loses none of the others."""
+        while (msg := await self.call.read()) is not grpc.aio.EOF:  # type: ignore[attr-defined]
+            kind = msg.WhichOneof("body")
+            self.inbox.setdefault(kind, asyncio.Queue()).put_nowait(getattr(msg, kind))
+
+    def send(self, **body: Any) -> None:
+        self.out.put_nowait(wpb.WorkerMessage(**body))
+
+    async def next(self, kind: str, timeout: float = 15) -> Any:
+        async with asyncio.timeout(timeout):
+            return await self.inbox.setdefault(kind, asyncio.Queue()).get()
+
+    async def close(self) -> None:
+        self.reader.cancel()
+        self.call.cancel()
+        await asyncio.gather(self.reader, return_exceptions=True)
+        await self.ch.close(None)
+
+
+def start_request(a: wpb.Assignment) -> wpb.Started:
+    return wpb.Started(starts=[wpb.StartRequest(execution_id=a.execution_id, attempt=a.attempt,
+                                                fencing_token=a.fencing_token)])
+
+
+def ok(a: wpb.Assignment) -> wpb.Results:
+    return wpb.Results(results=[wpb.Result(execution_id=a.execution_id, attempt=a.attempt,
+                                           fencing_token=a.fencing_token,
+                                           outcome=execution_pb2.ATTEMPT_OUTCOME_SUCCEEDED)])
+
+
+async def record(node: PlannerNode, kv: EtcdClient, sid: str, planned_ms: int) -> Execution:
+    e = await node.ledger.get(kv, sid, planned_ms)
+    assert e is not None
+    return e
+
+
+async def test_an_unstarted_dispatch_runs_again_within_the_start_timeout_and_a_late_start_is_refused(
+    kv: EtcdClient, key_prefix: str
+) -> None:
+    async with planner(kv, key_prefix.rstrip("/")) as (node, _d, port):
+        first = (SYSTEM_CLOCK.wall_ms() // 1000 + 2) * 1000
+        # Every second for four seconds, overlap skip: a stuck first run used to skip all the others.
+        await node.store.create(Schedule(id="stuck", tenant="t", spec="* * * * * *", worker_pool="pool",
+                                         task_type="x", start_ms=first, end_ms=first + 3_000, policies=POLICIES),
+                                SYSTEM_CLOCK.wall_ms())
+        sink = Client(port, "sink")  # takes the first assignment and never asks to start it
+        good: Client | None = None
+        try:
+            await sink.next("welcome")
+            lost = (await sink.next("assignments")).assignments[0]
+            assert lost.HasField("start_timeout") and lost.start_timeout.ToMilliseconds() == START_TIMEOUT_MS
+            t0 = SYSTEM_CLOCK.wall_ms()
+            good = Client(port, "good", credits=8)
+            await good.next("welcome")
+            runs: list[wpb.Assignment] = []
+            redispatched = -1
+            while len(runs) < 4:
+                for a in (await good.next("assignments")).assignments:
+                    good.send(started=start_request(a))
+                    ack = (await good.next("start_ack")).acks[0]
+                    assert ack.disposition == wpb.START_DISPOSITION_STARTED, ack
+                    runs.append(a)
+                    if len(runs) == 1:
+                        redispatched = SYSTEM_CLOCK.wall_ms() - t0
+                    good.send(results=ok(a))
+                    good.send(credits=wpb.Credits(credits=1))
+            acked = 0
+            while acked < len(runs):
+                acked += len((await good.next("result_ack")).acks)
+            again = runs[0]
+            assert (again.execution_id, again.attempt) == (lost.execution_id, 2), "same id, the next attempt"
+            # The superseded attempt's late start: refused (the worker must never run it).
+            sink.send(started=start_request(lost))
+            late = (await sink.next("start_ack")).acks[0]
+            assert late.disposition == wpb.START_DISPOSITION_REFUSED, late
+            assert "attempt 2" in late.reason, late
+        finally:
+            await sink.close()
+            if good is not None:
+                await good.close()
+        execs = (await node.ledger.list_partition(kv, node.store.partition("stuck"), schedule_id="stuck"))[0]
+    assert redispatched < START_TIMEOUT_MS + 2_000, f"re-dispatched {redispatched} ms after the lost dispatch"
+    assert [e.state for e in execs] == [ExecState.SUCCEEDED] * 4, [(e.id, e.state, e.skip_reason) for e in execs]
+    head = execs[0]
+    assert head.id == lost.execution_id and head.attempt == 2
+    unstarted, ran = head.attempts
+    assert unstarted.never_started and unstarted.message == UNSTARTED_MESSAGE and not unstarted.started_ms
+    assert ran.succeeded and ran.worker == "good" and ran.started_ms >= ran.dispatched_ms, ran
+    assert head.retry.max_attempts == 1, "the unstarted attempt did not use up the retry budget"
+
+
+async def test_a_start_is_recorded_running_with_its_worker_and_time(kv: EtcdClient, key_prefix: str) -> None:
+    async with planner(kv, key_prefix.rstrip("/")) as (node, _d, port):
+        planned = (SYSTEM_CLOCK.wall_ms() // 1000 + 2) * 1000
+        await node.store.create(Schedule(id="run", tenant="t", spec="* * * * * *", worker_pool="pool", task_type="x",
+                                         start_ms=planned, end_ms=planned, policies=POLICIES), SYSTEM_CLOCK.wall_ms())
+        w = Client(port, "w1")
+        try:
+            await w.next("welcome")
+            a = (await w.next("assignments")).assignments[0]
+            assert (await record(node, kv, "run", planned)).state is ExecState.DISPATCHED
+            w.send(started=start_request(a))
+            assert (await w.next("start_ack")).acks[0].disposition == wpb.START_DISPOSITION_STARTED
+            e = await record(node, kv, "run", planned)
+            await asyncio.sleep(START_TIMEOUT_MS / 1000 * 2)  # past start-by: a RUNNING attempt stays
+            assert await record(node, kv, "run", planned) == e
+            w.send(results=ok(a))
+            assert (await w.next("result_ack")).acks[0].disposition == wpb.RESULT_DISPOSITION_RECORDED
+        finally:
+            await w.close()
+    cur = e.current
+    assert e.state is ExecState.RUNNING and cur is not None, e
+    assert cur.worker == "w1" and cur.dispatched_ms <= cur.started_ms <= SYSTEM_CLOCK.wall_ms(), cur
+
+
+async def race(node: PlannerNode, kv: EtcdClient, port: int, n: int, *, run_before_ack: bool) -> dict[str, int]:
+    """`n` one-shot schedules; a raw worker asks to start each assignment after a random delay around
+    the start timeout, so its start CAS races the owner's re-dispatch. Returns effects per execution id.
+    `run_before_ack` is the broken worker that runs the handler on receipt (the protection removed)."""
+    # Far enough ahead that every create lands before the planner's lookahead reaches the planned time.
+    planned = (SYSTEM_CLOCK.wall_ms() // 1000 + 4) * 1000
+    for i in range(n):
+        await node.store.create(Schedule(id=f"r{i}", tenant="t", spec="* * * * * *", worker_pool="pool",
+                                         task_type="x", start_ms=planned, end_ms=planned, policies=POLICIES),
+                                SYSTEM_CLOCK.wall_ms())
+    effects: dict[str, int] = {}
+    done: set[str] = set()
+    w = Client(port, "racer", credits=4 * n)
+    rng = random.Random(7)
+
+    async def handle(a: wpb.Assignment) -> None:
+        if run_before_ack:
+            effects[a.execution_id] = effects.get(a.execution_id, 0) + 1
+        await asyncio.sleep(START_TIMEOUT_MS / 1000 * rng.uniform(0.5, 1.5))
+        w.send(started=start_request(a))
+
+    tasks: set[asyncio.Task[None]] = set()
+
+    async def assignments() -> None:
+        while True:
+            for a in (await w.next("assignments", timeout=60)).assignments:
+                t = asyncio.create_task(handle(a))
+                tasks.add(t)
+                t.add_done_callback(tasks.discard)
+
+    def answered(ack: wpb.StartAckEntry) -> None:
+        eid, n = ack.execution_id, ack.attempt
+        if ack.disposition == wpb.START_DISPOSITION_STARTED:
+            if not run_before_ack:
+                effects[eid] = effects.get(eid, 0) + 1
+            w.send(results=wpb.Results(results=[wpb.Result(execution_id=eid, attempt=n,
+                                                           outcome=execution_pb2.ATTEMPT_OUTCOME_SUCCEEDED)]))
+            done.add(eid)
+        else:  # never run; the SDK reports it not started, which makes it due again at once
+            w.send(results=wpb.Results(results=[wpb.Result(
+                execution_id=eid, attempt=n, not_started=True, outcome=execution_pb2.ATTEMPT_OUTCOME_FAILED,
+                error_class=execution_pb2.ERROR_CLASS_TRANSIENT)]))
+        w.send(credits=wpb.Credits(credits=1))
+
+    async def acks() -> None:
+        while True:
+            for ack in (await w.next("start_ack", timeout=60)).acks:
+                answered(ack)
+
+    async def all_succeeded() -> bool:
+        for i in range(n):
+            e = await node.ledger.get(kv, f"r{i}", planned)
+            if e is None or e.state is not ExecState.SUCCEEDED:
+                return False
+        return True
+
+    try:
+        await w.next("welcome")
+        tasks.add(asyncio.create_task(assignments()))
+        tasks.add(asyncio.create_task(acks()))
+        try:
+            async with asyncio.timeout(40):
+                while not await all_succeeded():
+                    await asyncio.sleep(0.2)
+        except TimeoutError:
+            execs = [await node.ledger.get(kv, f"r{i}", planned) for i in range(n)]
+            raise AssertionError(f"not all succeeded: {[e for e in execs if e is None or not e.terminal]}") from None
+    finally:
+        for t in list(tasks):
+            t.cancel()
+        await w.close()
+    return effects
+
+
+async def test_the_start_and_the_redispatch_race_and_exactly_one_runs(kv: EtcdClient, key_prefix: str) -> None:
+    async with planner(kv, key_prefix.rstrip("/")) as (node, d, port):
+        n = 40
+        effects = await race(node, kv, port, n, run_before_ack=False)
+        execs = [await record(node, kv, f"r{i}", (await node.store.get(f"r{i}")).schedule.start_ms or 0)
+                 for i in range(n)]
+    assert len(effects) == n and set(effects.values()) == {1}, f"an execution ran twice: {effects}"
+    assert all(e.state is ExecState.SUCCEEDED for e in execs), [e for e in execs if e.state is not ExecState.SUCCEEDED]
+    raced = [e for e in execs if e.attempt > 1]
+    assert raced and len(raced) < n, f"the delays must make both sides win sometimes ({len(raced)}/{n} re-dispatched)"
+    assert d.starts.refused > 0, "some late starts lost to the re-dispatch"
+    for e in execs:
+        ran = [a for a in e.attempts if a.started_ms]
+        assert len(ran) == 1 and ran[0].succeeded, e  # one attempt started, the others never did
+        assert all(a.never_started for a in e.attempts if a is not ran[0]), e
+
+
+async def test_the_race_check_catches_a_worker_that_runs_before_its_start_is_acknowledged(
+    kv: EtcdClient, key_prefix: str
+) -> None:
+    """The same race with the protection removed: the check above would fail."""
+    async with planner(kv, key_prefix.rstrip("/")) as (node, _d, port):
+        effects = await race(node, kv, port, 20, run_before_ack=True)
+    assert max(effects.values()) > 1, f"expected a second run of some execution id: {effects}"
+
+
+async def test_a_start_of_a_dispatch_by_an_earlier_owner_is_refused(kv: EtcdClient, key_prefix: str) -> None:
+    """The start CAS is fenced by the owner token the attempt was dispatched under."""
+    prefix = key_prefix.rstrip("/")
+    async with planner(kv, prefix) as (node, _d, port):
+        planned = (SYSTEM_CLOCK.wall_ms() // 1000 + 2) * 1000
+        await node.store.create(Schedule(id="moved", tenant="t", spec="* * * * * *", worker_pool="pool",
+                                         task_type="x", start_ms=planned, end_ms=planned, policies=POLICIES),
+                                SYSTEM_CLOCK.wall_ms())
+        w = Client(port, "w1")
+        try:
+            await w.next("welcome")
+            a = (await w.next("assignments")).assignments[0]
+        finally:
+            await w.close()
+    # The owner is gone; its owner key (and lease) with it. Another node serves the stream, owning nothing.
+    p = node.store.partition("moved")
+    await kv.delete(node.ks.owner(p))
+    other = PlannerNode(kv, Keyspace(prefix), replace(COORD, node_id="n2"), SYSTEM_CLOCK, planner=FAST)
+    d2 = other.make_dispatcher()
+    server, port2 = await start_server(d2, "127.0.0.1", 0)
+    try:
+        w2 = Client(port2, "w1")
+        try:
+            await w2.next("welcome")
+            w2.send(started=start_request(a))
+            ack = (await w2.next("start_ack")).acks[0]
+        finally:
+            await w2.close()
+    finally:
+        await server.stop(None)
+    assert ack.disposition == wpb.START_DISPOSITION_REFUSED, ack
+    assert (await record(node, kv, "moved", planned)).state is ExecState.DISPATCHED
