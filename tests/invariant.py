@@ -892,6 +892,12 @@ def judge(log: Log, es: list[Execution], ranges: dict[str, list[tuple[int, int, 
             for s, exp in catch.get(sid, []):
                 if abs(s.at_ms - written) <= ROUND_MS and exp.get(p) == reason:
                     return None
+            # Held while its pool had no worker, then decided as missed when the schedule changed (pause,
+            # delete, update): the missed-run policy applies to the times it held.
+            for v0, v1 in _segments(log, sid):
+                if (v1 is not None and v0.pool not in ("a", "b") and p <= v1.at_ms
+                        and v1.at_ms <= written <= v1.at_ms + 2 * ROUND_MS):
+                    return None
             wants = sorted({exp[p] for s, exp in catch.get(sid, []) if p in exp})
             return f"{reason}, but the missed-run policy after the takeovers says {wants or 'nothing (not missed)'}"
         return f"unknown skip reason {reason!r}"
@@ -933,6 +939,9 @@ def judge(log: Log, es: list[Execution], ranges: dict[str, list[tuple[int, int, 
                 continue
             if p > watermark:
                 continue  # not handled yet (backpressure): the checkpoint has not passed it
+            cur = log.version_at(sid, now)
+            if v.pool not in ("a", "b") and cur is not None and cur.state == "active" and cur.pool == v.pool:
+                continue  # held while its pool has no worker: decided when the pool is served or it changes
             bad.append(f"[gap] {eid}: planned time owed since activation at t={v.activated_ms - T0} has no execution "
                        f"record and no skip record (missed silently)")
 
