@@ -892,11 +892,17 @@ def judge(log: Log, es: list[Execution], ranges: dict[str, list[tuple[int, int, 
             for s, exp in catch.get(sid, []):
                 if abs(s.at_ms - written) <= ROUND_MS and exp.get(p) == reason:
                     return None
-            # Held while its pool had no worker, then decided as missed when the schedule changed (pause,
-            # delete, update): the missed-run policy applies to the times it held.
+            # Held while its pool had no worker, then decided as missed (when the schedule changed, or as
+            # the backlog outgrew the policy): the missed-run policy applies to the times it held.
             for v0, v1 in _segments(log, sid):
-                if (v1 is not None and v0.pool not in ("a", "b") and p <= v1.at_ms
-                        and v1.at_ms <= written <= v1.at_ms + 2 * ROUND_MS):
+                if v0.pool in ("a", "b") or p <= v0.at_ms or (v1 is not None and p > v1.at_ms):
+                    continue
+                pol = v0.policies
+                if v1 is not None and v1.at_ms <= written <= v1.at_ms + 2 * ROUND_MS:
+                    return None
+                if ((reason == "over_cap" and pol.missed_runs is MissedRuns.ALL)
+                        or (reason == "policy_skip" and pol.missed_runs is not MissedRuns.ALL)
+                        or (reason == "outside_catchup_window" and p <= written - pol.catchup_window_ms + GRACE_MS)):
                     return None
             wants = sorted({exp[p] for s, exp in catch.get(sid, []) if p in exp})
             return f"{reason}, but the missed-run policy after the takeovers says {wants or 'nothing (not missed)'}"
