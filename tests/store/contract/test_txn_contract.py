@@ -260,6 +260,25 @@ async def test_duplicate_keys_across_nested_txns(
         assert (await kv.txn([], branch(key_prefix))).succeeded
 
 
+async def test_two_cas_of_one_record_in_one_batch_are_refused(kv: KV, key_prefix: str) -> None:
+    """The shape of issue 9 item 1: a fenced batch that withdraws a run and skips it again in the same
+    round (two compare-and-swaps of one execution record, each with its dead-letter index delete) is
+    refused whole by etcd, on both branches, whatever the compares say; the twin must refuse it too, or
+    a planner test on the twin would never see the restart loop it causes."""
+    rec, dead, owner = key_prefix + "exec", key_prefix + "dead", key_prefix + "owner"
+    rev = (await kv.put(rec, b"scheduled")).revision
+    token = (await kv.put(owner, b"me")).revision
+
+    def cas(value: bytes) -> Op:
+        return ops.txn([Compare.mod_revision(rec, "==", rev)], [ops.put(rec, value), ops.delete(dead)])
+
+    with pytest.raises(EtcdError, match="duplicate key given in txn request"):
+        await kv.txn([Compare.create_revision(owner, "==", token)], [cas(b"skipped:paused"), cas(b"skipped:paused")],
+                     [ops.get(owner)])
+    kv_ = await kv.get(rec)
+    assert kv_ is not None and kv_.value == b"scheduled"  # nothing applied
+
+
 async def test_nested_txns_share_the_op_limit_and_the_checks(kv: KV, key_prefix: str) -> None:
     reads = [ops.get(key_prefix + str(i)) for i in range(100)]
     # A nested txn may use what its parent leaves: 128 - 101 = 27 ops.

@@ -1,0 +1,1039 @@
+"""The product's one promise, checked from recorded history (DESIGN.md, "The invariant every change keeps").
+
+`World` runs the real planner code (scheduler.node.PlannerNode for routing and result bookkeeping,
+scheduler.planner.partition.PartitionPlanner driven round by round with `start()` / `step(now)`) on a
+fake clock, against any `KV` (the in-memory twin, or a real etcd), with fake workers whose effects it
+logs, and an operation log of what operators did and when. `check()` then judges the ledger as etcd
+holds it (execution records, skip records, their write times from etcd's watch history) against that
+log and the effects, independently of the planner's own view:
+
+1. no execution id has two attempts running at once, and no planned time succeeded twice (a rerun
+   is another run the operator asked for);
+2. every planned time of every schedule after its activation (create, resume, the update that made
+   the spec) and before its end (pause, delete, the next spec) either has an execution record that
+   ran, is legitimately in flight or waiting, ended as a dead letter or an operator cancel, or it has
+   a skip whose reason the policy justifies: paused / deleted at the time the skip was written; an
+   overlap skip only when another run of the schedule was really in progress (per the effects log)
+   at that planned time; the catch-up reasons only for times behind a takeover, with exactly the
+   reason the schedule's missed-run policy, window and cap give;
+3. planned times that are not owed (pre-written runs after a pause, a delete, a spec change) never
+   run and do not stay pending;
+4. nothing is stuck: a due run of a pool with free workers is dispatched within a bound, a dispatch
+   no worker received is retried within a bound (START_TIMEOUT_CHECK), and a partition never hits a
+   txn etcd refuses as malformed or a loop of restarts.
+
+Planned times of the specs used here (`*/k * * * * *`, `@every ks`) are the multiples of k seconds;
+the checker computes them itself rather than asking the planner's cron code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import contextlib
+import json
+import os
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+from scheduler.api.operations import Operations
+from scheduler.clock import FakeClock
+from scheduler.config import CoordinationSettings
+from scheduler.errors import FencedOut, NotFound, OutcomeUnknown, SchedError
+from scheduler.execution import (
+    IN_FLIGHT,
+    Disposition,
+    ErrorClass,
+    ExecState,
+    Execution,
+    Trigger,
+    started,
+    with_revision,
+)
+from scheduler.model import Policies, RetryPolicy, Schedule, ScheduleState, execution_id
+from scheduler.node import PlannerNode
+from scheduler.planner.ownership import NotOwner, Ownership
+from scheduler.planner.partition import PartitionPlanner, Restart
+from scheduler.planner.results import record_result
+from scheduler.planner.settings import PlannerSettings
+from scheduler.store.codec import decode_execution
+from scheduler.store.etcd.errors import EtcdError
+from scheduler.store.etcd.ops import Compare, delete, put
+from scheduler.store.fenced import CompareFailed, Fence
+from scheduler.store.keyspace import Keyspace
+from scheduler.store.kv import KV
+from scheduler.store.notices import notice_op
+from scheduler.timeplan import MissedRuns, Overlap
+
+# ---- knobs ---------------------------------------------------------------------------------------
+
+# The start-timeout mechanism of issue 9 item 4 (a dispatch no worker received is retried within
+# seconds). On: "lost" dispatches are generated, must be retried within START_TIMEOUT_MS (+ a bound),
+# and count as "in progress" for overlap decisions only during that window. Off: no lost dispatches.
+START_TIMEOUT_CHECK = os.environ.get("SCHED_START_TIMEOUT_CHECK", "1") != "0"
+START_TIMEOUT_MS = int(os.environ.get("SCHED_START_TIMEOUT_MS", "5000"))
+# Workers confirm each start (DISPATCHED -> RUNNING by compare-and-swap, through the result path) before
+# they run it: what a start timeout needs to tell a received dispatch from a lost one. Off by default
+# while main has no start confirmation; turn it on (and point World.confirm_start at the real path) with
+# the start timeout.
+CONFIRM_STARTS = os.environ.get("SCHED_CONFIRM_STARTS", "0") == "1"
+
+PARTITION = 0
+ROUND_MS = 250  # a planner round every this much fake time (the loop's wake-ups, coarsened)
+LEASE_TTL_MS = 3_000  # an owner that stops renewing loses its key this long after
+HEARTBEAT_TIMEOUT_MS = 10_000  # a crashed worker's attempts are declared lost after this
+CANCEL_GRACE_MS = 5_000  # a worker told to cancel stops this long after (the SDK default cancel_grace)
+# A worker whose planner went away (killed, handed over) reconnects to another and resends its results
+# this long after; one whose planner is frozen resends after its result acknowledgement timeout.
+RECONNECT_MS = 1_500
+RESULT_ACK_TIMEOUT_MS = 10_000  # the SDK default result_ack_timeout
+POOL_CAPACITY = {"a": 2, "b": 2, "nobody": 0}
+POOLS = tuple(POOL_CAPACITY)
+STUCK_ROUNDS = 12  # rounds with free capacity in its pool a due run may wait before it is "stuck"
+RESTART_LOOP = 20  # restarts within one advance of the clock that make a loop
+SETTINGS = PlannerSettings(lookahead_ms=2_000, late_grace_ms=5_000, backlog_ms=2_000, checkpoint_interval_ms=1_000,
+                           max_planned_per_round=200, heartbeat_timeout=HEARTBEAT_TIMEOUT_MS / 1000)
+# A planned time is judged once it is this far in the past (and the partition has been served that long).
+GRACE_MS = SETTINGS.lookahead_ms + 2 * ROUND_MS + 500
+T0 = 1_767_225_600_000 + 123  # 2026-01-01T00:00:00.123Z: creates land between planned times
+
+Behaviour = Literal["ok", "fail_transient", "fail_permanent", "slow", "crash", "lost", "lost_ack"]
+
+
+# ---- the operation log -----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Version:
+    """What a schedule was from `at_ms` on (until the next version)."""
+
+    at_ms: int
+    state: Literal["active", "paused", "deleted"]
+    period_s: int
+    spec: str
+    pool: str
+    policies: Policies
+    activated_ms: int  # by our own reckoning: create, resume, spec change
+
+
+@dataclass
+class Start:
+    """A partition planner instance starting (a claim, or a reload after a restart)."""
+
+    at_ms: int
+    watermark_ms: int  # the checkpoint it started from (read from etcd just before)
+    takeover: bool
+
+
+@dataclass
+class Effect:
+    """What a fake worker did with one dispatched attempt."""
+
+    eid: str
+    sid: str
+    planned_ms: int
+    attempt: int
+    run_trigger: str  # the execution's current trigger (rerun/replay: an operator's new run)
+    behaviour: str
+    start_ms: int
+    end_ms: int | None = None  # the work stopped (None: still running)
+    busy_end_ms: int | None = None  # until when others may take it for running (a crash: until detected)
+    outcome: str = ""  # succeeded / failed / crashed / cancelled / lost
+
+
+@dataclass
+class Log:
+    versions: dict[str, list[Version]] = field(default_factory=dict)
+    starts: list[Start] = field(default_factory=list)
+    effects: list[Effect] = field(default_factory=list)
+    cancels: set[str] = field(default_factory=set)  # execution ids an operator cancelled
+    reruns: dict[str, int] = field(default_factory=dict)
+    # Planner trouble seen by the driver: malformed txns, restarts per clock advance, stale writes.
+    errors: list[str] = field(default_factory=list)
+    # Per round: (time, free capacity per pool after the round).
+    rounds: list[tuple[int, dict[str, int]]] = field(default_factory=list)
+    outage_from: int | None = None  # the last round of the previous instance, while nobody serves
+    ops: list[str] = field(default_factory=list)  # a readable trace
+
+    def version_at(self, sid: str, t: int) -> Version | None:
+        vs = self.versions.get(sid, [])
+        cur = None
+        for v in vs:
+            if v.at_ms <= t:
+                cur = v
+        return cur
+
+
+# ---- the fake workers -------------------------------------------------------------------------------
+
+@dataclass
+class Job:
+    e: Execution
+    effect: Effect
+    behaviour: Behaviour
+    finish_ms: int  # natural end
+    pool: str
+    instance: int  # the planner process that dispatched it (whose stream the worker reports on)
+    cancel_at: int | None = None
+
+
+class Workers:
+    """Worker pools behind the planner's DispatchSink: capacity per pool, and a queue of behaviours
+    (drawn by the test) for the next dispatches."""
+
+    def __init__(self, world: World) -> None:
+        self.world = world
+        self.jobs: dict[tuple[str, int], Job] = {}
+        self.reserved: dict[str, int] = {}
+        self.plan: deque[tuple[Behaviour, int]] = deque()
+        self.timers: list[tuple[int, int, str, tuple[str, int]]] = []  # (time, seq, kind, job key)
+        self._seq = 0
+
+    def busy(self, pool: str) -> int:
+        return sum(1 for j in self.jobs.values() if j.pool == pool and j.effect.end_ms is None
+                   and j.behaviour != "lost")
+
+    def capacity(self, pool: str) -> int:
+        return max(0, POOL_CAPACITY.get(pool, 0) - self.busy(pool) - self.reserved.get(pool, 0))
+
+    def reserve(self, pool: str, n: int) -> None:
+        self.reserved[pool] = self.reserved.get(pool, 0) + n
+
+    def release(self, pool: str, n: int) -> None:
+        self.reserved[pool] = self.reserved.get(pool, 0) - n
+
+    def timer(self, at: int, kind: str, key: tuple[str, int]) -> None:
+        self._seq += 1
+        self.timers.append((at, self._seq, kind, key))
+        self.timers.sort()
+
+    def submit(self, e: Execution, payload: bytes, token: str) -> None:
+        now = self.world.clock.wall_ms()
+        behaviour, dur = self.plan.popleft() if self.plan else ("ok", 300)
+        if behaviour == "lost" and not START_TIMEOUT_CHECK:
+            behaviour = "ok"
+        if POOL_CAPACITY.get(e.pool, 0) <= 0:
+            self.world.log.errors.append(f"[no-worker-pool] "
+                                         f"{e.id} attempt {e.attempt} dispatched to pool {e.pool!r} that has no worker")
+        eff = Effect(e.id, e.schedule_id, e.planned_ms, e.attempt, e.current_trigger.value, behaviour, now)
+        self.world.log.effects.append(eff)
+        key = (e.id, e.attempt)
+        job = Job(e, eff, behaviour, now + dur, e.pool, self.world.stepping)
+        self.jobs[key] = job
+        if behaviour == "lost":  # the assignment never reached a worker: no effect at all
+            eff.end_ms, eff.outcome = now, "lost"
+            eff.busy_end_ms = now + START_TIMEOUT_MS
+            return
+        if CONFIRM_STARTS:
+            self.timer(now, "start", key)
+        if behaviour == "crash":
+            self.timer(now + dur, "crash", key)
+        else:
+            self.timer(now + dur, "finish", key)
+
+    def cancel(self, e: Execution, reason: str) -> None:
+        job = self.jobs.get((e.id, e.attempt))
+        if job is None or job.effect.end_ms is not None or job.cancel_at is not None:
+            return
+        job.cancel_at = self.world.clock.wall_ms() + CANCEL_GRACE_MS
+        if job.cancel_at < job.finish_ms:
+            self.timer(job.cancel_at, "cancelled", (e.id, e.attempt))
+
+    @staticmethod
+    def _error_class(job: Job) -> ErrorClass | None:
+        if job.behaviour in ("ok", "slow", "lost_ack"):
+            return None
+        return ErrorClass.PERMANENT if job.behaviour == "fail_permanent" else ErrorClass.TRANSIENT
+
+    def next_timer(self) -> int | None:
+        return self.timers[0][0] if self.timers else None
+
+    async def fire_due(self, now: int) -> None:
+        while self.timers and self.timers[0][0] <= now:
+            _, _, kind, key = self.timers.pop(0)
+            job = self.jobs.get(key)
+            if job is None:
+                continue
+            eff = job.effect
+            if kind in ("finish", "cancelled"):
+                if eff.end_ms is not None:
+                    continue
+                eff.end_ms = eff.busy_end_ms = now
+                if kind == "cancelled":
+                    eff.outcome = "cancelled"
+                    await self.world.deliver(job.e, False, ErrorClass.TRANSIENT, "cancelled")
+                    continue
+                ok = job.behaviour in ("ok", "slow", "lost_ack")
+                eff.outcome = "succeeded" if ok else "failed"
+                late = self.world.result_delay(job.instance, now)
+                if job.behaviour == "lost_ack":  # the acknowledgement is lost: resent after the timeout
+                    late = max(late, now + RESULT_ACK_TIMEOUT_MS)
+                if late > now:
+                    self.timer(late, "late_result", key)
+                    continue
+                await self.world.deliver(job.e, ok, self._error_class(job), "")
+            elif kind == "start":
+                await self.world.confirm_start(job.e)
+            elif kind == "late_result":
+                ok = job.behaviour in ("ok", "slow", "lost_ack")
+                await self.world.deliver(job.e, ok, self._error_class(job), "")
+            elif kind == "crash":
+                if eff.end_ms is not None:
+                    continue
+                eff.end_ms, eff.outcome = now, "crashed"
+                eff.busy_end_ms = now + HEARTBEAT_TIMEOUT_MS + 2 * ROUND_MS
+                self.timer(now + HEARTBEAT_TIMEOUT_MS, "lost_stream", key)
+            elif kind == "lost_stream":
+                self.world.node.on_lost_attempts([key])
+
+
+# ---- a stand-in for Ownership: real fencing tokens from etcd, claims driven by the test ---------------
+
+class StandInOwnership(Ownership):
+    """Holds claims made by the World (owner key created with `create_revision == 0`, token = its
+    revision). It never fences itself: a frozen instance that resumes writes with its old token, and
+    only etcd's compare can stop it."""
+
+    def __init__(self, kv: KV, ks: Keyspace, settings: CoordinationSettings, clock: FakeClock) -> None:
+        super().__init__(kv, ks, settings, clock)
+        self.tokens: dict[int, int] = {}
+
+    def fence(self, partition: int) -> Fence | None:
+        token = self.tokens.get(partition)
+        return None if token is None else Fence(partition, self._ks.owner(partition), token)
+
+    @contextlib.asynccontextmanager
+    async def writing(self, partition: int) -> AsyncIterator[Fence]:
+        fence = self.fence(partition)
+        if fence is None:
+            raise NotOwner(f"partition {partition} is not writable")
+        yield fence
+
+
+@dataclass
+class Instance:
+    """One planner process's partition planner (its own ownership and token)."""
+
+    n: int
+    planner: PartitionPlanner
+    ownership: StandInOwnership
+    token: int
+    frozen_at: int | None = None
+    dead: bool = False
+
+
+# ---- the world --------------------------------------------------------------------------------------
+
+class World:
+    def __init__(self, kv: KV, clock: FakeClock, ks: Keyspace,
+                 current_revision: Callable[[], int] | None = None) -> None:
+        self.kv, self.clock, self.ks = kv, clock, ks
+        self.coord = CoordinationSettings(node_id="n1", partitions=1, lease_ttl=3, rpc_timeout=5.0)
+        self.workers = Workers(self)
+        self.node = PlannerNode(kv, ks, self.coord, clock, planner=SETTINGS, dispatcher=self.workers)
+        self.ops = Operations(kv, ks, 1, self.node.store, self.node.ledger, clock, rpc_timeout=5.0)
+        self.log = Log()
+        self.live: Instance | None = None
+        self.frozen: list[Instance] = []
+        self.instances = 0
+        self.next_round = clock.wall_ms()
+        self.owner_expires_at: int | None = None  # the dead/frozen owner's key goes at this time
+        self.claim_at: int | None = None  # a standby claims the partition at this time (after expiry)
+        self.restarts_this_advance = 0
+        self.rev_times: list[tuple[int, int]] = [(0, clock.wall_ms())]  # (revision, fake time first seen)
+        self._seen_rev = 0
+        self._watch_task: asyncio.Task[None] | None = None
+        self._current_revision = current_revision
+        self.sched_count = 0
+        self.stepping = 0  # the instance whose round is running (its dispatches go on its streams)
+        self.gone_at: dict[int, int] = {}  # instance -> when its process went away (killed, handed over)
+
+    # ---- setup / teardown ------------------------------------------------------------------------
+
+    async def revision(self) -> int:
+        if self._current_revision is not None:
+            return self._current_revision()
+        return (await self.kv.range(self.ks.cluster_config, count_only=True)).revision
+
+    async def start(self) -> None:
+        rev = await self.revision()
+        self._seen_rev = rev
+        self.rev_times = [(rev, self.clock.wall_ms())]
+        self._watch_task = asyncio.create_task(self._watch(rev))
+        await self.claim(takeover=True)
+
+    async def close(self) -> None:
+        if self._watch_task is not None:
+            self._watch_task.cancel()
+            with contextlib.suppress(BaseException):
+                await self._watch_task
+
+    async def _watch(self, rev: int) -> None:
+        """etcd's watch history of the whole keyspace: routed to the node as its own watches would
+        (schedules, notices), and the fake time each revision was first seen kept for the checker."""
+        prefix = self.ks.prefix.encode() + b"/"
+        sched, notices = self.ks.all_schedules, self.ks.notices()
+        async for batch in self.kv.watch(prefix, prefix=True, start_revision=rev + 1):
+            for ev in batch.events:
+                if ev.revision > self._seen_rev:
+                    self._seen_rev = ev.revision
+                    self.rev_times.append((ev.revision, self.clock.wall_ms()))
+                key = ev.kv.key
+                if not key.startswith((sched, notices)):
+                    continue
+                # A frozen process gets the events its watch stream buffered when it resumes: handing
+                # them over now is the same, as it does nothing until then.
+                live = self.node.planners.get(PARTITION)
+                for target in [live, *(f.planner for f in self.frozen)]:
+                    if target is None:
+                        continue
+                    self.node.planners[PARTITION] = target
+                    if key.startswith(sched):
+                        self.node._route(ev.type, key, ev.kv.value, ev.kv.mod_revision)
+                    else:
+                        self.node._route_notice(ev.type, key, ev.kv.value, ev.kv.mod_revision)
+                if live is None:
+                    self.node.planners.pop(PARTITION, None)
+                else:
+                    self.node.planners[PARTITION] = live
+
+    async def settle(self) -> None:
+        """Until every write so far has been seen by the watch (and so routed to the planner)."""
+        want = await self.revision()
+        for _ in range(10_000):
+            if self._seen_rev >= want:
+                break
+            await asyncio.sleep(0 if self._current_revision is not None else 0.001)
+        for _ in range(3):
+            await asyncio.sleep(0)
+
+    def time_of(self, revision: int) -> int:
+        i = bisect.bisect_left(self.rev_times, (revision, -1))
+        return self.rev_times[min(i, len(self.rev_times) - 1)][1]
+
+    # ---- planner instances ------------------------------------------------------------------------
+
+    def _new_planner(self, ownership: StandInOwnership) -> PartitionPlanner:
+        return PartitionPlanner(
+            PARTITION, kv=self.kv, ks=self.ks, ownership=ownership, store=self.node.store, ledger=self.node.ledger,
+            dispatcher=self.workers, settings=SETTINGS, clock=self.clock, node_id=f"n{self.instances}",
+            rpc_timeout=5.0, max_ops=self.coord.max_txn_ops, combiner=None, metrics=self.node.metrics)
+
+    async def claim(self, *, takeover: bool) -> bool:
+        key = self.ks.owner(PARTITION)
+        r = await self.kv.txn([Compare.create_revision(key, "==", 0)], [put(key, b"planner")])
+        if not r.succeeded:
+            return False
+        self.instances += 1
+        own = StandInOwnership(self.kv, self.ks, self.coord, self.clock)
+        own.tokens[PARTITION] = r.revision
+        inst = Instance(self.instances, self._new_planner(own), own, r.revision)
+        self.live = inst
+        self.claim_at = None
+        self.owner_expires_at = None
+        await self._start(inst, takeover=takeover)
+        return True
+
+    async def _start(self, inst: Instance, *, takeover: bool, depth: int = 0) -> None:
+        now = self.clock.wall_ms()
+        ck = await self.kv.get(self.ks.checkpoint(PARTITION))
+        wm = 0 if ck is None else int(json.loads(ck.value)["watermark_ms"])
+        self.log.starts.append(Start(now, wm, takeover))
+        if takeover:
+            self.log.outage_from = None
+        self.node.planners[PARTITION] = inst.planner
+        await self.settle()
+        try:
+            await inst.planner.start()
+        except Exception as e:  # every failure is judged the same way as in a round
+            await self._failed(inst, e, depth + 1)
+
+    async def _failed(self, inst: Instance, e: BaseException, depth: int = 0) -> None:
+        """What PlannerNode._partition does after a failed round: restart from etcd, or give up."""
+        msg = f"{type(e).__name__}: {e}"
+        if "duplicate key" in msg or "too many operations" in msg or "request is too large" in msg:
+            self.log.errors.append(f"[malformed-txn] "
+                                   f"t={self.clock.wall_ms() - T0}: a txn etcd refuses as malformed: {msg}")
+        if isinstance(e, FencedOut | NotOwner):
+            if inst is self.live:
+                self.log.errors.append(f"[fenced-live] the live planner was fenced out: {msg}")
+                self.live = None
+            inst.dead = True
+            return
+        if isinstance(e, Restart | OutcomeUnknown | CompareFailed | EtcdError):
+            self.node.restarts += 1
+            self.restarts_this_advance += 1
+            if inst is not self.live:
+                inst.dead = True
+                return
+            fresh = Instance(inst.n, self._new_planner(inst.ownership), inst.ownership, inst.token)
+            self.live = fresh
+            if depth > RESTART_LOOP:
+                self.log.errors.append(f"[restart-loop] "
+                                       f"t={self.clock.wall_ms() - T0}: the planner's start() failed {depth} times "
+                                       f"in a row: {msg}")
+                return  # tried again next round
+            await self._start(fresh, takeover=False, depth=depth)
+            return
+        raise e
+
+    async def round(self) -> None:
+        now = self.clock.wall_ms()
+        await self.settle()
+        if self.live is None and self.claim_at is not None and now >= self.claim_at:
+            await self.claim(takeover=True)
+        inst = self.live
+        if inst is not None:
+            self.stepping = inst.n
+            for _ in range(5):
+                try:
+                    again = await inst.planner.step(now)
+                except Exception as e:
+                    await self._failed(inst, e)
+                    break
+                await self.settle()
+                if not again:
+                    break
+        if inst is not None and self.live is not None:
+            self.log.rounds.append((now, {p: self.workers.capacity(p) for p in POOLS}))
+
+    # ---- faults of the planner ---------------------------------------------------------------------
+
+    def _lose_owner_later(self, extra_ms: int) -> None:
+        now = self.clock.wall_ms()
+        self.owner_expires_at = now + LEASE_TTL_MS
+        self.claim_at = now + LEASE_TTL_MS + extra_ms
+        self.log.outage_from = now
+
+    def result_delay(self, instance: int, now: int) -> int:
+        """When a result a worker has now for an attempt of `instance` reaches a planner that records it."""
+        if any(f.n == instance for f in self.frozen):
+            return now + RESULT_ACK_TIMEOUT_MS  # sent, never acknowledged: resent through another planner
+        gone = self.gone_at.get(instance)
+        if gone is not None:
+            return max(now, gone + RECONNECT_MS)  # the stream ended: reconnect elsewhere, then report
+        return now
+
+    async def kill(self, restart_after_ms: int) -> None:
+        """SIGKILL: the instance is gone; its owner key expires with its lease; a standby claims."""
+        if self.live is None:
+            return
+        self.gone_at[self.live.n] = self.clock.wall_ms()
+        self.live.dead = True
+        self.live = None
+        self.node.planners.pop(PARTITION, None)
+        self._lose_owner_later(restart_after_ms)
+
+    async def freeze(self) -> None:
+        """SIGSTOP: the instance keeps its memory and will try to write when it resumes."""
+        if self.live is None:
+            return
+        self.live.frozen_at = self.clock.wall_ms()
+        self.frozen.append(self.live)
+        self.live = None
+        self.node.planners.pop(PARTITION, None)
+        self._lose_owner_later(0)
+
+    async def thaw(self) -> None:
+        """SIGCONT of the oldest frozen instance: it goes on where it was, and must be fenced out if
+        somebody took over meanwhile; if nobody did, it simply serves again."""
+        if not self.frozen:
+            return
+        inst = self.frozen.pop(0)
+        inst.frozen_at = None
+        key = self.ks.owner(PARTITION)
+        owner = await self.kv.get(key)
+        if self.live is None and owner is not None and owner.create_revision == inst.token:
+            self.live = inst  # resumed within its lease
+            self.node.planners[PARTITION] = inst.planner
+            self.owner_expires_at = self.claim_at = None
+            self.log.outage_from = None
+            return
+        before = len(self.log.effects)
+        self.stepping = inst.n
+        try:
+            await inst.planner.step(self.clock.wall_ms())
+        except (FencedOut, NotOwner):
+            pass
+        except (Restart, OutcomeUnknown, CompareFailed, EtcdError, SchedError):
+            pass
+        inst.dead = True
+        self.gone_at[inst.n] = self.clock.wall_ms()
+        if len(self.log.effects) > before:
+            self.log.errors.append(f"[stale-dispatch] "
+                                   f"a planner frozen and superseded dispatched {len(self.log.effects) - before} "
+                                   f"attempts after it resumed")
+        await self.settle()
+
+    async def handover(self) -> None:
+        """A graceful move: the owner finishes its round, deletes its key, another claims at once."""
+        if self.live is None:
+            return
+        key = self.ks.owner(PARTITION)
+        await self.kv.txn([Compare.create_revision(key, "==", self.live.token)], [delete(key)])
+        self.gone_at[self.live.n] = self.clock.wall_ms()
+        self.live.dead = True
+        self.live = None
+        self.node.planners.pop(PARTITION, None)
+        await self.claim(takeover=True)
+
+    async def _expire_owner(self) -> None:
+        key = self.ks.owner(PARTITION)
+        owner = await self.kv.get(key)
+        live_token = self.live.token if self.live is not None else None
+        if owner is not None and owner.create_revision != live_token:
+            await self.kv.txn([Compare.create_revision(key, "==", owner.create_revision)], [delete(key)])
+        self.owner_expires_at = None
+
+    # ---- time ----------------------------------------------------------------------------------------
+
+    async def advance(self, ms: int) -> None:
+        end = self.clock.wall_ms() + ms
+        self.restarts_this_advance = 0
+        while True:
+            now = self.clock.wall_ms()
+            cands = [end, self.next_round]
+            for t in (self.workers.next_timer(), self.owner_expires_at, self.claim_at):
+                if t is not None:
+                    cands.append(t)
+            nxt = max(now, min(cands))
+            self.clock.advance((nxt - now) / 1000)
+            now = nxt
+            await self.workers.fire_due(now)
+            if self.owner_expires_at is not None and now >= self.owner_expires_at:
+                await self._expire_owner()
+            if now >= self.next_round or (self.claim_at is not None and now >= self.claim_at and self.live is None):
+                await self.round()
+                self.next_round = now + ROUND_MS
+            if now >= end:
+                break
+        if self.restarts_this_advance >= RESTART_LOOP:
+            self.log.errors.append(f"[restart-loop] "
+                                   f"t={self.clock.wall_ms() - T0}: {self.restarts_this_advance} planner restarts "
+                                   f"within {ms} ms: a restart loop")
+
+    async def deliver(self, e: Execution, ok: bool, ec: ErrorClass | None, message: str) -> None:
+        """A worker's result, through the real result path of the node it reaches."""
+        live = self.live is not None
+        extra = [] if live else [notice_op(self.ks, 1, e.schedule_id, e.planned_ms)]
+        try:
+            new, disposition = await record_result(
+                self.kv, self.node.ledger, e.schedule_id, e.planned_ms, e.attempt, succeeded=ok, error_class=ec,
+                message=message, now_ms=self.clock.wall_ms(), worker="w", payload_of=self.node.payload_of,
+                extra=extra)
+        except NotFound:
+            return
+        if disposition is Disposition.RECORDED:
+            self.node._on_transition(new)
+
+    async def confirm_start(self, e: Execution) -> None:
+        """A worker confirms it starts attempt `e.attempt` (see CONFIRM_STARTS)."""
+        for _ in range(5):
+            cur = await self.node.ledger.get(self.kv, e.schedule_id, e.planned_ms)
+            if cur is None or cur.attempt != e.attempt or cur.state is not ExecState.DISPATCHED:
+                return
+            new = started(cur, e.attempt, self.clock.wall_ms())
+            extra = [] if self.live is not None else [notice_op(self.ks, 1, e.schedule_id, e.planned_ms)]
+            r = await self.kv.txn([], [self.node.ledger.cas_op(new, cur.mod_revision, old_state=cur.state,
+                                                               extra=extra)])
+            if self.node.ledger.cas_results(r)[0]:
+                self.node._on_transition(with_revision(new, r.revision))
+                return
+
+    # ---- operations --------------------------------------------------------------------------------
+
+    def _version(self, sid: str, state: Literal["active", "paused", "deleted"], s: Schedule | None,
+                 activated: int, period_s: int = 0) -> None:
+        now = self.clock.wall_ms()
+        prev = self.log.versions.get(sid, [])
+        if s is None:
+            v = replace(prev[-1], at_ms=now, state=state)
+        else:
+            v = Version(now, state, period_s or prev[-1].period_s, s.spec, s.worker_pool, s.policies, activated)
+        self.log.versions.setdefault(sid, []).append(v)
+
+    async def create(self, period_s: int, every: bool, pool: str, policies: Policies) -> str:
+        self.sched_count += 1
+        sid = f"s{self.sched_count}"
+        spec = f"@every {period_s}s" if every else ("* * * * * *" if period_s == 1 else f"*/{period_s} * * * * *")
+        s = Schedule(id=sid, tenant="t", spec=spec, worker_pool=pool, task_type="x", policies=policies)
+        now = self.clock.wall_ms()
+        await self.node.store.create(s, now)
+        self._version(sid, "active", s, now, period_s)
+        self.log.ops.append(f"t={now - T0}: create {sid} {spec!r} pool={pool} {policies.missed_runs.value}"
+                            f"/cap={policies.catchup_cap}/window={policies.catchup_window_ms} "
+                            f"overlap={policies.overlap.value}")
+        await self.settle()
+        return sid
+
+    def alive(self) -> list[str]:
+        return sorted(sid for sid, vs in self.log.versions.items() if vs[-1].state != "deleted")
+
+    async def update(self, sid: str, *, period_s: int | None = None, pool: str | None = None,
+                     overlap: Overlap | None = None, missed: MissedRuns | None = None) -> None:
+        st = await self.node.store.get(sid)
+        s = st.schedule
+        if period_s is not None:
+            s = replace(s, spec="* * * * * *" if period_s == 1 else f"*/{period_s} * * * * *")
+        if pool is not None:
+            s = replace(s, worker_pool=pool)
+        if overlap is not None or missed is not None:
+            s = replace(s, policies=replace(s.policies, overlap=overlap or s.policies.overlap,
+                                            missed_runs=missed or s.policies.missed_runs))
+        now = self.clock.wall_ms()
+        await self.node.store.update(s, None, now)
+        base = self.log.versions[sid][-1]
+        spec_changed = s.spec != st.schedule.spec
+        activated = now if spec_changed else base.activated_ms
+        self._version(sid, base.state, s, activated, period_s or base.period_s)
+        self.log.ops.append(f"t={now - T0}: update {sid} spec={s.spec!r} pool={s.worker_pool} "
+                            f"overlap={s.policies.overlap.value} missed={s.policies.missed_runs.value}")
+        await self.settle()
+
+    async def pause(self, sid: str) -> None:
+        st = await self.node.store.get(sid)
+        if st.schedule.state is ScheduleState.PAUSED:
+            return
+        now = self.clock.wall_ms()
+        await self.node.store.update(replace(st.schedule, state=ScheduleState.PAUSED), None, now)
+        self._version(sid, "paused", None, now)
+        self.log.ops.append(f"t={now - T0}: pause {sid}")
+        await self.settle()
+
+    async def resume(self, sid: str) -> None:
+        st = await self.node.store.get(sid)
+        if st.schedule.state is ScheduleState.ACTIVE:
+            return
+        now = self.clock.wall_ms()
+        await self.node.store.update(replace(st.schedule, state=ScheduleState.ACTIVE), None, now)
+        base = self.log.versions[sid][-1]
+        self.log.versions[sid].append(replace(base, at_ms=now, state="active", activated_ms=now))
+        self.log.ops.append(f"t={now - T0}: resume {sid}")
+        await self.settle()
+
+    async def delete(self, sid: str, cancel_running: bool) -> None:
+        now = self.clock.wall_ms()
+        await self.node.store.delete(sid)
+        self._version(sid, "deleted", None, now)
+        if cancel_running:
+            await self.ops.cancel_running(sid, "deleted")
+        self.log.ops.append(f"t={now - T0}: delete {sid} cancel_running={cancel_running}")
+        await self.settle()
+
+    async def executions(self) -> list[Execution]:
+        r = await self.kv.range(self.ks.executions(PARTITION), prefix=True)
+        return [decode_execution(x.value, x.mod_revision) for x in r.kvs]
+
+    async def operate(self, what: str, pick: Callable[[list[Execution]], Execution | None],
+                      sid: str | None = None, back_s: int = 0) -> None:
+        """Operator operations on executions, through the API's implementation; refusals are fine."""
+        now = self.clock.wall_ms()
+        try:
+            if what == "trigger" and sid is not None:
+                e = await self.ops.trigger(sid, None, None)
+                self.log.ops.append(f"t={now - T0}: trigger {sid} -> {e.id}")
+            elif what == "backfill" and sid is not None:
+                async for c in self.ops.backfill(sid, now - back_s * 1000, now - 1, None, False):
+                    if c.done:
+                        self.log.ops.append(f"t={now - T0}: backfill {sid} {back_s}s: {c}")
+            else:
+                es = await self.executions()
+                e0 = pick(es)
+                if e0 is None:
+                    return
+                if what == "rerun":
+                    self.log.ops.append(f"t={now - T0}: rerun {e0.id} ({e0.state.value})")
+                    await self.ops.rerun(e0.schedule_id, e0.planned_ms)
+                    self.log.reruns[e0.id] = self.log.reruns.get(e0.id, 0) + 1
+                elif what == "cancel":
+                    self.log.ops.append(f"t={now - T0}: cancel {e0.id} ({e0.state.value})")
+                    await self.ops.cancel_execution(e0.id)
+                    self.log.cancels.add(e0.id)
+                elif what == "replay":
+                    self.log.ops.append(f"t={now - T0}: replay {e0.id}")
+                    await self.ops.replay_dead_letter(e0.id)
+        except SchedError as err:
+            self.log.ops.append(f"t={now - T0}:   refused: {type(err).__name__}: {err}")
+        await self.settle()
+
+    # ---- the checker --------------------------------------------------------------------------------
+
+    async def check(self, *, final: bool = False) -> list[str]:
+        es = await self.executions()
+        skips = await self.kv.range(self.ks.skips(PARTITION), prefix=True)
+        ranges: dict[str, list[tuple[int, int, str, int]]] = {}
+        for x in skips.kvs:
+            head, _, span = x.key.rpartition(b"/")
+            sid = head.rsplit(b"/", 1)[1].decode()
+            a, _, b = span.decode().partition("-")
+            ranges.setdefault(sid, []).append((int(a), int(b), json.loads(x.value)["reason"],
+                                               self.time_of(x.create_revision)))
+        ck = await self.kv.get(self.ks.checkpoint(PARTITION))
+        watermark = 0 if ck is None else int(json.loads(ck.value)["watermark_ms"])
+        return judge(self.log, es, ranges, self.clock.wall_ms(), self.time_of, live=self.live is not None,
+                     watermark=watermark)
+
+
+# ---- judging ----------------------------------------------------------------------------------------
+
+def owed_times(log: Log, sid: str, until_ms: int) -> dict[int, Version]:
+    """Planned times the schedule owes up to `until_ms`, each with the version that planned it: a
+    version covers (its start, the next version's start], so the instant of a pause or a delete is
+    still owed, and a pool or policy change continues the same times."""
+    out: dict[int, Version] = {}
+    for v, nxt in _segments(log, sid):
+        if v.state != "active":
+            continue
+        end = min(until_ms, nxt.at_ms if nxt is not None else until_ms)
+        k = v.period_s * 1000
+        t = (max(v.at_ms, v.activated_ms) // k + 1) * k
+        while t <= end:
+            out[t] = v
+            t += k
+    return out
+
+
+def expected_catch_up(log: Log, sid: str, start: Start) -> dict[int, str]:
+    """What the missed-run policy says for the times behind a (re)start: "run" or a skip reason."""
+    v = log.version_at(sid, start.at_ms)
+    if v is None or v.state != "active":
+        return {}
+    hi = start.at_ms - SETTINGS.late_grace_ms
+    lo = max(start.watermark_ms, v.activated_ms)
+    if hi <= lo:
+        return {}
+    k = v.period_s * 1000
+    times = list(range((lo // k + 1) * k, hi + 1, k))
+    p = v.policies
+    window_lo = max(lo, hi - p.catchup_window_ms)
+    inside = [t for t in times if t > window_lo]
+    out = {t: "outside_catchup_window" for t in times if t <= window_lo}
+    if p.missed_runs is MissedRuns.SKIP:
+        out.update({t: "policy_skip" for t in inside})
+    elif p.missed_runs is MissedRuns.LATEST:
+        out.update({t: "policy_skip" for t in inside[:-1]})
+        out.update({t: "run" for t in inside[-1:]})
+    else:
+        keep = inside[-p.catchup_cap:]
+        out.update({t: "over_cap" for t in inside if t not in keep})
+        out.update({t: "run" for t in keep})
+    return out
+
+
+def judge(log: Log, es: list[Execution], ranges: dict[str, list[tuple[int, int, str, int]]], now: int,
+          time_of: Callable[[int], int], *, live: bool, watermark: int) -> list[str]:
+    """`watermark`: the partition's checkpoint in etcd. Planned times after it are not claimed handled
+    yet (backpressure holds them in the planner's timer heap while workers lack capacity); the next
+    owner's catch-up answers for them. So a time without any record is judged only at or below it, and
+    the checkpoint itself must not stall while a pool with work has free workers."""
+    bad: list[str] = list(dict.fromkeys(log.errors))
+    by_id = {e.id: e for e in es}
+    effects: dict[str, list[Effect]] = {}
+    by_sched: dict[str, list[Effect]] = {}
+    for f in log.effects:
+        effects.setdefault(f.eid, []).append(f)
+        by_sched.setdefault(f.sid, []).append(f)
+
+    # 1. One attempt at a time per execution id; a planned time succeeds once (per operator rerun).
+    for eid, fs in effects.items():
+        runs = sorted((f for f in fs if f.outcome != "lost"), key=lambda f: f.start_ms)
+        for i, one in enumerate(runs):
+            for two in runs[i + 1:]:
+                if one.end_ms is None or two.start_ms < one.end_ms:
+                    bad.append(f"[two-at-once] {eid}: attempts {one.attempt} and {two.attempt} ran at once "
+                               f"({one.start_ms - T0}-{(one.end_ms or now) - T0} and {two.start_ms - T0}-...)")
+        ok = [f for f in fs if f.outcome == "succeeded"]
+        if len(ok) > 1 + log.reruns.get(eid, 0):
+            bad.append(f"[succeeded-twice] {eid}: succeeded {len(ok)} times (attempts {[f.attempt for f in ok]}), "
+                       f"{log.reruns.get(eid, 0)} reruns asked")
+
+    # cancel_other: the next run starts only once the cancelled one has really stopped.
+    for sid, fs in by_sched.items():
+        runs = sorted((f for f in fs if f.outcome != "lost"), key=lambda f: f.start_ms)
+        for i, one in enumerate(runs):
+            for two in runs[i + 1:]:
+                if two.eid == one.eid or two.run_trigger != "scheduled":
+                    continue
+                v = log.version_at(sid, two.start_ms)
+                if v is None or v.policies.overlap is not Overlap.CANCEL_OTHER:
+                    continue
+                if one.end_ms is None or two.start_ms < one.end_ms:
+                    bad.append(f"[two-at-once] {two.eid} started at t={two.start_ms - T0} under cancel_other while "
+                               f"{one.eid} still ran (until t={(one.end_ms or now) - T0})")
+
+    def running_at(sid: str, eid: str, t: int) -> bool:
+        for f in by_sched.get(sid, []):
+            if f.eid == eid or f.start_ms > t:
+                continue
+            end = f.busy_end_ms
+            if end is None or t < end:
+                return True
+        return False
+
+    def state_at(sid: str, t: int) -> str:
+        v = log.version_at(sid, t)
+        return "none" if v is None else v.state
+
+    starts = log.starts
+    catch: dict[str, list[tuple[Start, dict[int, str]]]] = {}
+    for sid in log.versions:
+        catch[sid] = [(s, expected_catch_up(log, sid, s)) for s in starts]
+
+    def skip_ok(sid: str, eid: str, p: int, reason: str, written: int) -> str | None:
+        """None if the reason is justified for planned time p (skip written at `written`), else why not."""
+        if reason == "paused":
+            return None if state_at(sid, written) in ("paused", "deleted") else "paused, but it was not paused then"
+        if reason in ("schedule_deleted", "deleted"):
+            return None if state_at(sid, written) == "deleted" else "deleted, but it was not deleted then"
+        if reason == "overlap_skip":
+            return None if running_at(sid, eid, p) else "overlap_skip, but no run of it was in progress at that time"
+        if reason in ("outside_catchup_window", "over_cap", "policy_skip"):
+            for s, exp in catch.get(sid, []):
+                if abs(s.at_ms - written) <= ROUND_MS and exp.get(p) == reason:
+                    return None
+            # Held while its pool had no worker, then decided as missed (when the schedule changed, or as
+            # the backlog outgrew the policy): the missed-run policy applies to the times it held.
+            for v0, v1 in _segments(log, sid):
+                if v0.pool in ("a", "b") or p <= v0.at_ms or (v1 is not None and p > v1.at_ms):
+                    continue
+                pol = v0.policies
+                if v1 is not None and v1.at_ms <= written <= v1.at_ms + 2 * ROUND_MS:
+                    return None
+                if ((reason == "over_cap" and pol.missed_runs is MissedRuns.ALL)
+                        or (reason == "policy_skip" and pol.missed_runs is not MissedRuns.ALL)
+                        or (reason == "outside_catchup_window" and p <= written - pol.catchup_window_ms + GRACE_MS)):
+                    return None
+            wants = sorted({exp[p] for s, exp in catch.get(sid, []) if p in exp})
+            return f"{reason}, but the missed-run policy after the takeovers says {wants or 'nothing (not missed)'}"
+        return f"unknown skip reason {reason!r}"
+
+    # How far planned times are judged: GRACE behind now, and not into an outage not yet over (the
+    # times behind it are the next owner's, at its claim).
+    until = now - GRACE_MS
+    if log.outage_from is not None or not live:
+        until = min(until, log.outage_from if log.outage_from is not None else now)
+
+    owed_by_sched: dict[str, dict[int, Version]] = {}
+    for sid in log.versions:
+        owed = owed_times(log, sid, until)
+        owed_by_sched[sid] = owed
+        for p, v in sorted(owed.items()):
+            eid = execution_id(sid, p)
+            e = by_id.get(eid)
+            covering = [(a, b, r, w) for a, b, r, w in ranges.get(sid, []) if a < p <= b]
+            if e is not None:
+                if e.state is ExecState.SKIPPED:
+                    why = skip_ok(sid, eid, p, e.skip_reason, time_of(e.mod_revision))
+                    if why is not None:
+                        bad.append(f"[{_tag(why)}] {eid}: skipped as {why}")
+                elif e.state is ExecState.CANCELLED and eid not in log.cancels and not (
+                        e.skip_reason == "overlap"
+                        and any(x.policies.overlap is Overlap.CANCEL_OTHER for x in log.versions[sid])):
+                        bad.append(f"[bad-cancel] "
+                                   f"{eid}: cancelled ({e.skip_reason!r}) though no operator or policy cancelled it")
+                if e.state in (ExecState.SUCCEEDED, *IN_FLIGHT) and e.trigger is Trigger.SCHEDULED:
+                    for a, b, r, _ in covering:
+                        bad.append(f"[ran-and-skipped] "
+                                   f"{eid}: ran ({e.state.value}) and also has a skip record ({a}-{b}] {r}")
+                continue
+            if covering:
+                for a, b, r, w in covering:
+                    why = skip_ok(sid, eid, p, r, w)
+                    if why is not None:
+                        bad.append(f"[{_tag(why)}] {eid}: skip record ({a - T0}-{b - T0}] {why}")
+                continue
+            if p > watermark:
+                continue  # not handled yet (backpressure): the checkpoint has not passed it
+            cur = log.version_at(sid, now)
+            if v.pool not in ("a", "b") and cur is not None and cur.state == "active" and cur.pool == v.pool:
+                continue  # held while its pool has no worker: decided when the pool is served or it changes
+            bad.append(f"[gap] {eid}: planned time owed since activation at t={v.activated_ms - T0} has no execution "
+                       f"record and no skip record (missed silently)")
+
+    # 3. Planned times not owed (after a pause, a delete, a spec change) must not run or stay pending.
+    for e in es:
+        if e.trigger is not Trigger.SCHEDULED or e.schedule_id not in log.versions:
+            continue
+        if e.planned_ms in owed_times(log, e.schedule_id, max(now, e.planned_ms)):
+            continue
+        ran = [f for f in effects.get(e.id, []) if f.run_trigger == "scheduled" and f.outcome != "lost"]
+        if ran:
+            st = state_at(e.schedule_id, e.planned_ms)
+            bad.append(f"[not-owed-ran] "
+                       f"{e.id}: ran though that planned time was not owed (schedule {st} then, or not a time of "
+                       f"its spec of then)")
+        elif e.state is ExecState.SCHEDULED and e.due_ms < now - GRACE_MS:
+            bad.append(f"[not-withdrawn] "
+                       f"{e.id}: a pre-written run that is no longer owed was not withdrawn (still scheduled)")
+
+    # 4. Nothing stuck: due runs of pools with free workers are dispatched; lost dispatches retried.
+    for e in es:
+        cur = log.version_at(e.schedule_id, now)
+        if cur is None or cur.state != "active":
+            continue
+        ready = e.due_ms if e.state is ExecState.SCHEDULED else e.next_attempt_ms \
+            if e.state is ExecState.RETRY_WAIT else None
+        if ready is not None and cur.pool in ("a", "b"):
+            siblings = [x for x in es if x.schedule_id == e.schedule_id and x.state in IN_FLIGHT]
+            if siblings and (e.overlap or cur.policies.overlap) in (Overlap.BUFFER_ONE, Overlap.BUFFER_ALL,
+                                                                  Overlap.SKIP, Overlap.CANCEL_OTHER):
+                continue  # waits behind a run that is in flight (itself judged below)
+            free = [t for t, cap in log.rounds if t > ready + ROUND_MS and cap.get(cur.pool, 0) > 0]
+            if len(free) >= STUCK_ROUNDS:
+                bad.append(f"[stuck] "
+                           f"{e.id}: {e.state.value} (pool {e.pool}) ready since t={ready - T0}, not dispatched "
+                           f"though pool {cur.pool} had free workers in {len(free)} rounds since (stuck)")
+    # A dispatch no worker received is retried (same id, next attempt) within the start timeout.
+    if START_TIMEOUT_CHECK:
+        for eid, fs in effects.items():
+            for f in fs:
+                if f.outcome != "lost":
+                    continue
+                limit = f.start_ms + START_TIMEOUT_MS + 4 * ROUND_MS
+                later = [g for g in fs if g.attempt > f.attempt]
+                e = by_id.get(eid)
+                if later and later[0].start_ms > limit:
+                    bad.append(f"[start-timeout] {eid}: attempt {f.attempt} dispatched at t={f.start_ms - T0} never "
+                               f"reached a worker; attempt {later[0].attempt} came only at t={later[0].start_ms - T0}")
+                    continue
+                att = None if e is None else next((a for a in e.attempts if a.attempt == f.attempt), None)
+                if not later and att is not None and att.finished_ms > limit:
+                    bad.append(f"[start-timeout] {eid}: attempt {f.attempt} dispatched at t={f.start_ms - T0} never "
+                               f"reached a worker; the planner gave it up only at t={att.finished_ms - T0}")
+                elif not later and now > limit and e is not None and e.attempt == f.attempt and e.state in IN_FLIGHT:
+                    bad.append(f"[start-timeout] {eid}: attempt {f.attempt} dispatched at t={f.start_ms - T0} never "
+                               f"reached a worker and is still {e.state.value} (no start timeout)")
+
+    # The checkpoint must not stall while a pool that has work has free workers.
+    busy_pools = {vs[-1].pool for vs in log.versions.values() if vs[-1].state == "active"} & {"a", "b"}
+    if live and watermark and watermark < now - 4 * GRACE_MS and busy_pools:
+        free = [t for t, cap in log.rounds if t > watermark + GRACE_MS and any(cap.get(x, 0) > 0 for x in busy_pools)]
+        if len(free) >= 2 * STUCK_ROUNDS:
+            bad.append(f"[stuck] the partition's checkpoint is at t={watermark - T0}, {now - watermark} ms behind, "
+                       f"though pools {sorted(busy_pools)} had free workers in {len(free)} rounds since")
+    ignored = {t.strip() for t in os.environ.get("SCHED_IGNORE", "").split(",") if t.strip()}
+    return [b for b in dict.fromkeys(bad) if b[1:b.index("]")] not in ignored]
+
+
+def _tag(why: str) -> str:
+    """The tag of a skip that is not justified, from its reason."""
+    reason = why.split(",", 1)[0]
+    return {"overlap_skip": "overlap-skip", "paused": "bad-paused-skip"}.get(reason, "bad-catch-up-skip")
+
+
+def _segments(log: Log, sid: str) -> list[tuple[Version, Version | None]]:
+    vs = log.versions.get(sid, [])
+    return [(v, vs[i + 1] if i + 1 < len(vs) else None) for i, v in enumerate(vs)]
+
+
+def default_policies(missed: MissedRuns, cap: int, window_s: int, overlap: Overlap) -> Policies:
+    return Policies(missed_runs=missed, catchup_cap=cap, catchup_window_ms=window_s * 1000, overlap=overlap,
+                    execution_timeout_ms=20_000,
+                    retry=RetryPolicy(max_attempts=2, initial_backoff_ms=500, max_backoff_ms=1_000))
+
+
+def describe(log: Log) -> str:
+    return "\n".join(log.ops)
+
+

@@ -1,0 +1,393 @@
+"""The product's one promise under random operations and faults, judged from recorded history.
+
+A hypothesis state machine drives the real planner (PlannerNode routing and result bookkeeping, one
+PartitionPlanner per planner process, rounds run with `step(now)` at chosen fake times) on the
+in-memory etcd twin: operators create, update, pause, resume and delete schedules, trigger, backfill,
+rerun, cancel and replay executions; fake workers complete, fail, run long, crash, never receive a
+dispatch or lose their result's acknowledgement; planner processes are killed, frozen past their lease
+and resumed, or hand over gracefully. After every step and at the end, tests/invariant.py checks the
+ledger against the operation log and the workers' effects (see its docstring for the rules).
+
+SCHED_FULL=1 runs many more and longer examples. SCHED_START_TIMEOUT_CHECK=0 leaves out undelivered
+dispatches and the rule that they are retried within seconds (issue 9, item 4), for a build without a
+start timeout; SCHED_CONFIRM_STARTS=1 makes the fake workers confirm each start (needed once a start
+timeout exists). SCHED_IGNORE=<tags> (the [tag] of a violation) and SCHED_RULES_OFF=<rules> explore one
+kind of trouble at a time. A failure prints the steps, the violations and the operation trace;
+hypothesis prints a blob to reproduce it with @reproduce_failure.
+
+The test_item* functions at the end are the issue's cases as fixed scenarios (shrunk counterexamples).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from scheduler.clock import FakeClock
+from scheduler.execution import ExecState, Execution
+from scheduler.store.keyspace import Keyspace
+from scheduler.store.memory import MemoryKV
+from scheduler.timeplan import MissedRuns, Overlap
+from tests.invariant import POOLS, START_TIMEOUT_CHECK, T0, Behaviour, World, default_policies, describe
+
+T = TypeVar("T")
+
+FULL = os.environ.get("SCHED_FULL") == "1"
+# Rules left out, for exploring one kind of trouble at a time (e.g. SCHED_RULES_OFF=kill_planner,freeze_planner).
+OFF = frozenset(x.strip() for x in os.environ.get("SCHED_RULES_OFF", "").split(",") if x.strip())
+
+
+def on(rule_name: str) -> bool:
+    return rule_name not in OFF
+MAX_SCHEDULES = 5
+
+BEHAVIOURS: list[Behaviour] = ["ok", "fail_transient", "fail_permanent", "slow", "crash", "lost_ack"]
+if START_TIMEOUT_CHECK:
+    BEHAVIOURS.append("lost")
+DURATION = {"ok": (100, 900), "fail_transient": (100, 500), "fail_permanent": (100, 500), "slow": (2_000, 12_000),
+            "crash": (200, 2_000), "lost": (0, 0), "lost_ack": (100, 500)}
+
+OPERATIONS = ["trigger", "backfill", "rerun", "cancel", "cancel_and_rerun", "replay"]
+PICKABLE = {
+    "rerun": frozenset({ExecState.SUCCEEDED, ExecState.CANCELLED, ExecState.SKIPPED, ExecState.FAILED}),
+    "cancel": frozenset({ExecState.SCHEDULED, ExecState.DISPATCHED, ExecState.RUNNING, ExecState.RETRY_WAIT}),
+    "cancel_and_rerun": frozenset({ExecState.DISPATCHED, ExecState.RUNNING}),
+    "replay": frozenset({ExecState.DEAD_LETTER}),
+}
+FAULTS = ["kill_planner", "freeze_planner", "thaw_planner", "handover"]
+
+periods = st.sampled_from([1, 2, 5])
+missed_runs = st.sampled_from(list(MissedRuns))
+overlaps = st.sampled_from([Overlap.SKIP, *Overlap])  # skip (the default) twice as often
+pools = st.sampled_from(list(POOLS))
+then = st.integers(0, 3_000) | st.just(0)  # time passing before an action
+
+
+class PlannerInvariant(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.loop = asyncio.new_event_loop()
+        self.clock = FakeClock(wall_ms=T0)
+        self.kv = MemoryKV(self.clock.monotonic)
+        self.world = World(self.kv, self.clock, Keyspace("/inv"), current_revision=self.kv.current_revision)
+        self.run(self.world.start())
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return self.loop.run_until_complete(coro)
+
+    def pass_time(self, ms: int) -> None:
+        """Time passes between operator actions too (most trouble needs it)."""
+        if ms:
+            self.run(self.world.advance(ms))
+
+    def check(self, final: bool = False) -> None:
+        bad = self.run(self.world.check(final=final))
+        if bad:
+            shown = "\n  ".join(bad[:15])
+            more = f"\n  ... and {len(bad) - 15} more" if len(bad) > 15 else ""
+            raise AssertionError(f"the invariant broke at t={self.clock.wall_ms() - T0} ms:\n  {shown}{more}\n"
+                                 f"operations:\n{describe(self.world.log)}")
+
+    # ---- schedules -------------------------------------------------------------------------------------
+
+    @initialize(first=st.lists(st.tuples(periods, st.booleans(), pools, missed_runs, st.integers(1, 4),
+                                         st.sampled_from([3, 8, 30, 3600]), overlaps), min_size=1, max_size=3),
+                settle_ms=st.integers(0, 3_000))
+    def some_schedules(self, first: list[tuple[int, bool, str, MissedRuns, int, int, Overlap]], settle_ms: int) -> None:
+        """Every example starts with work to do (and a planner that has run for a while)."""
+        self.run(self.world.advance(settle_ms))
+        for period, every, pool, missed, cap, window_s, overlap in first:
+            self.run(self.world.create(period, every, pool, default_policies(missed, cap, window_s, overlap)))
+
+    @precondition(lambda self: on("create") and len(self.world.alive()) < MAX_SCHEDULES)
+    @rule(then_ms=then, period=periods, every=st.booleans(), pool=pools, missed=missed_runs, cap=st.integers(1, 4),
+          window_s=st.sampled_from([3, 8, 30, 3600]), overlap=overlaps)
+    def create(self, then_ms: int, period: int, every: bool, pool: str, missed: MissedRuns, cap: int, window_s: int,
+               overlap: Overlap) -> None:
+        self.pass_time(then_ms)
+        self.run(self.world.create(period, every, pool, default_policies(missed, cap, window_s, overlap)))
+
+    @precondition(lambda self: on("update") and bool(self.world.alive()))
+    @rule(then_ms=then, data=st.data(), period=st.none() | periods, pool=st.none() | pools,
+          overlap=st.none() | overlaps, missed=st.none() | missed_runs)
+    def update(self, then_ms: int, data: st.DataObject, period: int | None, pool: str | None, overlap: Overlap | None,
+               missed: MissedRuns | None) -> None:
+        self.pass_time(then_ms)
+        sid = data.draw(st.sampled_from(self.world.alive()), label="schedule")
+        self.run(self.world.update(sid, period_s=period, pool=pool, overlap=overlap, missed=missed))
+
+    @precondition(lambda self: on("pause") and bool(self.world.alive()))
+    @rule(then_ms=then, data=st.data())
+    def pause(self, then_ms: int, data: st.DataObject) -> None:
+        self.pass_time(then_ms)
+        self.run(self.world.pause(data.draw(st.sampled_from(self.world.alive()), label="schedule")))
+
+    @precondition(lambda self: on("resume") and bool(self.world.alive()))
+    @rule(then_ms=then, data=st.data())
+    def resume(self, then_ms: int, data: st.DataObject) -> None:
+        self.pass_time(then_ms)
+        self.run(self.world.resume(data.draw(st.sampled_from(self.world.alive()), label="schedule")))
+
+    @precondition(lambda self: on("delete") and bool(self.world.alive()))
+    @rule(then_ms=then, data=st.data(), cancel_running=st.booleans())
+    def delete(self, then_ms: int, data: st.DataObject, cancel_running: bool) -> None:
+        self.pass_time(then_ms)
+        sid = data.draw(st.sampled_from(self.world.alive()), label="schedule")
+        self.run(self.world.delete(sid, cancel_running))
+
+    # ---- operator operations on executions (one rule, so that time passing stays a large share of steps) ----
+
+    @precondition(lambda self: any(on(k) for k in OPERATIONS))
+    @rule(then_ms=then, data=st.data(), kind=st.sampled_from(OPERATIONS), back_s=st.integers(1, 20))
+    def operator(self, then_ms: int, data: st.DataObject, kind: str, back_s: int) -> None:
+        """trigger, backfill, rerun, cancel, replay; and cancel_and_rerun, what an operator does to restart
+        a run: cancel it, then rerun it at once."""
+        self.pass_time(then_ms)
+        if not on(kind):
+            return
+        alive = self.world.alive()
+        if kind in ("trigger", "backfill"):
+            if alive:
+                sid = data.draw(st.sampled_from(alive), label="schedule")
+                self.run(self.world.operate(kind, lambda es: None, sid=sid, back_s=back_s))
+            return
+        picked: list[Execution] = []
+
+        def pick(es: list[Execution]) -> Execution | None:
+            cands = [e for e in es if e.state in PICKABLE[kind]]
+            if not cands:
+                return None
+            picked.append(data.draw(st.sampled_from(cands), label="execution"))
+            return picked[-1]
+
+        self.run(self.world.operate("cancel" if kind == "cancel_and_rerun" else kind, pick))
+        if kind == "cancel_and_rerun" and picked:
+            self.run(self.world.operate("rerun", lambda es: next((e for e in es if e.id == picked[0].id), None)))
+
+    # ---- time and workers ----------------------------------------------------------------------------
+
+    # Most trouble needs time to pass: three rules (of eleven) move the clock.
+    @precondition(lambda self: on("advance"))
+    @rule(ms=st.integers(100, 10_000))
+    def advance(self, ms: int) -> None:
+        self.run(self.world.advance(ms))
+
+    @precondition(lambda self: on("advance"))
+    @rule(ms=st.integers(100, 1_500))
+    def tick(self, ms: int) -> None:
+        self.run(self.world.advance(ms))
+
+    @precondition(lambda self: on("advance"))
+    @rule(ms=st.integers(1_000, 4_000))
+    def wait(self, ms: int) -> None:
+        self.run(self.world.advance(ms))
+
+    @precondition(lambda self: on("workers_will"))
+    @rule(then_ms=then, plan=st.lists(st.tuples(st.sampled_from(BEHAVIOURS), st.floats(0, 1)), min_size=1, max_size=4))
+    def workers_will(self, then_ms: int, plan: list[tuple[Behaviour, float]]) -> None:
+        """How the workers treat the next dispatches (default: complete in 300 ms)."""
+        self.pass_time(then_ms)
+        for b, frac in plan:
+            lo, hi = DURATION[b]
+            self.world.workers.plan.append((b, int(lo + (hi - lo) * frac)))
+        self.world.log.ops.append(f"t={self.clock.wall_ms() - T0}: workers will {plan}")
+
+    # ---- planner processes --------------------------------------------------------------------------
+
+    @precondition(lambda self: any(on(k) for k in FAULTS))
+    @rule(then_ms=then, kind=st.sampled_from(FAULTS), restart_after_ms=st.integers(0, 8_000))
+    def planner_fault(self, then_ms: int, kind: str, restart_after_ms: int) -> None:
+        """kill_planner (a standby claims once the lease expires, plus `restart_after_ms`), freeze_planner
+        (SIGSTOP: its lease expires, a standby takes over), thaw_planner (SIGCONT: it resumes where it was
+        and tries to write), handover (a graceful move to another planner)."""
+        self.pass_time(then_ms)
+        w, now = self.world, self.clock.wall_ms() - T0
+        if not on(kind):
+            return
+        if kind == "kill_planner" and w.live is not None:
+            w.log.ops.append(f"t={now}: kill planner (standby claims {restart_after_ms} ms after the lease expires)")
+            self.run(w.kill(restart_after_ms))
+        elif kind == "freeze_planner" and w.live is not None and not w.frozen:
+            w.log.ops.append(f"t={now}: SIGSTOP planner")
+            self.run(w.freeze())
+        elif kind == "thaw_planner" and w.frozen:
+            w.log.ops.append(f"t={now}: SIGCONT the frozen planner")
+            self.run(w.thaw())
+        elif kind == "handover" and w.live is not None:
+            w.log.ops.append(f"t={now}: graceful handover to another planner")
+            self.run(w.handover())
+
+    # ---- checks --------------------------------------------------------------------------------------
+
+    @invariant()
+    def invariant_holds(self) -> None:
+        self.check()
+
+    def teardown(self) -> None:
+        if os.environ.get("SCHED_DEBUG"):  # how much each example did
+            print(f"ops={len(self.world.log.ops)} effects={len(self.world.log.effects)} "
+                  f"t={self.clock.wall_ms() - T0} {[o.split(':')[1][:12] for o in self.world.log.ops]}",
+                  file=sys.stderr)
+        try:
+            # Let everything settle (runs finish, outages end, retries happen), then judge once more.
+            self.run(self.world.advance(15_000))
+            self.world.log.ops.append(f"t={self.clock.wall_ms() - T0}: (end: 15 s later)")
+            self.check(final=True)
+        finally:
+            self.run(self._close())
+            self.loop.close()
+
+    async def _close(self) -> None:
+        await self.world.close()
+        await self.kv.close()
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+PlannerInvariant.TestCase.settings = settings(
+    max_examples=400 if FULL else 40,
+    stateful_step_count=80 if FULL else 30,
+    deadline=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+
+TestPlannerInvariant = PlannerInvariant.TestCase
+
+
+# ---- the issue's cases as fixed scenarios (the shrunk counterexamples, kept so they are always run) ----
+
+async def _world() -> tuple[World, MemoryKV]:
+    clock = FakeClock(wall_ms=T0)
+    kv = MemoryKV(clock.monotonic)
+    w = World(kv, clock, Keyspace("/scn"), current_revision=kv.current_revision)
+    await w.start()
+    return w, kv
+
+
+async def _judge(w: World, kv: MemoryKV) -> None:
+    try:
+        await w.advance(15_000)
+        bad = await w.check(final=True)
+        assert not bad, "\n".join(bad[:15]) + "\noperations:\n" + describe(w.log)
+    finally:
+        await w.close()
+        await kv.close()
+
+
+SKIP_1S = default_policies(MissedRuns.SKIP, 1, 3, Overlap.SKIP)
+
+
+async def test_item1_delete_with_runs_written_ahead_does_not_wedge_the_partition() -> None:
+    w, kv = await _world()
+    await w.create(1, False, "a", SKIP_1S)
+    await w.create(2, False, "b", SKIP_1S)
+    await w.advance(777)
+    await w.delete("s1", False)
+    await w.advance(3_000)
+    await _judge(w, kv)
+
+
+async def test_item1_pausing_a_schedule_with_a_backlog_does_not_wedge_the_partition() -> None:
+    w, kv = await _world()
+    await w.create(1, False, "nobody", SKIP_1S)  # the issue's `nowork`
+    await w.create(2, False, "a", SKIP_1S)
+    await w.advance(5_000)
+    await w.pause("s1")
+    await w.advance(5_000)
+    await _judge(w, kv)
+
+
+async def test_item2_planned_times_within_lookahead_after_create_run() -> None:
+    w, kv = await _world()
+    await w.advance(100)
+    await w.create(1, False, "a", SKIP_1S)
+    await w.advance(3_777)
+    await _judge(w, kv)
+
+
+async def test_item3_catch_up_after_a_takeover_runs_the_cap_without_overlap_skips() -> None:
+    w, kv = await _world()
+    await w.create(1, False, "a", default_policies(MissedRuns.ALL, 3, 30, Overlap.SKIP))
+    await w.advance(2_000)
+    await w.kill(restart_after_ms=5_000)  # 8 s without an owner: beyond the late grace
+    await w.advance(10_000)
+    await _judge(w, kv)
+
+
+async def test_item4_an_undelivered_dispatch_is_retried_within_seconds() -> None:
+    if not START_TIMEOUT_CHECK:
+        return
+    w, kv = await _world()
+    w.workers.plan.append(("lost", 0))
+    await w.create(5, False, "a", SKIP_1S)
+    await w.advance(12_000)
+    await _judge(w, kv)
+
+
+async def test_item8_a_pool_without_workers_does_not_stop_the_other_pools() -> None:
+    w, kv = await _world()
+    await w.create(1, False, "nobody", default_policies(MissedRuns.SKIP, 1, 3, Overlap.ALLOW_ALL))
+    await w.create(2, False, "a", SKIP_1S)
+    await w.advance(30_000)
+    await _judge(w, kv)
+
+
+async def test_item8_runs_written_under_a_wrong_pool_follow_the_fix() -> None:
+    w, kv = await _world()
+    await w.create(2, False, "a", SKIP_1S)
+    await w.advance(1_000)
+    await w.update("s1", pool="nobody")
+    await w.advance(4_000)
+    await w.update("s1", pool="a")
+    await w.advance(10_000)
+    await _judge(w, kv)
+
+
+async def test_item9_a_cancelled_run_is_not_started_again_before_it_stopped() -> None:
+    w, kv = await _world()
+    w.workers.plan.append(("slow", 10_000))
+    await w.create(5, False, "a", SKIP_1S)
+    await w.advance(5_500)
+    running = [e for e in await w.executions() if e.state is ExecState.DISPATCHED]
+    assert running, "the first run is out"
+    await w.operate("cancel", lambda es: next(e for e in es if e.id == running[0].id))
+    await w.operate("rerun", lambda es: next(e for e in es if e.id == running[0].id))
+    await w.advance(2_000)
+    await _judge(w, kv)
+
+
+async def test_item9_cancel_other_starts_the_next_run_only_once_the_old_one_stopped() -> None:
+    w, kv = await _world()
+    w.workers.plan.extend([("slow", 12_000)] * 3)
+    await w.create(2, False, "a", default_policies(MissedRuns.SKIP, 1, 3, Overlap.CANCEL_OTHER))
+    await w.advance(6_000)
+    await _judge(w, kv)
+
+
+async def test_item10_a_spec_update_withdraws_the_old_specs_runs() -> None:
+    w, kv = await _world()
+    await w.create(1, False, "a", SKIP_1S)
+    await w.advance(3_000)
+    await w.update("s1", period_s=5)
+    await w.advance(6_000)
+    await _judge(w, kv)
+
+
+async def test_item11_a_graceful_handover_loses_no_run() -> None:
+    w, kv = await _world()
+    await w.create(1, False, "a", SKIP_1S)
+    await w.create(1, True, "b", SKIP_1S)
+    await w.advance(1_000)  # the runs of :01 are out
+    await w.handover()  # their results come through the next owner, after the workers reconnect
+    await w.advance(5_000)
+    await _judge(w, kv)
