@@ -78,7 +78,7 @@ START_TIMEOUT_MS = int(os.environ.get("SCHED_START_TIMEOUT_MS", "5000"))
 # they run it: what a start timeout needs to tell a received dispatch from a lost one. Off by default
 # while main has no start confirmation; turn it on (and point World.confirm_start at the real path) with
 # the start timeout.
-CONFIRM_STARTS = os.environ.get("SCHED_CONFIRM_STARTS", "0") == "1"
+CONFIRM_STARTS = os.environ.get("SCHED_CONFIRM_STARTS", "1") == "1"
 
 PARTITION = 0
 ROUND_MS = 250  # a planner round every this much fake time (the loop's wake-ups, coarsened)
@@ -88,7 +88,7 @@ CANCEL_GRACE_MS = 5_000  # a worker told to cancel stops this long after (the SD
 # A worker whose planner went away (killed, handed over) reconnects to another and resends its results
 # this long after; one whose planner is frozen resends after its result acknowledgement timeout.
 RECONNECT_MS = 1_500
-RESULT_ACK_TIMEOUT_MS = 10_000  # the SDK default result_ack_timeout
+RESULT_ACK_TIMEOUT_MS = 3_000  # the SDK default result_ack_timeout
 POOL_CAPACITY = {"a": 2, "b": 2, "nobody": 0}
 POOLS = tuple(POOL_CAPACITY)
 STUCK_ROUNDS = 12  # rounds with free capacity in its pool a due run may wait before it is "stuck"

@@ -45,6 +45,8 @@ HELP: dict[str, str] = {
     "api_host": "address the gRPC API listens on",
     "metrics_address": "host:port of the Prometheus /metrics endpoint (port 0: pick one; empty or off: none)",
     "metrics_schedule_limit": "schedules with their own start-lag series; the rest share `_other`",
+    "overlap_settle_ms": "milliseconds; an overlap skip is decided only if the run before is still in flight "
+                         "this long after the skipped run's due time (a result in transit is no overlap)",
     "heartbeat_interval": "seconds; how often workers heartbeat (told in the Welcome)",
     "heartbeat_timeout": "seconds; a worker stream silent this long is ended and its attempts timed out "
                          "(keep it above lease_ttl + takeover time)",

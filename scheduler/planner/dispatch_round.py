@@ -43,6 +43,7 @@ class RoundInput:
     token: str  # "<partition>:<revision>" of this owner
     transitions: Mapping[str, tuple[Execution, Execution]] = field(default_factory=dict)  # withdrawals
     start_timeout_ms: int = 0  # start confirmation: each dispatch's start-by (planner/starts.py); 0: none
+    overlap_settle_ms: int = 0  # an overlap skip waits this long after the skipped run's due time
 
 
 @dataclass
@@ -57,9 +58,9 @@ class DispatchPlan:
 
 
 def overlapping(in_flight: Sequence[Execution], x: Execution, catchup: Set[str],
-                confirmed: Mapping[str, tuple[int, int]]) -> tuple[list[Execution], list[str]]:
+                confirmed: Mapping[str, tuple[int, int]], read_after_ms: int) -> tuple[list[Execution], list[str]]:
     """The runs really in progress at x's due time, and which of them are not yet confirmed in flight
-    by a read sent at or after it.
+    by a read sent at or after `read_after_ms`.
 
     A run with its own overlap policy (a backfill or trigger: an operator's request, due when it was
     made) counts every run in flight, as Temporal's BackfillRequest does: a backfill of a range with
@@ -73,7 +74,7 @@ def overlapping(in_flight: Sequence[Execution], x: Execution, catchup: Set[str],
             continue
         real.append(r)
         c = confirmed.get(r.id)
-        if c is None or c[0] != r.mod_revision or c[1] < x.due_ms:
+        if c is None or c[0] != r.mod_revision or c[1] < read_after_ms:
             unconfirmed.append(r.id)
     return real, unconfirmed
 
@@ -116,13 +117,23 @@ def _plan_schedule(inp: RoundInput, plan: DispatchPlan, budget: dict[str, int], 
         if x.state is ExecState.RETRY_WAIT or policy is Overlap.ALLOW_ALL:
             action = OverlapAction.START  # a retry is the same run, not a new one
         else:
-            real, unconfirmed = overlapping(in_flight, x, inp.catchup, inp.confirmed)
+            # A skip loses x: it rests on a run still in flight `overlap_settle_ms` after x's due time (a
+            # result in transit, from a reconnecting worker or through another planner, is no overlap).
+            # A cancel loses nothing that is not running: it rests on a read sent after x's due time.
+            skip_after = x.due_ms + inp.overlap_settle_ms
+            real, unconfirmed = overlapping(in_flight, x, inp.catchup, inp.confirmed, x.due_ms)
             if real or buffered:
                 action = decide_overlap(policy, tuple(r.id for r in real), tuple(buffered)).action
-                needs = unconfirmed if action is OverlapAction.CANCEL_THEN_START else \
-                    (unconfirmed if real and len(unconfirmed) == len(real) else [])
-                if action in (OverlapAction.SKIP, OverlapAction.CANCEL_THEN_START) and real and needs:
-                    plan.confirm.update(needs)  # decided next round, on records read after x's due time
+                if action is OverlapAction.SKIP and real:
+                    if inp.now_ms < skip_after:
+                        action = OverlapAction.BUFFER  # not yet: decided once the settle time has passed
+                    else:
+                        _, unsettled = overlapping(in_flight, x, inp.catchup, inp.confirmed, skip_after)
+                        if len(unsettled) == len(real):
+                            plan.confirm.update(unsettled)  # decided next round, on records read after then
+                            action = OverlapAction.BUFFER
+                elif action is OverlapAction.CANCEL_THEN_START and real and unconfirmed:
+                    plan.confirm.update(unconfirmed)  # decided next round, on records read after x's due time
                     action = OverlapAction.BUFFER
                 elif action is OverlapAction.BUFFER:
                     buffered.append(x.id)

@@ -87,6 +87,15 @@ class Restart(Exception):
     """State may be stale (a lost CAS, an unknown outcome): reload from etcd."""
 
 
+@dataclass(frozen=True)
+class Withdrawal:
+    """Pre-written runs of a schedule to withdraw in the next round (see `_withdrawals`)."""
+
+    reason: SkipReason  # paused, schedule_deleted, schedule_changed
+    after_ms: int = 0  # schedule_changed: only runs planned after the change
+    until_ms: int | None = None  # paused: only runs planned up to this (None: up to now)
+
+
 class DispatchSink(Protocol):
     def capacity(self, pool: str) -> int:
         """How many more assignments workers of this pool can take now (granted credits)."""
@@ -154,7 +163,7 @@ class PartitionPlanner:
         self.pending = PendingIndex()  # unfinished executions of this partition
         # Pre-written runs to withdraw (schedule id -> (planned after, reason)): a pause or delete
         # withdraws every scheduled one, a spec change those after it that the new spec does not plan.
-        self._withdraw: dict[str, tuple[int, SkipReason]] = {}
+        self._withdraw: dict[str, Withdrawal] = {}
         # Overlap skips and cancels are decided only on records confirmed in flight after the due time
         # of the run they would skip: id -> (mod_revision, wall ms the confirming read was sent).
         self._confirmed: dict[str, tuple[int, int]] = {}
@@ -225,12 +234,12 @@ class PartitionPlanner:
                     self.m.settle(Tracked(replace(st, schedule=before), before.plan(), 0, 0),
                                  max(ck.watermark_ms, int(prev.get("activated", 0))), st.activated_ms)
             if st.schedule.state is ScheduleState.PAUSED:
-                self._withdraw[st.schedule.id] = (0, SkipReason.PAUSED)
+                self._withdraw[st.schedule.id] = Withdrawal(SkipReason.PAUSED)
             elif ck.sched_rev and st.activation_rev > ck.sched_rev and st.activated_ms < ck.watermark_ms:
                 # A spec change the checkpoint's writer had not seen: its pre-written runs of the old spec.
-                self._withdraw[st.schedule.id] = (st.activated_ms, SkipReason.SCHEDULE_CHANGED)
+                self._withdraw[st.schedule.id] = Withdrawal(SkipReason.SCHEDULE_CHANGED, after_ms=st.activated_ms)
         for sid in {e.schedule_id for e in execs} - self.schedules.keys():
-            self._withdraw[sid] = (0, SkipReason.SCHEDULE_DELETED)
+            self._withdraw[sid] = Withdrawal(SkipReason.SCHEDULE_DELETED)
         # The records were just read: notices left from before (no owner, a crash) are cleared in the
         # first round, after re-reading what they name (cheap, and correct whatever their age).
         self._rescan = True
@@ -267,13 +276,17 @@ class PartitionPlanner:
         self.m.track(st, owed)
         self._pools = None
         if st.schedule.state is ScheduleState.PAUSED:
-            self._withdraw[sid] = (0, SkipReason.PAUSED)
+            self._withdraw[sid] = Withdrawal(SkipReason.PAUSED)
         else:
             if old is not None:
                 if old.stored.schedule.state is ScheduleState.PAUSED:
                     self.pending.unpark(sid)  # retries held while paused continue
+                    w = self._withdraw.get(sid)
+                    if w is not None and w.reason is SkipReason.PAUSED and w.until_ms is None:
+                        # A pause not applied yet: it withdraws only what was planned before this resume.
+                        self._withdraw[sid] = replace(w, until_ms=st.activated_ms)
                 else:
-                    self._withdraw[sid] = (st.activated_ms, SkipReason.SCHEDULE_CHANGED)
+                    self._withdraw[sid] = Withdrawal(SkipReason.SCHEDULE_CHANGED, after_ms=st.activated_ms)
             self._retarget(sid, st.schedule.worker_pool)
         self.wake.set()
 
@@ -293,7 +306,7 @@ class PartitionPlanner:
         if old is not None and schedule_id in self.m.held:
             self.m.settle_hold(old, self.clock.wall_ms(), SkipReason.SCHEDULE_DELETED)
         self._pools = None
-        self._withdraw[schedule_id] = (0, SkipReason.SCHEDULE_DELETED)
+        self._withdraw[schedule_id] = Withdrawal(SkipReason.SCHEDULE_DELETED)
         self.wake.set()
 
     # ---- decide + act ---------------------------------------------------------------------------
@@ -384,28 +397,34 @@ class PartitionPlanner:
     def pending_schedule_ids(self) -> set[str]:
         return {e.schedule_id for e in self.pending.values()}
 
-    def _withdrawals(self) -> dict[str, tuple[Execution, Execution]]:
-        """Pause, delete and spec changes take effect at once: pre-written executions are withdrawn
-        now, with the reason, not when they come due. A pause holds a retry back (parked until the
-        resume); a delete cancels it."""
+    def _withdrawals(self, now_ms: int) -> dict[str, tuple[Execution, Execution]]:
+        """Pause, delete and spec changes take effect at once, with the reason. A delete withdraws every
+        run not yet started and cancels its retries; a spec change withdraws the old spec's pre-written
+        runs the new one does not plan; a pause withdraws the runs planned up to now (or up to a resume
+        seen meanwhile), holds its retries back (parked until the resume), and leaves those written
+        ahead to the dispatch round, which skips them as paused when they come due: a resume before
+        then runs them, as it is owed to."""
         out: dict[str, tuple[Execution, Execution]] = {}
-        for sid, (after_ms, why) in self._withdraw.items():
+        for sid, w in self._withdraw.items():
             sch = self.schedules.get(sid)
+            why = w.reason
             for x in self.pending.of_schedule(sid):
                 if x.id in out:
                     continue
                 if why is SkipReason.SCHEDULE_CHANGED:
                     if (sch is None or x.state is not ExecState.SCHEDULED or x.trigger is not Trigger.SCHEDULED
-                            or x.planned_ms <= after_ms
+                            or x.planned_ms <= w.after_ms
                             or sch.plan.next_after_ms(x.planned_ms - 1) == x.planned_ms):
                         continue  # planned before the change, an operator's run, or the new spec plans it too
                     out[x.id] = (x, skip(x, why.value))
                 elif x.state is ExecState.SCHEDULED:
+                    if why is SkipReason.PAUSED and x.planned_ms > (now_ms if w.until_ms is None else w.until_ms):
+                        continue
                     out[x.id] = (x, skip(x, why.value))
                 elif x.state is ExecState.RETRY_WAIT:
                     if why is SkipReason.SCHEDULE_DELETED:
                         out[x.id] = (x, cancel(x, why.value))
-                    else:
+                    elif sch is not None and sch.stored.schedule.state is ScheduleState.PAUSED:
                         self.pending.park(x)
         self._withdraw.clear()
         return out
@@ -446,7 +465,7 @@ class PartitionPlanner:
         self.starved_pools = set()
         if self._confirm:
             await self._confirm_in_flight()
-        withdrawn = self._withdrawals()  # id -> (old, new): one transition per record and txn
+        withdrawn = self._withdrawals(now_ms)  # id -> (old, new): one transition per record and txn
         # Per pool, only what its workers can take now: a pool without capacity keeps its due work
         # waiting in its own heap, where it stands in front of nobody else's. Bounded like
         # materialization: one round is one uninterrupted stretch of the event loop, and lease
@@ -469,7 +488,7 @@ class PartitionPlanner:
         plan = plan_dispatch(RoundInput(
             now_ms=now_ms, due=due, schedules=views, in_flight=in_flight, budget=limits, catchup=self._catchup,
             confirmed=self._confirmed, node_id=self.node_id, token=f"{self.p}:{fence.token}",
-            start_timeout_ms=self.s.start_timeout_ms,
+            start_timeout_ms=self.s.start_timeout_ms, overlap_settle_ms=self.s.overlap_settle_ms,
             transitions=withdrawn))
         for x in plan.defer:
             self.pending.defer(x)
@@ -639,7 +658,8 @@ class PartitionPlanner:
             return
         sch = self.schedules[e.schedule_id]
         if sch.stored.schedule.state is ScheduleState.PAUSED:
-            self._withdraw[e.schedule_id] = (0, SkipReason.PAUSED)  # a run written as the pause landed is withdrawn too
+            # A run written as the pause landed is withdrawn too.
+            self._withdraw.setdefault(e.schedule_id, Withdrawal(SkipReason.PAUSED))
 
     def _payload(self, e: Execution) -> bytes:
         """What the execution runs with: its own payload (a replay) or its schedule's current one."""

@@ -27,6 +27,11 @@ class PlannerSettings(Settings):
     # its attempts, unless re-attached within the timeout again, are timed out and retried. Keep the
     # timeout above lease_ttl + takeover, so that a new owner re-attaches a crashed planner's attempts
     # before their workers give them up (docs/workers.md, "Liveness").
+    # An overlap skip is decided only if the run in progress is still in flight this long after the
+    # skipped run's due time: a result in transit (a worker reconnecting, a result re-sent through another
+    # planner after result_ack_timeout) is no overlap. Until then the run waits; if the one before
+    # finishes, it starts late instead of being skipped.
+    overlap_settle_ms: int = 4_000
     heartbeat_interval: float = 1.0
     heartbeat_timeout: float = 10.0
     # Start confirmation: a worker must have its start recorded (Started -> RUNNING) within this long
@@ -49,6 +54,8 @@ class PlannerSettings(Settings):
         if self.retention_count < 1:
             raise InvalidArgument("retention_count", "must be at least 1")
         parse_listen_address("metrics_address", self.metrics_address)
+        if not 0 <= self.overlap_settle_ms <= 60_000:
+            raise InvalidArgument("overlap_settle_ms", "must be in 0-60000")
         if not 0.01 <= self.heartbeat_interval <= 60:
             raise InvalidArgument("heartbeat_interval", "must be in 0.01-60 seconds")
         if not self.heartbeat_interval < self.heartbeat_timeout <= 3600:

@@ -26,7 +26,8 @@ COORD = CoordinationSettings(node_id="n1", lease_ttl=2, renew_interval=0.5, rpc_
                              partitions=4)
 # The fake dispatcher below stands for workers that start what they get at once but confirms no starts
 # (Started/StartAck): a start-by that never passes keeps its dispatches from being re-dispatched.
-FAST = PlannerSettings(lookahead_ms=500, loop_interval=0.05, late_grace_ms=1_000, start_timeout_ms=60_000)
+FAST = PlannerSettings(lookahead_ms=500, loop_interval=0.05, late_grace_ms=1_000, start_timeout_ms=60_000,
+                       overlap_settle_ms=500)
 
 
 class FakeDispatcher:
@@ -192,7 +193,9 @@ async def test_retention_removes_old_terminal_records_but_keeps_dead_letters(kv:
     assert len(dead) >= 3, "dead letters are never removed by retention"
 
 
-async def test_pause_withdraws_pre_written_executions_at_once(kv: EtcdClient, key_prefix: str) -> None:
+async def test_pause_withdraws_pre_written_executions(kv: EtcdClient, key_prefix: str) -> None:
+    """A pause withdraws what is due at once; runs written ahead are recorded as paused once they come
+    due (a resume before then runs them), and none is dispatched after the pause."""
     ks = Keyspace(key_prefix.rstrip("/"))
     node = PlannerNode(kv, ks, COORD, SYSTEM_CLOCK, planner=replace(FAST, lookahead_ms=5_000))
     disp = FakeDispatcher(kv, node)
@@ -205,7 +208,7 @@ async def test_pause_withdraws_pre_written_executions_at_once(kv: EtcdClient, ke
         assert len(ahead) >= 3, "lookahead pre-writes future executions"
         paused_at = SYSTEM_CLOCK.wall_ms()
         await node.store.update(replace(st.schedule, state=ScheduleState.PAUSED), None, paused_at)
-        await asyncio.sleep(1.0)
+        await asyncio.sleep(6.0)  # the lookahead (5 s) has come due
         es = await executions(node, kv)
         assert not [e for e in es if e.state is ExecState.SCHEDULED]
         withdrawn = [e for e in es if e.state is ExecState.SKIPPED and e.skip_reason == "paused"]

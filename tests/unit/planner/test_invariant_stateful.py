@@ -358,7 +358,7 @@ async def test_item9_a_cancelled_run_is_not_started_again_before_it_stopped() ->
     w.workers.plan.append(("slow", 10_000))
     await w.create(5, False, "a", SKIP_1S)
     await w.advance(5_500)
-    running = [e for e in await w.executions() if e.state is ExecState.DISPATCHED]
+    running = [e for e in await w.executions() if e.state in (ExecState.DISPATCHED, ExecState.RUNNING)]
     assert running, "the first run is out"
     await w.operate("cancel", lambda es: next(e for e in es if e.id == running[0].id))
     await w.operate("rerun", lambda es: next(e for e in es if e.id == running[0].id))
@@ -389,5 +389,18 @@ async def test_item11_a_graceful_handover_loses_no_run() -> None:
     await w.create(1, True, "b", SKIP_1S)
     await w.advance(1_000)  # the runs of :01 are out
     await w.handover()  # their results come through the next owner, after the workers reconnect
+    await w.advance(5_000)
+    await _judge(w, kv)
+
+
+async def test_a_pause_and_resume_at_the_same_instant_lose_no_run() -> None:
+    """Found by the machine: the runs written ahead were withdrawn as paused though they are owed after
+    the resume."""
+    w, kv = await _world()
+    for _ in range(3):
+        await w.create(1, False, "a", SKIP_1S)
+    await w.advance(3_701)
+    await w.pause("s1")
+    await w.resume("s1")
     await w.advance(5_000)
     await _judge(w, kv)
