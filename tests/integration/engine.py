@@ -25,7 +25,7 @@ from scheduler.store.etcd import EtcdClient
 from scheduler.store.keyspace import Keyspace, partition_for
 from scheduler.store.ledger import Ledger
 from scheduler.store.schedules import ScheduleStore
-from tests.etcd_cluster import EtcdCluster, free_port
+from tests.etcd_cluster import EtcdCluster
 from tests.integration.planners import FAST, PlannerProcess, PlannerSet
 from tests.processes import forget, spawn
 
@@ -98,9 +98,11 @@ class Engine:
     # ---- processes ------------------------------------------------------------------------------
 
     def start_planner(self, node_id: str, **settings: str) -> PlannerProcess:
-        port = free_port()
-        self.addresses.append(f"127.0.0.1:{port}")
-        return self.planners.start(node_id, settings={"api_port": str(port), **settings})
+        """Start a planner on a port of its own choosing and wait until it serves (workers started
+        after this dial it)."""
+        proc, address = self.planners.start_serving(node_id, settings={"api_port": "0", **settings})
+        self.addresses.append(address)
+        return proc
 
     def start_worker(self, wid: str, *, drain_grace: float = 5.0,
                      planners: list[str] | None = None) -> subprocess.Popen[bytes]:
