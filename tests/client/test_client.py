@@ -203,8 +203,8 @@ async def test_dead_letters_and_admin(fake: tuple[FakeApi, str], client: Schedul
     assert (await client.get_time()).node_id == "p1"
 
 
-def test_sync_wrapper(fake_server_thread: str) -> None:
-    with SyncSchedulerClient(fake_server_thread, timeout=5.0) as c:
+def test_sync_wrapper(fake_server_process: str) -> None:
+    with SyncSchedulerClient(fake_server_process, timeout=5.0) as c:
         c.create_schedule(sched())
         assert c.get_schedule("s1").id == "s1"
         progress = list(c.backfill("s1", T0, T0 + 15 * 60_000))
