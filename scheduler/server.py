@@ -42,6 +42,9 @@ async def start_server(
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
         ("grpc.http2.max_ping_strikes", 0),
+        # gRPC binds with SO_REUSEPORT by default: a second planner started on a taken port would not
+        # fail but silently share it, the kernel splitting connections between the two. Refuse instead.
+        ("grpc.so_reuseport", 0),
     ])
     worker_service_pb2_grpc.add_WorkerServiceServicer_to_server(dispatcher, server)
     names = [WORKER_SERVICE]
@@ -54,7 +57,10 @@ async def start_server(
     hs = health.aio.HealthServicer()  # type: ignore[attr-defined]  # re-exported at run time; stubs lag
     health_pb2_grpc.add_HealthServicer_to_server(hs, server)
     reflection.enable_server_reflection((*names, reflection.SERVICE_NAME, health.SERVICE_NAME), server)
-    bound = server.add_insecure_port(f"{host}:{port}")
+    try:
+        bound = server.add_insecure_port(f"{host}:{port}")
+    except RuntimeError as e:  # grpcio >= 1.5x raises where older versions returned 0
+        raise OSError(f"cannot listen on {host}:{port}: {e}") from None
     if bound == 0:
         raise OSError(f"cannot listen on {host}:{port}")
     await server.start()

@@ -18,9 +18,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from scheduler.store.etcd import EtcdClient
 from tests.etcd_cluster import ETCD_MISSING, EtcdCluster, EtcdFactory, find_binary
+
+# Hypothesis' defaults assume an idle machine: a 200 ms deadline per example and a health check that
+# fails a test whose data generation is slow. On a loaded 2-core CI machine both fail tests whose
+# logic is fine; tests that set their own `settings` still override these for the fields they set.
+settings.register_profile("shared-machine", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("shared-machine")
 
 _ETCD_FIXTURES = frozenset({"etcd_binary", "etcd_server", "etcd_factory", "etcd_cluster3", "etcd_client"})
 

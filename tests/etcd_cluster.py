@@ -1,5 +1,11 @@
 """Real etcd processes for tests: one member or an N-member cluster on free loopback ports.
 
+etcd cannot listen on port 0 and report the port (its peer and client URLs are part of the cluster's
+membership), so members get ports from tests/ports.py's `pick_port()` (outside the kernel's
+ephemeral range), and a member that exits because a port was taken meanwhile is started again: a
+new cluster on new ports, or a restarted member on its own ports (they are in its stored
+membership) after a pause, a bounded number of times.
+
 Everything started here is stopped by pid (never by name): by `EtcdCluster.close()` from fixture
 finalizers, by an atexit hook as a backstop, and on Linux by a parent-death signal (setpriv
 --pdeathsig) so that even a SIGKILLed pytest leaves no etcd behind.
@@ -11,7 +17,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -23,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from scheduler.store.etcd import EtcdConfig
+from tests.ports import is_bind_error, pick_port
 from tests.processes import forget, spawn
 
 ETCD_MISSING = (
@@ -32,6 +38,13 @@ ETCD_MISSING = (
 
 EtcdFactory = Callable[..., "EtcdCluster"]  # the `etcd_factory` fixture: options -> started cluster
 
+# Start-ups lost to a taken port before giving up: each loss needs another process to bind the very
+# port picked in the second or so before etcd binds it, so more than one in a row means a real problem.
+BIND_ATTEMPTS = 5
+
+
+class PortInUse(RuntimeError):
+    """An etcd member exited because one of its listen addresses was taken."""
 
 
 def find_binary(name: str = "etcd") -> str | None:
@@ -47,9 +60,9 @@ def find_binary(name: str = "etcd") -> str | None:
 
 
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port to tell a server to listen on (tests/ports.py); a server that can bind port 0 and report
+    it should do that instead, and "nothing listens here" is `unused_port()`."""
+    return pick_port()
 
 
 @dataclass(frozen=True)
@@ -96,6 +109,7 @@ class Member:
     log_path: Path
     process: subprocess.Popen[bytes] | None = None
     paused: bool = False
+    log_start: int = 0  # where this process's lines begin in log_path (a restart appends)
 
     @property
     def endpoint(self) -> str:
@@ -135,9 +149,10 @@ class EtcdCluster:
             raise RuntimeError(ETCD_MISSING)
         self.base_dir.mkdir(parents=True, exist_ok=True)
         self.members = [
-            Member(f"m{i}", free_port(), free_port(), self.base_dir / f"m{i}.etcd", self.base_dir / f"m{i}.log")
+            Member(f"m{i}", pick_port(), pick_port(), self.base_dir / f"m{i}.etcd", self.base_dir / f"m{i}.log")
             for i in range(self.size)
         ]
+        self.bind_retries = 0  # start-ups lost to a taken port (for the record: logs keep each attempt)
 
     # ---- addresses and clients ------------------------------------------------------------------
 
@@ -163,14 +178,33 @@ class EtcdCluster:
     # ---- lifecycle ------------------------------------------------------------------------------
 
     def start(self, timeout: float = 30.0) -> EtcdCluster:
+        """Start every member and wait until all are healthy. A member that lost a port to another
+        process makes the whole cluster start over on new ports (each member's peer URL is in every
+        member's --initial-cluster), with fresh data dirs."""
         try:
-            for m in self.members:
-                self._spawn(m)
-            self.wait_healthy(timeout=timeout)
+            for attempt in range(1, BIND_ATTEMPTS + 1):
+                for m in self.members:
+                    self._spawn(m)
+                try:
+                    self.wait_healthy(timeout=timeout)
+                    return self
+                except PortInUse:
+                    if attempt == BIND_ATTEMPTS:
+                        raise
+                    self._start_over()
         except BaseException:
             self.close()
             raise
         return self
+
+    def _start_over(self) -> None:
+        self.close()
+        self.bind_retries += 1
+        for m in self.members:
+            shutil.rmtree(m.data_dir, ignore_errors=True)
+            if m.log_path.exists():  # kept for diagnosis, next to the new one
+                m.log_path.rename(m.log_path.with_suffix(f".bind{self.bind_retries}.log"))
+            m.client_port, m.peer_port = pick_port(), pick_port()
 
     def _args(self, m: Member) -> list[str]:
         assert self.binary is not None
@@ -210,6 +244,7 @@ class EtcdCluster:
     def _spawn(self, m: Member) -> None:
         if m.running:
             raise RuntimeError(f"{m.name} is already running (pid {m.pid})")
+        m.log_start = m.log_path.stat().st_size if m.log_path.exists() else 0
         m.process = spawn(self._args(m), m.log_path)
         m.paused = False
 
@@ -237,8 +272,18 @@ class EtcdCluster:
         m = self.members[i]
         if m.running:
             self.kill(i)
-        self._spawn(m)
-        self.wait_healthy([i], timeout=timeout)
+        for attempt in range(1, BIND_ATTEMPTS + 1):
+            self._spawn(m)
+            try:
+                self.wait_healthy([i], timeout=timeout)
+                return
+            except PortInUse:
+                # Its ports are in its stored membership and in clients' endpoint lists: wait for
+                # whoever holds one to let go, rather than move.
+                if attempt == BIND_ATTEMPTS:
+                    raise
+                self.bind_retries += 1
+                time.sleep(0.5 * attempt)
 
     def pause(self, i: int) -> None:
         m = self.members[i]
@@ -291,8 +336,9 @@ class EtcdCluster:
             for i in wanted:
                 m = self.members[i]
                 if m.process is not None and m.process.poll() is not None:
-                    raise RuntimeError(f"etcd {m.name} exited with {m.process.returncode}; see {m.log_path}:\n"
-                                       + _tail(m.log_path))
+                    tail = _tail(m.log_path, start=m.log_start)
+                    kind = PortInUse if is_bind_error(tail) else RuntimeError
+                    raise kind(f"etcd {m.name} exited with {m.process.returncode}; see {m.log_path}:\n{tail}")
             if all(self.healthy(i) for i in wanted):
                 return
             if time.monotonic() > deadline:
@@ -321,8 +367,11 @@ class EtcdCluster:
         return done.stdout
 
 
-def _tail(path: Path, lines: int = 20) -> str:
+def _tail(path: Path, lines: int = 20, start: int = 0) -> str:
     try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+        with path.open("rb") as f:
+            f.seek(start)
+            text = f.read().decode(errors="replace")
+        return "\n".join(text.splitlines()[-lines:])
     except OSError:
         return "(no log)"

@@ -137,28 +137,23 @@ class Supervisor:
     def stop_all(self) -> None:
         """Workers first (they drain), then the planner (hands partitions back), then etcd; SIGKILL
         whatever overstays, by pid."""
-        order = ([c for c in self.children if c.name.startswith("worker")]
-                 + [c for c in self.children if c.name == "planner"]
-                 + [c for c in self.children if c.name == "etcd"])
-        graces = {"etcd": 10.0, "planner": 15.0}
-        group: list[Child] = []
-        for c in order:
-            group.append(c)
-            nxt = order[len(group)] if len(group) < len(order) else None
-            if nxt is not None and nxt.name.startswith("worker") == c.name.startswith("worker"):
-                continue  # signal all workers together
+        # One phase per kind, each waited for before the next starts: the planner drains only while
+        # etcd is up, and workers report their last results to a planner that still serves.
+        phases = [([c for c in self.children if c.name.startswith("worker")], 10.0),
+                  ([c for c in self.children if c.name == "planner"], 15.0),
+                  ([c for c in self.children if c.name == "etcd"], 10.0)]
+        for group, grace in phases:
             for g in group:
                 if g.proc.poll() is None:
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(g.proc.pid, signal.SIGTERM)
-            deadline = time.monotonic() + graces.get(c.name, 10.0)
+            deadline = time.monotonic() + grace
             for g in group:
                 try:
                     g.proc.wait(max(0.0, deadline - time.monotonic()))
                 except subprocess.TimeoutExpired:
                     os.kill(g.proc.pid, signal.SIGKILL)
                     g.proc.wait()
-            group = []
 
 
 def _tail(path: Path, lines: int = 15) -> str:

@@ -1,15 +1,19 @@
 from __future__ import annotations
 
-import asyncio
-import threading
-import warnings
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
-import grpc
 import pytest
 
 from scheduler.client import SchedulerClient
 from tests.client.fake_server import FakeApi, start_fake
+from tests.processes import forget, spawn
 
 
 @pytest.fixture
@@ -29,33 +33,29 @@ async def client(fake: tuple[FakeApi, str]) -> AsyncIterator[SchedulerClient]:
 
 
 @pytest.fixture
-def fake_server_thread() -> Iterator[str]:
-    """The fake on its own loop in a thread, for blocking callers (the sync wrapper, subprocesses)."""
-    loop = asyncio.new_event_loop()
-    started = threading.Event()
-    box: dict[str, object] = {}
+def fake_server_process(tmp_path: Path) -> Iterator[str]:
+    """The fake in a process of its own, for blocking callers (the sync wrapper).
 
-    async def main() -> None:
-        server, address = await start_fake(FakeApi())
-        box["server"], box["address"] = server, address
-        started.set()
-        await server.wait_for_termination()
-
-    t = threading.Thread(target=lambda: loop.run_until_complete(main()), daemon=True)
-    t.start()
-    assert started.wait(10)
+    Not a thread of this process: grpc.aio on a second thread's event loop, next to the sync
+    client's own loop, hung its server's stop about once in ten runs. A process shares nothing,
+    and is stopped by pid."""
+    log = tmp_path / "fake_server.log"
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
+    proc = spawn([sys.executable, str(Path(__file__).with_name("fake_server.py"))], log, env=env)
     try:
-        yield str(box["address"])
+        deadline = time.monotonic() + 60  # imports on a loaded machine
+        while not (m := re.search(r"^serving (\S+)$", log.read_text(errors="replace"), re.M)):
+            assert proc.poll() is None, f"the fake server exited ({proc.returncode}):\n{log.read_text()}"
+            assert time.monotonic() < deadline, f"the fake server did not start within 60 s:\n{log.read_text()}"
+            time.sleep(0.05)
+        yield m[1]
     finally:
-        server = box["server"]
-        assert isinstance(server, grpc.aio.Server)
-        # grpc.aio on a second thread's loop, in a process whose main loop also runs grpc.aio, has
-        # been seen to hang its stop (once in ~10 runs). The test has passed by then: warn, and leave
-        # the daemon thread to the process exit rather than fail an unrelated assertion.
-        try:
-            asyncio.run_coroutine_threadsafe(server.stop(grace=None), loop).result(10)
-        except TimeoutError:
-            warnings.warn("fake API server thread did not stop within 10 s", stacklevel=1)
-            return
-        t.join(10)
-        loop.close()
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.wait()
+        forget(proc.pid)

@@ -365,3 +365,23 @@ async def start_fake(api: FakeApi) -> tuple[grpc.aio.Server, str]:
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     return server, f"127.0.0.1:{port}"
+
+
+async def _serve_until_terminated() -> None:
+    """`python tests/client/fake_server.py`: serve a fresh FakeApi on a free port, print
+    `serving HOST:PORT`, stop on SIGTERM (tests/client/conftest.py's `fake_server_process`)."""
+    import asyncio
+    import signal
+
+    server, address = await start_fake(FakeApi())
+    print(f"serving {address}", flush=True)
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    await stop.wait()
+    await server.stop(grace=None)
+
+
+if __name__ == "__main__":
+    import asyncio
+
+    asyncio.run(_serve_until_terminated())

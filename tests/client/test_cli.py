@@ -17,7 +17,7 @@ from scheduler._gen.scheduler.v1 import schedule_service_pb2 as sspb
 from scheduler.cli import planner as planner_cli
 from scheduler.cli.main import build_parser
 from tests.client.fake_server import FakeApi
-from tests.etcd_cluster import free_port
+from tests.ports import unused_port
 
 SCHEDCTL = str(Path(sys.executable).parent / "schedctl")
 CLEAN_ENV = {k: v for k, v in os.environ.items() if not k.startswith("SCHED_")} | {"XDG_CONFIG_HOME": "/nonexistent"}
@@ -111,7 +111,8 @@ async def test_errors_name_the_field_and_exit_codes_follow_the_status(fake: tupl
     assert r.rc == 4 and "already exists" in r.err and "pick another id" in r.err
     r = await schedctl("schedule", "list", "--server", "127.0.0.1:notaport")
     assert r.rc == 2 and "server: '127.0.0.1:notaport' is not host:port" in r.err
-    r = await schedctl("schedule", "list", "--timeout", "1", server=f"127.0.0.1:{free_port()}")
+    with unused_port() as nobody:  # refused, and nothing can start listening there meanwhile
+        r = await schedctl("schedule", "list", "--timeout", "1", server=f"127.0.0.1:{nobody}")
     assert r.rc == 5 and "cannot reach the scheduler API" in r.err and "SCHED_SERVER" in r.err
     r = await schedctl("schedule", "get", server=srv)
     assert r.rc == 2 and "usage:" in r.err
@@ -271,8 +272,9 @@ async def test_server_from_env_then_config_file(fake: tuple[FakeApi, str], tmp_p
     r = await schedctl("schedule", "list", "--json", env={"SCHED_SERVER": srv})
     assert r.rc == 0, r.err
     # The environment beats the file; the flag beats both.
-    dead = f"127.0.0.1:{free_port()}"
-    r = await schedctl("schedule", "list", "--timeout", "1", env={"SCHED_SERVER": dead, "SCHED_CONFIG": str(cfg)})
+    with unused_port() as nobody:
+        dead = f"127.0.0.1:{nobody}"
+        r = await schedctl("schedule", "list", "--timeout", "1", env={"SCHED_SERVER": dead, "SCHED_CONFIG": str(cfg)})
     assert r.rc == 5 and dead in r.err
     r = await schedctl("schedule", "list", "--server", srv, env={"SCHED_SERVER": dead})
     assert r.rc == 0

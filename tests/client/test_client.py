@@ -14,6 +14,7 @@ from scheduler._gen.scheduler.v1 import schedule_pb2 as spb
 from scheduler._gen.scheduler.v1 import schedule_service_pb2 as sspb
 from scheduler.client import ClientError, FieldViolation, RetryPolicy, SchedulerClient, SyncSchedulerClient
 from tests.client.fake_server import FakeApi, start_fake
+from tests.ports import unused_port
 
 T0 = 1_780_000_000_000
 
@@ -107,15 +108,12 @@ async def test_reads_retry_on_unavailable_writes_do_not(fake: tuple[FakeApi, str
 
 
 async def test_no_server_is_unavailable_within_the_deadline() -> None:
-    # A port nobody listens on: every retry fails fast, the call ends by its deadline.
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    async with SchedulerClient(f"127.0.0.1:{port}", timeout=1.0,
-                               retry=RetryPolicy(max_attempts=2, initial_backoff=0.01)) as c:
-        with pytest.raises(ClientError) as ei:
-            await c.get_schedule("x")
+    # A port nobody listens on (nor can start to): every retry fails fast, the call ends by its deadline.
+    with unused_port() as port:
+        async with SchedulerClient(f"127.0.0.1:{port}", timeout=1.0,
+                                   retry=RetryPolicy(max_attempts=2, initial_backoff=0.01)) as c:
+            with pytest.raises(ClientError) as ei:
+                await c.get_schedule("x")
     assert ei.value.code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 
 
@@ -205,8 +203,8 @@ async def test_dead_letters_and_admin(fake: tuple[FakeApi, str], client: Schedul
     assert (await client.get_time()).node_id == "p1"
 
 
-def test_sync_wrapper(fake_server_thread: str) -> None:
-    with SyncSchedulerClient(fake_server_thread, timeout=5.0) as c:
+def test_sync_wrapper(fake_server_process: str) -> None:
+    with SyncSchedulerClient(fake_server_process, timeout=5.0) as c:
         c.create_schedule(sched())
         assert c.get_schedule("s1").id == "s1"
         progress = list(c.backfill("s1", T0, T0 + 15 * 60_000))

@@ -1,6 +1,7 @@
 """A small real cluster for API contract tests: etcd, two planner processes serving the API on
-fixed loopback ports, and one worker process (tests/integration/effect_worker.py, pool `pool`,
-task type `effect`). Everything is started through tests/processes.py (backstops) and stopped by pid.
+loopback ports of their own choosing (read back from their logs), and one worker process
+(tests/integration/effect_worker.py, pool `pool`, task type `effect`). Everything is started through
+tests/processes.py (backstops) and stopped by pid.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from scheduler._gen.scheduler.v1 import admin_service_pb2 as apb
 from scheduler._gen.scheduler.v1 import admin_service_pb2_grpc as agrpc
 from scheduler._gen.scheduler.v1 import schedule_service_pb2_grpc as sgrpc
-from tests.etcd_cluster import EtcdCluster, free_port
-from tests.integration.planners import PlannerSet
+from tests.etcd_cluster import EtcdCluster
+from tests.integration.planners import API, PlannerSet
 from tests.processes import forget, spawn
 
 P = 8
@@ -76,13 +77,14 @@ class ApiCluster:
 
 
 def start_api_cluster(etcd: EtcdCluster, base: Path) -> ApiCluster:
-    ports = {"a": free_port(), "b": free_port()}
-    planners = PlannerSet(base / "planners", etcd.endpoints, PREFIX, partitions=P)
-    addresses = {n: f"127.0.0.1:{p}" for n, p in ports.items()}
+    planners = PlannerSet(base / "planners", etcd.endpoints, PREFIX, partitions=P, settings=dict(API))
+    addresses: dict[str, str] = {}
     cluster = ApiCluster(etcd, planners, addresses, {})
     try:
-        for n, port in ports.items():
-            planners.start(n, settings={"api_port": str(port)})
+        for n in ("a", "b"):
+            planners.start(n, settings={"api_port": "0"})
+        for n in ("a", "b"):
+            addresses[n] = planners[n].wait_serving()
         cluster.channels = {n: grpc.insecure_channel(a) for n, a in addresses.items()}
         for n, ch in cluster.channels.items():
             health = health_pb2_grpc.HealthStub(ch)

@@ -21,11 +21,11 @@ from pathlib import Path
 from scheduler.clock import SYSTEM_CLOCK
 from scheduler.execution import ExecState, Execution
 from scheduler.model import Policies, Schedule
-from scheduler.store.etcd import EtcdClient
+from scheduler.store.etcd import EtcdClient, EtcdError
 from scheduler.store.keyspace import Keyspace, partition_for
 from scheduler.store.ledger import Ledger
 from scheduler.store.schedules import ScheduleStore
-from tests.etcd_cluster import EtcdCluster, free_port
+from tests.etcd_cluster import EtcdCluster
 from tests.integration.planners import FAST, PlannerProcess, PlannerSet
 from tests.processes import forget, spawn
 
@@ -98,9 +98,11 @@ class Engine:
     # ---- processes ------------------------------------------------------------------------------
 
     def start_planner(self, node_id: str, **settings: str) -> PlannerProcess:
-        port = free_port()
-        self.addresses.append(f"127.0.0.1:{port}")
-        return self.planners.start(node_id, settings={"api_port": str(port), **settings})
+        """Start a planner on a port of its own choosing and wait until it serves (workers started
+        after this dial it)."""
+        proc, address = self.planners.start_serving(node_id, settings={"api_port": "0", **settings})
+        self.addresses.append(address)
+        return proc
 
     def start_worker(self, wid: str, *, drain_grace: float = 5.0,
                      planners: list[str] | None = None) -> subprocess.Popen[bytes]:
@@ -118,6 +120,22 @@ class Engine:
         self.planners.close()
 
     # ---- etcd-side reads ------------------------------------------------------------------------
+
+    async def owned(self, timeout: float = 60) -> None:
+        """Until every partition has an owner. A planned time is materialized only by its partition's
+        owner, and one not materialized within late_grace_ms of its time is a missed run: a test that
+        plans a few seconds ahead must not start its clock while a planner, slow to start on a loaded
+        machine, is still claiming."""
+        async def check() -> bool:
+            try:
+                r = await self.kv.range(self.ks.owners, prefix=True, keys_only=True, timeout=2.0)
+            except EtcdError:
+                return False
+            return len({self.ks.partition_of(x.key) for x in r.kvs}) == self.partitions
+        try:
+            await wait_until(check, timeout, "every partition to be owned")
+        except AssertionError as err:
+            raise AssertionError(f"{err}\n{self.logs()}") from None
 
     async def create(self, *schedules: Schedule) -> None:
         for s in schedules:
@@ -156,10 +174,15 @@ def once(sid: str, planned_ms: int, payload: dict[str, object], policies: Polici
 
 
 async def connected(eng: Engine, wid: str, n: int = 1) -> None:
-    """Worker `wid` has connected to planner p1 at least `n` times."""
+    """Worker `wid` has connected to planner p1 at least `n` times, and every partition is owned (so
+    a time planned from now on is materialized in time)."""
     async def check() -> bool:
         return sum(1 for e in eng.planners["p1"].events("worker_connected") if e.get("worker") == wid) >= n
-    await wait_until(check, 30, f"worker {wid} to connect")
+    try:
+        await wait_until(check, 30, f"worker {wid} to connect")
+    except AssertionError as err:
+        raise AssertionError(f"{err}\n{eng.logs()}") from None
+    await eng.owned()
 
 
 async def started(eng: Engine, eid: str, attempt: int, wid: str) -> None:

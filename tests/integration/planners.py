@@ -7,6 +7,13 @@ that even a killed pytest leaves no planner behind. Nothing is ever stopped by n
 
 Each planner writes its JSON log lines to its own file; `events()` parses the ones that carry an
 `event` field (acquired, lost, fenced_out, write).
+
+Ports: a planner is started on `api_port` 0 (its default) and the port it bound is read back from its
+`serving` log line (`wait_serving()`, `serving()`); likewise `metrics_address` 127.0.0.1:0 and its
+`metrics_serving` line. Picking a port first and passing it loses races on a busy machine (and gRPC
+binds with SO_REUSEPORT, so a collision may not even fail). Only a planner that must come back on
+the address its workers dial is given one (`PlannerSet.start_serving(..., api_port=...)`), and that
+start is retried on a bind error.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from scheduler.store.etcd.errors import EtcdError
 from scheduler.store.etcd.types import EventType
 from scheduler.store.keyspace import Keyspace
 from scheduler.store.kv import KV
+from tests.ports import is_bind_error
 from tests.processes import forget, spawn
 
 # Fast timings for drills: renew + 2 x rpc_timeout (1.3) <= lease_ttl - safety_margin (1.7); a
@@ -41,6 +49,31 @@ FAST: dict[str, str] = {
     "loop_interval": "0.05",
 }
 
+# For tests of the API and the CLI rather than of failover. A request's etcd calls get the planner's
+# rpc_timeout as their deadline, and FAST's 0.4 s does not hold on a loaded 2-core machine (a
+# `region switchover` got DEADLINE_EXCEEDED from etcd there, exit 5 instead of 2): 3 s does. The lease
+# grows to keep renew + 2 x rpc_timeout (1 + 6) <= lease_ttl - safety_margin (10 - 1); these tests
+# hand partitions over by drain, not by lease expiry, so the longer TTL costs them nothing.
+API: dict[str, str] = {
+    "lease_ttl": "10",
+    "renew_interval": "1",
+    "rpc_timeout": "3",
+    "safety_margin": "1",
+    "loop_interval": "0.05",
+}
+
+# A planner's start-up (Python and gRPC imports, first etcd calls) takes 1-2 s on an idle machine and
+# several times that on a loaded 2-core one: waits for it allow this much.
+START_TIMEOUT = 60.0
+BIND_ATTEMPTS = 5  # starts on a fixed port lost to another process before giving up
+
+
+class PlannerExited(RuntimeError):
+    """The planner exited before it was serving."""
+
+
+class PlannerPortInUse(PlannerExited):
+    """The planner exited because its API (or metrics) address was taken."""
 
 
 def schedctl_binary() -> str:
@@ -62,6 +95,7 @@ class PlannerProcess:
     process: subprocess.Popen[bytes] | None = None
     paused: bool = False
     started_at: float = 0.0  # monotonic
+    log_start: int = 0  # where this process's lines begin in log_path
 
     @property
     def pid(self) -> int:
@@ -79,10 +113,50 @@ class PlannerProcess:
     def start(self) -> PlannerProcess:
         if self.running:
             raise RuntimeError(f"planner {self.node_id} is already running (pid {self.pid})")
+        self.log_start = self.log_path.stat().st_size if self.log_path.exists() else 0
         self.process = spawn(self.argv, self.log_path, env=self.env)
         self.paused = False
         self.started_at = time.monotonic()
         return self
+
+    # ---- addresses it bound (read back from its log) ----------------------------------------------
+
+    def bound(self, event: str = "serving") -> str | None:
+        """The address of this process's `serving` (API) or `metrics_serving` line, once logged."""
+        for r in self.log_records(since_start=True):
+            if r.get("event") == event and r.get("address"):
+                return str(r["address"])
+        return None
+
+    def _check_alive(self, what: str) -> None:
+        if self.process is not None and self.process.poll() is not None:
+            tail = self.log_tail(40, since_start=True)
+            kind = PlannerPortInUse if is_bind_error(tail) else PlannerExited
+            raise kind(f"planner {self.node_id} exited ({self.process.returncode}) before {what}; "
+                       f"{self.log_path}:\n{tail}")
+
+    def wait_serving(self, timeout: float = START_TIMEOUT, event: str = "serving") -> str:
+        """Block until the planner logged the address it bound; returns host:port. Raises
+        PlannerExited (PlannerPortInUse for a taken address) if it exits first."""
+        deadline = time.monotonic() + timeout
+        while (address := self.bound(event)) is None:
+            self._check_alive(f"logging {event!r}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"planner {self.node_id} logged no {event!r} within {timeout:g}s:\n"
+                                     f"{self.log_tail(since_start=True)}")
+            time.sleep(0.05)
+        return address
+
+    async def serving(self, timeout: float = START_TIMEOUT, event: str = "serving") -> str:
+        """`wait_serving()` without blocking the event loop."""
+        deadline = time.monotonic() + timeout
+        while (address := self.bound(event)) is None:
+            self._check_alive(f"logging {event!r}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"planner {self.node_id} logged no {event!r} within {timeout:g}s:\n"
+                                     f"{self.log_tail(since_start=True)}")
+            await asyncio.sleep(0.05)
+        return address
 
     # ---- signals (by pid) -----------------------------------------------------------------------
 
@@ -135,12 +209,18 @@ class PlannerProcess:
 
     # ---- logs -----------------------------------------------------------------------------------
 
-    def log_records(self) -> list[dict[str, Any]]:
-        records = []
+    def _text(self, since_start: bool) -> str:
         try:
-            text = self.log_path.read_text(errors="replace")
+            with self.log_path.open("rb") as f:
+                if since_start:
+                    f.seek(self.log_start)
+                return f.read().decode(errors="replace")
         except FileNotFoundError:
-            return []
+            return ""
+
+    def log_records(self, since_start: bool = False) -> list[dict[str, Any]]:
+        records = []
+        text = self._text(since_start)
         for line in text.splitlines():
             if line.startswith("{"):
                 try:
@@ -153,11 +233,10 @@ class PlannerProcess:
         """Log records with an `event` field (of the given kinds, if any)."""
         return [r for r in self.log_records() if "event" in r and (not kinds or r["event"] in kinds)]
 
-    def log_tail(self, lines: int = 30) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace").splitlines()
-        except FileNotFoundError:
+    def log_tail(self, lines: int = 30, since_start: bool = False) -> str:
+        if not self.log_path.exists():
             return "(no log)"
+        text = self._text(since_start).splitlines()
         keep = [ln for ln in text if "cygrpc" not in ln]
         return "\n".join(keep[-lines:])
 
@@ -206,6 +285,51 @@ class PlannerSet:
         proc = PlannerProcess(node_id, argv, run_env, self.base_dir / f"{node_id}.{n}.log")
         self.planners[node_id] = proc
         return proc.start()
+
+    def start_serving(
+        self,
+        node_id: str,
+        *,
+        settings: Mapping[str, str] | None = None,
+        env: Mapping[str, str] | None = None,
+        log_level: str = "info",
+        timeout: float = START_TIMEOUT,
+    ) -> tuple[PlannerProcess, str]:
+        """`start()`, then block until it serves; returns it and its API address. With `api_port`
+        0 (the default) the port is its own choice; a fixed one (a planner coming back on the
+        address its workers dial) may be held by someone else for a moment: the start is retried
+        after a pause, a bounded number of times."""
+        for attempt in range(1, BIND_ATTEMPTS + 1):
+            proc = self.start(node_id, settings=settings, env=env, log_level=log_level)
+            try:
+                return proc, proc.wait_serving(timeout)
+            except PlannerPortInUse:
+                proc.kill()
+                if attempt == BIND_ATTEMPTS:
+                    raise
+                time.sleep(0.5 * attempt)
+        raise AssertionError("unreachable")
+
+    async def serve(
+        self,
+        node_id: str,
+        *,
+        settings: Mapping[str, str] | None = None,
+        env: Mapping[str, str] | None = None,
+        log_level: str = "info",
+        timeout: float = START_TIMEOUT,
+    ) -> tuple[PlannerProcess, str]:
+        """`start_serving()` without blocking the event loop."""
+        for attempt in range(1, BIND_ATTEMPTS + 1):
+            proc = self.start(node_id, settings=settings, env=env, log_level=log_level)
+            try:
+                return proc, await proc.serving(timeout)
+            except PlannerPortInUse:
+                proc.kill()
+                if attempt == BIND_ATTEMPTS:
+                    raise
+                await asyncio.sleep(0.5 * attempt)
+        raise AssertionError("unreachable")
 
     def running(self) -> list[PlannerProcess]:
         return [p for p in self.planners.values() if p.running]

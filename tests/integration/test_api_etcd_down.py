@@ -13,7 +13,7 @@ from scheduler._gen.scheduler.v1 import admin_service_pb2_grpc as agrpc
 from scheduler._gen.scheduler.v1 import schedule_pb2 as pb
 from scheduler._gen.scheduler.v1 import schedule_service_pb2 as spb
 from scheduler._gen.scheduler.v1 import schedule_service_pb2_grpc as sgrpc
-from tests.etcd_cluster import EtcdFactory, free_port
+from tests.etcd_cluster import EtcdFactory
 from tests.integration.api_cluster import wait_until
 from tests.integration.planners import PlannerSet
 
@@ -23,10 +23,9 @@ pytestmark = pytest.mark.etcd
 def test_etcd_down_is_unavailable_then_recovers(etcd_factory: EtcdFactory, tmp_path: Path) -> None:
     etcd = etcd_factory()
     planners = PlannerSet(tmp_path / "p", etcd.endpoints, "/down", partitions=4)
-    port = free_port()
-    planners.start("solo", settings={"api_port": str(port)})
     try:
-        with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+        _, address = planners.start_serving("solo")  # on a port of its own choosing
+        with grpc.insecure_channel(address) as ch:
             stub, admin = sgrpc.ScheduleServiceStub(ch), agrpc.AdminServiceStub(ch)
             s = pb.Schedule(id="d1", tenant="t", spec="* * * * *", worker_pool="p", task_type="x")
             wait_until(lambda: stub.CreateSchedule(spb.CreateScheduleRequest(schedule=s), timeout=5), 30,

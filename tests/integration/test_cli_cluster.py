@@ -16,12 +16,16 @@ from typing import Any
 
 import pytest
 
-from tests.etcd_cluster import EtcdCluster, free_port
-from tests.integration.planners import PlannerSet
+from tests.etcd_cluster import EtcdCluster
+from tests.integration.planners import API, PlannerSet
 from tests.processes import forget, spawn
 
 SCHEDCTL = str(Path(sys.executable).parent / "schedctl")
 CLEAN_ENV = {k: v for k, v in os.environ.items() if not k.startswith("SCHED_")} | {"XDG_CONFIG_HOME": "/nonexistent"}
+# The CLI's deadline per call (retries included): its default of 10 s is for people at a terminal;
+# on a loaded 2-core machine a test allows more, and the planner's own etcd deadline (API settings)
+# decides whether a call fails. Below the subprocess timeout, so a slow call fails as the CLI says.
+CLI_TIMEOUT = "30"
 
 pytestmark = pytest.mark.etcd
 
@@ -32,8 +36,8 @@ class Cluster:
         self.base = base
 
     def run(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([SCHEDCTL, *args, "--server", self.server], env=CLEAN_ENV, capture_output=True,
-                              text=True, timeout=timeout, check=False)
+        return subprocess.run([SCHEDCTL, *args, "--server", self.server, "--timeout", CLI_TIMEOUT], env=CLEAN_ENV,
+                              capture_output=True, text=True, timeout=timeout, check=False)
 
     def ok(self, *args: str) -> subprocess.CompletedProcess[str]:
         r = self.run(*args)
@@ -58,14 +62,14 @@ class Cluster:
 
 @pytest.fixture
 def cluster(etcd_server: EtcdCluster, key_prefix: str, tmp_path: Path) -> Iterator[Cluster]:
-    port = free_port()
-    planners = PlannerSet(tmp_path / "planners", etcd_server.endpoints, key_prefix.rstrip("/"), partitions=4)
+    planners = PlannerSet(tmp_path / "planners", etcd_server.endpoints, key_prefix.rstrip("/"), partitions=4,
+                          settings=dict(API))
     worker = None
     try:
-        planners.start("p1", settings={"api_port": str(port)})
-        worker = spawn([SCHEDCTL, "worker", "--planners", f"127.0.0.1:{port}", "--worker-id", "w1",
+        _, address = planners.start_serving("p1")  # on a port of its own choosing
+        worker = spawn([SCHEDCTL, "worker", "--planners", address, "--worker-id", "w1",
                         "--drain-grace", "1", "--shell-kill-grace", "0.2"], tmp_path / "worker.log", env=CLEAN_ENV)
-        c = Cluster(f"127.0.0.1:{port}", tmp_path)
+        c = Cluster(address, tmp_path)
         c.wait("the planner to own every partition", lambda: c.run("cluster", "status", "--json").returncode == 0
                and len([p for p in json.loads(c.run("cluster", "status", "--json").stdout).get("partitions", [])
                         if p.get("owner")]) == 4)

@@ -8,6 +8,7 @@ import dataclasses
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -21,6 +22,7 @@ import pytest
 
 from scheduler.planner.settings import PlannerSettings
 from tests.etcd_cluster import free_port
+from tests.ports import is_bind_error
 from tests.processes import forget, spawn
 
 SCHEDCTL = str(Path(sys.executable).parent / "schedctl")
@@ -83,13 +85,25 @@ def alive(pid: int) -> bool:
 
 
 class Dev:
+    """`schedctl dev` as a user starts it. `--listen` needs a fixed port, and dev picks etcd's and the
+    metrics ports itself by bind-and-release: on a busy machine one of them may be taken before it
+    is bound. Such a start (the process exits before "cluster ready", its output naming a taken
+    address) is retried on new ports a bounded number of times; any other exit fails the test."""
+
+    ATTEMPTS = 5
+
     def __init__(self, tmp: Path, workers: int = 2, data_dir: Path | None = None) -> None:
+        self.tmp, self.workers, self.data_dir = tmp, workers, data_dir
+        self.log = tmp / "dev.log"
+        self.bind_retries = 0
+        self._spawn()
+
+    def _spawn(self) -> None:
         self.port = free_port()
         self.server = f"127.0.0.1:{self.port}"
-        self.log = tmp / "dev.log"
-        argv = [SCHEDCTL, "dev", "--listen", self.server, "--workers", str(workers)]
-        if data_dir is not None:
-            argv += ["--data-dir", str(data_dir)]
+        argv = [SCHEDCTL, "dev", "--listen", self.server, "--workers", str(self.workers)]
+        if self.data_dir is not None:
+            argv += ["--data-dir", str(self.data_dir)]
         self.proc = spawn(argv, self.log, env=CLEAN_ENV)
 
     def text(self) -> str:
@@ -98,9 +112,21 @@ class Dev:
     def wait_ready(self, timeout: float = 90) -> None:
         deadline = time.monotonic() + timeout
         while "cluster ready" not in self.text():
+            if self.proc.poll() is not None and is_bind_error(self.text()) and self.bind_retries < self.ATTEMPTS:
+                self._start_over()
+                deadline = time.monotonic() + timeout
+                continue
             assert self.proc.poll() is None, f"schedctl dev exited {self.proc.returncode}:\n{self.text()}"
             assert time.monotonic() < deadline, f"schedctl dev not ready in {timeout}s:\n{self.text()}"
             time.sleep(0.2)
+
+    def _start_over(self) -> None:
+        forget(self.proc.pid)  # exited, and it stopped its children (it says so: "stopped")
+        self.bind_retries += 1
+        self.log.rename(self.log.with_suffix(f".bind{self.bind_retries}.log"))  # kept for diagnosis
+        if self.data_dir is not None:  # fresh for the test: its ports.json may name the taken port
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+        self._spawn()
 
     def stop(self, sig: signal.Signals = signal.SIGTERM, timeout: float = 60) -> int:
         if self.proc.poll() is None:

@@ -27,7 +27,7 @@ from scheduler.store.keyspace import Keyspace
 from scheduler.store.ledger import Ledger
 from scheduler.store.schedules import ScheduleStore
 from scheduler.timeplan import MissedRuns, Overlap, parse_spec
-from tests.etcd_cluster import EtcdFactory, free_port
+from tests.etcd_cluster import EtcdFactory
 from tests.integration.engine import stop_process
 from tests.integration.planners import PlannerSet
 from tests.processes import spawn
@@ -50,8 +50,6 @@ def start_worker(wid: str, planners: list[str], effects: Path, log: Path) -> sub
 async def test_engine_survives_kill_and_pause(etcd_factory: EtcdFactory, tmp_path: Path) -> None:
     etcd = etcd_factory()
     ks = Keyspace(PREFIX)
-    ports = {"a": free_port(), "b": free_port()}
-    addrs = [f"127.0.0.1:{ports['a']}", f"127.0.0.1:{ports['b']}"]
     effects = tmp_path / "effects.log"
     workers: list[subprocess.Popen[bytes]] = []
     planners = PlannerSet(tmp_path / "planners", etcd.endpoints, PREFIX, partitions=P,
@@ -68,8 +66,10 @@ async def test_engine_survives_kill_and_pause(etcd_factory: EtcdFactory, tmp_pat
             await store.create(Schedule(id=f"job-{i:03d}", tenant=f"tenant-{i % 3}", spec="* * * * * *",
                                         worker_pool="pool", task_type="effect", policies=policies), created_ms)
         try:
-            planners.start("a", settings={"api_port": str(ports["a"])})
-            planners.start("b", settings={"api_port": str(ports["b"])})
+            # Ports of their own choosing, read back: the workers are told these addresses.
+            planners.start("a")
+            planners.start("b")
+            addrs = [await planners["a"].serving(), await planners["b"].serving()]
             for wid in ("w1", "w2"):
                 workers.append(start_worker(wid, addrs, effects, tmp_path / f"{wid}.log"))
             t0 = time.monotonic()
@@ -80,7 +80,9 @@ async def test_engine_survives_kill_and_pause(etcd_factory: EtcdFactory, tmp_pat
             await at(RUN_S * 0.2)
             planners["a"].kill()
             await at(RUN_S * 0.3)
-            planners.start("a2", settings={"api_port": str(ports["a"])})  # same address: workers redial it
+            # Same address: workers redial it (a's port, free again unless someone grabbed it meanwhile:
+            # then serve() retries it).
+            await planners.serve("a2", settings={"api_port": addrs[0].rpartition(":")[2]})
             await at(RUN_S * 0.5)
             planners["b"].pause()
             await asyncio.sleep(5.0)  # > lease TTL (2 s): a2 takes everything over

@@ -25,7 +25,7 @@ from scheduler.model import Policies, RetryPolicy, Schedule
 from scheduler.store.etcd import EtcdClient
 from scheduler.store.keyspace import Keyspace
 from scheduler.store.schedules import ScheduleStore
-from tests.etcd_cluster import EtcdCluster, free_port
+from tests.etcd_cluster import EtcdCluster
 from tests.integration.planners import PlannerSet, schedctl_binary
 from tests.processes import forget, spawn
 
@@ -79,6 +79,27 @@ def json_lines(path: Path) -> list[dict[str, object]]:
     return out
 
 
+def _logged_port(log: Path, event: str) -> int | None:
+    for r in json_lines(log) if log.exists() else []:
+        if r.get("event") == event and r.get("address"):
+            return int(str(r["address"]).rpartition(":")[2])
+    return None
+
+
+def _tail(log: Path) -> str:
+    return log.read_text(errors="replace")[-2000:] if log.exists() else "(no log)"
+
+
+async def logged_port(log: Path, proc: subprocess.Popen[bytes], event: str, timeout: float = 60.0) -> int:
+    """The port of the first `event` line (e.g. `metrics_serving`) a process logged: it was told port 0."""
+    deadline = time.monotonic() + timeout
+    while (port := _logged_port(log, event)) is None:
+        assert proc.poll() is None, f"exited ({proc.returncode}) before logging {event!r}:\n{_tail(log)}"
+        assert time.monotonic() < deadline, f"no {event!r} line within {timeout:g}s:\n{_tail(log)}"
+        await asyncio.sleep(0.05)
+    return port
+
+
 def stop(proc: subprocess.Popen[bytes], timeout: float = 15.0) -> None:
     if proc.poll() is None:
         os.kill(proc.pid, signal.SIGTERM)
@@ -93,7 +114,6 @@ def stop(proc: subprocess.Popen[bytes], timeout: float = 15.0) -> None:
 @pytest.mark.etcd
 async def test_planner_and_worker_metrics_move_as_executions_run(etcd_server: EtcdCluster, tmp_path: Path) -> None:
     prefix = f"/metrics-{uuid.uuid4().hex[:8]}"
-    api, planner_metrics, worker_metrics = free_port(), free_port(), free_port()
     planners = PlannerSet(tmp_path / "planners", etcd_server.endpoints, prefix, partitions=P)
     worker: subprocess.Popen[bytes] | None = None
     worker_log = tmp_path / "worker.log"
@@ -109,16 +129,19 @@ async def test_planner_and_worker_metrics_move_as_executions_run(etcd_server: Et
         await store.create(Schedule(id="bad", tenant="t", spec="* * * * * *", worker_pool="default",
                                     task_type="shell", payload=b'{"command": "exit 64"}', policies=policies), now)
         try:
+            # Every port of the processes' own choosing (0), read back from their logs.
             planner = planners.start("m1", log_level="debug", settings={
-                "api_port": str(api), "metrics_address": f"127.0.0.1:{planner_metrics}",
-                "metrics_schedule_limit": "2"})
+                "api_port": "0", "metrics_address": "127.0.0.1:0", "metrics_schedule_limit": "2"})
+            api = await planner.serving()
+            planner_metrics = int((await planner.serving(event="metrics_serving")).rpartition(":")[2])
             s = await until(planner_metrics, lambda s: value(s, "scheduler_partitions_owned") == P,
                             "the planner to own every partition")
             assert value(s, "scheduler_connected_workers", pool="default") == 0
             assert value(s, "execution_attempts_total", status="succeeded") == 0
-            worker = spawn([schedctl_binary(), "worker", "--planners", f"127.0.0.1:{api}", "--worker-id", "w1",
-                            "--metrics-address", f"127.0.0.1:{worker_metrics}", "--log-level", "debug",
+            worker = spawn([schedctl_binary(), "worker", "--planners", api, "--worker-id", "w1",
+                            "--metrics-address", "127.0.0.1:0", "--log-level", "debug",
                             "--heartbeat-interval", "0.2"], worker_log, env=CLEAN_ENV)
+            worker_metrics = await logged_port(worker_log, worker, "metrics_serving")
 
             def planner_moved(s: Samples) -> bool:
                 lag = series(s, "scheduler_start_lag_seconds_count")

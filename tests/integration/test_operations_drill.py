@@ -40,7 +40,7 @@ from scheduler.store.keyspace import Keyspace
 from scheduler.store.ledger import Ledger
 from scheduler.store.schedules import ScheduleStore, StoredSchedule
 from scheduler.timeplan import MissedRuns, Overlap
-from tests.etcd_cluster import EtcdFactory, free_port
+from tests.etcd_cluster import EtcdFactory
 from tests.integration.engine import stop_process
 from tests.integration.planners import PlannerSet, wait_checkpoints_advance
 from tests.integration.test_engine_drill import start_worker
@@ -97,8 +97,6 @@ async def test_operations_mixed_with_faults_keep_every_planned_time_accounted(et
                                                                               tmp_path: Path) -> None:
     etcd = etcd_factory()
     ks = Keyspace(PREFIX)
-    ports = {"a": free_port(), "b": free_port()}
-    addrs = [f"127.0.0.1:{ports['a']}", f"127.0.0.1:{ports['b']}"]
     effects = tmp_path / "effects.log"
     planners = PlannerSet(tmp_path / "planners", etcd.endpoints, PREFIX, partitions=P,
                           settings={"lease_ttl": "2", "renew_interval": "0.5", "rpc_timeout": "0.5",
@@ -133,8 +131,10 @@ async def test_operations_mixed_with_faults_keep_every_planned_time_accounted(et
         await record("nowork")
         deleted_at: dict[str, int] = {}
         try:
-            planners.start("a", settings={"api_port": str(ports["a"])})
-            planners.start("b", settings={"api_port": str(ports["b"])})
+            # Ports of their own choosing, read back: the workers are told these addresses.
+            planners.start("a")
+            planners.start("b")
+            addrs = [await planners["a"].serving(), await planners["b"].serving()]
             for wid in ("w1", "w2"):
                 workers.append(start_worker(wid, addrs, effects, tmp_path / f"{wid}.log"))
             # Until the planners have claimed and planned every partition, the planned times since the
@@ -167,7 +167,8 @@ async def test_operations_mixed_with_faults_keep_every_planned_time_accounted(et
             triggered = await ops.trigger("s6", None, None)
             backfilled = [c async for c in ops.backfill("s7", created_ms - 12_000, created_ms - 2_000, None, False)]
             await at(0.3)
-            planners.start("a2", settings={"api_port": str(ports["a"])})
+            # a's address, which the workers dial (retried should someone hold the port a moment).
+            await planners.serve("a2", settings={"api_port": addrs[0].rpartition(":")[2]})
             faults.append((kill_at, SYSTEM_CLOCK.wall_ms() + GRACE_MS))
             await at(0.4)
             deleted_at["s9"] = SYSTEM_CLOCK.wall_ms()

@@ -26,7 +26,7 @@ from scheduler.execution import ErrorClass, ExecState, Execution, backoff_ms
 from scheduler.model import Policies, RetryPolicy, Schedule, execution_id
 from scheduler.store.etcd import EtcdClient
 from tests.etcd_cluster import EtcdCluster
-from tests.integration.engine import Engine, lines, next_second_ms, wait_until
+from tests.integration.engine import Engine, connected, lines, next_second_ms, wait_until
 
 pytestmark = pytest.mark.etcd
 
@@ -104,6 +104,7 @@ async def test_retry_classes_end_to_end(etcd_server: EtcdCluster, tmp_path: Path
         try:
             eng.start_planner("p1")
             eng.start_worker("w1")
+            await connected(eng, "w1")  # and every partition owned: t is then materialized in time
             t = next_second_ms(3)
             # name -> (task, payload, expected final state, expected error class of every failed attempt)
             cases: dict[str, tuple[str, dict[str, object], ExecState, list[ErrorClass]]] = {

@@ -61,7 +61,9 @@ async def test_a_planner_frozen_after_its_dispatch_commit_delays_them_seconds_an
     eng.planners["p1"].pause()  # SIGSTOP right after the commit: the assignments may or may not be out
     frozen_at = time.monotonic()
     try:
-        eng.planners.start("p2", settings={"api_port": str(port2)})
+        # On the address the worker already dials: a fixed port (tests/ports.py), retried should
+        # another process hold it for a moment.
+        await eng.planners.serve("p2", settings={"api_port": str(port2)})
 
         async def all_done() -> bool:
             return all(e is not None and e.state is ExecState.SUCCEEDED for e in await records())

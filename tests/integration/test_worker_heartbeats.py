@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import time
 from collections.abc import AsyncIterator
 
 import pytest
@@ -42,6 +43,7 @@ from tests.integration.tcp_proxy import TcpProxy
 pytestmark = pytest.mark.etcd
 
 HEARTBEAT = {"heartbeat_interval": "0.2", "heartbeat_timeout": "2.0"}
+SHORT_HOLD_S = 10.0  # see test_frozen_worker_is_retried_and_its_late_work_is_refused
 LONG = Policies(execution_timeout_ms=120_000,
                 retry=RetryPolicy(max_attempts=3, initial_backoff_ms=100, max_backoff_ms=200))
 
@@ -91,17 +93,22 @@ async def test_frozen_worker_is_retried_and_its_late_work_is_refused(engine: Eng
     await connected(eng, "w1")
     t = next_second_ms(2)
     # `short` is still running when w1 freezes and done sleeping by the time it thaws; `long` is not.
-    await eng.create(once("short", t, {"hold_s": 3, "hold_attempts": 1}, LONG),
+    # Starting w2 takes seconds on a loaded machine, so `short` holds long enough to outlast that,
+    # and w1 stays frozen until its hold is over (a thawed w1 re-attaches what still runs).
+    await eng.create(once("short", t, {"hold_s": SHORT_HOLD_S, "hold_attempts": 1}, LONG),
                      once("long", t, {"hold_s": 300, "hold_attempts": 1}, LONG))
     short, long_ = execution_id("short", t), execution_id("long", t)
     await started(eng, short, 1, "w1")
+    short_ends = time.monotonic() + SHORT_HOLD_S  # at the latest: it started before we saw it
     await started(eng, long_, 1, "w1")
     eng.start_worker("w2")
     await connected(eng, "w2")
+    assert time.monotonic() < short_ends - 1.0, "w2 took so long to start that `short` may be over already"
     os.kill(w1.pid, signal.SIGSTOP)
     try:
         done_short = await final(eng, "short", t)
         done_long = await final(eng, "long", t)
+        await asyncio.sleep(max(0.0, short_ends + 0.5 - time.monotonic()))
     finally:
         os.kill(w1.pid, signal.SIGCONT)
     assert_retried_by_heartbeat(done_short, short, "w1", "w2")

@@ -8,7 +8,8 @@ import time
 import pytest
 
 from scheduler.store.etcd import EtcdClient, EtcdError
-from tests.etcd_cluster import EtcdCluster, free_port
+from tests.etcd_cluster import EtcdCluster
+from tests.ports import unused_port
 
 pytestmark = pytest.mark.etcd
 
@@ -55,11 +56,12 @@ async def test_three_members_survive_losing_the_leader(etcd_cluster3: EtcdCluste
 
 
 async def test_pick_first_fails_over_past_a_dead_endpoint(etcd_cluster3: EtcdCluster) -> None:
-    dead = f"127.0.0.1:{free_port()}"  # nothing listens here
-    config = etcd_cluster3.config(endpoints=(dead, *etcd_cluster3.endpoints), lb_policy="pick_first")
-    async with EtcdClient(config) as etcd:
-        await etcd.put("/p/k", b"1", timeout=5.0)
-        etcd_cluster3.stop(0)  # SIGTERM the member pick_first settled on (the first live one in order)
-        await _first_write_after(etcd, "/p/k", within=10.0)
-        kv = await etcd.get("/p/k")
-        assert kv is not None
+    with unused_port() as nobody:  # nothing listens here, and nothing can start to during the test
+        dead = f"127.0.0.1:{nobody}"
+        config = etcd_cluster3.config(endpoints=(dead, *etcd_cluster3.endpoints), lb_policy="pick_first")
+        async with EtcdClient(config) as etcd:
+            await etcd.put("/p/k", b"1", timeout=5.0)
+            etcd_cluster3.stop(0)  # SIGTERM the member pick_first settled on (the first live one in order)
+            await _first_write_after(etcd, "/p/k", within=10.0)
+            kv = await etcd.get("/p/k")
+            assert kv is not None

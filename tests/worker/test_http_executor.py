@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -14,6 +13,7 @@ from aiohttp import web
 from scheduler.clock import FakeClock
 from scheduler.worker import PermanentError, TransientError
 from scheduler.worker.executors.http import HttpExecutor, retry_after_s
+from tests.ports import unused_port
 from tests.worker.conftest import make_ctx
 
 
@@ -126,10 +126,7 @@ async def test_worker_deadline_bounds_the_request(sink: Sink, http: HttpExecutor
 
 
 async def test_connection_refused_is_transient(http: HttpExecutor) -> None:
-    with socket.socket() as s:  # a port nobody listens on
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    with pytest.raises(TransientError, match="ClientConnectorError"):
+    with unused_port() as port, pytest.raises(TransientError, match="ClientConnectorError"):  # refused
         await http(make_ctx(), _payload(f"http://127.0.0.1:{port}/x"))
 
 
