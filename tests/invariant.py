@@ -929,7 +929,12 @@ def judge(log: Log, es: list[Execution], ranges: dict[str, list[tuple[int, int, 
                         bad.append(f"[{_tag(why)}] {eid}: skipped as {why}")
                 elif e.state is ExecState.CANCELLED and eid not in log.cancels and not (
                         e.skip_reason == "overlap"
-                        and any(x.policies.overlap is Overlap.CANCEL_OTHER for x in log.versions[sid])):
+                        and any(x.policies.overlap is Overlap.CANCEL_OTHER for x in log.versions[sid])) and not (
+                        # a delete cancels the retries of its schedule's runs (docs/time.md, Activation)
+                        e.skip_reason in ("schedule_deleted", "deleted")
+                        and state_at(sid, time_of(e.mod_revision)) == "deleted") and not (
+                        # a pause or delete asked to cancel what was running (cancel_running)
+                        e.skip_reason == "paused" and state_at(sid, time_of(e.mod_revision)) == "paused"):
                         bad.append(f"[bad-cancel] "
                                    f"{eid}: cancelled ({e.skip_reason!r}) though no operator or policy cancelled it")
                 if e.state in (ExecState.SUCCEEDED, *IN_FLIGHT) and e.trigger is Trigger.SCHEDULED:
@@ -946,7 +951,10 @@ def judge(log: Log, es: list[Execution], ranges: dict[str, list[tuple[int, int, 
             if p > watermark:
                 continue  # not handled yet (backpressure): the checkpoint has not passed it
             cur = log.version_at(sid, now)
-            if v.pool not in ("a", "b") and cur is not None and cur.state == "active" and cur.pool == v.pool:
+            before = log.version_at(sid, now - GRACE_MS)  # a pool fixed just now: the owner's next round decides
+            if v.pool not in ("a", "b") and cur is not None and (
+                    (cur.state == "active" and cur.pool == v.pool)
+                    or (before is not None and before.state == "active" and before.pool == v.pool)):
                 continue  # held while its pool has no worker: decided when the pool is served or it changes
             bad.append(f"[gap] {eid}: planned time owed since activation at t={v.activated_ms - T0} has no execution "
                        f"record and no skip record (missed silently)")
@@ -979,7 +987,10 @@ def judge(log: Log, es: list[Execution], ranges: dict[str, list[tuple[int, int, 
             if siblings and (e.overlap or cur.policies.overlap) in (Overlap.BUFFER_ONE, Overlap.BUFFER_ALL,
                                                                   Overlap.SKIP, Overlap.CANCEL_OTHER):
                 continue  # waits behind a run that is in flight (itself judged below)
-            free = [t for t, cap in log.rounds if t > ready + ROUND_MS and cap.get(cur.pool, 0) > 0]
+            # The pool it waits for is the current version's; a record made ready again (replay, rerun)
+            # waits from when it was written.
+            since = max(ready, cur.at_ms, time_of(e.mod_revision))
+            free = [t for t, cap in log.rounds if t > since + ROUND_MS and cap.get(cur.pool, 0) > 0]
             if len(free) >= STUCK_ROUNDS:
                 bad.append(f"[stuck] "
                            f"{e.id}: {e.state.value} (pool {e.pool}) ready since t={ready - T0}, not dispatched "

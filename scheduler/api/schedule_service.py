@@ -134,11 +134,13 @@ class ScheduleService:
             if expected is not None and cur.schedule.version != expected:
                 raise VersionMismatch(f"schedule {sid!r} is at version {cur.schedule.version}, not {expected}")
             try:
-                await self.store.delete(sid, expected if expected is not None else cur.schedule.version)
+                await self.store.delete(sid, expected if expected is not None else cur.schedule.version,
+                                        now_ms=self.clock.wall_ms())
             except VersionMismatch:
                 if expected is not None:
                     raise
-                await self.store.delete(sid)  # changed since our read, and the caller did not pin a version
+                # changed since our read, and the caller did not pin a version
+                await self.store.delete(sid, now_ms=self.clock.wall_ms())
         except NotFound:
             if not request.allow_missing:
                 raise

@@ -126,7 +126,10 @@ def _plan_schedule(inp: RoundInput, plan: DispatchPlan, budget: dict[str, int], 
                 action = decide_overlap(policy, tuple(r.id for r in real), tuple(buffered)).action
                 if action is OverlapAction.SKIP and real:
                     if inp.now_ms < skip_after:
-                        action = OverlapAction.BUFFER  # not yet: decided once the settle time has passed
+                        # Not yet: decided once the settle time has passed. A view that is merely stale (a
+                        # result recorded elsewhere) is corrected by one read now, so x need not wait.
+                        plan.confirm.update(unconfirmed)
+                        action = OverlapAction.BUFFER
                     else:
                         _, unsettled = overlapping(in_flight, x, inp.catchup, inp.confirmed, skip_after)
                         if len(unsettled) == len(real):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from scheduler.clock import Clock
 from scheduler.execution import Execution, Trigger, new_execution
@@ -174,7 +174,10 @@ class Materializer:
             skips += self.settled
             self.settled = []
         if self.settled_runs:
-            execs += self.settled_runs
+            for e in self.settled_runs:  # a run of an ended activation waits for the schedule's pool of now
+                cur = self.schedules.get(e.schedule_id)
+                pool = cur.stored.schedule.worker_pool if cur is not None else e.pool
+                execs.append(e if e.pool == pool else replace(e, pool=pool))
             self.settled_runs = []
         reached = horizon_ms
         paused = self.paused_heap
@@ -267,10 +270,19 @@ class Materializer:
         for t in itertools.islice(sch.plan.between_ms(after_ms, until_ms), 1_000):
             self.settled_runs.append(self.new_execution(sch, t, t + jitter_ms(sid, t, s.policies.jitter_ms)))
 
+    def settle_deleted(self, sch: Tracked, deleted_ms: int) -> None:
+        """A deleted schedule's planned times up to the delete not handled yet: skipped (the delete ends them)."""
+        after = max(sch.owed_from, sch.handled)
+        if deleted_ms > after and sch.plan.any_between_ms(after, deleted_ms):
+            paused = sch.stored.schedule.state is ScheduleState.PAUSED
+            why = SkipReason.PAUSED if paused else SkipReason.SCHEDULE_DELETED
+            self.settled.append((sch.stored.schedule.id, SkipRange(why, after, deleted_ms)))
+
     def settle_hold(self, sch: Tracked, until_ms: int, ended_by: SkipReason) -> None:
         """A held schedule changed (new activation) or was deleted before its pool was served again: its
-        held planned times up to the change are decided as missed now, by its policy; the runs that
-        policy would have run are recorded as ended by the change (they would be withdrawn at once)."""
+        held planned times up to the change are decided as missed now, by its policy. The runs that policy
+        runs after a spec change are created (they follow the schedule's pool, which the change may have
+        fixed); a pause or a delete ends them (recorded as paused or deleted)."""
         sid = sch.stored.schedule.id
         after = self.held.pop(sid)
         self.held_late.discard(sid)
@@ -280,5 +292,12 @@ class Materializer:
         p = sch.stored.schedule.policies
         d = decide_missed(sch.plan, after, until_ms, p.missed_runs, p.catchup_window_ms, p.catchup_cap)
         self.settled += [(sid, r) for r in d.skipped]
-        self.settled += [(sid, SkipRange(ended_by, t - 1, t)) for t in d.run]
+        if ended_by is not SkipReason.SCHEDULE_CHANGED:  # a pause or a delete ends them (and would withdraw them)
+            self.settled += [(sid, SkipRange(ended_by, t - 1, t)) for t in d.run]
+            return
+        now = self.clock.wall_ms()
+        for t in d.run:
+            e = self.new_execution(sch, t, now)
+            self.settled_runs.append(e)
+            self.catchup.add(e.id)
 

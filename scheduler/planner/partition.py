@@ -61,7 +61,7 @@ from scheduler.planner.pending import PendingIndex
 from scheduler.planner.retention import retention_deletes
 from scheduler.planner.settings import PlannerSettings
 from scheduler.store.checkpoint import Checkpoint, advance, read_checkpoint
-from scheduler.store.codec import decode_execution, with_plan_fields
+from scheduler.store.codec import decode_execution, decode_schedule, decode_schedule_meta, with_plan_fields
 from scheduler.store.combiner import WriteCombiner
 from scheduler.store.etcd.errors import Malformed
 from scheduler.store.etcd.ops import Compare, Op, delete, get, put, txn
@@ -181,6 +181,8 @@ class PartitionPlanner:
         self.starved = False
         self.starved_pools: set[str] = set()  # pools whose whole capacity the last round used
         self._pools: frozenset[str] | None = None  # worker pools of the schedules (cache)
+        self._stone_deletes: dict[bytes, int] = {}  # handled tombstones to delete (key -> its revision)
+        self._revive: dict[str, tuple[Execution, Execution]] = {}  # withdrawn records owed again (old, new)
         # Notices of records others changed (API operations, results recorded elsewhere): key ->
         # (notice, its mod_revision). `_rescan`: list the partition's notices from etcd next round.
         self._notices: dict[bytes, tuple[Notice, int]] = {}
@@ -201,6 +203,7 @@ class PartitionPlanner:
             stored, rev = await self.store.list_partition(self.p)
             execs, _ = await self.ledger.list_unfinished(self.kv, self.p, timeout=self.rpc_timeout)
             holds = await self.kv.range(self.ks.holds(self.p), prefix=True, timeout=self.rpc_timeout)
+            stones = await self.kv.range(self.ks.tombstones(self.p), prefix=True, timeout=self.rpc_timeout)
         finally:
             held, self._loading = self._loading, None
         self.ck = ck
@@ -223,6 +226,16 @@ class PartitionPlanner:
                 owed = max(st.activated_ms, min(owed, held_from[st.schedule.id]))
             self.m.track(st, owed)
             prev = st.meta.previous
+            hold_at = held_from.get(st.schedule.id)
+            if hold_at is not None and hold_at < st.activated_ms:
+                # Held under an earlier activation, which ended (a change while no owner was there): its
+                # held planned times up to the change are decided as missed, by its policy.
+                before = with_plan_fields(st.schedule, prev) if prev is not None else st.schedule
+                with contextlib.suppress(Exception):  # a stored spec a newer engine refuses: nothing to plan
+                    self.m.held[st.schedule.id] = hold_at
+                    paused = st.schedule.state is ScheduleState.PAUSED
+                    self.m.settle_hold(Tracked(replace(st, schedule=before), before.plan(), 0, hold_at),
+                                       st.activated_ms, SkipReason.PAUSED if paused else SkipReason.SCHEDULE_CHANGED)
             fresh = not ck.watermark_ms  # no owner ever planned this partition: every activation is new
             if (prev is not None and st.schedule.id not in held_from
                     and (fresh or (ck.sched_rev and st.activation_rev > ck.sched_rev
@@ -243,9 +256,40 @@ class PartitionPlanner:
         # The records were just read: notices left from before (no owner, a crash) are cleared in the
         # first round, after re-reading what they name (cheap, and correct whatever their age).
         self._rescan = True
+        self._stone_deletes = {}
+        for x in stones.kvs:
+            self._bury(self.ks.last_segment(x.key), x.value, x.mod_revision, held_from)
         for apply in held:
             apply()
         return rev
+
+    def _bury(self, sid: str, stone: bytes, revision: int, held_from: dict[str, int]) -> None:
+        """A deleted schedule's tombstone: its planned times owed up to the delete that no owner handled
+        (the delete landed while this partition had no owner, or before its owner planned them) are
+        recorded as skipped (`schedule_deleted`); the tombstone goes with the next write."""
+        self._stone_deletes[self.ks.tombstone(self.p, sid)] = revision
+        try:
+            d = json.loads(stone)
+            value = json.dumps(d["schedule"]).encode()
+            st = StoredSchedule(*decode_schedule(value, int(d.get("rev", 0))), self.p, decode_schedule_meta(value))
+            deleted_ms = int(d.get("deleted_ms", 0))
+        except Exception:  # a tombstone we cannot read: nothing to record from it
+            log.warning("unreadable tombstone", extra={"partition": self.p, "schedule_id": sid})
+            return
+        current = self.schedules.get(sid)
+        if current is not None and current.stored.activated_ms < deleted_ms:
+            return  # the listing already has a schedule of this id from before the delete: not this one
+        after = self.m.owed_from_checkpoint(st, self.ck)
+        why = SkipReason.PAUSED if st.schedule.state is ScheduleState.PAUSED else SkipReason.SCHEDULE_DELETED
+        ck, prev = self.ck, st.meta.previous
+        if (prev is not None and ck.sched_rev and st.activation_rev > ck.sched_rev
+                and int(prev.get("rev", 0)) <= ck.sched_rev):
+            after, why = min(after, max(ck.watermark_ms, int(prev.get("activated", 0)))), SkipReason.SCHEDULE_DELETED
+        if sid in held_from:  # held (its pool had no worker) since then, and deleted before it was served
+            after, why = min(after, held_from[sid]), SkipReason.SCHEDULE_DELETED
+        # One range: whatever the activation, these planned times were not run because of the delete.
+        if deleted_ms > after:
+            self.m.settled.append((sid, SkipRange(why, after, deleted_ms)))
 
     def on_schedule_put(self, st: StoredSchedule) -> None:
         """A create or update seen by watch. A new activation (create, pause, resume, spec change) is
@@ -307,6 +351,11 @@ class PartitionPlanner:
             self.m.settle_hold(old, self.clock.wall_ms(), SkipReason.SCHEDULE_DELETED)
         self._pools = None
         self._withdraw[schedule_id] = Withdrawal(SkipReason.SCHEDULE_DELETED)
+        if old is not None and schedule_id not in self.m.held:
+            # Its planned times up to the delete this owner has not handled yet (none, normally).
+            self.m.settle_deleted(old, self.clock.wall_ms())
+        if revision:  # the tombstone written with the delete (same revision): handled, so it goes
+            self._stone_deletes[self.ks.tombstone(self.p, schedule_id)] = revision
         self.wake.set()
 
     # ---- decide + act ---------------------------------------------------------------------------
@@ -351,10 +400,15 @@ class PartitionPlanner:
 
         `sched_rev`: the schedule revision the planning was done at (every activation at or before
         it had all its planned times up to the watermark handled), recorded with the checkpoint."""
+        stone_ops: list[Op] = []
+        if self._stone_deletes:  # handled tombstones, unless a newer delete wrote them again
+            stones, self._stone_deletes = self._stone_deletes, {}
+            stone_ops = [txn([Compare.mod_revision(k, "==", rev)], [delete(k)]) for k, rev in stones.items()]
         if len({e.id for e in execs}) < len(execs):  # never two creates of one record in a txn
             execs = list({e.id: e for e in reversed(execs)}.values())[::-1]
         ops: list[Op] = list(self.ledger.create_ops(execs))
         ops += list({(sid, r.after_ms, r.through_ms): self.ledger.skip_op(self.p, sid, r) for sid, r in skips}.values())
+        ops += stone_ops
         lag = watermark_ms - self.ck.watermark_ms
         holds = self.m.take_hold_writes()
         write_ck = lag > 0 and (bool(ops) or bool(holds) or lag >= self.s.checkpoint_interval_ms)
@@ -388,9 +442,15 @@ class PartitionPlanner:
         if created < len(execs):
             # Records that already existed (an earlier owner's lookahead): the create's failure branch
             # read them back, so track their real state instead of reloading the whole partition.
+            wanted = {e.id: e for e in execs}
             for r in rs:
                 for x in self.ledger.existing(r):
                     self.pending.put(x)
+                    if (x.state is ExecState.SKIPPED and not x.attempts and x.id in wanted
+                            and x.skip_reason in (SkipReason.SCHEDULE_CHANGED.value, SkipReason.PAUSED.value)):
+                        # Withdrawn before it ever ran by a change since undone (a spec changed back, a
+                        # resume): owed again, so it comes back, at the record's revision.
+                        self._revive[x.id] = (x, wanted[x.id])
         self.stats.created += created
         self.stats.skipped_ranges += len(skips)
 
@@ -405,6 +465,7 @@ class PartitionPlanner:
         ahead to the dispatch round, which skips them as paused when they come due: a resume before
         then runs them, as it is owed to."""
         out: dict[str, tuple[Execution, Execution]] = {}
+        again: dict[str, Withdrawal] = {}
         for sid, w in self._withdraw.items():
             sch = self.schedules.get(sid)
             why = w.reason
@@ -419,6 +480,8 @@ class PartitionPlanner:
                     out[x.id] = (x, skip(x, why.value))
                 elif x.state is ExecState.SCHEDULED:
                     if why is SkipReason.PAUSED and x.planned_ms > (now_ms if w.until_ms is None else w.until_ms):
+                        if w.until_ms is None:
+                            again[sid] = w  # still paused: withdrawn in a later round, once due
                         continue
                     out[x.id] = (x, skip(x, why.value))
                 elif x.state is ExecState.RETRY_WAIT:
@@ -426,7 +489,9 @@ class PartitionPlanner:
                         out[x.id] = (x, cancel(x, why.value))
                     elif sch is not None and sch.stored.schedule.state is ScheduleState.PAUSED:
                         self.pending.park(x)
-        self._withdraw.clear()
+        # Kept until every run written ahead of the pause has come due (the dispatch round does not see
+        # the runs of a pool without workers).
+        self._withdraw = again
         return out
 
     async def _confirm_in_flight(self) -> None:
@@ -465,7 +530,11 @@ class PartitionPlanner:
         self.starved_pools = set()
         if self._confirm:
             await self._confirm_in_flight()
-        withdrawn = self._withdrawals(now_ms)  # id -> (old, new): one transition per record and txn
+        withdrawn = self._withdrawals(now_ms)
+        if self._revive:  # CAS back to scheduled, in this round's batch (never two transitions of one record)
+            for eid, pair in self._revive.items():
+                withdrawn.setdefault(eid, pair)
+            self._revive = {}  # id -> (old, new): one transition per record and txn
         # Per pool, only what its workers can take now: a pool without capacity keeps its due work
         # waiting in its own heap, where it stands in front of nobody else's. Bounded like
         # materialization: one round is one uninterrupted stretch of the event loop, and lease

@@ -97,6 +97,15 @@ class Keyspace:
         return self._k("skips", f"{partition:0{_PART_WIDTH}d}", schedule_id,
                        f"{after_ms:0{_MS_WIDTH}d}-{through_ms:0{_MS_WIDTH}d}")
 
+    def tombstones(self, partition: int) -> bytes:
+        return self._k("tombstones", f"{partition:0{_PART_WIDTH}d}", "")
+
+    def tombstone(self, partition: int, schedule_id: str) -> bytes:
+        """"This schedule was deleted at <ms>; it was <value>": written with the delete, so an owner that
+        never saw the schedule (the delete landed while the partition had none) still records its planned
+        times between the checkpoint and the delete; deleted by the owner that did."""
+        return self._k("tombstones", f"{partition:0{_PART_WIDTH}d}", schedule_id)
+
     def holds(self, partition: int) -> bytes:
         return self._k("holds", f"{partition:0{_PART_WIDTH}d}", "")
 

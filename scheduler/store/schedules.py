@@ -7,6 +7,7 @@ their partitions' schedule prefixes.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field, replace
 
 from scheduler.errors import AlreadyExists, NotFound, VersionMismatch
@@ -92,16 +93,28 @@ class ScheduleStore:
             raise VersionMismatch(f"schedule {s.id!r} changed concurrently; read it again")
         return StoredSchedule(replace(s, version=r.revision), activated, cur.partition, meta)
 
-    async def delete(self, schedule_id: str, expected_version: int | None = None) -> None:
+    async def delete(self, schedule_id: str, expected_version: int | None = None, now_ms: int = 0) -> None:
+        """Delete the schedule, leaving a tombstone (the value, and when) in the same txn: the partition's
+        owner, or the next one if none was there to see the delete, records the planned times that were
+        owed up to the delete and then removes it."""
         p = self.partition(schedule_id)
         key = self.ks.schedule(p, schedule_id)
-        cmp = [Compare.mod_revision(key, "==", expected_version)] if expected_version else \
-            [Compare.create_revision(key, ">", 0)]
-        res = await self.kv.txn(cmp, [delete(key)], timeout=self.timeout)
-        if not res.succeeded:
+        for _ in range(5):
+            cur = await self.kv.get(key, timeout=self.timeout)
+            if cur is None:
+                raise NotFound(f"schedule {schedule_id!r} not found")
+            if expected_version and cur.mod_revision != expected_version:
+                raise VersionMismatch(f"schedule {schedule_id!r} is not at version {expected_version}")
+            stone = json.dumps({"deleted_ms": now_ms, "rev": cur.mod_revision, "schedule": json.loads(cur.value)},
+                               separators=(",", ":"))
+            res = await self.kv.txn([Compare.mod_revision(key, "==", cur.mod_revision)],
+                                    [delete(key), put(self.ks.tombstone(p, schedule_id), stone.encode())],
+                                    timeout=self.timeout)
+            if res.succeeded:
+                return
             if expected_version:
                 raise VersionMismatch(f"schedule {schedule_id!r} is not at version {expected_version}")
-            raise NotFound(f"schedule {schedule_id!r} not found")
+        raise VersionMismatch(f"schedule {schedule_id!r} keeps changing; read it again")
 
     async def list_partition(self, partition: int) -> tuple[list[StoredSchedule], int]:
         """All schedules of a partition and the revision they were read at (to watch from)."""

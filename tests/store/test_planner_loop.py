@@ -160,7 +160,7 @@ async def test_overlap_skip_records_instead_of_running(kv: EtcdClient, key_prefi
     disp = FakeDispatcher(kv, node, outcome="hold")  # the first run never finishes
     node.dispatcher = disp
     await node.store.create(sched(1, policies=Policies(overlap=Overlap.SKIP)), SYSTEM_CLOCK.wall_ms())
-    await run_node(node, 3.0)
+    await run_node(node, 4.5)  # the skip waits overlap_settle_ms (0.5 s) and a confirming read
     es = await executions(node, kv)
     assert len(disp.submitted) == 1
     assert sum(1 for e in es if e.state is ExecState.SKIPPED and e.skip_reason == "overlap_skip") >= 1
@@ -263,7 +263,7 @@ async def test_buffer_one_keeps_one_and_skips_the_rest(kv: EtcdClient, key_prefi
     disp = FakeDispatcher(kv, node, outcome="hold")
     node.dispatcher = disp
     await node.store.create(sched(1, policies=Policies(overlap=Overlap.BUFFER_ONE)), SYSTEM_CLOCK.wall_ms())
-    await run_node(node, 3.5)
+    await run_node(node, 5.0)  # the skips wait overlap_settle_ms (0.5 s) and a confirming read
     es = await executions(node, kv)
     assert len(disp.submitted) == 1, "the first one never finishes"
     due = SYSTEM_CLOCK.wall_ms() - 600
