@@ -412,12 +412,11 @@ class PartitionPlanner:
         lag = watermark_ms - self.ck.watermark_ms
         holds = self.m.take_hold_writes()
         write_ck = lag > 0 and (bool(ops) or bool(holds) or lag >= self.s.checkpoint_interval_ms)
-        # Holds go in the txn that moves the checkpoint (never passing a held time without its hold).
-        hold_ops: list[Op] = [put(self.ks.hold(self.p, sid), json.dumps({"from": t}).encode()) if t is not None
-                              else delete(self.ks.hold(self.p, sid)) for sid, t in holds.items()]
-        if not write_ck:
-            ops += hold_ops
-            hold_ops = []
+        # Holds go with the other ops, which are committed before the checkpoint (in its txn when they fit,
+        # in chunks before it otherwise: thousands of schedules of a pool may be held in one round), so
+        # the checkpoint never passes a held time without its hold.
+        ops += [put(self.ks.hold(self.p, sid), json.dumps({"from": t}).encode()) if t is not None
+                else delete(self.ks.hold(self.p, sid)) for sid, t in holds.items()]
         if not ops and not write_ck:
             return
         async with self.ownership.writing(self.p) as fence:
@@ -426,7 +425,6 @@ class PartitionPlanner:
             else:
                 compares, ck_ops, new = advance(self.ks, self.ck, watermark_ms, self.node_id, fence.token,
                                                 max(sched_rev, self.ck.sched_rev))
-                ck_ops = [*hold_ops, *ck_ops]
                 if len(ops) + len(ck_ops) <= self.max_ops:
                     rs = await self._fenced(fence, [*ops, *ck_ops], compares)
                 else:

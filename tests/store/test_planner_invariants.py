@@ -308,3 +308,23 @@ async def test_a_schedule_created_while_the_node_starts_is_planned(kv: EtcdClien
                 break
         else:
             raise AssertionError(f"schedule created {delay} s after the node started was never planned")
+
+
+async def test_holding_more_schedules_than_a_txn_holds_does_not_wedge(kv: EtcdClient, key_prefix: str) -> None:
+    """Found by the end-to-end benchmark (5,000 schedules of a pool whose workers were not connected
+    yet): the hold records of one round went into the checkpoint's txn, past etcd's operation limit,
+    and the refused txn restarted the partition for ever."""
+    coord = replace(COORD, max_txn_ops=32)
+    ks = Keyspace(key_prefix.rstrip("/"))
+    node = PlannerNode(kv, ks, coord, SYSTEM_CLOCK, planner=replace(FAST, backlog_ms=500))
+    node.dispatcher = Pools(kv, node)
+    t0 = SYSTEM_CLOCK.wall_ms()
+    for i in range(160):  # about 40 a partition, each held at once once the pool is blocked
+        await node.store.create(sched(i, worker_pool="nobody"), t0)
+    async with running(node):
+        await asyncio.sleep(4.0)
+    assert node.restarts == 0, node.restart_reasons
+    held = 0
+    for p in range(COORD.partitions):
+        held += len((await kv.range(ks.holds(p), prefix=True, keys_only=True)).kvs)
+    assert held >= 100, f"only {held} hold records"
