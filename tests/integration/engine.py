@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,6 +69,15 @@ async def wait_until(check: Callable[[], Awaitable[bool]], timeout: float, what:
 def next_second_ms(after_s: float) -> int:
     """A whole second at least `after_s` from now (a planned time of an every-second spec)."""
     return (SYSTEM_CLOCK.wall_ms() + int(after_s * 1000)) // 1000 * 1000 + 1000
+
+
+def effects_once(path: Path) -> Counter[str]:
+    """Execution id -> completed effects, from a drill's effects file (`<id> <attempt> <worker>` lines,
+    written by tests/integration/effect_worker.py); fails if any id ran twice."""
+    ids = Counter(line.split()[0] for line in (path.read_text().splitlines() if path.exists() else []))
+    dupes = {k: v for k, v in ids.items() if v > 1}
+    assert not dupes, f"{len(dupes)} execution ids ran twice, e.g. {list(dupes.items())[:5]}"
+    return ids
 
 
 def lines(path: Path) -> list[list[str]]:

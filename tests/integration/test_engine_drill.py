@@ -28,7 +28,7 @@ from scheduler.store.ledger import Ledger
 from scheduler.store.schedules import ScheduleStore
 from scheduler.timeplan import MissedRuns, Overlap, parse_spec
 from tests.etcd_cluster import EtcdFactory
-from tests.integration.engine import stop_process
+from tests.integration.engine import effects_once, stop_process
 from tests.integration.planners import PlannerSet
 from tests.processes import spawn
 
@@ -96,10 +96,7 @@ async def test_engine_survives_kill_and_pause(etcd_factory: EtcdFactory, tmp_pat
             planners.close()
 
         # --- the effects: one per execution id ------------------------------------------------------
-        lines = effects.read_text().splitlines() if effects.exists() else []
-        ids = Counter(line.split()[0] for line in lines)
-        dupes = {k: v for k, v in ids.items() if v > 1}
-        assert not dupes, f"{len(dupes)} execution ids ran twice, e.g. {list(dupes.items())[:5]}"
+        ids = effects_once(effects)
 
         # --- every planned time in the window: completed or skipped with a reason ---------------------
         ledger = Ledger(ks, P)

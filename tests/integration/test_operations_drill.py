@@ -41,7 +41,7 @@ from scheduler.store.ledger import Ledger
 from scheduler.store.schedules import ScheduleStore, StoredSchedule
 from scheduler.timeplan import MissedRuns, Overlap
 from tests.etcd_cluster import EtcdFactory
-from tests.integration.engine import stop_process
+from tests.integration.engine import effects_once, stop_process
 from tests.integration.planners import PlannerSet, wait_checkpoints_advance
 from tests.integration.test_engine_drill import start_worker
 
@@ -193,10 +193,7 @@ async def test_operations_mixed_with_faults_keep_every_planned_time_accounted(et
             planners.close()
 
         # --- effects: one per execution id -----------------------------------------------------------
-        lines = effects.read_text().splitlines() if effects.exists() else []
-        ran = Counter(line.split()[0] for line in lines)
-        dupes = {k: v for k, v in ran.items() if v > 1}
-        assert not dupes, f"{len(dupes)} execution ids ran twice, e.g. {list(dupes.items())[:5]}"
+        ran = effects_once(effects)
 
         # --- the history in etcd ---------------------------------------------------------------------
         ledger = Ledger(ks, P)
