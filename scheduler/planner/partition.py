@@ -452,9 +452,6 @@ class PartitionPlanner:
         self.stats.created += created
         self.stats.skipped_ranges += len(skips)
 
-    def pending_schedule_ids(self) -> set[str]:
-        return {e.schedule_id for e in self.pending.values()}
-
     def _withdrawals(self, now_ms: int) -> dict[str, tuple[Execution, Execution]]:
         """Pause, delete and spec changes take effect at once, with the reason. A delete withdraws every
         run not yet started and cancels its retries; a spec change withdraws the old spec's pre-written
