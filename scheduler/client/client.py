@@ -227,17 +227,8 @@ class SchedulerClient:
 
     async def iter_executions(self, *, limit: int | None = None, **filters: Any) -> AsyncIterator[Any]:
         """Every matching execution (at most `limit`), page after page; filters as list_executions."""
-        token, n = "", 0
-        while True:
-            page = await self.list_executions(page_token=token, **filters)
-            for e in page.executions:
-                if limit is not None and n >= limit:
-                    return
-                n += 1
-                yield e
-            token = page.next_page_token
-            if not token:
-                return
+        async for x in _pages(lambda token: self.list_executions(page_token=token, **filters), "executions", limit):
+            yield x
 
     async def list_skips(self, schedule_id: str, *, planned_start: Instant | None = None,
                          planned_end: Instant | None = None, page_size: int = 0, page_token: str = "",
@@ -250,17 +241,8 @@ class SchedulerClient:
 
     async def iter_skips(self, schedule_id: str, *, limit: int | None = None, **filters: Any) -> AsyncIterator[Any]:
         """Every skipped planned time (at most `limit`), page after page; filters as list_skips."""
-        token, n = "", 0
-        while True:
-            page = await self.list_skips(schedule_id, page_token=token, **filters)
-            for x in page.skips:
-                if limit is not None and n >= limit:
-                    return
-                n += 1
-                yield x
-            token = page.next_page_token
-            if not token:
-                return
+        async for x in _pages(lambda token: self.list_skips(schedule_id, page_token=token, **filters), "skips", limit):
+            yield x
 
     async def cancel_execution(self, execution_id: str, *, reason: str = "", timeout: float | None = None) -> Any:
         req = sspb.CancelExecutionRequest(execution_id=execution_id, reason=reason)
@@ -279,17 +261,8 @@ class SchedulerClient:
         return await self._call("ListDeadLetters", self._schedules.ListDeadLetters, req, timeout)
 
     async def iter_dead_letters(self, *, limit: int | None = None, **filters: Any) -> AsyncIterator[Any]:
-        token, n = "", 0
-        while True:
-            page = await self.list_dead_letters(page_token=token, **filters)
-            for d in page.dead_letters:
-                if limit is not None and n >= limit:
-                    return
-                n += 1
-                yield d
-            token = page.next_page_token
-            if not token:
-                return
+        async for x in _pages(lambda token: self.list_dead_letters(page_token=token, **filters), "dead_letters", limit):
+            yield x
 
     async def replay_dead_letter(self, execution_id: str, *, reason: str = "", use_current_schedule: bool = False,
                                  timeout: float | None = None) -> Any:
@@ -335,3 +308,18 @@ class SchedulerClient:
 
 
 __all__ = ["ClientError", "SchedulerClient"]
+
+
+async def _pages(fetch: Callable[[str], Awaitable[Any]], field: str, limit: int | None) -> AsyncIterator[Any]:
+    """The items of `field` of every page `fetch(page_token)` returns, at most `limit`."""
+    token, n = "", 0
+    while True:
+        page = await fetch(token)
+        for x in getattr(page, field):
+            if limit is not None and n >= limit:
+                return
+            n += 1
+            yield x
+        token = page.next_page_token
+        if not token:
+            return
