@@ -795,29 +795,39 @@ def owed_times(log: Log, sid: str, until_ms: int) -> dict[int, Version]:
 
 
 def expected_catch_up(log: Log, sid: str, start: Start) -> dict[int, str]:
-    """What the missed-run policy says for the times behind a (re)start: "run" or a skip reason."""
+    """What the missed-run policy says for the times behind a (re)start: "run" or a skip reason. The
+    times of each activation between the watermark and the start, under the policies in effect at the
+    start (a catch-up is decided when it is made), each activation's times on their own (its window and
+    cap count back from its end)."""
     v = log.version_at(sid, start.at_ms)
-    if v is None or v.state != "active":
+    if v is None or v.state == "deleted":
         return {}
-    hi = start.at_ms - SETTINGS.late_grace_ms
-    lo = max(start.watermark_ms, v.activated_ms)
-    if hi <= lo:
-        return {}
-    k = v.period_s * 1000
-    times = list(range((lo // k + 1) * k, hi + 1, k))
+    horizon = start.at_ms - SETTINGS.late_grace_ms
     p = v.policies
-    window_lo = max(lo, hi - p.catchup_window_ms)
-    inside = [t for t in times if t > window_lo]
-    out = {t: "outside_catchup_window" for t in times if t <= window_lo}
-    if p.missed_runs is MissedRuns.SKIP:
-        out.update({t: "policy_skip" for t in inside})
-    elif p.missed_runs is MissedRuns.LATEST:
-        out.update({t: "policy_skip" for t in inside[:-1]})
-        out.update({t: "run" for t in inside[-1:]})
-    else:
-        keep = inside[-p.catchup_cap:]
-        out.update({t: "over_cap" for t in inside if t not in keep})
-        out.update({t: "run" for t in keep})
+    out: dict[int, str] = {}
+    acts = [x for i, x in enumerate(log.versions.get(sid, []))
+            if i == 0 or x.activated_ms != log.versions[sid][i - 1].activated_ms]
+    for i, a in enumerate(acts):
+        if a.at_ms > start.at_ms:
+            break
+        end = acts[i + 1].activated_ms if i + 1 < len(acts) and acts[i + 1].at_ms <= start.at_ms else horizon
+        lo, hi = max(start.watermark_ms, a.activated_ms), min(horizon, end)
+        if a.state != "active" or hi <= lo:
+            continue
+        k = a.period_s * 1000
+        times = list(range((lo // k + 1) * k, hi + 1, k))
+        window_lo = max(lo, horizon - p.catchup_window_ms)  # the window counts back from now
+        inside = [t for t in times if t > window_lo]
+        out.update({t: "outside_catchup_window" for t in times if t <= window_lo})
+        if p.missed_runs is MissedRuns.SKIP:
+            out.update({t: "policy_skip" for t in inside})
+        elif p.missed_runs is MissedRuns.LATEST:
+            out.update({t: "policy_skip" for t in inside[:-1]})
+            out.update({t: "run" for t in inside[-1:]})
+        else:
+            keep = inside[-p.catchup_cap:]
+            out.update({t: "over_cap" for t in inside if t not in keep})
+            out.update({t: "run" for t in keep})
     return out
 
 
@@ -883,7 +893,11 @@ def judge(log: Log, es: list[Execution], ranges: dict[str, list[tuple[int, int, 
     def skip_ok(sid: str, eid: str, p: int, reason: str, written: int) -> str | None:
         """None if the reason is justified for planned time p (skip written at `written`), else why not."""
         if reason == "paused":
-            return None if state_at(sid, written) in ("paused", "deleted") else "paused, but it was not paused then"
+            # Paused when the skip was written, or at the planned time itself (an activation that ended
+            # while the partition had no owner is recorded by the next one).
+            if state_at(sid, written) in ("paused", "deleted") or state_at(sid, p) == "paused":
+                return None
+            return "paused, but it was not paused then"
         if reason in ("schedule_deleted", "deleted"):
             return None if state_at(sid, written) == "deleted" else "deleted, but it was not deleted then"
         if reason == "overlap_skip":

@@ -259,8 +259,14 @@ class Materializer:
         horizon = now - self.s.late_grace_ms
         if after_ms < horizon:
             p = s.policies
-            d = decide_missed(sch.plan, after_ms, min(until_ms, horizon), p.missed_runs, p.catchup_window_ms,
-                              p.catchup_cap)
+            end = min(until_ms, horizon)
+            # The window counts back from now (docs/time.md), not from the activation's end: an
+            # activation that ended longer ago than the window has all its times outside it.
+            window = p.catchup_window_ms - (horizon - end)
+            if window < 0:
+                self.settled.append((sid, SkipRange(SkipReason.OUTSIDE_CATCHUP_WINDOW, after_ms, end)))
+                after_ms, window = horizon, 0
+            d = decide_missed(sch.plan, after_ms, end, p.missed_runs, window, p.catchup_cap)
             for t in d.run:
                 e = self.new_execution(sch, t, now)
                 self.settled_runs.append(e)
@@ -269,6 +275,16 @@ class Materializer:
             after_ms = horizon
         for t in itertools.islice(sch.plan.between_ms(after_ms, until_ms), 1_000):
             self.settled_runs.append(self.new_execution(sch, t, t + jitter_ms(sid, t, s.policies.jitter_ms)))
+
+    def rewrite(self, sch: Tracked, after_ms: int, until_ms: int) -> None:
+        """Planned times in (after, until] of an activation nobody saw, where the checkpoint's writer may
+        have written runs ahead under the activation it knew: each is created if absent (a run written
+        ahead at the same time stands: same id), whatever its lateness, as the current activation's are."""
+        if after_ms >= until_ms or sch.stored.schedule.state is ScheduleState.PAUSED:
+            return
+        sid, jitter = sch.stored.schedule.id, sch.stored.schedule.policies.jitter_ms
+        for t in itertools.islice(sch.plan.between_ms(after_ms, until_ms), 1_000):
+            self.settled_runs.append(self.new_execution(sch, t, t + jitter_ms(sid, t, jitter)))
 
     def settle_deleted(self, sch: Tracked, deleted_ms: int) -> None:
         """A deleted schedule's planned times up to the delete not handled yet: skipped (the delete ends them)."""

@@ -54,6 +54,7 @@ from scheduler.execution import (
 from scheduler.metrics.planner import PlannerMetrics
 from scheduler.model import ScheduleState
 from scheduler.planner import starts
+from scheduler.planner.activations import Owed, in_effect_at, owed_activations, withdrawal_rule
 from scheduler.planner.dispatch_round import RoundInput, ScheduleView, plan_dispatch
 from scheduler.planner.materialize import Materializer, Tracked
 from scheduler.planner.ownership import Ownership
@@ -61,7 +62,7 @@ from scheduler.planner.pending import PendingIndex
 from scheduler.planner.retention import retention_deletes
 from scheduler.planner.settings import PlannerSettings
 from scheduler.store.checkpoint import Checkpoint, advance, read_checkpoint
-from scheduler.store.codec import decode_execution, decode_schedule, decode_schedule_meta, with_plan_fields
+from scheduler.store.codec import decode_execution, decode_schedule, decode_schedule_meta
 from scheduler.store.combiner import WriteCombiner
 from scheduler.store.etcd.errors import Malformed
 from scheduler.store.etcd.ops import Compare, Op, delete, get, put, txn
@@ -94,6 +95,9 @@ class Withdrawal:
     reason: SkipReason  # paused, schedule_deleted, schedule_changed
     after_ms: int = 0  # schedule_changed: only runs planned after the change
     until_ms: int | None = None  # paused: only runs planned up to this (None: up to now)
+    # schedule_changed after several changes nobody saw: the reason for a run at a planned time (None:
+    # the activation in effect then plans it too). Without it, the current spec decides.
+    rule: Callable[[int], SkipReason | None] | None = None
 
 
 class DispatchSink(Protocol):
@@ -225,32 +229,30 @@ class PartitionPlanner:
             if st.schedule.id in held_from:  # planned times after the hold were not materialized
                 owed = max(st.activated_ms, min(owed, held_from[st.schedule.id]))
             self.m.track(st, owed)
-            prev = st.meta.previous
+            earlier = owed_activations(st, ck)
             hold_at = held_from.get(st.schedule.id)
             if hold_at is not None and hold_at < st.activated_ms:
                 # Held under an earlier activation, which ended (a change while no owner was there): its
                 # held planned times up to the change are decided as missed, by its policy.
-                before = with_plan_fields(st.schedule, prev) if prev is not None else st.schedule
+                before = in_effect_at(st, hold_at)
                 with contextlib.suppress(Exception):  # a stored spec a newer engine refuses: nothing to plan
                     self.m.held[st.schedule.id] = hold_at
                     paused = st.schedule.state is ScheduleState.PAUSED
                     self.m.settle_hold(Tracked(replace(st, schedule=before), before.plan(), 0, hold_at),
                                        st.activated_ms, SkipReason.PAUSED if paused else SkipReason.SCHEDULE_CHANGED)
-            fresh = not ck.watermark_ms  # no owner ever planned this partition: every activation is new
-            if (prev is not None and st.schedule.id not in held_from
-                    and (fresh or (ck.sched_rev and st.activation_rev > ck.sched_rev
-                                   and int(prev.get("rev", 0)) <= ck.sched_rev))):
-                # The writer planned the previous activation up to the watermark (or nobody planned it at
-                # all): the rest of it, up to the current activation the writer never saw, is ours.
-                before = with_plan_fields(st.schedule, prev)
-                with contextlib.suppress(Exception):  # a stored spec a newer engine refuses: nothing to plan
-                    self.m.settle(Tracked(replace(st, schedule=before), before.plan(), 0, 0),
-                                 max(ck.watermark_ms, int(prev.get("activated", 0))), st.activated_ms)
+            elif hold_at is None:
+                self._settle_earlier(st, earlier, ck)
             if st.schedule.state is ScheduleState.PAUSED:
                 self._withdraw[st.schedule.id] = Withdrawal(SkipReason.PAUSED)
-            elif ck.sched_rev and st.activation_rev > ck.sched_rev and st.activated_ms < ck.watermark_ms:
-                # A spec change the checkpoint's writer had not seen: its pre-written runs of the old spec.
-                self._withdraw[st.schedule.id] = Withdrawal(SkipReason.SCHEDULE_CHANGED, after_ms=st.activated_ms)
+            elif ck.sched_rev and st.activation_rev > ck.sched_rev:
+                # Changes the checkpoint's writer had not seen: its pre-written runs they do not plan.
+                first = earlier.first_change_ms
+                if first is not None and first < ck.watermark_ms:
+                    self._withdraw[st.schedule.id] = Withdrawal(
+                        SkipReason.SCHEDULE_CHANGED, after_ms=first,
+                        rule=withdrawal_rule(earlier, self.schedules[st.schedule.id].plan))
+                elif st.activated_ms < ck.watermark_ms:
+                    self._withdraw[st.schedule.id] = Withdrawal(SkipReason.SCHEDULE_CHANGED, after_ms=st.activated_ms)
         for sid in {e.schedule_id for e in execs} - self.schedules.keys():
             self._withdraw[sid] = Withdrawal(SkipReason.SCHEDULE_DELETED)
         # The records were just read: notices left from before (no owner, a crash) are cleared in the
@@ -262,6 +264,24 @@ class PartitionPlanner:
         for apply in held:
             apply()
         return rev
+
+    def _settle_earlier(self, st: StoredSchedule, earlier: Owed, ck: Checkpoint) -> None:
+        """The planned times of earlier activations the checkpoint's writer did not finish: the one it
+        knew from the watermark, each it never saw from its own instant (runs it may have written ahead
+        under the one it knew stand when the later activation plans them too)."""
+        w = ck.watermark_ms
+        if earlier.seen is not None:
+            seg = earlier.seen
+            self.m.settle(Tracked(replace(st, schedule=seg.schedule), seg.schedule.plan(), 0, 0),
+                          max(w, seg.after_ms), seg.until_ms)
+        for seg in earlier.unseen:
+            tr = Tracked(replace(st, schedule=seg.schedule), seg.schedule.plan(), 0, 0)
+            lo = max(seg.after_ms, w - self.m.replan_ms)
+            if seg.paused:
+                self.m.settle(tr, lo, seg.until_ms)
+            else:
+                self.m.rewrite(tr, lo, min(w, seg.until_ms))
+                self.m.settle(tr, max(w, lo), seg.until_ms)
 
     def _bury(self, sid: str, stone: bytes, revision: int, held_from: dict[str, int]) -> None:
         """A deleted schedule's tombstone: its planned times owed up to the delete that no owner handled
@@ -281,10 +301,12 @@ class PartitionPlanner:
             return  # the listing already has a schedule of this id from before the delete: not this one
         after = self.m.owed_from_checkpoint(st, self.ck)
         why = SkipReason.PAUSED if st.schedule.state is ScheduleState.PAUSED else SkipReason.SCHEDULE_DELETED
-        ck, prev = self.ck, st.meta.previous
-        if (prev is not None and ck.sched_rev and st.activation_rev > ck.sched_rev
-                and int(prev.get("rev", 0)) <= ck.sched_rev):
-            after, why = min(after, max(ck.watermark_ms, int(prev.get("activated", 0)))), SkipReason.SCHEDULE_DELETED
+        ck, earlier = self.ck, owed_activations(st, self.ck)
+        if earlier.seen is not None:
+            after, why = min(after, max(ck.watermark_ms, earlier.seen.after_ms)), SkipReason.SCHEDULE_DELETED
+        elif earlier.unseen:
+            first = max(earlier.unseen[0].after_ms, ck.watermark_ms - self.m.replan_ms)
+            after, why = min(after, first), SkipReason.SCHEDULE_DELETED
         if sid in held_from:  # held (its pool had no worker) since then, and deleted before it was served
             after, why = min(after, held_from[sid]), SkipReason.SCHEDULE_DELETED
         # One range: whatever the activation, these planned times were not run because of the delete.
@@ -469,10 +491,13 @@ class PartitionPlanner:
                     continue
                 if why is SkipReason.SCHEDULE_CHANGED:
                     if (sch is None or x.state is not ExecState.SCHEDULED or x.trigger is not Trigger.SCHEDULED
-                            or x.planned_ms <= w.after_ms
-                            or sch.plan.next_after_ms(x.planned_ms - 1) == x.planned_ms):
-                        continue  # planned before the change, an operator's run, or the new spec plans it too
-                    out[x.id] = (x, skip(x, why.value))
+                            or x.planned_ms <= w.after_ms):
+                        continue  # planned before the change, or an operator's run
+                    because = (w.rule(x.planned_ms) if w.rule is not None
+                               else None if sch.plan.next_after_ms(x.planned_ms - 1) == x.planned_ms else why)
+                    if because is None:
+                        continue  # the spec in effect at its planned time plans it too
+                    out[x.id] = (x, skip(x, because.value))
                 elif x.state is ExecState.SCHEDULED:
                     if why is SkipReason.PAUSED and x.planned_ms > (now_ms if w.until_ms is None else w.until_ms):
                         if w.until_ms is None:

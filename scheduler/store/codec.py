@@ -45,14 +45,22 @@ class ScheduleMeta:
     # its partition's checkpoint was planned at, to know whether the checkpoint's writer knew this
     # activation (scheduler/store/checkpoint.py).
     activated_rev: int = 0
-    # The activation before the current one, as far as planning goes: {"spec", "tz", "start", "end",
-    # "state", "gap", "fold", "activated", "rev"}. A new owner whose checkpoint's writer never saw the
-    # current activation handles the planned times between the watermark and it under this one.
-    previous: dict[str, Any] | None = None
+    # The activations before the current one that a new owner may still have to plan, oldest first, as
+    # far as planning goes: {"spec", "tz", "start", "end", "state", "gap", "fold", "activated", "rev"}.
+    # A new owner whose checkpoint's writer never saw the current activation handles the planned times
+    # from the watermark under the one the writer knew, and each later one from its own instant up to
+    # the next (scheduler/planner/activations.py). Pruned at each update to the ones no checkpoint has
+    # covered yet (ScheduleStore.update): one entry while the partition has an owner.
+    history: tuple[dict[str, Any], ...] = ()
+
+    @property
+    def previous(self) -> dict[str, Any] | None:
+        """The activation right before the current one."""
+        return self.history[-1] if self.history else None
 
 
 def plan_fields(s: Schedule, activated_ms: int, activation_rev: int) -> dict[str, Any]:
-    """The fields of a schedule that its planned times depend on, for ScheduleMeta.previous."""
+    """The fields of a schedule that its planned times depend on, for ScheduleMeta.history."""
     p = s.policies
     return {"spec": s.spec, "tz": s.time_zone, "start": s.start_ms, "end": s.end_ms, "state": s.state.value,
             "gap": p.dst_gap.value if p.dst_gap else None, "fold": p.dst_overlap.value if p.dst_overlap else None,
@@ -84,15 +92,18 @@ def encode_schedule(s: Schedule, *, activated_ms: int, meta: ScheduleMeta | None
         d["meta"] = {"c": meta.created_ms, "u": meta.updated_ms, "rid": meta.request_id}
         if meta.activated_rev:
             d["meta"]["ar"] = meta.activated_rev
-        if meta.previous:
-            d["meta"]["pv"] = meta.previous
+        if meta.history:
+            d["meta"]["pv"] = list(meta.history)
     return json.dumps(d, separators=_SEP).encode()
 
 
 def decode_schedule_meta(value: bytes) -> ScheduleMeta:
     m = json.loads(value).get("meta") or {}
+    pv = m.get("pv")
+    # A single dict: written by a version that kept one previous activation.
+    history = (pv,) if isinstance(pv, dict) else tuple(pv or ())
     return ScheduleMeta(int(m.get("c", 0)), int(m.get("u", 0)), str(m.get("rid", "")), int(m.get("ar", 0)),
-                        m.get("pv"))
+                        history)
 
 
 def decode_schedule(value: bytes, version: int) -> tuple[Schedule, int]:

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field, replace
+from typing import Any
 
-from scheduler.errors import AlreadyExists, NotFound, VersionMismatch
+from scheduler.errors import AlreadyExists, FailedPrecondition, NotFound, VersionMismatch
 from scheduler.model import Schedule
+from scheduler.store.checkpoint import Checkpoint, read_checkpoint
 from scheduler.store.codec import ScheduleMeta, decode_schedule, decode_schedule_meta, encode_schedule, plan_fields
 from scheduler.store.etcd.ops import Compare, delete, get, prefix_end, put
 from scheduler.store.keyspace import Keyspace, partition_for
@@ -29,6 +31,21 @@ class StoredSchedule:
     def activation_rev(self) -> int:
         """The etcd revision of the write that set the current activation (see ScheduleMeta)."""
         return self.meta.activated_rev or self.schedule.version
+
+
+# Activation changes that may wait for a planner to see them (the partition has no owner): beyond this
+# an update that starts a new activation is refused rather than lose the planned times of the oldest.
+MAX_UNSEEN_ACTIVATIONS = 16
+
+
+def pruned_history(history: tuple[dict[str, Any], ...], current_rev: int, ck: Checkpoint) -> tuple[dict[str, Any], ...]:
+    """The activations a new owner may still have to plan: an entry goes once a checkpoint's writer had
+    seen the activation after it (that writer settled the entry up to its end when it saw the change);
+    `current_rev` is the revision of the activation after the last entry."""
+    if not history:
+        return ()
+    revs = [int(h.get("rev", 0)) for h in history[1:]] + [current_rev]
+    return tuple(h for h, nxt in zip(history, revs, strict=True) if not ck.sched_rev or nxt > ck.sched_rev)
 
 
 def _activation_changed(old: Schedule, new: Schedule) -> bool:
@@ -82,10 +99,20 @@ class ScheduleStore:
         changed = _activation_changed(cur.schedule, s)
         activated = now_ms if changed else cur.activated_ms
         key = self.ks.schedule(cur.partition, s.id)
+        history = cur.meta.history
+        if changed:
+            ck = await read_checkpoint(self.kv, self.ks, cur.partition, timeout=self.timeout)
+            history = (*pruned_history(history, cur.activation_rev, ck),
+                       plan_fields(cur.schedule, cur.activated_ms, cur.activation_rev))
+            if len(history) > MAX_UNSEEN_ACTIVATIONS:
+                raise FailedPrecondition(
+                    f"schedule {s.id!r}: {MAX_UNSEEN_ACTIVATIONS} earlier changes of its spec or state still wait for "
+                    f"a planner of partition {cur.partition} to see them (none has checkpointed it since), the most "
+                    "that may wait without losing track of their planned times: start "
+                    "a planner (schedctl cluster status shows who owns what) and retry")
         # A new activation is this put's own revision (0); otherwise the activation keeps its revision.
         meta = replace(cur.meta, updated_ms=now_ms, activated_rev=0 if changed else cur.activation_rev,
-                       previous=plan_fields(cur.schedule, cur.activated_ms, cur.activation_rev) if changed
-                       else cur.meta.previous)
+                       history=history)
         r = await self.kv.txn([Compare.mod_revision(key, "==", cur.schedule.version)],
                               [put(key, encode_schedule(s, activated_ms=activated, meta=meta))], [get(key)],
                               timeout=self.timeout)

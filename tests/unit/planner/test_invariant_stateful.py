@@ -410,3 +410,22 @@ async def test_a_pause_and_resume_at_the_same_instant_lose_no_run() -> None:
     await w.resume("s1")
     await w.advance(5_000)
     await _judge(w, kv)
+
+
+async def test_several_changes_while_the_partition_has_no_owner_lose_no_planned_time() -> None:
+    """Found by the machine: with one previous activation kept, the planned times of the activations in
+    between (here every 2 s, then paused) were neither run nor recorded."""
+    w, kv = await _world()
+    await w.create(1, False, "a", SKIP_1S)
+    await w.advance(2_000)
+    await w.kill(restart_after_ms=12_000)
+    await w.advance(1_500)
+    await w.update("s1", period_s=2)
+    await w.advance(3_000)
+    await w.pause("s1")
+    await w.advance(3_000)
+    await w.resume("s1")
+    await w.advance(2_000)
+    await w.update("s1", period_s=3)
+    await w.advance(10_000)
+    await _judge(w, kv)

@@ -1,0 +1,111 @@
+"""Which earlier activations of a schedule a new owner still has to plan (docs/time.md, "Changes while
+a partition has no owner").
+
+A schedule keeps the activations before its current one that no checkpoint has covered yet
+(`ScheduleMeta.history`, pruned at each update). When the checkpoint's writer never saw the current
+activation, the owner resuming from that checkpoint finishes the activation the writer knew from the
+watermark, and plans each later one, which nobody saw, from its own instant up to the next: every
+planned time between the checkpoint and now was under exactly one of them.
+
+Pure: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from scheduler.model import Schedule, ScheduleState
+from scheduler.store.checkpoint import Checkpoint
+from scheduler.store.codec import with_plan_fields
+from scheduler.store.schedules import StoredSchedule
+from scheduler.timeplan import Plan, SkipReason
+
+
+@dataclass(frozen=True)
+class Segment:
+    """An earlier activation: the schedule as it was, active for planned times in (after, until]."""
+
+    schedule: Schedule
+    after_ms: int  # its instant
+    until_ms: int  # the next activation's instant
+
+    @property
+    def paused(self) -> bool:
+        return self.schedule.state is ScheduleState.PAUSED
+
+
+@dataclass(frozen=True)
+class Owed:
+    seen: Segment | None  # the earlier activation the checkpoint's writer knew: owed from the watermark
+    unseen: tuple[Segment, ...]  # later earlier activations the writer never saw, oldest first
+
+    @property
+    def first_change_ms(self) -> int | None:
+        """The instant of the first activation the writer never saw, if an earlier one (None: only the current)."""
+        return self.unseen[0].after_ms if self.unseen else None
+
+
+NOTHING = Owed(None, ())
+
+
+def _segment(current: Schedule, fields: dict[str, Any], until_ms: int) -> Segment | None:
+    with contextlib.suppress(Exception):  # a stored spec a newer engine refuses: nothing to plan
+        s = with_plan_fields(current, fields)
+        s.plan()
+        return Segment(s, int(fields.get("activated", 0)), until_ms)
+    return None
+
+
+def owed_activations(st: StoredSchedule, ck: Checkpoint) -> Owed:
+    """The earlier activations of `st` an owner resuming from `ck` has to plan. Nothing when the
+    checkpoint's writer knew the current activation (it handled everything up to the watermark)."""
+    fresh = not ck.watermark_ms  # no owner ever planned this partition: every activation is new
+    if not st.meta.history or not (fresh or (ck.sched_rev and st.activation_rev > ck.sched_rev)):
+        return NOTHING
+    hist = st.meta.history
+    ends = [int(h.get("activated", 0)) for h in hist[1:]] + [st.activated_ms]
+    seen: Segment | None = None
+    unseen: list[Segment] = []
+    for h, until in zip(hist, ends, strict=True):
+        seg = _segment(st.schedule, h, until)
+        if not fresh and int(h.get("rev", 0)) <= ck.sched_rev:
+            seen, unseen = seg, []  # the writer knew this one: anything before it, it handled
+        elif seg is not None:
+            unseen.append(seg)
+    if fresh and unseen:  # nobody planned anything: the oldest is owed from its instant, like a seen one
+        seen, unseen = unseen[0], unseen[1:]
+    return Owed(seen, tuple(unseen))
+
+
+def in_effect_at(st: StoredSchedule, t_ms: int) -> Schedule:
+    """The schedule as it was planned at `t_ms` (its current form when no earlier activation covers it)."""
+    hist = st.meta.history
+    if not hist:
+        return st.schedule
+    ends = [int(h.get("activated", 0)) for h in hist[1:]] + [st.activated_ms]
+    for h, until in zip(hist, ends, strict=True):
+        if int(h.get("activated", 0)) <= t_ms < until:
+            seg = _segment(st.schedule, h, until)
+            if seg is not None:
+                return seg.schedule
+    return st.schedule
+
+
+def withdrawal_rule(owed: Owed, current: Plan) -> Callable[[int], SkipReason | None]:
+    """For a run written ahead by the checkpoint's writer under the activation it knew: None when the
+    activation in effect at its planned time plans it too (the run stands: same id), else the reason it
+    is withdrawn (paused, or schedule_changed)."""
+    segs = [(s, s.schedule.plan()) for s in owed.unseen]
+
+    def rule(planned_ms: int) -> SkipReason | None:
+        for seg, plan in segs:
+            if seg.after_ms < planned_ms <= seg.until_ms:
+                if seg.paused:
+                    return SkipReason.PAUSED
+                return None if plan.next_after_ms(planned_ms - 1) == planned_ms else SkipReason.SCHEDULE_CHANGED
+        return None if current.next_after_ms(planned_ms - 1) == planned_ms else SkipReason.SCHEDULE_CHANGED
+
+    return rule
