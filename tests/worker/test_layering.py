@@ -1,0 +1,32 @@
+"""The worker SDK is floor 3 (docs/architecture.md, "Modules"): importing it, or its executors, must
+not pull in the server side.
+
+Forbidden: its floor-3 siblings (`api`, `dispatch`), everything above it (`planner`, `node`,
+`server`, `cli`), and `store` with the etcd declarations: store is below it, but a worker reaches
+etcd only through a planner's stream, so a worker process has no use for an etcd client. Allowed:
+floors 1-2 (`timeplan`, `clock`, `errors`, `config`, `timeconv`, `status`, `model`, ...) and `metrics`.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+
+SERVER_SIDE = {"api", "dispatch", "planner", "node", "server", "cli", "store"}
+
+
+def loaded_after(*modules: str) -> set[str]:
+    code = (f"import sys; import {', '.join(modules)}; print(sorted(m for m in sys.modules "
+            "if m.startswith('scheduler.')))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    return set(ast.literal_eval(r.stdout))
+
+
+def test_worker_sdk_imports_no_server_parts() -> None:
+    loaded = loaded_after("scheduler.worker", "scheduler.worker.executors", "scheduler.worker.executors.http",
+                          "scheduler.worker.executors.shell")
+    server_side = {m for m in loaded if m.split(".")[1] in SERVER_SIDE}
+    assert not server_side, server_side
+    assert not {m for m in loaded if m.startswith("scheduler._gen.etcd")}, "etcd's declarations come with store"
+    assert {"scheduler.worker.worker", "scheduler.worker.executors.shell"} <= loaded
