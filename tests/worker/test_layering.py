@@ -12,6 +12,9 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
+from pathlib import Path
+
+import scheduler.metrics
 
 SERVER_SIDE = {"api", "dispatch", "planner", "node", "server", "cli", "store"}
 
@@ -30,3 +33,18 @@ def test_worker_sdk_imports_no_server_parts() -> None:
     assert not server_side, server_side
     assert not {m for m in loaded if m.startswith("scheduler._gen.etcd")}, "etcd's declarations come with store"
     assert {"scheduler.worker.worker", "scheduler.worker.executors.shell"} <= loaded
+
+
+def test_metrics_do_not_import_the_worker() -> None:
+    """The worker's gauges read `Worker.status()` through a callable (`WorkerMetrics.observe`), so no
+    metrics module imports the worker, not even for type checking: that was an import cycle."""
+    imported: dict[str, set[str]] = {}
+    for path in Path(scheduler.metrics.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):  # walks into `if TYPE_CHECKING:` blocks too
+            if isinstance(node, ast.ImportFrom) and node.module:
+                imported.setdefault(path.name, set()).add(node.module)
+            elif isinstance(node, ast.Import):
+                imported.setdefault(path.name, set()).update(a.name for a in node.names)
+    assert not {f: ms for f, m in imported.items() if (ms := {x for x in m if x.startswith("scheduler.worker")})}
+    assert "scheduler.status" in imported["worker.py"]
+    assert not {m for m in loaded_after("scheduler.metrics.worker") if m.startswith("scheduler.worker")}
