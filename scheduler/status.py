@@ -1,9 +1,11 @@
-"""A planner node's state as one immutable snapshot: what metrics, `cluster status` (the admin
-service's local view) and a future console read, instead of reaching into the node's objects.
+"""Process state as immutable snapshots: what metrics, `cluster status` (the admin service's local
+view) and a future console read, instead of reaching into a process's objects.
 
-The node builds it (`PlannerNode.status()`) at scrape or request time; readers depend only on this
-module, not on the node, the dispatcher or the partition loop (which removes the metrics <-> node
-import cycle).
+`NodeStatus` is a planner node's (built by `PlannerNode.status()`), `WorkerProcessStatus` a worker
+process's (built by `Worker.status()`), at scrape or request time. Readers depend only on this
+module, not on the node, the dispatcher, the partition loop or the worker (which removes the
+metrics <-> node and metrics <-> worker import cycles). It imports nothing of the project, so both
+sides can use it without crossing a floor.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ class PartitionStatus:
 
 @dataclass(frozen=True)
 class WorkerStatus:
+    """A planner's view of one connected worker stream (not the worker's own: WorkerProcessStatus)."""
+
     worker_id: str
     pool: str
     region: str
@@ -43,3 +47,19 @@ class NodeStatus:
         for w in self.workers:
             out[w.pool] = out.get(w.pool, 0) + 1
         return out
+
+
+@dataclass(frozen=True)
+class WorkerProcessStatus:
+    """A worker process's own state."""
+
+    worker_id: str
+    pool: str
+    region: str
+    concurrency: int  # most attempts it runs at once
+    task_types: tuple[str, ...]  # its registered handlers
+    held: int  # attempts assigned and not finished (running, or about to start)
+    running: int  # of those, the ones whose handler runs
+    planners: tuple[str, ...]  # addresses of the planner streams open now
+    unacked_results: int  # results sent or waiting to be sent that no planner has acknowledged yet
+    draining: bool

@@ -23,7 +23,7 @@ from scheduler._gen.scheduler.v1 import admin_service_pb2 as apb
 from scheduler._gen.scheduler.v1 import admin_service_pb2_grpc as agrpc
 from scheduler._gen.scheduler.v1 import cluster_pb2 as cpb
 from scheduler.api import inputs
-from scheduler.api.convert import fencing_token_pb, ms_to_duration, ms_to_timestamp
+from scheduler.api.convert import fencing_token_pb
 from scheduler.api.errors import Context, grpc_errors
 from scheduler.clock import Clock
 from scheduler.errors import FailedPrecondition, InvalidArgument, NotFound, VersionMismatch
@@ -32,6 +32,7 @@ from scheduler.status import NodeStatus
 from scheduler.store.etcd.ops import Compare, delete, get, put
 from scheduler.store.keyspace import Keyspace
 from scheduler.store.kv import KV
+from scheduler.timeconv import ms_to_duration, ms_to_timestamp
 
 log = logging.getLogger("scheduler.api.admin")
 

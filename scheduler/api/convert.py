@@ -14,6 +14,11 @@ from scheduler._gen.scheduler.v1 import schedule_pb2 as pb
 from scheduler.errors import InvalidArgument
 from scheduler.execution import Attempt, ErrorClass, ExecState, Execution, Trigger
 from scheduler.model import Policies, RetryPolicy, Schedule, ScheduleState
+
+# `as` marks an explicit re-export: dispatch/service.py still imports these two from here. It should import
+# scheduler.timeconv itself (it is being reworked concurrently); then plain imports will do again.
+from scheduler.timeconv import ms_to_duration as ms_to_duration
+from scheduler.timeconv import ms_to_timestamp as ms_to_timestamp
 from scheduler.timeplan import DstGap, DstOverlap, MissedRuns, Overlap
 
 _STATE = {ScheduleState.ACTIVE: pb.SCHEDULE_STATE_ACTIVE, ScheduleState.PAUSED: pb.SCHEDULE_STATE_PAUSED}
@@ -46,12 +51,6 @@ def _inverse(field: str, table: dict[object, int], value: int, default: object) 
     raise InvalidArgument(field, f"unknown enum value {value}")
 
 
-def ms_to_duration(ms: int) -> Duration:
-    d = Duration()
-    d.FromMilliseconds(ms)
-    return d
-
-
 # google.protobuf's own bounds: Timestamp 0001-01-01..9999-12-31, Duration +-10,000 years. Values
 # outside them make ToMilliseconds() raise ValueError, so they are refused here, naming the field.
 _TS_MIN_S, _TS_MAX_S = -62_135_596_800, 253_402_300_799
@@ -72,12 +71,6 @@ def timestamp_ms(field: str, t: Timestamp) -> int:
     if not _TS_MIN_S <= t.seconds <= _TS_MAX_S or not 0 <= t.nanos <= 999_999_999:
         raise InvalidArgument(field, "is outside the range of google.protobuf.Timestamp (0001-01-01..9999-12-31)")
     return int(t.ToMilliseconds())
-
-
-def ms_to_timestamp(ms: int) -> Timestamp:
-    t = Timestamp()
-    t.FromMilliseconds(ms)
-    return t
 
 
 def schedule_to_pb(s: Schedule) -> pb.Schedule:

@@ -23,7 +23,6 @@ from scheduler.api.convert import (
     dead_letter_to_pb,
     execution_state_from_pb,
     execution_to_pb,
-    ms_to_timestamp,
     overlap_from_pb,
     schedule_from_pb,
     schedule_to_pb,
@@ -42,6 +41,7 @@ from scheduler.store.keyspace import Keyspace, partition_for
 from scheduler.store.kv import KV
 from scheduler.store.ledger import Ledger
 from scheduler.store.schedules import ScheduleStore, StoredSchedule
+from scheduler.timeconv import ms_to_timestamp
 from scheduler.timeplan import DstGap, DstOverlap, Plan, parse_spec
 from scheduler.timeplan.plan import check_in_window
 

@@ -6,15 +6,14 @@ from datetime import datetime
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from scheduler.timeconv import ms_to_timestamp
+
 Instant = datetime | int  # an aware datetime, or milliseconds since the epoch (UTC)
 
 
 def timestamp(value: Instant) -> Timestamp:
-    t = Timestamp()
     if isinstance(value, datetime):
         if value.tzinfo is None:
             raise ValueError(f"{value!r} has no time zone: pass an aware datetime (UTC is safest)")
-        t.FromMilliseconds(round(value.timestamp() * 1000))
-    else:
-        t.FromMilliseconds(int(value))
-    return t
+        return ms_to_timestamp(round(value.timestamp() * 1000))
+    return ms_to_timestamp(int(value))

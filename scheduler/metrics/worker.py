@@ -1,22 +1,21 @@
 """A worker process's metrics. Names and labels are documented in docs/operations.md.
 
 `execution_duration_ms` is observed once per finished attempt into a lock-free histogram cached per
-(task type, status); everything else is read from the worker when Prometheus scrapes.
+(task type, status); the gauges read the worker's status snapshot (scheduler/status.py,
+`Worker.status()`) when Prometheus scrapes, through the callable given to `observe`: this module
+does not import the worker.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import CollectorRegistry
 
 from scheduler.metrics.core import MS_BUCKETS, CallbackCollector, LoopHistogram
-
-if TYPE_CHECKING:
-    from scheduler.worker.worker import Worker
+from scheduler.status import WorkerProcessStatus
 
 UNREGISTERED = "_unregistered"  # the task-type label of assignments this worker has no handler for
 
@@ -28,11 +27,12 @@ class WorkerMetrics:
         # (task type, status) -> histogram. Bounded: task types are this worker's registered handlers
         # (others map to _unregistered) and statuses the three outcomes.
         self.durations: dict[tuple[str, str], LoopHistogram] = {}
-        self._worker: Worker | None = None
+        self._status: Callable[[], WorkerProcessStatus] | None = None
         self.registry.register(CallbackCollector(self.collect))
 
-    def attach(self, worker: Worker) -> None:
-        self._worker = worker
+    def observe(self, status: Callable[[], WorkerProcessStatus]) -> None:
+        """Where the gauges read the worker's state at scrape time (Worker.status)."""
+        self._status = status
 
     def finished(self, task_type: str, status: str, duration_ms: float) -> None:
         key = (task_type, status)
@@ -50,15 +50,15 @@ class WorkerMetrics:
         yield fam
         yield CounterMetricFamily("scheduler_worker_assignments_received",
                                   "Assignments received from planners.", value=self.received)
-        w = self._worker
-        if w is None:
+        if self._status is None:
             return
+        st = self._status()
         yield GaugeMetricFamily("scheduler_worker_running_attempts", "Attempts this worker holds now (running or "
-                                "about to start).", value=len(w.attempts_held))
+                                "about to start).", value=st.held)
         yield GaugeMetricFamily("scheduler_worker_concurrency", "Most attempts this worker runs at once.",
-                                value=w.settings.concurrency)
+                                value=st.concurrency)
         yield GaugeMetricFamily("scheduler_worker_connected_planners", "Planner streams open now.",
-                                value=len(w.planners.connected))
+                                value=len(st.planners))
         yield GaugeMetricFamily("scheduler_worker_unacked_results",
                                 "Results sent or waiting to be sent that no planner has acknowledged yet.",
-                                value=len(w.outbox))
+                                value=st.unacked_results)

@@ -5,12 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from google.protobuf.duration_pb2 import Duration
-
 from scheduler._gen.scheduler.v1 import execution_pb2 as epb
 from scheduler._gen.scheduler.v1 import worker_service_pb2 as wpb
-from scheduler.api.convert import ms_to_timestamp
 from scheduler.clock import Clock
+from scheduler.timeconv import ms_to_duration, ms_to_timestamp
 from scheduler.timeplan.plan import from_ms
 from scheduler.worker.attempt import Attempt, ErrorClass, Outcome, Status
 from scheduler.worker.context import ExecutionContext, FencingToken
@@ -94,9 +92,7 @@ def result_pb(attempt: Attempt, outcome: Outcome, finished_ms: int) -> wpb.Resul
         if out.exit_code is not None:
             r.exit_code = out.exit_code
     if outcome.retry_after is not None:
-        d = Duration()
-        d.FromMilliseconds(max(0, round(outcome.retry_after * 1000)))
-        r.retry_after.CopyFrom(d)
+        r.retry_after.CopyFrom(ms_to_duration(max(0, round(outcome.retry_after * 1000))))
     return r
 
 
@@ -118,9 +114,8 @@ def attempt_refs(attempts: Iterable[Attempt]) -> list[wpb.AttemptRef]:
 
 
 def drain_message(reason: str, grace: float, returned: Iterable[Attempt]) -> wpb.WorkerMessage:
-    g = Duration()
-    g.FromMilliseconds(round(grace * 1000))
-    return wpb.WorkerMessage(drain=wpb.Drain(reason=reason, grace=g, returned=attempt_refs(returned)))
+    return wpb.WorkerMessage(drain=wpb.Drain(reason=reason, grace=ms_to_duration(round(grace * 1000)),
+                                             returned=attempt_refs(returned)))
 
 
 def heartbeat_message(running: Iterable[Attempt], now_ms: int) -> wpb.WorkerMessage:

@@ -25,6 +25,7 @@ from scheduler import __version__
 from scheduler._gen.scheduler.v1 import worker_service_pb2 as wpb
 from scheduler.clock import SYSTEM_CLOCK, Clock
 from scheduler.metrics.worker import UNREGISTERED, WorkerMetrics
+from scheduler.status import WorkerProcessStatus
 from scheduler.worker import protocol
 from scheduler.worker.attempt import Attempt, AttemptKey, ErrorClass, Handler, Outcome, State, Status, Stop
 from scheduler.worker.credits import CreditBook
@@ -86,7 +87,7 @@ class Worker:
         self._closed = asyncio.Event()
         self._acked = asyncio.Event()  # set whenever the outbox becomes empty
         self.metrics = WorkerMetrics()  # served over HTTP only when metrics_address is set (cli/worker.py)
-        self.metrics.attach(self)
+        self.metrics.observe(self.status)
 
     # --- registration and lifecycle -------------------------------------------------------------
 
@@ -119,6 +120,15 @@ class Worker:
     @property
     def running(self) -> list[Attempt]:
         return [a for a in self._attempts.values() if a.state is State.RUNNING]
+
+    def status(self) -> WorkerProcessStatus:
+        """This worker's state as one snapshot (scheduler/status.py): what its metrics read."""
+        s = self.settings
+        return WorkerProcessStatus(
+            worker_id=self.worker_id, pool=s.pool, region=s.region, concurrency=s.concurrency,
+            task_types=tuple(self.task_types), held=len(self._attempts), running=len(self.running),
+            planners=tuple(self.planners.connected), unacked_results=len(self.outbox),
+            draining=self._draining is not None)
 
     async def start(self) -> None:
         if self._started:

@@ -18,6 +18,7 @@ from scheduler.metrics.worker import WorkerMetrics
 from scheduler.model import RetryPolicy
 from scheduler.planner.pending import PendingIndex
 from scheduler.planner.settings import PlannerSettings
+from scheduler.status import WorkerProcessStatus
 from scheduler.store.etcd.deadline import LeaseDeadline
 from scheduler.store.etcd.types import Lease
 from scheduler.worker.settings import WorkerSettings
@@ -87,6 +88,20 @@ def test_worker_metrics_duration_histogram() -> None:
     assert s[("execution_duration_ms_count", (("status", "succeeded"), ("task_type", "shell")))] == 1
     assert s[("execution_duration_ms_bucket", (("le", "25.0"), ("status", "succeeded"), ("task_type", "shell")))] == 1
     assert s[("execution_duration_ms_sum", (("status", "failed"), ("task_type", "shell")))] == 3_000
+
+
+def test_worker_metrics_gauges_read_the_status_snapshot() -> None:
+    m = WorkerMetrics()
+    assert ("scheduler_worker_concurrency", ()) not in samples(generate_latest(m.registry)), "nothing to observe yet"
+    m.observe(lambda: WorkerProcessStatus(
+        worker_id="w1", pool="p", region="r", concurrency=8, task_types=("shell",), held=3, running=2,
+        planners=("a:1", "b:2"), unacked_results=5, draining=False))
+    m.received = 4
+    s = samples(generate_latest(m.registry))
+    assert {k[0]: v for k, v in s.items() if k[0].startswith("scheduler_worker_")} == {
+        "scheduler_worker_assignments_received_total": 4, "scheduler_worker_running_attempts": 3,
+        "scheduler_worker_concurrency": 8, "scheduler_worker_connected_planners": 2,
+        "scheduler_worker_unacked_results": 5}
 
 
 @pytest.mark.parametrize(("value", "want"), [
