@@ -74,6 +74,7 @@ from scheduler.timeplan import MissedRuns, Overlap
 # and count as "in progress" for overlap decisions only during that window. Off: no lost dispatches.
 START_TIMEOUT_CHECK = os.environ.get("SCHED_START_TIMEOUT_CHECK", "1") != "0"
 START_TIMEOUT_MS = int(os.environ.get("SCHED_START_TIMEOUT_MS", "5000"))
+TRACE = os.environ.get("SCHED_TRACE", "")
 # Workers confirm each start (DISPATCHED -> RUNNING by compare-and-swap, through the result path) before
 # they run it: what a start timeout needs to tell a received dispatch from a lost one. Off by default
 # while main has no start confirmation; turn it on (and point World.confirm_start at the real path) with
@@ -380,6 +381,9 @@ class World:
                     self._seen_rev = ev.revision
                     self.rev_times.append((ev.revision, self.clock.wall_ms()))
                 key = ev.kv.key
+                if TRACE and TRACE.encode() in key:  # SCHED_TRACE=<part of a key>: its history, to debug a finding
+                    print(f"t={self.clock.wall_ms() - T0} rev={ev.revision} {ev.type} {key.decode()} "
+                          f"{ev.kv.value.decode(errors='replace')[:2000]}")
                 if not key.startswith((sched, notices)):
                     continue
                 # A frozen process gets the events its watch stream buffered when it resumes: handing
@@ -1018,11 +1022,20 @@ def judge(log: Log, es: list[Execution], ranges: dict[str, list[tuple[int, int, 
                 limit = f.start_ms + START_TIMEOUT_MS + 4 * ROUND_MS
                 later = [g for g in fs if g.attempt > f.attempt]
                 e = by_id.get(eid)
-                if later and later[0].start_ms > limit:
-                    bad.append(f"[start-timeout] {eid}: attempt {f.attempt} dispatched at t={f.start_ms - T0} never "
-                               f"reached a worker; attempt {later[0].attempt} came only at t={later[0].start_ms - T0}")
-                    continue
                 att = None if e is None else next((a for a in e.attempts if a.attempt == f.attempt), None)
+                if later and later[0].start_ms > limit:
+                    # Given up in time, the next attempt waits like any retry: for a worker of its pool
+                    # with capacity, and for a resume if the schedule was paused meanwhile.
+                    gave_up = att.finished_ms if att is not None and att.finished_ms else None
+                    pool = e.pool if e is not None else ""
+                    free = [] if gave_up is None else [
+                        t for t, cap in log.rounds if gave_up + ROUND_MS < t < later[0].start_ms
+                        and cap.get(pool, 0) > 0 and state_at(f.sid, t) == "active"]
+                    if gave_up is None or gave_up > limit or len(free) >= STUCK_ROUNDS:
+                        bad.append(f"[start-timeout] {eid}: attempt {f.attempt} dispatched at t={f.start_ms - T0} "
+                                   f"never reached a worker; attempt {later[0].attempt} came only at "
+                                   f"t={later[0].start_ms - T0}")
+                    continue
                 if not later and att is not None and att.finished_ms > limit:
                     bad.append(f"[start-timeout] {eid}: attempt {f.attempt} dispatched at t={f.start_ms - T0} never "
                                f"reached a worker; the planner gave it up only at t={att.finished_ms - T0}")

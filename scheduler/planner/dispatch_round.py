@@ -44,12 +44,19 @@ class RoundInput:
     transitions: Mapping[str, tuple[Execution, Execution]] = field(default_factory=dict)  # withdrawals
     start_timeout_ms: int = 0  # start confirmation: each dispatch's start-by (planner/starts.py); 0: none
     overlap_settle_ms: int = 0  # an overlap skip waits this long after the skipped run's due time
+    # schedule id -> ids of its runs parked behind a run in flight (DispatchPlan.behind), not in `due`;
+    # those the policy buffered (True) count for BUFFER_ONE, and later runs wait behind all of them.
+    behind: Mapping[str, Mapping[str, bool]] = field(default_factory=dict)
 
 
 @dataclass
 class DispatchPlan:
     transitions: dict[str, tuple[Execution, Execution]]  # id -> (old, new): skips, cancels, dispatches
-    defer: list[Execution] = field(default_factory=list)  # back to the ready heap (buffered, no capacity)
+    defer: list[Execution] = field(default_factory=list)  # back to the ready heap (no capacity, a decision pending)
+    # Waiting for a run of their own schedule to leave flight (buffered behind it, or behind a late one):
+    # parked out of the ready heap until then, so that they do not take, round after round, the places
+    # of other schedules' due work in their pool's heap. (execution, buffered by the policy)
+    behind: list[tuple[Execution, bool]] = field(default_factory=list)
     park: list[Execution] = field(default_factory=list)  # retries of paused schedules: until the resume
     confirm: set[str] = field(default_factory=set)  # in-flight records to re-read before deciding
     stop: list[tuple[Execution, str]] = field(default_factory=list)  # running attempts to stop, once committed
@@ -97,7 +104,7 @@ def plan_dispatch(inp: RoundInput) -> DispatchPlan:
                 else:
                     plan.park.append(x)  # a retry of a paused schedule waits for the resume
             continue
-        _plan_schedule(inp, plan, budget, view, list(inp.in_flight.get(sid, ())), waiting)
+        _plan_schedule(inp, plan, budget, view, list(inp.in_flight.get(sid, ())), waiting, inp.behind.get(sid, {}))
     for pool, left in budget.items():
         if left <= 0:
             plan.starved_pools.add(pool)
@@ -105,15 +112,18 @@ def plan_dispatch(inp: RoundInput) -> DispatchPlan:
 
 
 def _plan_schedule(inp: RoundInput, plan: DispatchPlan, budget: dict[str, int], view: ScheduleView,
-                   in_flight: list[Execution], waiting: Sequence[Execution]) -> None:
+                   in_flight: list[Execution], waiting: Sequence[Execution], parked: Mapping[str, bool]) -> None:
     cas = plan.transitions
-    held = False  # an earlier run of this schedule waits: later ones wait behind it, in order
-    buffered: list[str] = []  # held by the policy behind a run really in progress (BUFFER_ONE counts them)
+    held = bool(parked)  # an earlier run of this schedule waits: later ones wait behind it, in order
+    held_behind = bool(parked)  # ... and it waits for a run in flight (not for capacity or a decision)
+    # held by the policy behind a run really in progress (BUFFER_ONE counts them)
+    buffered: list[str] = [eid for eid, by_policy in parked.items() if by_policy]
     for x in waiting:
         if x.id in cas:
             continue
         policy = x.overlap or view.overlap  # a trigger/backfill may carry its own; rerun/replay: ALLOW_ALL
         real: list[Execution] = []
+        behind = False  # a BUFFER that waits for a run of this schedule in flight
         if x.state is ExecState.RETRY_WAIT or policy is Overlap.ALLOW_ALL:
             action = OverlapAction.START  # a retry is the same run, not a new one
         else:
@@ -140,15 +150,21 @@ def _plan_schedule(inp: RoundInput, plan: DispatchPlan, budget: dict[str, int], 
                     action = OverlapAction.BUFFER
                 elif action is OverlapAction.BUFFER:
                     buffered.append(x.id)
+                    behind = True
             elif in_flight or held:
                 action = OverlapAction.BUFFER  # behind a late run: nothing was in progress at x's due time
+                behind = bool(in_flight) or held_behind
             else:
                 action = OverlapAction.START
         if action is OverlapAction.SKIP:
             cas[x.id] = (x, skip(x, SkipReason.OVERLAP_SKIP.value))
             continue
         if action is OverlapAction.BUFFER:
-            plan.defer.append(x)
+            if behind and in_flight:
+                plan.behind.append((x, x.id in buffered))
+                held_behind = True
+            else:
+                plan.defer.append(x)
             held = True
             continue
         if budget.get(x.pool, 0) <= 0:
@@ -170,7 +186,7 @@ def _plan_schedule(inp: RoundInput, plan: DispatchPlan, budget: dict[str, int], 
                     stopping = stopping or stop.state is ExecState.CANCELLING
             in_flight = [r for r in in_flight if r.id not in cas]
             if stopping:
-                plan.defer.append(x)
+                plan.defer.append(x)  # the cancelled runs' stop is recorded in a later round: decided then
                 held = True
                 continue
         budget[x.pool] -= 1

@@ -4,8 +4,9 @@ heap of deadlines for in-flight attempts, and the executions of each schedule (f
 
 Ready heaps are per pool so that a pool without capacity (no worker, or one slow worker) never stands
 in front of another pool's due work: a round takes from each pool only what that pool can start.
-Executions that wait for something other than time (a retry of a paused schedule) are parked outside
-the heaps, so that no round picks them up and puts them back for ever.
+Executions that wait for something other than time (a retry of a paused schedule: until the resume; a
+run buffered behind a run of its own schedule in flight: until none is) are parked outside the heaps,
+so that no round picks them up and puts them back for ever, in front of the rest of their pool.
 
 Heaps hold (time, seq, id) and are cleaned lazily: an entry is acted on only if the execution is still
 in the state and at the time that put it there.
@@ -34,6 +35,8 @@ class PendingIndex:
         self._by_schedule: dict[str, dict[str, Execution]] = {}
         self._ready: dict[str, list[tuple[int, int, str]]] = {}  # pool -> heap
         self._parked: dict[str, dict[str, Execution]] = {}  # schedule id -> executions waiting for a resume
+        # schedule id -> {id: buffered by the policy} of runs waiting until no run of it is in flight
+        self._behind: dict[str, dict[str, bool]] = {}
         self._deadlines: list[tuple[int, int, str]] = []
         self._start_bys: list[tuple[int, int, str]] = []  # dispatched attempts waiting for their start
         self._seq = itertools.count()
@@ -70,6 +73,8 @@ class PendingIndex:
             heapq.heappush(self._deadlines, (cur.deadline_ms, next(self._seq), e.id))
             if e.state is ExecState.DISPATCHED and cur.start_by_ms:
                 heapq.heappush(self._start_bys, (cur.start_by_ms, next(self._seq), e.id))
+        elif e.schedule_id in self._behind:
+            self._release_behind(e.schedule_id)
 
     def remove(self, execution_id: str) -> None:
         e = self._by_id.pop(execution_id, None)
@@ -82,12 +87,17 @@ class PendingIndex:
             parked = self._parked.get(e.schedule_id)
             if parked is not None:
                 parked.pop(execution_id, None)
+            behind = self._behind.get(e.schedule_id)
+            if behind is not None:
+                behind.pop(execution_id, None)
+                self._release_behind(e.schedule_id)
 
     def clear(self) -> None:
         self._by_id.clear()
         self._by_schedule.clear()
         self._ready.clear()
         self._parked.clear()
+        self._behind.clear()
         self._deadlines.clear()
         self._start_bys.clear()
 
@@ -147,6 +157,25 @@ class PendingIndex:
         """Hold `e` out of the ready heaps until `unpark()` (its schedule is paused)."""
         if e.id in self._by_id:
             self._parked.setdefault(e.schedule_id, {})[e.id] = e
+
+    def wait_behind(self, e: Execution, by_policy: bool) -> None:
+        """Hold `e` out of the ready heaps until no run of its schedule is in flight (`DispatchPlan.behind`)."""
+        if e.id not in self._by_id:
+            return
+        self._behind.setdefault(e.schedule_id, {})[e.id] = by_policy
+        self._release_behind(e.schedule_id)  # nothing in flight any more: straight back
+
+    def behind(self, schedule_id: str) -> dict[str, bool]:
+        """The runs of a schedule waiting behind one in flight: {id: buffered by the policy}."""
+        return self._behind.get(schedule_id, {})
+
+    def _release_behind(self, schedule_id: str) -> None:
+        if any(x.state in IN_FLIGHT for x in self._by_schedule.get(schedule_id, {}).values()):
+            return
+        for eid in self._behind.pop(schedule_id, {}):
+            cur = self._by_id.get(eid)
+            if cur is not None:
+                self.defer(cur)
 
     def unpark(self, schedule_id: str) -> None:
         for e in self._parked.pop(schedule_id, {}).values():

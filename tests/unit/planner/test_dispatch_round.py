@@ -28,17 +28,41 @@ def running(t: int, started: int) -> Execution:
 
 def round_(due: Sequence[Execution], *, in_flight: Sequence[Execution] = (), policy: Overlap = Overlap.SKIP,
            budget: int = 10, catchup: frozenset[str] = frozenset(), confirmed_at: int | None = None,
-           paused: bool = False, deleted: bool = False) -> DispatchPlan:
+           paused: bool = False, deleted: bool = False, parked: dict[str, bool] | None = None) -> DispatchPlan:
     confirmed = {r.id: (r.mod_revision, confirmed_at) for r in in_flight} if confirmed_at is not None else {}
     views = {} if deleted else {"s": ScheduleView(policy, paused)}
     return plan_dispatch(RoundInput(now_ms=NOW, due={"s": list(due)}, schedules=views, in_flight={"s": list(in_flight)},
                                     budget={"p": budget}, catchup=catchup, confirmed=confirmed, node_id="n",
-                                    token="0:7"))
+                                    token="0:7", behind={"s": parked} if parked else {}))
 
 
 def states(plan: DispatchPlan) -> dict[int, str]:
     return {old.planned_ms: new.state.value + (f":{new.skip_reason}" if new.skip_reason else "")
             for old, new in plan.transitions.values()}
+
+
+def behind(plan: DispatchPlan) -> list[tuple[int, bool]]:
+    return [(x.planned_ms, by_policy) for x, by_policy in plan.behind]
+
+
+def test_buffered_runs_wait_behind_the_run_in_flight_out_of_the_heap() -> None:
+    r = running(98_000, started=98_010)
+    plan = round_([ex(99_000)], in_flight=[r], policy=Overlap.BUFFER_ALL, confirmed_at=NOW)
+    assert states(plan) == {} and behind(plan) == [(99_000, True)] and not plan.defer
+
+
+def test_buffer_one_counts_the_run_already_parked_behind() -> None:
+    """The run buffered in an earlier round is parked out of `due`: BUFFER_ONE still sees it."""
+    r = running(97_000, started=97_010)
+    parked = {ex(98_000).id: True}
+    plan = round_([ex(99_000)], in_flight=[r], policy=Overlap.BUFFER_ONE, confirmed_at=NOW, parked=parked)
+    assert states(plan) == {99_000: "skipped:overlap_skip"}
+
+
+def test_a_run_behind_parked_ones_waits_in_order() -> None:
+    r = running(97_000, started=99_900)  # late: no overlap, but the later ones queue behind it
+    plan = round_([ex(99_000)], in_flight=[r], confirmed_at=NOW, parked={ex(98_000).id: False})
+    assert states(plan) == {} and behind(plan) == [(99_000, False)]
 
 
 def test_nothing_in_flight_starts_it() -> None:
@@ -63,20 +87,20 @@ def test_a_skip_waits_for_a_read_sent_after_the_due_time() -> None:
 def test_a_run_that_started_after_the_due_time_is_no_overlap_the_next_waits_for_it() -> None:
     r = running(90_000, started=99_900)  # late: dispatched after x came due
     plan = round_([ex(99_000)], in_flight=[r], confirmed_at=NOW)
-    assert states(plan) == {} and [x.planned_ms for x in plan.defer] == [99_000] and not plan.confirm
+    assert states(plan) == {} and behind(plan) == [(99_000, False)] and not plan.defer and not plan.confirm
 
 
 def test_catch_up_runs_never_count_as_overlap() -> None:
     r = running(90_000, started=95_000)
     plan = round_([ex(99_000)], in_flight=[r], catchup=frozenset({r.id}), confirmed_at=NOW)
-    assert states(plan) == {} and [x.planned_ms for x in plan.defer] == [99_000]
+    assert states(plan) == {} and behind(plan) == [(99_000, False)]
 
 
 def test_a_catch_up_backlog_runs_in_order_one_at_a_time() -> None:
     backlog = [ex(t) for t in (95_000, 96_000, 97_000)]
     plan = round_(backlog, catchup=frozenset(x.id for x in backlog))
     assert states(plan) == {95_000: "dispatched"}
-    assert [x.planned_ms for x in plan.defer] == [96_000, 97_000]
+    assert behind(plan) == [(96_000, False), (97_000, False)]  # behind the one just dispatched
 
 
 @pytest.mark.parametrize(("policy", "expect"), [
@@ -142,4 +166,4 @@ def test_a_run_with_its_own_policy_counts_every_run_in_flight() -> None:
     assert states(round_([second], in_flight=[first], confirmed_at=NOW)) == {91_000: "skipped:overlap_skip"}
     buffered = replace(ex(91_000), overlap=Overlap.BUFFER_ALL)
     plan = round_([buffered], in_flight=[first], confirmed_at=NOW)
-    assert states(plan) == {} and [x.planned_ms for x in plan.defer] == [91_000]
+    assert states(plan) == {} and behind(plan) == [(91_000, True)]

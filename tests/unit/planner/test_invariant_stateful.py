@@ -429,3 +429,17 @@ async def test_several_changes_while_the_partition_has_no_owner_lose_no_planned_
     await w.update("s1", period_s=3)
     await w.advance(10_000)
     await _judge(w, kv)
+
+
+async def test_a_backlog_buffered_behind_a_slow_run_does_not_stop_its_pools_other_schedules() -> None:
+    """Found by the machine: the runs buffered behind a slow one were the oldest ready work of their pool
+    (capacity 2), taken and put back every round, so another schedule of that pool never ran."""
+    w, kv = await _world()
+    w.workers.plan.append(("slow", 12_000))
+    await w.create(1, False, "b", default_policies(MissedRuns.SKIP, 1, 3, Overlap.BUFFER_ALL))
+    await w.advance(4_000)  # the slow run holds one worker of two; its later runs queue behind it
+    await w.create(1, False, "b", SKIP_1S)
+    await w.advance(6_000)  # judged while the slow run still holds its worker
+    bad = await w.check()
+    assert not bad, "\n".join(bad[:15])
+    await _judge(w, kv)

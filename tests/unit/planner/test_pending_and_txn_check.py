@@ -60,3 +60,37 @@ def test_duplicate_write_finds_two_writes_of_one_key_in_nested_txns() -> None:
     assert duplicate_write([create, cas]) == k, "etcd refuses this txn: duplicate key given in txn request"
     assert duplicate_write([put(k, b""), delete(k)]) == k
     assert duplicate_write([get(k), get(k), put(k, b"")]) is None, "reads are not writes"
+
+
+def test_runs_waiting_behind_their_schedules_run_in_flight_leave_the_heap_until_it_lands() -> None:
+    """A backlog buffered behind a slow run must not take its pool's places round after round (the
+    random state machine found a pool of 2 whose other schedules never ran behind such a backlog)."""
+    idx = PendingIndex()
+    slow = replace(ex("buf", 500), state=ExecState.RUNNING)
+    idx.put(slow)
+    for i in range(10):
+        idx.put(ex("buf", 1_000 + i))
+    idx.put(ex("other", 5_000))
+    first = idx.ready(10_000, {"a": 2})
+    assert sum(len(v) for v in first.values()) == 2 and "other" not in first  # the backlog is older
+    for e in [x for es in first.values() for x in es]:
+        idx.wait_behind(e, True)
+    for _ in range(5):  # the rest of the backlog gets parked too, and then the other schedule's turn comes
+        got = idx.ready(10_000, {"a": 2})
+        if "other" in got:
+            break
+        for e in [x for es in got.values() for x in es]:
+            idx.wait_behind(e, True)
+    assert "other" in got
+    assert set(idx.behind("buf")) == {execution_id("buf", 1_000 + i) for i in range(10)}
+    idx.put(replace(slow, state=ExecState.SUCCEEDED))  # it lands: the backlog is back, oldest first
+    assert idx.behind("buf") == {}
+    back = idx.ready(10_000, {"a": 1})
+    assert [e.planned_ms for e in back["buf"]] == [1_000]
+
+
+def test_waiting_behind_with_nothing_in_flight_goes_straight_back() -> None:
+    idx = PendingIndex()
+    idx.put(ex("s", 1_000))
+    idx.wait_behind(ex("s", 1_000), False)  # the run it waited for landed before the round applied
+    assert idx.behind("s") == {} and idx.oldest_ready("a") == 1_000
