@@ -28,7 +28,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,36 +39,16 @@ from scheduler._gen.scheduler.v1 import worker_service_pb2 as wpb
 from scheduler.api.convert import ms_to_duration, ms_to_timestamp
 from scheduler.clock import Clock
 from scheduler.dispatch.queue import FairQueue
+from scheduler.dispatch.results import NoticeFor, PayloadLookup, ResultRecorder, ResultReport
 from scheduler.dispatch.starts import StartRecorder
-from scheduler.errors import NotFound, SchedError
-from scheduler.execution import (
-    IN_FLIGHT,
-    Disposition,
-    ErrorClass,
-    ExecState,
-    Execution,
-    log_fields,
-    result,
-    with_revision,
-)
+from scheduler.errors import SchedError
+from scheduler.execution import IN_FLIGHT, Execution
 from scheduler.model import parse_rfc3339
-from scheduler.store.etcd.ops import Op
 from scheduler.store.kv import KV
 from scheduler.store.ledger import Ledger, split_execution_id
 
 log = logging.getLogger(__name__)
 
-_ERROR_CLASS = {
-    execution_pb2.ERROR_CLASS_TRANSIENT: ErrorClass.TRANSIENT,
-    execution_pb2.ERROR_CLASS_PERMANENT: ErrorClass.PERMANENT,
-    execution_pb2.ERROR_CLASS_UNKNOWN: ErrorClass.UNKNOWN,
-    execution_pb2.ERROR_CLASS_TIMEOUT: ErrorClass.TIMEOUT,
-}
-_DISPOSITION = {
-    Disposition.RECORDED: wpb.RESULT_DISPOSITION_RECORDED,
-    Disposition.DUPLICATE: wpb.RESULT_DISPOSITION_DUPLICATE,
-    Disposition.STALE: wpb.RESULT_DISPOSITION_STALE,
-}
 _TRIGGER = {
     "scheduled": execution_pb2.TRIGGER_SCHEDULED, "manual": execution_pb2.TRIGGER_MANUAL,
     "rerun": execution_pb2.TRIGGER_RERUN, "backfill": execution_pb2.TRIGGER_BACKFILL,
@@ -97,7 +77,6 @@ class _Conn:
     capacity: int = 0  # Hello.capacity, for cluster status
 
 
-Recorder = Callable[..., Awaitable[tuple[Execution, Disposition]]]
 AttemptKey = tuple[str, int]  # (execution id, attempt)
 
 
@@ -113,21 +92,22 @@ class Dispatcher:
         kv: KV,
         ledger: Ledger,
         clock: Clock,
-        record: Recorder,
         planners: Callable[[], list[cluster_pb2.PlannerInfo]],
         on_transition: Callable[[Execution], None] = lambda e: None,
         lookup: Callable[[str], Execution | None] = lambda eid: None,
         on_capacity: Callable[[], None] = lambda: None,
         on_lost_attempts: Callable[[list[AttemptKey]], None] = lambda keys: None,
         on_started: Callable[[Execution], None] = lambda e: None,
-        start_notice: Callable[[str, int], Sequence[Op]] = lambda sid, planned_ms: (),
+        notice_for: NoticeFor = lambda sid, planned_ms: (),
+        payload_of: PayloadLookup | None = None,
+        rpc_timeout: float | None = None,
         heartbeat_interval: float = 1.0,
         heartbeat_timeout: float = 5.0,
         type_caps: dict[str, int] | None = None,
         tenant_weights: dict[str, int] | None = None,
     ) -> None:
         self.node_id, self.region, self.kv, self.ledger, self.clock = node_id, region, kv, ledger, clock
-        self._record, self._planners, self._on_transition = record, planners, on_transition
+        self._planners, self._on_transition = planners, on_transition
         self._lookup = lookup
         self._on_capacity = on_capacity  # new credits: wake planner loops waiting for capacity
         self.hb_interval, self.hb_timeout = heartbeat_interval, heartbeat_timeout
@@ -142,15 +122,15 @@ class Dispatcher:
         self._ids = itertools.count()
         self._tasks: set[asyncio.Task[None]] = set()
         self.sent = 0
-        self.results = 0
-        # Results read from every stream wait here while earlier ones are being recorded: the stream
-        # readers never block on etcd, and results arriving together share one txn.
-        self._inbox: list[tuple[_Conn, list[wpb.Result]]] = []
-        self._recorder: asyncio.Task[None] | None = None
+        # Results from every stream, recorded in batches (dispatch/results.py); `notice_for` tells another
+        # node's partition when a record of it changed here (results and starts alike).
+        self.recorder = ResultRecorder(kv=kv, ledger=ledger, clock=clock, lookup=lookup, on_transition=on_transition,
+                                       notice_for=notice_for, payload_of=payload_of, timeout=rpc_timeout,
+                                       after_batch=self._pump)
         self._pump_pending = False
         self._reserved: dict[str, int] = {}  # capacity held by partition loops committing dispatches
         # Start confirmation (dispatch/starts.py): Started requests from any stream, recorded in batches.
-        self._on_started, self._start_notice = on_started, start_notice
+        self._on_started, self._notice_for = on_started, notice_for
         self._starts: StartRecorder | None = None
 
     @property
@@ -158,8 +138,13 @@ class Dispatcher:
         if self._starts is None:  # made on first use: unit tests build a Dispatcher without a ledger
             self._starts = StartRecorder(kv=self.kv, ledger=self.ledger, ks=self.ledger.ks,
                                          partitions=self.ledger.partitions, clock=self.clock, lookup=self._lookup,
-                                         on_started=self._on_started, notice_for=self._start_notice)
+                                         on_started=self._on_started, notice_for=self._notice_for)
         return self._starts
+
+    @property
+    def results(self) -> int:
+        """Results answered (acknowledged with any disposition)."""
+        return self.recorder.results
 
     # ---- DispatchSink (called by partition planners) --------------------------------------------------
 
@@ -234,162 +219,26 @@ class Dispatcher:
 
     # ---- receiving --------------------------------------------------------------------------------------
 
-    def _outcome(self, r: wpb.Result) -> tuple[bool, ErrorClass | None]:
-        ok = r.outcome == execution_pb2.ATTEMPT_OUTCOME_SUCCEEDED
-        ec = None if ok else _ERROR_CLASS.get(r.error_class, ErrorClass.UNKNOWN)
-        if r.outcome == execution_pb2.ATTEMPT_OUTCOME_TIMED_OUT:
-            ec = ErrorClass.TIMEOUT
-        return ok, ec
-
-    @staticmethod
-    def _details(r: wpb.Result) -> dict[str, Any]:
-        """What a result says beyond its outcome, for `execution.result`: when the handler started, whether
-        it never ran, whether a Cancel stopped it, and the executor's output."""
-        return {"started_ms": r.started_at.ToMilliseconds() if r.HasField("started_at") else 0,
-                "not_started": r.not_started, "cancelled": r.outcome == execution_pb2.ATTEMPT_OUTCOME_CANCELLED,
-                "output": (r.stdout_tail, r.stderr_tail, r.exit_code if r.HasField("exit_code") else None)
-                if r.stdout_tail or r.stderr_tail or r.HasField("exit_code") else None}
-
-    _MAX_CAS_PER_TXN = 120  # under etcd's default --max-txn-ops (128)
-
-    async def _fast_path(
-        self, results: list[wpb.Result], worker_of: Callable[[wpb.Result], str]
-    ) -> tuple[list[wpb.ResultAckEntry], list[wpb.Result]]:
-        """Results for executions this node owns and holds in memory: one txn of CASes for all of
-        them, no reads. Whatever does not apply cleanly goes to the slow path (read, decide, CAS).
-        `worker_of` names the worker that reported a result: recorded in its attempt, in the same CAS."""
-        now = self.clock.wall_ms()
-        cands: list[tuple[wpb.Result, Execution, Execution]] = []
-        slow: list[wpb.Result] = []
-        for r in results:
-            old = self._lookup(r.execution_id)
-            if old is None or old.attempt != r.attempt or old.state not in IN_FLIGHT:
-                slow.append(r)
-                continue
-            ok, ec = self._outcome(r)
-            new, disp = result(old, r.attempt, succeeded=ok, error_class=ec, message=r.message, now_ms=now,
-                               retry_after_ms=int(r.retry_after.ToMilliseconds()), worker=worker_of(r),
-                               **self._details(r))
-            if disp is not Disposition.RECORDED or new.state is ExecState.DEAD_LETTER:
-                slow.append(r)  # dead letters keep the payload: the slow path looks it up
-                continue
-            cands.append((r, old, new))
-        acks: list[wpb.ResultAckEntry] = []
-        n = self._MAX_CAS_PER_TXN
-        chunks = [cands[i:i + n] for i in range(0, len(cands), n)]
-
-        async def commit(chunk: list[tuple[wpb.Result, Execution, Execution]]) -> None:
-            try:
-                tr = await self.kv.txn([], [self.ledger.cas_op(new, old.mod_revision, now_ms=now,
-                                                              old_state=old.state)
-                                            for _, old, new in chunk])
-            except SchedError:
-                slow.extend(r for r, _, _ in chunk)
-                return
-            for (r, _old, new), applied in zip(chunk, self.ledger.cas_results(tr), strict=False):
-                if not applied:
-                    slow.append(r)
-                    continue
-                self._on_transition(with_revision(new, tr.revision))
-                acks.append(wpb.ResultAckEntry(execution_id=r.execution_id, attempt=r.attempt,
-                                               disposition=wpb.RESULT_DISPOSITION_RECORDED))
-
-        if len(chunks) == 1:
-            await commit(chunks[0])
-        elif chunks:
-            await asyncio.gather(*(commit(c) for c in chunks))
-        return acks, slow
-
     def _finished(self, c: _Conn, results: list[wpb.Result]) -> None:
         for r in results:
             task_type = c.running.pop((r.execution_id, r.attempt), None)
             if task_type is not None:
                 self.queue.finished(task_type)
 
+    def _send_acks(self, c: _Conn, report: ResultReport) -> None:
+        if report.acks:
+            c.out.put_nowait(wpb.PlannerMessage(result_ack=wpb.ResultAck(acks=report.acks)))
+
     def _enqueue_results(self, c: _Conn, results: list[wpb.Result]) -> None:
-        """Hand results to the recorder task and return at once. Acks still go out only after the
-        results are recorded."""
+        """Hand results to the recorder (dispatch/results.py) and return at once. Acks still go out only
+        after the results are recorded."""
         self._finished(c, results)
-        self._inbox.append((c, results))
-        if self._recorder is None or self._recorder.done():
-            self._recorder = asyncio.create_task(self._record_inbox())
-            self._tasks.add(self._recorder)
-            self._recorder.add_done_callback(self._tasks.discard)
-
-    _RESULT_LINGER = 0.005  # seconds a small batch of results waits for more to share its txn
-
-    async def _record_inbox(self) -> None:
-        while self._inbox:
-            if sum(len(rs) for _, rs in self._inbox) < self._MAX_CAS_PER_TXN:
-                await asyncio.sleep(self._RESULT_LINGER)
-            # At most a few txns' worth per turn: the rest waits for the next turn of the loop.
-            batch, n = [], 0
-            while self._inbox and n < 8 * self._MAX_CAS_PER_TXN:
-                item = self._inbox.pop(0)
-                batch.append(item)
-                n += len(item[1])
-            results = [r for _, rs in batch for r in rs]
-            owner = {(r.execution_id, r.attempt): c for c, rs in batch for r in rs}
-            try:
-                acks, slow = await self._fast_path(
-                    results, lambda r, owner=owner: owner[(r.execution_id, r.attempt)].worker_id)  # type: ignore[misc]
-                self.results += len(acks)
-                by_conn: dict[int, tuple[_Conn, list[wpb.ResultAckEntry]]] = {}
-                for a in acks:
-                    c = owner[(a.execution_id, a.attempt)]
-                    by_conn.setdefault(id(c), (c, []))[1].append(a)
-                for c, rs in batch:
-                    mine = {(r.execution_id, r.attempt) for r in rs}
-                    await self._record_slow(c, [r for r in slow if (r.execution_id, r.attempt) in mine],
-                                            by_conn.pop(id(c), (c, []))[1])
-                for c, conn_acks in by_conn.values():
-                    await self._record_slow(c, [], conn_acks)
-            except Exception:  # not acknowledged: the workers send them again
-                log.exception("recording results failed")
-            self._pump()
+        self.recorder.enqueue(c, c.worker_id, results, lambda report, c=c: self._send_acks(c, report))  # type: ignore[misc]
 
     async def _handle_results(self, c: _Conn, results: list[wpb.Result]) -> None:
         self._finished(c, results)
-        acks, slow = await self._fast_path(results, lambda r: c.worker_id)
-        self.results += len(acks)
-        await self._record_slow(c, slow, acks)
+        self._send_acks(c, await self.recorder.record_now(c.worker_id, results))
         self._pump()
-
-    _SLOW_CONCURRENCY = 32  # slow-path results recorded at once (each is a read and a CAS)
-
-    async def _record_slow(self, c: _Conn, slow: list[wpb.Result], acks: list[wpb.ResultAckEntry]) -> None:
-        """Results the fast path could not apply (not in this node's memory: after a restart or an
-        ownership move; dead letters; lost CASes) are read and recorded one by one, but many at a
-        time: after a partition reload thousands arrive together, and a sequential read + CAS each
-        would leave them unacknowledged for minutes."""
-        gate = asyncio.Semaphore(self._SLOW_CONCURRENCY)
-
-        async def one(r: wpb.Result) -> wpb.ResultAckEntry | None:
-            sid, planned = split_execution_id(r.execution_id)
-            async with gate:
-                try:
-                    planned_ms = parse_rfc3339(planned, "execution_id")
-                    ok, ec = self._outcome(r)
-                    e, disp = await self._record(
-                        sid, planned_ms, r.attempt, succeeded=ok, error_class=ec, message=r.message,
-                        now_ms=self.clock.wall_ms(), retry_after_ms=int(r.retry_after.ToMilliseconds()),
-                        worker=c.worker_id, **self._details(r),
-                    )
-                except (NotFound, SchedError) as err:
-                    log.warning("result not recorded: %s", err, extra={"execution_id": r.execution_id})
-                    return None  # not acknowledged: the worker sends it again, maybe to another planner
-            self.results += 1
-            if disp is Disposition.RECORDED:
-                self._on_transition(e)  # which logs it
-            elif log.isEnabledFor(logging.DEBUG):
-                log.debug("result not applied", extra={"event": "result_ignored", "disposition": disp.value,
-                                                       **log_fields(e), "attempt": r.attempt})
-            return wpb.ResultAckEntry(execution_id=r.execution_id, attempt=r.attempt, disposition=_DISPOSITION[disp])
-
-        done = [await one(slow[0])] if len(slow) == 1 else list(await asyncio.gather(*(one(r) for r in slow)))
-        acks.extend(a for a in done if a is not None)
-        if acks:
-            c.out.put_nowait(wpb.PlannerMessage(result_ack=wpb.ResultAck(acks=acks)))
 
     async def _reattach(self, c: _Conn, running: list[wpb.RunningAttempt]) -> None:
         accepted, rejected = [], []

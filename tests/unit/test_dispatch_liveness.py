@@ -20,7 +20,7 @@ def make(lookup: dict[str, Execution] | None = None) -> tuple[Dispatcher, FakeCl
     clock = FakeClock()
     lost: list[list[tuple[str, int]]] = []
     d = Dispatcher(node_id="n1", region="r", kv=cast(Any, None), ledger=cast(Any, None), clock=clock,
-                   record=cast(Any, None), planners=lambda: [], lookup=(lookup or {}).get,
+                   planners=lambda: [], lookup=(lookup or {}).get,
                    on_lost_attempts=lost.append, heartbeat_interval=0.1, heartbeat_timeout=1.0)
     return d, clock, lost
 
