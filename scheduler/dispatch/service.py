@@ -8,18 +8,23 @@ Protocol (docs/workers.md has the worker's view):
 - Credits are additive: each grants that many more assignments; we never send more than granted;
 - Assignments are batched: one message carries as many as the worker has credits for;
 - Results are recorded in the ledger by compare-and-swap (any planner may record any result) and
-  acknowledged with their disposition; a worker re-sends unacknowledged results on its next stream;
+  acknowledged with their disposition (dispatch/results.py); a worker re-sends unacknowledged results
+  on its next stream;
+- Started asks for an attempt's start to be recorded before its handler runs (dispatch/starts.py);
 - Drain lists assignments the worker received but will not start: we record them as transient
   failures so that they are retried (same execution id, next attempt);
 - Cancel tells a worker to stop one attempt (overlap cancel_other, pause, cancel requests);
-- Liveness: every message (heartbeats at least every `heartbeat_interval`) refreshes the connection's
-  last-seen time; a watchdog ends a stream silent for `heartbeat_timeout`. The attempts of an ended
-  stream are orphaned: unless a connection re-attaches one within `heartbeat_timeout` (Hello.running,
-  or a heartbeat listing an attempt of a partition this node owns), `on_lost_attempts` hands it to the
-  owner's planner, which times it out (a CAS keyed on the attempt: a result recorded meanwhile wins).
+- Liveness (dispatch/liveness.py): every message (heartbeats at least every `heartbeat_interval`)
+  refreshes the stream's last-seen time; a watchdog ends a stream silent for `heartbeat_timeout`. The
+  attempts of an ended stream are orphaned: unless a stream re-attaches one within `heartbeat_timeout`
+  (Hello.running, or a heartbeat listing an attempt of a partition this node owns), `on_lost_attempts`
+  hands it to the owner's planner, which times it out (a CAS keyed on the attempt: a result recorded
+  meanwhile wins).
 
-Items wait in a fair queue (per tenant, capped per task type) until some worker of their pool has
-credit; workers in this planner's region are served first.
+This module is the stream service itself and assignment pumping: it feeds results, starts and liveness
+events to the modules named above and sends their answers back. Items wait in a fair queue (per tenant,
+capped per task type) until some worker of their pool has credit; workers in this planner's region are
+served first.
 """
 
 from __future__ import annotations
@@ -28,8 +33,8 @@ import asyncio
 import contextlib
 import itertools
 import logging
-from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -38,14 +43,14 @@ from scheduler._gen.scheduler.v1 import cluster_pb2, execution_pb2
 from scheduler._gen.scheduler.v1 import worker_service_pb2 as wpb
 from scheduler.api.convert import ms_to_duration, ms_to_timestamp
 from scheduler.clock import Clock
+from scheduler.dispatch.conn import AttemptKey, Conn
+from scheduler.dispatch.liveness import Liveness
 from scheduler.dispatch.queue import FairQueue
 from scheduler.dispatch.results import NoticeFor, PayloadLookup, ResultRecorder, ResultReport
 from scheduler.dispatch.starts import StartRecorder
-from scheduler.errors import SchedError
-from scheduler.execution import IN_FLIGHT, Execution
-from scheduler.model import parse_rfc3339
+from scheduler.execution import Execution
 from scheduler.store.kv import KV
-from scheduler.store.ledger import Ledger, split_execution_id
+from scheduler.store.ledger import Ledger
 
 log = logging.getLogger(__name__)
 
@@ -61,23 +66,6 @@ class _Item:
     e: Execution
     payload: bytes
     token: str  # "<partition>:<revision>"
-
-
-@dataclass
-class _Conn:
-    worker_id: str
-    pool: str
-    region: str
-    task_types: frozenset[str]
-    out: asyncio.Queue[wpb.PlannerMessage | None]
-    credits: int = 0
-    last_seen: float = 0.0  # monotonic time of the last message (any message proves the worker alive)
-    dead: bool = False  # the watchdog ended this stream (silent for heartbeat_timeout)
-    running: dict[tuple[str, int], str] = field(default_factory=dict)  # (execution id, attempt) -> task type
-    capacity: int = 0  # Hello.capacity, for cluster status
-
-
-AttemptKey = tuple[str, int]  # (execution id, attempt)
 
 
 class Dispatcher:
@@ -111,16 +99,13 @@ class Dispatcher:
         self._lookup = lookup
         self._on_capacity = on_capacity  # new credits: wake planner loops waiting for capacity
         self.hb_interval, self.hb_timeout = heartbeat_interval, heartbeat_timeout
-        self._on_lost = on_lost_attempts
-        # Attempts of ended streams -> monotonic time they are given up unless re-attached first.
-        self.orphans: dict[AttemptKey, float] = {}
-        self._watchdog: asyncio.Task[None] | None = None
-        self.streams_declared_dead = 0
-        self.attempts_lost = 0
         self.queue: FairQueue[_Item] = FairQueue(tenant_weights, type_caps)
-        self.conns: dict[int, _Conn] = {}
+        self.conns: dict[int, Conn] = {}
         self._ids = itertools.count()
-        self._tasks: set[asyncio.Task[None]] = set()
+        # The heartbeat lease over these streams: silent ones ended, their attempts orphaned (dispatch/liveness.py).
+        self.liveness = Liveness(conns=self.conns, clock=clock, kv=kv, ledger=ledger, lookup=lookup,
+                                 release=self.queue.finished, on_lost=on_lost_attempts,
+                                 heartbeat_interval=heartbeat_interval, heartbeat_timeout=heartbeat_timeout)
         self.sent = 0
         # Results from every stream, recorded in batches (dispatch/results.py); `notice_for` tells another
         # node's partition when a record of it changed here (results and starts alike).
@@ -219,115 +204,28 @@ class Dispatcher:
 
     # ---- receiving --------------------------------------------------------------------------------------
 
-    def _finished(self, c: _Conn, results: list[wpb.Result]) -> None:
+    def _finished(self, c: Conn, results: list[wpb.Result]) -> None:
         for r in results:
             task_type = c.running.pop((r.execution_id, r.attempt), None)
             if task_type is not None:
                 self.queue.finished(task_type)
 
-    def _send_acks(self, c: _Conn, report: ResultReport) -> None:
+    def _send_acks(self, c: Conn, report: ResultReport) -> None:
         if report.acks:
             c.out.put_nowait(wpb.PlannerMessage(result_ack=wpb.ResultAck(acks=report.acks)))
 
-    def _enqueue_results(self, c: _Conn, results: list[wpb.Result]) -> None:
+    def _enqueue_results(self, c: Conn, results: list[wpb.Result]) -> None:
         """Hand results to the recorder (dispatch/results.py) and return at once. Acks still go out only
         after the results are recorded."""
         self._finished(c, results)
         self.recorder.enqueue(c, c.worker_id, results, lambda report, c=c: self._send_acks(c, report))  # type: ignore[misc]
 
-    async def _handle_results(self, c: _Conn, results: list[wpb.Result]) -> None:
+    async def _handle_results(self, c: Conn, results: list[wpb.Result]) -> None:
         self._finished(c, results)
         self._send_acks(c, await self.recorder.record_now(c.worker_id, results))
         self._pump()
 
-    async def _reattach(self, c: _Conn, running: list[wpb.RunningAttempt]) -> None:
-        accepted, rejected = [], []
-        for ra in running:
-            sid, planned = split_execution_id(ra.execution_id)
-            try:
-                e = await self.ledger.get(self.kv, sid, parse_rfc3339(planned, "execution_id"))
-            except SchedError:
-                e = None
-            if e is not None and e.attempt == ra.attempt and e.state in IN_FLIGHT:
-                c.running[(ra.execution_id, ra.attempt)] = e.task_type
-                self.orphans.pop((ra.execution_id, ra.attempt), None)  # its worker is back in time
-                accepted.append(wpb.AttemptRef(execution_id=ra.execution_id, attempt=ra.attempt))
-            else:
-                why = "unknown execution" if e is None else f"execution is {e.state.value} at attempt {e.attempt}"
-                rejected.append(wpb.RejectedAttempt(execution_id=ra.execution_id, attempt=ra.attempt, reason=why))
-        c.out.put_nowait(wpb.PlannerMessage(reattached=wpb.Reattached(accepted=accepted, rejected=rejected)))
-
-    def _adopt(self, c: _Conn, running: Sequence[wpb.RunningAttempt]) -> None:
-        """A heartbeat lists attempts this stream does not track: those of partitions this node owns,
-        still in flight at the same attempt in the owner's memory, are taken over (answered Reattached),
-        so that a planner taking over a partition re-attaches its running attempts without a ledger read
-        and they are not orphaned. Attempts of other partitions are another planner's to answer."""
-        accepted = []
-        for ra in running:
-            key = (ra.execution_id, ra.attempt)
-            if key in c.running:
-                continue
-            e = self._lookup(ra.execution_id)
-            if e is None or e.attempt != ra.attempt or e.state not in IN_FLIGHT:
-                continue
-            c.running[key] = e.task_type
-            self.orphans.pop(key, None)
-            accepted.append(wpb.AttemptRef(execution_id=ra.execution_id, attempt=ra.attempt))
-        if accepted:
-            log.info("running attempts re-attached from a heartbeat",
-                     extra={"event": "reattached", "worker": c.worker_id, "count": len(accepted)})
-            c.out.put_nowait(wpb.PlannerMessage(reattached=wpb.Reattached(accepted=accepted)))
-
-    # ---- liveness ---------------------------------------------------------------------------------------
-
-    def check_liveness(self, now: float) -> None:
-        """One watchdog tick (monotonic `now`): end streams silent for longer than the heartbeat timeout,
-        and give up orphaned attempts nobody re-attached in time. O(streams + orphans), never per result."""
-        for c in self.conns.values():
-            if not c.dead and now - c.last_seen > self.hb_timeout:
-                c.dead = True
-                self.streams_declared_dead += 1
-                log.warning("worker stopped heartbeating; ending its stream",
-                            extra={"event": "worker_silent", "worker": c.worker_id,
-                                   "silent_s": round(now - c.last_seen, 3), "running": len(c.running)})
-                c.out.put_nowait(None)  # Connect returns; its finally orphans what the worker was running
-        if not self.orphans:
-            return
-        due = [k for k, t in self.orphans.items() if t <= now]
-        if due:
-            for k in due:
-                del self.orphans[k]
-            self.attempts_lost += len(due)
-            log.warning("attempts orphaned by a lost worker stream were not re-attached in time",
-                        extra={"event": "attempts_lost", "count": len(due)})
-            self._on_lost(due)
-
-    def _orphan(self, c: _Conn) -> None:
-        """The stream ended: what it was running may still run (a reconnect re-attaches it) or not."""
-        give_up = self.clock.monotonic() + self.hb_timeout
-        others = [o.running for o in self.conns.values() if o is not c]
-        for key, task_type in c.running.items():
-            self.queue.finished(task_type)
-            if not any(key in r for r in others):  # else another stream already re-attached it
-                self.orphans[key] = give_up
-        c.running.clear()
-
-    async def _watch(self) -> None:
-        period = max(0.01, min(self.hb_interval, self.hb_timeout / 4))
-        while True:
-            await asyncio.sleep(period)
-            try:
-                self.check_liveness(self.clock.monotonic())
-            except Exception:  # the watchdog must outlive a bug in one tick
-                log.exception("liveness check failed")
-
-    def _start_watchdog(self) -> None:
-        if self._watchdog is None or self._watchdog.done():
-            self._watchdog = asyncio.create_task(self._watch(), name="dispatch-watchdog")
-            self._tasks.add(self._watchdog)
-            self._watchdog.add_done_callback(self._tasks.discard)
-
-    async def _returned(self, c: _Conn, refs: list[wpb.AttemptRef]) -> None:
+    async def _returned(self, c: Conn, refs: list[wpb.AttemptRef]) -> None:
         """Assignments a draining worker hands back unstarted: retried elsewhere, same id."""
         results = [wpb.Result(execution_id=r.execution_id, attempt=r.attempt,
                               outcome=execution_pb2.ATTEMPT_OUTCOME_FAILED,
@@ -336,9 +234,9 @@ class Dispatcher:
                    for r in refs]
         await self._handle_results(c, results)
 
-    async def _read(self, c: _Conn, it: AsyncIterator[wpb.WorkerMessage]) -> None:
+    async def _read(self, c: Conn, it: AsyncIterator[wpb.WorkerMessage]) -> None:
         async for msg in it:
-            c.last_seen = self.clock.monotonic()
+            self.liveness.heard(c)
             kind = msg.WhichOneof("body")
             if kind == "credits":
                 c.credits += msg.credits.credits
@@ -352,7 +250,7 @@ class Dispatcher:
                     wpb.PlannerMessage(start_ack=wpb.StartAck(acks=acks))))
             elif kind == "heartbeat":
                 if msg.heartbeat.running:  # once per heartbeat interval, a dict lookup per running attempt
-                    self._adopt(c, msg.heartbeat.running)
+                    self.liveness.adopt(c, msg.heartbeat.running)
             elif kind == "drain":
                 c.credits = 0
                 await self._returned(c, list(msg.drain.returned))
@@ -371,18 +269,18 @@ class Dispatcher:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "hello.worker_id and hello.pool are required")
             return
         conn_id = next(self._ids)
-        c = _Conn(h.worker_id, h.pool, h.region, frozenset(h.task_types), asyncio.Queue(),
-                  last_seen=self.clock.monotonic(), capacity=h.capacity)
+        c = Conn(h.worker_id, h.pool, h.region, frozenset(h.task_types), asyncio.Queue(),
+                 last_seen=self.clock.monotonic(), capacity=h.capacity)
         self.conns[conn_id] = c
-        self._start_watchdog()
+        self.liveness.start_watchdog()
         log.info("worker connected", extra={"event": "worker_connected", "worker": h.worker_id, "pool": h.pool})
         yield wpb.PlannerMessage(welcome=wpb.Welcome(
             planner_id=self.node_id, region=self.region, server_time=ms_to_timestamp(self.clock.wall_ms()),
             planners=self._planners(), heartbeat_interval=ms_to_duration(int(self.hb_interval * 1000)),
             heartbeat_timeout=ms_to_duration(int(self.hb_timeout * 1000))))
         if h.running:
-            await self._reattach(c, list(h.running))
-            c.last_seen = self.clock.monotonic()  # its reads took our time, not the worker's silence
+            c.out.put_nowait(await self.liveness.reattach(c, list(h.running)))
+            self.liveness.heard(c)  # its reads took our time, not the worker's silence
         reader = asyncio.create_task(self._read(c, request_iterator))
         reader.add_done_callback(lambda _t: c.out.put_nowait(None))
         try:
@@ -395,7 +293,7 @@ class Dispatcher:
             del self.conns[conn_id]
             # Attempts it was running stay in flight in the ledger; a result (possibly via another planner
             # after a reconnect) or a re-attach within the heartbeat timeout keeps them, else they time out.
-            self._orphan(c)
+            self.liveness.orphan(c)
             log.info("worker disconnected", extra={"event": "worker_disconnected", "worker": h.worker_id,
                                                    "declared_dead": c.dead})
 
