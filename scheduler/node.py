@@ -161,7 +161,7 @@ class PlannerNode:
         workers: tuple[WorkerStatus, ...] = ()
         if isinstance(d, Dispatcher):
             depth = d.queue.depths()
-            workers = tuple(WorkerStatus(c.worker_id, c.pool, c.region, c.capacity, c.credits, len(c.running))
+            workers = tuple(WorkerStatus(c.worker_id, c.pool, c.region, c.capacity, c.credits, c.reported)
                             for c in d.conns.values())
         return NodeStatus(now_ms=self.clock.wall_ms(), owned=parts, queue_depth=depth, workers=workers,
                           fenced_txns=self.fence_stats.txns, fencing_rejections=self.fence_stats.fenced_out,

@@ -7,9 +7,19 @@ listing an attempt of a partition this node owns, answered from the owner's memo
 else `on_lost` hands it to the owner's planner, which times it out by a CAS keyed on the attempt (a
 result recorded meanwhile wins). One watchdog tick is O(streams + orphans), nothing per result.
 
+What a stream holds (`Conn.running`) is kept true to what its worker holds, since cancels, orphaning
+and the fair queue's per-type caps act on it: an attempt is added when it is assigned or re-attached
+and removed by its result on that stream, a refused start (the worker never runs it), the stream's
+end, or the worker's heartbeats, which list every attempt it runs: each held attempt is a lease that
+the assignment, its recorded start and each heartbeat listing it renew, and that ends unrenewed after
+its grace (`unlisted`). Without that, an attempt that ended without a result on its stream (the
+result sent through another planner, the start refused or never asked for, an assignment the worker
+dropped) stayed held for the stream's life: `cluster status` counted it, a type cap stayed taken.
+
 The decisions are the pure functions at the top (which streams are silent, which orphans are due,
-what an ended stream orphans, which listed attempts a heartbeat re-attaches, whether a Hello's
-re-attach is accepted); `Liveness` applies them to the streams and owns the orphans and the watchdog.
+what an ended stream orphans, which held attempts a heartbeat shows gone, which listed attempts a
+heartbeat re-attaches, whether a Hello's re-attach is accepted); `Liveness` applies them to the
+streams and owns the orphans and the watchdog.
 """
 
 from __future__ import annotations
@@ -20,7 +30,7 @@ from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 
 from scheduler._gen.scheduler.v1 import worker_service_pb2 as wpb
 from scheduler.clock import Clock
-from scheduler.dispatch.conn import AttemptKey, Conn
+from scheduler.dispatch.conn import AttemptKey, Conn, Held
 from scheduler.errors import SchedError
 from scheduler.execution import IN_FLIGHT, Execution
 from scheduler.model import parse_rfc3339
@@ -48,6 +58,15 @@ def orphaned(ended: Iterable[AttemptKey], others: Sequence[Container[AttemptKey]
     """What an ended stream held that no other stream holds: another stream of the worker may have
     re-attached it before this one was seen to end."""
     return [k for k in ended if not any(k in held for held in others)]
+
+
+def unlisted(held: Mapping[AttemptKey, Held], listed: Container[AttemptKey], now: float) -> list[AttemptKey]:
+    """Attempts a stream holds that its worker no longer holds, going by a heartbeat (`listed`: every attempt
+    the worker runs, whichever planner dispatched it): those without a sign of it for longer than their
+    grace. A worker lists an attempt from the moment its handler runs until it ends, in every heartbeat,
+    so an attempt it does not list past its grace was refused or dropped, never started, or has ended
+    (its result went elsewhere, or was lost with the worker; the stream's end orphans it until then)."""
+    return [k for k, h in held.items() if k not in listed and now - h.since > h.grace]
 
 
 def reattach_refusal(e: Execution | None, attempt: int) -> str:
@@ -132,20 +151,64 @@ class Liveness:
         """The stream ended (and is no longer in `conns`): what it was running may still run (a reconnect
         re-attaches it) or not."""
         give_up = self.clock.monotonic() + self.hb_timeout
-        for task_type in c.running.values():
-            self._release(task_type)
+        for h in c.running.values():
+            self._release(h.task_type)
         others = [o.running for o in self.conns.values() if o is not c]
         for key in orphaned(c.running, others):
             self.orphans[key] = give_up
         c.running.clear()
 
+    # ---- what a stream holds ---------------------------------------------------------------------------
+
+    def hold(self, c: Conn, key: AttemptKey, task_type: str, start_window: float) -> None:
+        """An assignment put on the stream. Its worker lists it once its handler runs: after the transit and
+        the start confirmation, which the worker gives up `start_window` after receipt (then it refuses the
+        attempt itself); `heartbeat_timeout` covers the transit and the next heartbeat."""
+        c.running[key] = Held(task_type, self.clock.monotonic(), start_window + self.hb_timeout)
+
+    def started(self, c: Conn, key: AttemptKey) -> None:
+        """Its start was recorded through this stream: the worker runs it, and lists it, once the answer
+        arrives (a slow etcd write must not count against its grace)."""
+        h = c.running.get(key)
+        if h is not None:
+            h.since = self.clock.monotonic()
+
+    def forget(self, c: Conn, keys: Iterable[AttemptKey]) -> None:
+        """The worker no longer holds these (a result, a refused start, its heartbeats): the stream lets go
+        and their task-type slots are free again."""
+        for k in keys:
+            h = c.running.pop(k, None)
+            if h is not None:
+                self._release(h.task_type)
+
+    def heartbeat(self, c: Conn, running: Sequence[wpb.RunningAttempt]) -> None:
+        """A heartbeat lists every attempt the worker runs: it is what `cluster status` shows, it renews the
+        stream's hold on those and ends it on what the worker has not shown for too long, and it re-attaches
+        owned attempts the stream lacks. Once per heartbeat interval: O(held + listed)."""
+        now = self.clock.monotonic()
+        c.reported = len(running)
+        listed = {(ra.execution_id, ra.attempt) for ra in running}
+        for k in listed:
+            h = c.running.get(k)
+            if h is not None:  # held while listed, and one heartbeat timeout after: its result is on its way
+                h.since, h.grace = now, self.hb_timeout
+        gone = unlisted(c.running, listed, now)
+        if gone:
+            log.debug("attempts the worker no longer lists let go", extra={
+                "event": "unlisted", "worker": c.worker_id, "count": len(gone)})
+            self.forget(c, gone)
+        if running:
+            self.adopt(c, running)
+
     def _attach(self, c: Conn, key: AttemptKey, task_type: str) -> None:
-        c.running[key] = task_type
+        """Re-attached from a list of what the worker runs (Hello or a heartbeat): as if listed just now."""
+        c.running[key] = Held(task_type, self.clock.monotonic(), self.hb_timeout)
         self.orphans.pop(key, None)  # its worker is back in time
 
     async def reattach(self, c: Conn, running: Sequence[wpb.RunningAttempt]) -> wpb.PlannerMessage:
         """A Hello's running attempts: accepted where the ledger still shows that attempt in flight, else
         rejected (the worker stops it at once, without a result). Returns the Reattached answer."""
+        c.reported = len(running)
         accepted, rejected = [], []
         for ra in running:
             sid, planned = split_execution_id(ra.execution_id)

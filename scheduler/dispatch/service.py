@@ -194,8 +194,10 @@ class Dispatcher:
                 if it is None:
                     break
                 c.credits -= 1
-                c.running[(it.e.id, it.e.attempt)] = it.e.task_type
-                batch.append(self._assignment(it))
+                a = self._assignment(it)
+                window = a.start_timeout.ToMilliseconds() / 1000 if a.HasField("start_timeout") else 0.0
+                self.liveness.hold(c, (it.e.id, it.e.attempt), it.e.task_type, window)
+                batch.append(a)
             if batch:
                 self.sent += len(batch)
                 c.out.put_nowait(wpb.PlannerMessage(assignments=wpb.Assignments(assignments=batch)))
@@ -205,10 +207,7 @@ class Dispatcher:
     # ---- receiving --------------------------------------------------------------------------------------
 
     def _finished(self, c: Conn, results: list[wpb.Result]) -> None:
-        for r in results:
-            task_type = c.running.pop((r.execution_id, r.attempt), None)
-            if task_type is not None:
-                self.queue.finished(task_type)
+        self.liveness.forget(c, [(r.execution_id, r.attempt) for r in results])
 
     def _send_acks(self, c: Conn, report: ResultReport) -> None:
         if report.acks:
@@ -234,6 +233,16 @@ class Dispatcher:
                    for r in refs]
         await self._handle_results(c, results)
 
+    def _start_acks(self, c: Conn, acks: list[wpb.StartAckEntry]) -> None:
+        """Answer a Started message. A refused start is never run by the worker, whatever happens to its
+        not-started result (it may go to another planner): the stream lets go of it now."""
+        for a in acks:
+            if a.disposition == wpb.START_DISPOSITION_STARTED:
+                self.liveness.started(c, (a.execution_id, a.attempt))
+        self.liveness.forget(c, [(a.execution_id, a.attempt) for a in acks
+                                 if a.disposition != wpb.START_DISPOSITION_STARTED])
+        c.out.put_nowait(wpb.PlannerMessage(start_ack=wpb.StartAck(acks=acks)))
+
     async def _read(self, c: Conn, it: AsyncIterator[wpb.WorkerMessage]) -> None:
         async for msg in it:
             self.liveness.heard(c)
@@ -246,11 +255,10 @@ class Dispatcher:
             elif kind == "results":
                 self._enqueue_results(c, list(msg.results.results))
             elif kind == "started":
-                self.starts.enqueue(c.worker_id, list(msg.started.starts), lambda acks, c=c: c.out.put_nowait(  # type: ignore[misc]
-                    wpb.PlannerMessage(start_ack=wpb.StartAck(acks=acks))))
+                self.starts.enqueue(c.worker_id, list(msg.started.starts),
+                                    lambda acks, c=c: self._start_acks(c, acks))  # type: ignore[misc]
             elif kind == "heartbeat":
-                if msg.heartbeat.running:  # once per heartbeat interval, a dict lookup per running attempt
-                    self.liveness.adopt(c, msg.heartbeat.running)
+                self.liveness.heartbeat(c, msg.heartbeat.running)
             elif kind == "drain":
                 c.credits = 0
                 await self._returned(c, list(msg.drain.returned))

@@ -9,8 +9,8 @@ from typing import Any, cast
 
 from scheduler._gen.scheduler.v1 import worker_service_pb2 as wpb
 from scheduler.clock import FakeClock
-from scheduler.dispatch.conn import AttemptKey, Conn
-from scheduler.dispatch.liveness import Liveness, adoptable, due, orphaned, reattach_refusal, silent
+from scheduler.dispatch.conn import AttemptKey, Conn, Held
+from scheduler.dispatch.liveness import Liveness, adoptable, due, orphaned, reattach_refusal, silent, unlisted
 from scheduler.execution import ErrorClass, ExecState, Execution, Trigger, dispatch, new_execution, result
 from scheduler.model import RetryPolicy
 
@@ -73,6 +73,16 @@ def test_adoptable_takes_owned_in_flight_attempts_not_held_once_each() -> None:
     assert adoptable(listed, {(EID, 1)}, owned.get) == [], "already held by the stream"
 
 
+def test_unlisted_lets_go_of_what_the_worker_has_not_shown_for_longer_than_its_grace() -> None:
+    a, b, c = (EID, 1), (OTHER, 1), ("c@2026-01-01T00:00:02.000Z", 1)
+    held = {a: Held("x", 10.0, 1.5),  # not listed, within its grace: in transit, waiting for its start, or
+            b: Held("x", 10.0, 1.5),  # ... just ended with its result on the way
+            c: Held("x", 8.0, 1.5)}  # not listed past its grace: refused, dropped, or ended elsewhere
+    assert unlisted(held, {b}, now=11.0) == [c]
+    assert unlisted(held, {b}, now=11.6) == [a, c], "a listed attempt is never let go"
+    assert unlisted(held, {a, b, c}, now=99.0) == []
+
+
 # ---- applied to streams ----------------------------------------------------------------------------
 
 
@@ -92,7 +102,7 @@ def test_a_silent_stream_is_ended_once_and_only_after_the_timeout() -> None:
 def test_orphans_are_given_up_after_the_timeout_unless_reattached() -> None:
     env = Env()
     c = env.conn()
-    c.running = {(EID, 1): "x", (OTHER, 1): "x"}
+    c.running = {(EID, 1): Held("x", 0.0, 1.0), (OTHER, 1): Held("x", 0.0, 1.0)}
     del env.conns[0]
     env.live.orphan(c)
     assert set(env.live.orphans) == {(EID, 1), (OTHER, 1)} and not c.running
@@ -136,8 +146,30 @@ def test_a_result_records_the_worker_that_ran_it() -> None:
 def test_an_attempt_another_stream_already_reattached_is_not_orphaned() -> None:
     env = Env()
     old, new = env.conn(), env.conn()
-    old.running = {(EID, 1): "x"}
-    new.running = {(EID, 1): "x"}  # the worker's new stream re-attached it before the old one ended
+    old.running = {(EID, 1): Held("x", 0.0, 1.0)}
+    new.running = {(EID, 1): Held("x", 0.0, 1.0)}  # the worker's new stream re-attached it before the old one ended
     del env.conns[0]
     env.live.orphan(old)
     assert not env.live.orphans
+
+
+def test_heartbeats_keep_the_stream_to_what_its_worker_holds() -> None:
+    env = Env()
+    c = env.conn()
+    fresh, ran = (EID, 1), (OTHER, 1)
+    env.live.hold(c, fresh, "x", start_window=0.6)  # grace: start window + heartbeat timeout = 1.6 s
+    env.live.hold(c, ran, "x", start_window=0.6)
+    env.live.heartbeat(c, [wpb.RunningAttempt(execution_id=OTHER, attempt=1)])
+    assert set(c.running) == {fresh, ran} and c.reported == 1
+    env.clock.advance(1.0)
+    env.live.started(c, fresh)  # its start recorded through this stream, late: its grace counts from now
+    env.live.heartbeat(c, [])  # `ran` ended; its result went to another planner
+    assert set(c.running) == {fresh, ran} and c.reported == 0, "a heartbeat timeout for its result to come"
+    env.clock.advance(1.1)
+    env.live.heartbeat(c, [])
+    assert set(c.running) == {fresh} and env.released == ["x"]
+    env.clock.advance(0.6)
+    env.live.heartbeat(c, [])
+    assert not c.running and env.released == ["x", "x"], "never listed: the worker does not hold it"
+    env.live.forget(c, [fresh])
+    assert env.released == ["x", "x"], "let go once: its task-type slot is freed once"
