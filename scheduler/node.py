@@ -24,12 +24,11 @@ from scheduler.clock import Clock
 from scheduler.config import CoordinationSettings, EtcdSettings
 from scheduler.dispatch.service import Dispatcher
 from scheduler.errors import FencedOut, NotFound, OutcomeUnknown
-from scheduler.execution import Disposition, ExecState, Execution, log_fields
+from scheduler.execution import ExecState, Execution, log_fields
 from scheduler.metrics.planner import PlannerMetrics
 from scheduler.model import format_rfc3339_ms, schedule_of
 from scheduler.planner.ownership import LostReason, MemberInfo, NotOwner, Ownership
 from scheduler.planner.partition import DispatchSink, PartitionPlanner, Restart
-from scheduler.planner.results import record_result
 from scheduler.planner.settings import PlannerSettings
 from scheduler.status import NodeStatus, PartitionStatus, WorkerStatus
 from scheduler.store.codec import decode_schedule, decode_schedule_meta
@@ -125,22 +124,16 @@ class PlannerNode:
 
     def make_dispatcher(self, **options: Any) -> Dispatcher:
         """The gRPC-facing dispatcher, wired to this node's ledger, members and planners."""
-
-        async def record(sid: str, planned_ms: int, attempt: int, **kw: Any) -> tuple[Execution, Disposition]:
-            # A result for a partition another node owns: a notice in the same txn tells that owner to
-            # re-read the record. Costs nothing on the common path (this node is the owner).
-            extra = [] if self.store.partition(sid) in self.planners else \
-                [notice_op(self.ks, self.s.partitions, sid, planned_ms)]
-            return await record_result(self.kv, self.ledger, sid, planned_ms, attempt, payload_of=self.payload_of,
-                                       timeout=self.s.rpc_timeout, extra=extra, **kw)
-
         options.setdefault("heartbeat_interval", self.planner_settings.heartbeat_interval)
         options.setdefault("heartbeat_timeout", self.planner_settings.heartbeat_timeout)
+        # A result or start for a partition another node owns carries a notice in the same txn, telling
+        # that owner to re-read the record (`_notice_unless_owned`: nothing on the common path, the owner).
         d = Dispatcher(node_id=self.s.node_id, region=self.s.region, kv=self.kv, ledger=self.ledger, clock=self.clock,
-                       record=record, planners=self.planner_infos, on_transition=self._on_transition,
+                       planners=self.planner_infos, on_transition=self._on_transition,
                        lookup=self.lookup_pending, on_capacity=self._wake_starved,
                        on_lost_attempts=self.on_lost_attempts, on_started=self._on_started,
-                       start_notice=self._notice_unless_owned, **options)
+                       notice_for=self._notice_unless_owned, payload_of=self.payload_of,
+                       rpc_timeout=self.s.rpc_timeout, **options)
         self.dispatcher = d
         return d
 
@@ -168,7 +161,7 @@ class PlannerNode:
         workers: tuple[WorkerStatus, ...] = ()
         if isinstance(d, Dispatcher):
             depth = d.queue.depths()
-            workers = tuple(WorkerStatus(c.worker_id, c.pool, c.region, c.capacity, c.credits, len(c.running))
+            workers = tuple(WorkerStatus(c.worker_id, c.pool, c.region, c.capacity, c.credits, c.reported)
                             for c in d.conns.values())
         return NodeStatus(now_ms=self.clock.wall_ms(), owned=parts, queue_depth=depth, workers=workers,
                           fenced_txns=self.fence_stats.txns, fencing_rejections=self.fence_stats.fenced_out,

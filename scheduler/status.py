@@ -29,7 +29,9 @@ class WorkerStatus:
     region: str
     capacity: int  # assignments it may hold (Hello.capacity)
     credits: int  # assignments it can take now
-    running: int  # attempts this node has out on it
+    # Attempts it runs, as its latest heartbeat says (Hello.running before the first): the worker knows, and
+    # every planner it streams to sees the same number, whichever planner dispatched them.
+    running: int
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,7 @@ from typing import Literal
 from scheduler.api.operations import Operations
 from scheduler.clock import FakeClock
 from scheduler.config import CoordinationSettings
+from scheduler.dispatch.results import record_result
 from scheduler.errors import FencedOut, NotFound, OutcomeUnknown, SchedError
 from scheduler.execution import (
     IN_FLIGHT,
@@ -56,7 +57,6 @@ from scheduler.model import Policies, RetryPolicy, Schedule, ScheduleState, exec
 from scheduler.node import PlannerNode
 from scheduler.planner.ownership import NotOwner, Ownership
 from scheduler.planner.partition import PartitionPlanner, Restart
-from scheduler.planner.results import record_result
 from scheduler.planner.settings import PlannerSettings
 from scheduler.store.codec import decode_execution
 from scheduler.store.etcd.errors import EtcdError

@@ -765,8 +765,8 @@ class PartitionPlanner:
         return f"{self.p}:{fence.token}" if fence is not None else ""
 
     def _dead_payload(self, e: Execution) -> bytes:
-        """A dead letter keeps the payload it ran with for a replay (as results.record_result does): its
-        own (a replayed run) or the schedule's."""
+        """A dead letter keeps the payload it ran with for a replay (as dispatch/results.record_result does):
+        its own (a replayed run) or the schedule's."""
         return self._payload(e) if e.state is ExecState.DEAD_LETTER else b""
 
     def record_transition(self, e: Execution) -> None:

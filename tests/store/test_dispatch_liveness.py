@@ -146,7 +146,7 @@ async def test_silent_stream_is_ended_and_its_attempt_retried_long_before_the_de
             assert a1.attempt == 1
             w1.freeze()  # the TCP connection stays open, nothing is sent
             await w1.ended()
-            assert d.streams_declared_dead == 1
+            assert d.liveness.streams_declared_dead == 1
             w2 = Client(port, "w2")
             await w2.next("welcome")
             w2.send(credits=wpb.Credits(credits=1))
@@ -200,7 +200,7 @@ async def test_a_worker_back_within_the_timeout_keeps_its_attempt(kv: EtcdClient
             back = await w1.next("reattached")
             assert [(r.execution_id, r.attempt) for r in back.accepted] == [(a1.execution_id, 1)]
             await asyncio.sleep(2.0)  # four heartbeat timeouts, heartbeating
-            assert not d.orphans and d.attempts_lost == 0
+            assert not d.liveness.orphans and d.liveness.attempts_lost == 0
             e = await record(node, kv, "blip", planned)
             assert e.state is ExecState.RUNNING and e.attempt == 1, f"kept, not retried: {e}"
             w1.send(results=ok(a1))

@@ -14,9 +14,12 @@ from dataclasses import dataclass, field, replace
 
 import pytest
 
+from scheduler._gen.scheduler.v1 import execution_pb2
+from scheduler._gen.scheduler.v1 import worker_service_pb2 as wpb
 from scheduler.api.operations import BackfillCounts, Operations
 from scheduler.clock import SYSTEM_CLOCK
 from scheduler.config import CoordinationSettings
+from scheduler.dispatch.results import Recorded
 from scheduler.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
 from scheduler.execution import KILL_AFTER_MS, ExecState, Execution, Trigger
 from scheduler.model import Policies, RetryPolicy, Schedule, ScheduleState, execution_id
@@ -604,9 +607,12 @@ async def test_a_result_recorded_by_another_node_reaches_the_owner(kv: EtcdClien
         await asyncio.wait_for(env.started.setdefault(e.id, asyncio.Event()).wait(), 15)
         other = PlannerNode(kv, env.ks, replace(COORD, node_id="n2"), SYSTEM_CLOCK, planner=FAST)
         d = other.make_dispatcher()
-        got, _ = await d._record("hold3", e.planned_ms, 1, succeeded=True, error_class=None, message="",
-                                 now_ms=SYSTEM_CLOCK.wall_ms())
-        assert got.state is ExecState.SUCCEEDED
+        report = await d.recorder.record_now("w1", [wpb.Result(
+            execution_id=e.id, attempt=1, outcome=execution_pb2.ATTEMPT_OUTCOME_SUCCEEDED)])
+        (entry,) = report.entries
+        assert entry.recorded is Recorded.FINISHED and not entry.fast, "not in n2's memory: read, decided, CASed"
+        assert entry.execution is not None and entry.execution.state is ExecState.SUCCEEDED
+        assert [a.disposition for a in report.acks] == [wpb.RESULT_DISPOSITION_RECORDED]
         p = env.node.planners[partition_for("hold3", COORD.partitions)]
         async with asyncio.timeout(5):
             while p.pending.get(e.id) is not None:

@@ -10,10 +10,10 @@ import pytest
 
 from scheduler.clock import SYSTEM_CLOCK
 from scheduler.config import CoordinationSettings
+from scheduler.dispatch.results import record_result
 from scheduler.execution import ErrorClass, ExecState, Execution, Trigger
 from scheduler.model import Policies, RetryPolicy, Schedule, ScheduleState, execution_id
 from scheduler.node import PlannerNode
-from scheduler.planner.results import record_result
 from scheduler.planner.settings import PlannerSettings
 from scheduler.store.etcd import EtcdClient
 from scheduler.store.keyspace import Keyspace

@@ -1,6 +1,6 @@
-"""The dispatcher's liveness bookkeeping with a fake clock: silent streams are ended, orphaned attempts are
-given up after the heartbeat timeout unless re-attached (Hello or a heartbeat of an owned partition), and a
-result's worker id is written into its attempt."""
+"""The planner's liveness bookkeeping (dispatch/liveness.py) with a fake clock, no gRPC: silent streams are
+ended, orphaned attempts are given up after the heartbeat timeout unless re-attached (Hello or a heartbeat
+of an owned partition), and a result's worker id is written into its attempt."""
 
 from __future__ import annotations
 
@@ -9,26 +9,29 @@ from typing import Any, cast
 
 from scheduler._gen.scheduler.v1 import worker_service_pb2 as wpb
 from scheduler.clock import FakeClock
-from scheduler.dispatch.service import Dispatcher, _Conn
-from scheduler.execution import ErrorClass, Execution, Trigger, dispatch, new_execution, result
+from scheduler.dispatch.conn import AttemptKey, Conn, Held
+from scheduler.dispatch.liveness import Liveness, adoptable, due, orphaned, reattach_refusal, silent, unlisted
+from scheduler.execution import ErrorClass, ExecState, Execution, Trigger, dispatch, new_execution, result
 from scheduler.model import RetryPolicy
 
 EID = "s1@2026-01-01T00:00:00.000Z"
+OTHER = "other@2026-01-01T00:00:01.000Z"
 
 
-def make(lookup: dict[str, Execution] | None = None) -> tuple[Dispatcher, FakeClock, list[list[tuple[str, int]]]]:
-    clock = FakeClock()
-    lost: list[list[tuple[str, int]]] = []
-    d = Dispatcher(node_id="n1", region="r", kv=cast(Any, None), ledger=cast(Any, None), clock=clock,
-                   record=cast(Any, None), planners=lambda: [], lookup=(lookup or {}).get,
-                   on_lost_attempts=lost.append, heartbeat_interval=0.1, heartbeat_timeout=1.0)
-    return d, clock, lost
+class Env:
+    def __init__(self, lookup: dict[str, Execution] | None = None) -> None:
+        self.clock = FakeClock()
+        self.lost: list[list[AttemptKey]] = []
+        self.released: list[str] = []
+        self.conns: dict[int, Conn] = {}
+        self.live = Liveness(conns=self.conns, clock=self.clock, kv=cast(Any, None), ledger=cast(Any, None),
+                             lookup=(lookup or {}).get, release=self.released.append, on_lost=self.lost.append,
+                             heartbeat_interval=0.1, heartbeat_timeout=1.0)
 
-
-def conn(d: Dispatcher, clock: FakeClock, worker: str = "w1") -> _Conn:
-    c = _Conn(worker, "pool", "r", frozenset(), asyncio.Queue(), last_seen=clock.monotonic())
-    d.conns[len(d.conns)] = c
-    return c
+    def conn(self, worker: str = "w1") -> Conn:
+        c = Conn(worker, "pool", "r", frozenset(), asyncio.Queue(), last_seen=self.clock.monotonic())
+        self.conns[len(self.conns)] = c
+        return c
 
 
 def in_flight() -> Execution:
@@ -37,51 +40,98 @@ def in_flight() -> Execution:
     return dispatch(e, worker="", planner="n1", token="0:1", now_ms=0)
 
 
+# ---- the pure decisions ----------------------------------------------------------------------------
+
+
+def test_silent_streams_are_those_past_the_timeout_not_yet_declared_dead() -> None:
+    env = Env()
+    fresh, old, gone = env.conn("fresh"), env.conn("old"), env.conn("gone")
+    old.last_seen = gone.last_seen = env.clock.monotonic() - 2
+    gone.dead = True
+    assert silent(env.conns.values(), env.clock.monotonic(), 1.0) == [old]
+    assert silent([fresh], env.clock.monotonic() + 1.0, 1.0) == [], "exactly the timeout is not yet silent"
+
+
+def test_due_orphans_and_what_an_ended_stream_orphans() -> None:
+    assert due({(EID, 1): 5.0, (OTHER, 1): 6.0}, 5.0) == [(EID, 1)]
+    assert orphaned([(EID, 1), (OTHER, 1)], [{(OTHER, 1)}, set()]) == [(EID, 1)], "another stream holds OTHER"
+
+
+def test_a_reattach_is_accepted_only_for_the_attempt_in_flight() -> None:
+    e = in_flight()
+    assert reattach_refusal(e, 1) == ""
+    assert reattach_refusal(e, 2) == "execution is dispatched at attempt 1"
+    assert reattach_refusal(None, 1) == "unknown execution"
+    done, _ = result(e, 1, succeeded=True, error_class=None, message="", now_ms=5)
+    assert done.state is ExecState.SUCCEEDED and reattach_refusal(done, 1) == "execution is succeeded at attempt 1"
+
+
+def test_adoptable_takes_owned_in_flight_attempts_not_held_once_each() -> None:
+    owned = {EID: in_flight()}
+    listed = [(EID, 1), (EID, 1), (EID, 0), ("notmine@2026-01-01T00:00:00.000Z", 1)]
+    assert [(e.id, e.attempt) for e in adoptable(listed, set(), owned.get)] == [(EID, 1)]
+    assert adoptable(listed, {(EID, 1)}, owned.get) == [], "already held by the stream"
+
+
+def test_unlisted_lets_go_of_what_the_worker_has_not_shown_for_longer_than_its_grace() -> None:
+    a, b, c = (EID, 1), (OTHER, 1), ("c@2026-01-01T00:00:02.000Z", 1)
+    held = {a: Held("x", 10.0, 1.5),  # not listed, within its grace: in transit, waiting for its start, or
+            b: Held("x", 10.0, 1.5),  # ... just ended with its result on the way
+            c: Held("x", 8.0, 1.5)}  # not listed past its grace: refused, dropped, or ended elsewhere
+    assert unlisted(held, {b}, now=11.0) == [c]
+    assert unlisted(held, {b}, now=11.6) == [a, c], "a listed attempt is never let go"
+    assert unlisted(held, {a, b, c}, now=99.0) == []
+
+
+# ---- applied to streams ----------------------------------------------------------------------------
+
+
 def test_a_silent_stream_is_ended_once_and_only_after_the_timeout() -> None:
-    d, clock, _ = make()
-    c = conn(d, clock)
-    clock.advance(0.9)
-    d.check_liveness(clock.monotonic())
+    env = Env()
+    c = env.conn()
+    env.clock.advance(0.9)
+    env.live.check(env.clock.monotonic())
     assert c.out.empty() and not c.dead
-    clock.advance(0.2)
-    d.check_liveness(clock.monotonic())
+    env.clock.advance(0.2)
+    env.live.check(env.clock.monotonic())
     assert c.dead and c.out.get_nowait() is None, "the stream is told to end"
-    d.check_liveness(clock.monotonic() + 5)
-    assert c.out.empty() and d.streams_declared_dead == 1, "declared dead once"
+    env.live.check(env.clock.monotonic() + 5)
+    assert c.out.empty() and env.live.streams_declared_dead == 1, "declared dead once"
 
 
 def test_orphans_are_given_up_after_the_timeout_unless_reattached() -> None:
-    d, clock, lost = make()
-    c = conn(d, clock)
-    c.running = {(EID, 1): "x", ("other@2026-01-01T00:00:01.000Z", 1): "x"}
-    d._orphan(c)
-    assert set(d.orphans) == {(EID, 1), ("other@2026-01-01T00:00:01.000Z", 1)} and not c.running
-    clock.advance(0.5)
-    d.check_liveness(clock.monotonic())
-    assert lost == []
-    d.orphans.pop((EID, 1))  # what an accepted re-attach does
-    clock.advance(0.6)
-    d.check_liveness(clock.monotonic())
-    assert lost == [[("other@2026-01-01T00:00:01.000Z", 1)]] and not d.orphans and d.attempts_lost == 1
+    env = Env()
+    c = env.conn()
+    c.running = {(EID, 1): Held("x", 0.0, 1.0), (OTHER, 1): Held("x", 0.0, 1.0)}
+    del env.conns[0]
+    env.live.orphan(c)
+    assert set(env.live.orphans) == {(EID, 1), (OTHER, 1)} and not c.running
+    assert env.released == ["x", "x"], "their task-type slots are free again"
+    env.clock.advance(0.5)
+    env.live.check(env.clock.monotonic())
+    assert env.lost == []
+    env.live.orphans.pop((EID, 1))  # what an accepted re-attach does
+    env.clock.advance(0.6)
+    env.live.check(env.clock.monotonic())
+    assert env.lost == [[(OTHER, 1)]] and not env.live.orphans and env.live.attempts_lost == 1
 
 
 def test_a_heartbeat_reattaches_owned_in_flight_attempts_only() -> None:
-    owned = in_flight()
-    d, clock, lost = make({EID: owned})
-    d.orphans[(EID, 1)] = clock.monotonic() + 1.0
-    c = conn(d, clock, "w2")
+    env = Env({EID: in_flight()})
+    env.live.orphans[(EID, 1)] = env.clock.monotonic() + 1.0
+    c = env.conn("w2")
     running = [wpb.RunningAttempt(execution_id=EID, attempt=1),
                wpb.RunningAttempt(execution_id=EID, attempt=0),  # not the current attempt: not answered
                wpb.RunningAttempt(execution_id="notmine@2026-01-01T00:00:00.000Z", attempt=1)]  # other partition
-    d._adopt(c, running)
+    env.live.adopt(c, running)
     msg = c.out.get_nowait()
     assert msg is not None and [(r.execution_id, r.attempt) for r in msg.reattached.accepted] == [(EID, 1)]
-    assert not msg.reattached.rejected and (EID, 1) in c.running and not d.orphans
-    d._adopt(c, running)
+    assert not msg.reattached.rejected and (EID, 1) in c.running and not env.live.orphans
+    env.live.adopt(c, running)
     assert c.out.empty(), "an attempt already tracked on the stream is not answered again"
-    clock.advance(5)
-    d.check_liveness(clock.monotonic() - 4.5)
-    assert lost == []
+    env.clock.advance(5)
+    env.live.check(env.clock.monotonic() - 4.5)
+    assert env.lost == []
 
 
 def test_a_result_records_the_worker_that_ran_it() -> None:
@@ -94,10 +144,32 @@ def test_a_result_records_the_worker_that_ran_it() -> None:
 
 
 def test_an_attempt_another_stream_already_reattached_is_not_orphaned() -> None:
-    d, clock, _ = make()
-    old, new = conn(d, clock), conn(d, clock)
-    old.running = {(EID, 1): "x"}
-    new.running = {(EID, 1): "x"}  # the worker's new stream re-attached it before the old one ended
-    del d.conns[0]
-    d._orphan(old)
-    assert not d.orphans
+    env = Env()
+    old, new = env.conn(), env.conn()
+    old.running = {(EID, 1): Held("x", 0.0, 1.0)}
+    new.running = {(EID, 1): Held("x", 0.0, 1.0)}  # the worker's new stream re-attached it before the old one ended
+    del env.conns[0]
+    env.live.orphan(old)
+    assert not env.live.orphans
+
+
+def test_heartbeats_keep_the_stream_to_what_its_worker_holds() -> None:
+    env = Env()
+    c = env.conn()
+    fresh, ran = (EID, 1), (OTHER, 1)
+    env.live.hold(c, fresh, "x", start_window=0.6)  # grace: start window + heartbeat timeout = 1.6 s
+    env.live.hold(c, ran, "x", start_window=0.6)
+    env.live.heartbeat(c, [wpb.RunningAttempt(execution_id=OTHER, attempt=1)])
+    assert set(c.running) == {fresh, ran} and c.reported == 1
+    env.clock.advance(1.0)
+    env.live.started(c, fresh)  # its start recorded through this stream, late: its grace counts from now
+    env.live.heartbeat(c, [])  # `ran` ended; its result went to another planner
+    assert set(c.running) == {fresh, ran} and c.reported == 0, "a heartbeat timeout for its result to come"
+    env.clock.advance(1.1)
+    env.live.heartbeat(c, [])
+    assert set(c.running) == {fresh} and env.released == ["x"]
+    env.clock.advance(0.6)
+    env.live.heartbeat(c, [])
+    assert not c.running and env.released == ["x", "x"], "never listed: the worker does not hold it"
+    env.live.forget(c, [fresh])
+    assert env.released == ["x", "x"], "let go once: its task-type slot is freed once"

@@ -1,0 +1,42 @@
+"""One worker stream as the planner sees it: who is on it, what it may be sent, what it holds.
+
+Shared by the stream service (dispatch/service.py: credits, assignments) and the liveness bookkeeping
+(dispatch/liveness.py: last-seen time, what the stream holds and what becomes of it when it ends).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from scheduler._gen.scheduler.v1 import worker_service_pb2 as wpb
+
+AttemptKey = tuple[str, int]  # (execution id, attempt)
+
+
+@dataclass
+class Held:
+    """An attempt out on a stream: a lease that every sign of the worker holding it renews (the assignment
+    itself, its start recorded through this stream, each heartbeat listing it). It ends with its result
+    on the stream, a refused start, the stream's end, or `grace` seconds without a sign (liveness.py)."""
+
+    task_type: str
+    since: float  # monotonic time of the last sign that the worker holds it
+    grace: float  # how long it may go without one: transit + start confirmation, or one heartbeat timeout
+
+
+@dataclass
+class Conn:
+    worker_id: str
+    pool: str
+    region: str
+    task_types: frozenset[str]
+    out: asyncio.Queue[wpb.PlannerMessage | None]  # None ends the stream
+    credits: int = 0
+    last_seen: float = 0.0  # monotonic time of the last message (any message proves the worker alive)
+    dead: bool = False  # the watchdog ended this stream (silent for heartbeat_timeout)
+    running: dict[AttemptKey, Held] = field(default_factory=dict)  # attempts out on this stream
+    capacity: int = 0  # Hello.capacity, for cluster status
+    # How many attempts the worker says it runs (its latest heartbeat, or Hello before the first): what
+    # `cluster status` shows. The worker is authoritative; `running` is this planner's share of it.
+    reported: int = 0

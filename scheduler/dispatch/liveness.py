@@ -1,0 +1,256 @@
+"""The planner's half of the heartbeat lease over its worker streams (docs/workers.md, "Liveness").
+
+Every message on a stream refreshes its monotonic last-seen time; a watchdog ends a stream silent for
+`heartbeat_timeout`. The attempts of an ended stream become orphans: a stream that re-attaches one
+within `heartbeat_timeout` keeps it (Hello.running, answered after a ledger read; or a heartbeat
+listing an attempt of a partition this node owns, answered from the owner's memory without a read),
+else `on_lost` hands it to the owner's planner, which times it out by a CAS keyed on the attempt (a
+result recorded meanwhile wins). One watchdog tick is O(streams + orphans), nothing per result.
+
+What a stream holds (`Conn.running`) is kept true to what its worker holds, since cancels, orphaning
+and the fair queue's per-type caps act on it: an attempt is added when it is assigned or re-attached
+and removed by its result on that stream, a refused start (the worker never runs it), the stream's
+end, or the worker's heartbeats, which list every attempt it runs: each held attempt is a lease that
+the assignment, its recorded start and each heartbeat listing it renew, and that ends unrenewed after
+its grace (`unlisted`). Without that, an attempt that ended without a result on its stream (the
+result sent through another planner, the start refused or never asked for, an assignment the worker
+dropped) stayed held for the stream's life: `cluster status` counted it, a type cap stayed taken.
+
+The decisions are the pure functions at the top (which streams are silent, which orphans are due,
+what an ended stream orphans, which held attempts a heartbeat shows gone, which listed attempts a
+heartbeat re-attaches, whether a Hello's re-attach is accepted); `Liveness` applies them to the
+streams and owns the orphans and the watchdog.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Container, Iterable, Mapping, Sequence
+
+from scheduler._gen.scheduler.v1 import worker_service_pb2 as wpb
+from scheduler.clock import Clock
+from scheduler.dispatch.conn import AttemptKey, Conn, Held
+from scheduler.errors import SchedError
+from scheduler.execution import IN_FLIGHT, Execution
+from scheduler.model import parse_rfc3339
+from scheduler.store.kv import KV
+from scheduler.store.ledger import Ledger, split_execution_id
+
+log = logging.getLogger(__name__)
+
+Lookup = Callable[[str], Execution | None]
+
+# ---- decisions (pure) -------------------------------------------------------------------------------
+
+
+def silent(conns: Iterable[Conn], now: float, timeout: float) -> list[Conn]:
+    """Streams not yet declared dead whose last message is older than `timeout` (monotonic `now`)."""
+    return [c for c in conns if not c.dead and now - c.last_seen > timeout]
+
+
+def due(orphans: Mapping[AttemptKey, float], now: float) -> list[AttemptKey]:
+    """Orphans whose give-up time has come."""
+    return [k for k, t in orphans.items() if t <= now]
+
+
+def orphaned(ended: Iterable[AttemptKey], others: Sequence[Container[AttemptKey]]) -> list[AttemptKey]:
+    """What an ended stream held that no other stream holds: another stream of the worker may have
+    re-attached it before this one was seen to end."""
+    return [k for k in ended if not any(k in held for held in others)]
+
+
+def unlisted(held: Mapping[AttemptKey, Held], listed: Container[AttemptKey], now: float) -> list[AttemptKey]:
+    """Attempts a stream holds that its worker no longer holds, going by a heartbeat (`listed`: every attempt
+    the worker runs, whichever planner dispatched it): those without a sign of it for longer than their
+    grace. A worker lists an attempt from the moment its handler runs until it ends, in every heartbeat,
+    so an attempt it does not list past its grace was refused or dropped, never started, or has ended
+    (its result went elsewhere, or was lost with the worker; the stream's end orphans it until then)."""
+    return [k for k, h in held.items() if k not in listed and now - h.since > h.grace]
+
+
+def reattach_refusal(e: Execution | None, attempt: int) -> str:
+    """Why a re-attach of `attempt` is refused given the ledger's record ("" to accept): only the attempt
+    the ledger still shows in flight may go on."""
+    if e is not None and e.attempt == attempt and e.state in IN_FLIGHT:
+        return ""
+    return "unknown execution" if e is None else f"execution is {e.state.value} at attempt {e.attempt}"
+
+
+def adoptable(listed: Iterable[AttemptKey], held: Container[AttemptKey], lookup: Lookup) -> list[Execution]:
+    """Attempts a heartbeat lists that this stream does not hold and that the owner's memory (`lookup`: only
+    partitions this node owns) shows in flight at that very attempt. Attempts of other partitions are
+    another planner's to answer."""
+    out: list[Execution] = []
+    taken: set[AttemptKey] = set()
+    for key in listed:
+        if key in held or key in taken:
+            continue
+        e = lookup(key[0])
+        if e is None or e.attempt != key[1] or e.state not in IN_FLIGHT:
+            continue
+        taken.add(key)
+        out.append(e)
+    return out
+
+
+# ---- applying them --------------------------------------------------------------------------------------
+
+
+class Liveness:
+    def __init__(
+        self,
+        *,
+        conns: Mapping[int, Conn],
+        clock: Clock,
+        kv: KV,
+        ledger: Ledger,
+        lookup: Lookup,
+        release: Callable[[str], None],
+        on_lost: Callable[[list[AttemptKey]], None],
+        heartbeat_interval: float,
+        heartbeat_timeout: float,
+    ) -> None:
+        """`conns`: the dispatcher's live streams (read, never changed here); `release`: an attempt of that
+        task type is no longer out (the fair queue's per-type count); `on_lost`: orphans given up."""
+        self.conns, self.clock, self.kv, self.ledger, self._lookup = conns, clock, kv, ledger, lookup
+        self._release, self._on_lost = release, on_lost
+        self.hb_interval, self.hb_timeout = heartbeat_interval, heartbeat_timeout
+        # Attempts of ended streams -> monotonic time they are given up unless re-attached first.
+        self.orphans: dict[AttemptKey, float] = {}
+        self.streams_declared_dead = 0
+        self.attempts_lost = 0
+        self._watchdog: asyncio.Task[None] | None = None
+
+    def heard(self, c: Conn) -> None:
+        """Any message from the worker proves it alive."""
+        c.last_seen = self.clock.monotonic()
+
+    def check(self, now: float) -> None:
+        """One watchdog tick (monotonic `now`): end streams silent for longer than the heartbeat timeout,
+        and give up orphaned attempts nobody re-attached in time."""
+        for c in silent(self.conns.values(), now, self.hb_timeout):
+            c.dead = True
+            self.streams_declared_dead += 1
+            log.warning("worker stopped heartbeating; ending its stream",
+                        extra={"event": "worker_silent", "worker": c.worker_id,
+                               "silent_s": round(now - c.last_seen, 3), "running": len(c.running)})
+            c.out.put_nowait(None)  # Connect returns; its finally orphans what the worker was running
+        if not self.orphans:
+            return
+        lost = due(self.orphans, now)
+        if lost:
+            for k in lost:
+                del self.orphans[k]
+            self.attempts_lost += len(lost)
+            log.warning("attempts orphaned by a lost worker stream were not re-attached in time",
+                        extra={"event": "attempts_lost", "count": len(lost)})
+            self._on_lost(lost)
+
+    def orphan(self, c: Conn) -> None:
+        """The stream ended (and is no longer in `conns`): what it was running may still run (a reconnect
+        re-attaches it) or not."""
+        give_up = self.clock.monotonic() + self.hb_timeout
+        for h in c.running.values():
+            self._release(h.task_type)
+        others = [o.running for o in self.conns.values() if o is not c]
+        for key in orphaned(c.running, others):
+            self.orphans[key] = give_up
+        c.running.clear()
+
+    # ---- what a stream holds ---------------------------------------------------------------------------
+
+    def hold(self, c: Conn, key: AttemptKey, task_type: str, start_window: float) -> None:
+        """An assignment put on the stream. Its worker lists it once its handler runs: after the transit and
+        the start confirmation, which the worker gives up `start_window` after receipt (then it refuses the
+        attempt itself); `heartbeat_timeout` covers the transit and the next heartbeat."""
+        c.running[key] = Held(task_type, self.clock.monotonic(), start_window + self.hb_timeout)
+
+    def started(self, c: Conn, key: AttemptKey) -> None:
+        """Its start was recorded through this stream: the worker runs it, and lists it, once the answer
+        arrives (a slow etcd write must not count against its grace)."""
+        h = c.running.get(key)
+        if h is not None:
+            h.since = self.clock.monotonic()
+
+    def forget(self, c: Conn, keys: Iterable[AttemptKey]) -> None:
+        """The worker no longer holds these (a result, a refused start, its heartbeats): the stream lets go
+        and their task-type slots are free again."""
+        for k in keys:
+            h = c.running.pop(k, None)
+            if h is not None:
+                self._release(h.task_type)
+
+    def heartbeat(self, c: Conn, running: Sequence[wpb.RunningAttempt]) -> None:
+        """A heartbeat lists every attempt the worker runs: it is what `cluster status` shows, it renews the
+        stream's hold on those and ends it on what the worker has not shown for too long, and it re-attaches
+        owned attempts the stream lacks. Once per heartbeat interval: O(held + listed)."""
+        now = self.clock.monotonic()
+        c.reported = len(running)
+        listed = {(ra.execution_id, ra.attempt) for ra in running}
+        for k in listed:
+            h = c.running.get(k)
+            if h is not None:  # held while listed, and one heartbeat timeout after: its result is on its way
+                h.since, h.grace = now, self.hb_timeout
+        gone = unlisted(c.running, listed, now)
+        if gone:
+            log.debug("attempts the worker no longer lists let go", extra={
+                "event": "unlisted", "worker": c.worker_id, "count": len(gone)})
+            self.forget(c, gone)
+        if running:
+            self.adopt(c, running)
+
+    def _attach(self, c: Conn, key: AttemptKey, task_type: str) -> None:
+        """Re-attached from a list of what the worker runs (Hello or a heartbeat): as if listed just now."""
+        c.running[key] = Held(task_type, self.clock.monotonic(), self.hb_timeout)
+        self.orphans.pop(key, None)  # its worker is back in time
+
+    async def reattach(self, c: Conn, running: Sequence[wpb.RunningAttempt]) -> wpb.PlannerMessage:
+        """A Hello's running attempts: accepted where the ledger still shows that attempt in flight, else
+        rejected (the worker stops it at once, without a result). Returns the Reattached answer."""
+        c.reported = len(running)
+        accepted, rejected = [], []
+        for ra in running:
+            sid, planned = split_execution_id(ra.execution_id)
+            try:
+                e = await self.ledger.get(self.kv, sid, parse_rfc3339(planned, "execution_id"))
+            except SchedError:
+                e = None
+            why = reattach_refusal(e, ra.attempt)
+            if not why:
+                assert e is not None
+                self._attach(c, (ra.execution_id, ra.attempt), e.task_type)
+                accepted.append(wpb.AttemptRef(execution_id=ra.execution_id, attempt=ra.attempt))
+            else:
+                rejected.append(wpb.RejectedAttempt(execution_id=ra.execution_id, attempt=ra.attempt, reason=why))
+        return wpb.PlannerMessage(reattached=wpb.Reattached(accepted=accepted, rejected=rejected))
+
+    def adopt(self, c: Conn, running: Sequence[wpb.RunningAttempt]) -> None:
+        """A heartbeat lists attempts this stream does not track: those of partitions this node owns, still
+        in flight at the same attempt in the owner's memory, are taken over (answered Reattached), so that a
+        planner taking over a partition re-attaches its running attempts without a ledger read and they
+        are not orphaned."""
+        taken = adoptable(((ra.execution_id, ra.attempt) for ra in running), c.running, self._lookup)
+        if not taken:
+            return
+        for e in taken:
+            self._attach(c, (e.id, e.attempt), e.task_type)
+        log.info("running attempts re-attached from a heartbeat",
+                 extra={"event": "reattached", "worker": c.worker_id, "count": len(taken)})
+        c.out.put_nowait(wpb.PlannerMessage(reattached=wpb.Reattached(
+            accepted=[wpb.AttemptRef(execution_id=e.id, attempt=e.attempt) for e in taken])))
+
+    # ---- the watchdog -------------------------------------------------------------------------------
+
+    def start_watchdog(self) -> None:
+        if self._watchdog is None or self._watchdog.done():
+            self._watchdog = asyncio.create_task(self._watch(), name="dispatch-watchdog")
+
+    async def _watch(self) -> None:
+        period = max(0.01, min(self.hb_interval, self.hb_timeout / 4))
+        while True:
+            await asyncio.sleep(period)
+            try:
+                self.check(self.clock.monotonic())
+            except Exception:  # the watchdog must outlive a bug in one tick
+                log.exception("liveness check failed")
