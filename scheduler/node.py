@@ -25,8 +25,8 @@ from scheduler.config import CoordinationSettings, EtcdSettings
 from scheduler.dispatch.service import Dispatcher
 from scheduler.errors import FencedOut, NotFound, OutcomeUnknown
 from scheduler.execution import Disposition, ExecState, Execution, log_fields
+from scheduler.ids import execution_id, schedule_of
 from scheduler.metrics.planner import PlannerMetrics
-from scheduler.model import format_rfc3339_ms, schedule_of
 from scheduler.planner.ownership import LostReason, MemberInfo, NotOwner, Ownership
 from scheduler.planner.partition import DispatchSink, PartitionPlanner, Restart
 from scheduler.planner.results import record_result
@@ -363,8 +363,7 @@ class PlannerNode:
             planner.on_notice(key, n, mod_revision)
         elif n.cancel_attempt and isinstance(self.dispatcher, Dispatcher):
             # Not the owner, but the attempt's worker may have re-attached to us: stop it here too.
-            sid_at = f"{n.schedule_id}@{format_rfc3339_ms(n.from_ms)}"
-            self.dispatcher.cancel_attempt(sid_at, n.cancel_attempt, n.reason)
+            self.dispatcher.cancel_attempt(execution_id(n.schedule_id, n.from_ms), n.cancel_attempt, n.reason)
 
     def _route(self, kind: EventType, key: bytes, value: bytes, mod_revision: int) -> None:
         parts = key.rsplit(b"/", 2)

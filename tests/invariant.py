@@ -52,7 +52,8 @@ from scheduler.execution import (
     started,
     with_revision,
 )
-from scheduler.model import Policies, RetryPolicy, Schedule, ScheduleState, execution_id
+from scheduler.ids import execution_id
+from scheduler.model import Policies, RetryPolicy, Schedule, ScheduleState
 from scheduler.node import PlannerNode
 from scheduler.planner.ownership import NotOwner, Ownership
 from scheduler.planner.partition import PartitionPlanner, Restart

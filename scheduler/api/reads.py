@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from scheduler.model import schedule_of
+from scheduler.ids import schedule_of
 from scheduler.store.etcd.ops import prefix_end
 from scheduler.store.etcd.types import KeyValue
 from scheduler.store.kv import KV

@@ -35,6 +35,7 @@ from scheduler.api.selector import parse_selector
 from scheduler.clock import Clock
 from scheduler.errors import InvalidArgument, NotFound, VersionMismatch
 from scheduler.execution import ExecState, Execution, dead_reason
+from scheduler.ids import ExecutionId
 from scheduler.model import Schedule, ScheduleState, validate_schedule
 from scheduler.store.codec import decode_execution, peek_state
 from scheduler.store.keyspace import Keyspace, partition_for
@@ -246,7 +247,7 @@ class ScheduleService:
     @grpc_errors
     async def CancelExecution(self, request: spb.CancelExecutionRequest,
                               context: Context) -> spb.CancelExecutionResponse:
-        inputs.execution_id(request.execution_id)
+        ExecutionId.parse(request.execution_id)
         why = inputs.reason(request.reason) or "cancelled by an operator"
         e = await self.ops.cancel_execution(request.execution_id, reason=why)
         return spb.CancelExecutionResponse(execution=execution_to_pb(e))
@@ -254,7 +255,7 @@ class ScheduleService:
     @grpc_errors
     async def ReplayDeadLetter(self, request: spb.ReplayDeadLetterRequest,
                                context: Context) -> spb.ReplayDeadLetterResponse:
-        inputs.execution_id(request.execution_id)
+        ExecutionId.parse(request.execution_id)
         e = await self.ops.replay_dead_letter(request.execution_id, reason=inputs.reason(request.reason),
                                               use_current_schedule=request.use_current_schedule)
         return spb.ReplayDeadLetterResponse(execution=execution_to_pb(e))
@@ -262,7 +263,7 @@ class ScheduleService:
     @grpc_errors
     async def DiscardDeadLetter(self, request: spb.DiscardDeadLetterRequest,
                                 context: Context) -> spb.DiscardDeadLetterResponse:
-        inputs.execution_id(request.execution_id)
+        ExecutionId.parse(request.execution_id)
         e = await self.ops.discard_dead_letter(request.execution_id, reason=inputs.reason(request.reason))
         return spb.DiscardDeadLetterResponse(execution=execution_to_pb(e))
 
@@ -315,8 +316,8 @@ class ScheduleService:
 
     @grpc_errors
     async def GetExecution(self, request: spb.GetExecutionRequest, context: Context) -> spb.GetExecutionResponse:
-        sid, planned = inputs.execution_id(request.execution_id)
-        e = await self.ledger.get(self.kv, sid, planned, timeout=self.timeout)
+        eid = ExecutionId.parse(request.execution_id)
+        e = await self.ledger.get(self.kv, eid.schedule_id, eid.planned_ms, timeout=self.timeout)
         if e is None:
             raise NotFound(f"execution {request.execution_id!r} not found")
         return spb.GetExecutionResponse(execution=execution_to_pb(e))

@@ -51,10 +51,10 @@ from scheduler.execution import (
     result,
     with_revision,
 )
-from scheduler.model import parse_rfc3339
+from scheduler.ids import ExecutionId
 from scheduler.store.etcd.ops import Op
 from scheduler.store.kv import KV
-from scheduler.store.ledger import Ledger, split_execution_id
+from scheduler.store.ledger import Ledger
 
 log = logging.getLogger(__name__)
 
@@ -365,13 +365,12 @@ class Dispatcher:
         gate = asyncio.Semaphore(self._SLOW_CONCURRENCY)
 
         async def one(r: wpb.Result) -> wpb.ResultAckEntry | None:
-            sid, planned = split_execution_id(r.execution_id)
             async with gate:
                 try:
-                    planned_ms = parse_rfc3339(planned, "execution_id")
+                    eid = ExecutionId.parse(r.execution_id)
                     ok, ec = self._outcome(r)
                     e, disp = await self._record(
-                        sid, planned_ms, r.attempt, succeeded=ok, error_class=ec, message=r.message,
+                        eid.schedule_id, eid.planned_ms, r.attempt, succeeded=ok, error_class=ec, message=r.message,
                         now_ms=self.clock.wall_ms(), retry_after_ms=int(r.retry_after.ToMilliseconds()),
                         worker=c.worker_id, **self._details(r),
                     )
@@ -394,9 +393,9 @@ class Dispatcher:
     async def _reattach(self, c: _Conn, running: list[wpb.RunningAttempt]) -> None:
         accepted, rejected = [], []
         for ra in running:
-            sid, planned = split_execution_id(ra.execution_id)
             try:
-                e = await self.ledger.get(self.kv, sid, parse_rfc3339(planned, "execution_id"))
+                eid = ExecutionId.parse(ra.execution_id)
+                e = await self.ledger.get(self.kv, eid.schedule_id, eid.planned_ms)
             except SchedError:
                 e = None
             if e is not None and e.attempt == ra.attempt and e.state in IN_FLIGHT:

@@ -26,12 +26,12 @@ from scheduler._gen.scheduler.v1 import worker_service_pb2 as wpb
 from scheduler.clock import Clock
 from scheduler.errors import SchedError
 from scheduler.execution import ExecState, Execution, start_refusal, started, with_revision
-from scheduler.model import parse_rfc3339
+from scheduler.ids import ExecutionId
 from scheduler.store.codec import decode_execution
 from scheduler.store.etcd.ops import Compare, Op, TxnOp
 from scheduler.store.keyspace import Keyspace, partition_for
 from scheduler.store.kv import KV
-from scheduler.store.ledger import Ledger, split_execution_id
+from scheduler.store.ledger import Ledger
 
 log = logging.getLogger(__name__)
 
@@ -160,9 +160,9 @@ class StartRecorder:
     async def _slow(self, q: _Req, now_ms: int) -> None:
         """Read the record and decide on it: one read + one CAS. A lost CAS or an etcd error refuses the
         start; the worker then reports the attempt not started, which is safe whatever was written."""
-        sid, planned = split_execution_id(q.r.execution_id)
         try:
-            planned_ms = parse_rfc3339(planned, "execution_id")
+            eid = ExecutionId.parse(q.r.execution_id)
+            sid, planned_ms = eid.schedule_id, eid.planned_ms
             got = await self.kv.get(self.ks.execution(partition_for(sid, self.partitions), sid, planned_ms))
             if got is None:
                 self._refuse(q, "unknown execution")

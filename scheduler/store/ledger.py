@@ -26,11 +26,6 @@ from scheduler.store.kv import KV
 from scheduler.timeplan.missed import SkipRange
 
 
-def split_execution_id(execution_id: str) -> tuple[str, str]:
-    sid, _, planned = execution_id.rpartition("@")
-    return sid, planned
-
-
 class Ledger:
     def __init__(self, ks: Keyspace, partitions: int) -> None:
         self.ks, self.partitions = ks, partitions

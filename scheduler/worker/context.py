@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from scheduler.clock import Clock
-from scheduler.model import format_rfc3339_ms
+from scheduler.ids import format_rfc3339_ms
 from scheduler.timeplan.plan import to_ms
 
 

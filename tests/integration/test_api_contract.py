@@ -35,7 +35,8 @@ from scheduler._gen.scheduler.v1 import execution_pb2 as epb
 from scheduler._gen.scheduler.v1 import schedule_pb2 as pb
 from scheduler._gen.scheduler.v1 import schedule_service_pb2 as spb
 from scheduler.execution import ErrorClass, ExecState, Execution, Trigger, dispatch, result
-from scheduler.model import RetryPolicy, execution_id
+from scheduler.ids import execution_id
+from scheduler.model import RetryPolicy
 from scheduler.store.etcd import EtcdClient
 from scheduler.store.keyspace import Keyspace, partition_for
 from scheduler.store.ledger import Ledger

@@ -19,7 +19,8 @@ from scheduler.clock import SYSTEM_CLOCK
 from scheduler.config import CoordinationSettings
 from scheduler.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
 from scheduler.execution import KILL_AFTER_MS, ExecState, Execution, Trigger
-from scheduler.model import Policies, RetryPolicy, Schedule, ScheduleState, execution_id
+from scheduler.ids import execution_id, schedule_of
+from scheduler.model import Policies, RetryPolicy, Schedule, ScheduleState
 from scheduler.node import PlannerNode
 from scheduler.planner.settings import PlannerSettings
 from scheduler.server import start_server
@@ -69,7 +70,7 @@ class Env:
         return (await self.node.store.create(s, SYSTEM_CLOCK.wall_ms() - 3_600_000)).schedule
 
     async def get(self, eid: str) -> Execution:
-        sid, _, _ = eid.rpartition("@")
+        sid = schedule_of(eid)
         for e in (await self.node.ledger.list_partition(self.kv, partition_for(sid, COORD.partitions),
                                                         schedule_id=sid))[0]:
             if e.id == eid:

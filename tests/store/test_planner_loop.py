@@ -11,7 +11,8 @@ import pytest
 from scheduler.clock import SYSTEM_CLOCK
 from scheduler.config import CoordinationSettings
 from scheduler.execution import ErrorClass, ExecState, Execution, Trigger
-from scheduler.model import Policies, RetryPolicy, Schedule, ScheduleState, execution_id
+from scheduler.ids import execution_id
+from scheduler.model import Policies, RetryPolicy, Schedule, ScheduleState
 from scheduler.node import PlannerNode
 from scheduler.planner.results import record_result
 from scheduler.planner.settings import PlannerSettings

@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scheduler.execution import Attempt, ErrorClass, ExecState, Execution, Trigger, new_execution
-from scheduler.model import RetryPolicy, execution_id
+from scheduler.ids import ExecutionId
+from scheduler.model import RetryPolicy
 from scheduler.store.codec import _encode_execution_slow, decode_execution, encode_execution, peek_state
 from scheduler.store.keyspace import Keyspace
 from scheduler.timeplan import Overlap
@@ -62,4 +63,4 @@ def test_new_execution_equals_the_dataclass_constructor(e: Execution) -> None:
 @given(st.sampled_from(["s1", "a/b", "x-y_z.9", "é/ü"]), st.integers(0, 2**40), st.sampled_from(["/sched", "/a/b"]))
 def test_execution_keys_name_their_execution_id(sid: str, planned_ms: int, prefix: str) -> None:
     ks = Keyspace(prefix)
-    assert ks.execution_id_of(ks.execution(3, sid, planned_ms)) == execution_id(sid, planned_ms)
+    assert ks.execution_id_of(ks.execution(3, sid, planned_ms)) == ExecutionId(sid, planned_ms)

@@ -22,7 +22,8 @@ from scheduler.api.operations import Operations
 from scheduler.api.schedule_service import ScheduleService
 from scheduler.clock import FakeClock
 from scheduler.execution import ErrorClass, ExecState, Execution, Trigger, dispatch, result
-from scheduler.model import RetryPolicy, execution_id
+from scheduler.ids import execution_id
+from scheduler.model import RetryPolicy
 from scheduler.planner.ownership import MemberInfo, Ownership
 from scheduler.status import NodeStatus
 from scheduler.store.keyspace import Keyspace, partition_for

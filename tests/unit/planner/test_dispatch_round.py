@@ -8,7 +8,8 @@ from dataclasses import replace
 import pytest
 
 from scheduler.execution import ExecState, Execution, Trigger, dispatch, skip
-from scheduler.model import RetryPolicy, execution_id
+from scheduler.ids import execution_id
+from scheduler.model import RetryPolicy
 from scheduler.planner.dispatch_round import DispatchPlan, RoundInput, ScheduleView, plan_dispatch
 from scheduler.timeplan import Overlap
 

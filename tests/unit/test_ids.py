@@ -1,0 +1,81 @@
+"""Execution ids: their text is a compatibility contract
+(etcd keys and values, idempotency keys, logs), pinned here byte for byte."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from scheduler.errors import InvalidArgument
+from scheduler.ids import (
+    MAX_EXECUTION_ID_LEN,
+    ExecutionId,
+    execution_id,
+    format_rfc3339_ms,
+    schedule_of,
+)
+from scheduler.store.keyspace import Keyspace, partition_for
+
+_sids = st.from_regex(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,20}", fullmatch=True)
+_planned = st.integers(0, 253_402_300_799_999)  # 1970-01-01 .. 9999-12-31T23:59:59.999Z
+T = 1_795_946_400_123  # 2026-11-29T10:00:00.123Z
+
+
+def test_the_execution_id_text_is_pinned() -> None:
+    eid = ExecutionId("billing-eu.daily", T)
+    assert str(eid) == execution_id("billing-eu.daily", T) == "billing-eu.daily@2026-11-29T10:00:00.123Z"
+    assert str(ExecutionId("a:b_c", 0)) == "a:b_c@1970-01-01T00:00:00.000Z"
+    assert format_rfc3339_ms(253_402_300_799_999) == "9999-12-31T23:59:59.999Z"
+    assert len(format_rfc3339_ms(T)) == 24
+    assert schedule_of(str(eid)) == "billing-eu.daily"
+
+
+@given(_sids, _planned)
+def test_execution_ids_round_trip(sid: str, planned_ms: int) -> None:
+    eid = ExecutionId(sid, planned_ms)
+    assert ExecutionId.parse(str(eid)) == eid
+    assert schedule_of(str(eid)) == sid
+    assert len(str(eid)) <= MAX_EXECUTION_ID_LEN
+
+
+@given(_sids, st.lists(st.integers(0, 10**13 - 1), min_size=2, max_size=8, unique=True),
+       st.sampled_from([4, 65_535]))
+def test_ids_and_keys_of_one_schedule_sort_by_planned_time(sid: str, times: list[int], partitions: int) -> None:
+    """Keys hold 13 digits of epoch ms: they sort by time until 2286 (keyspace._MS_WIDTH); ids until 9999."""
+    ks = Keyspace()
+    p = partition_for(sid, partitions)
+    by_time = sorted(times)
+    assert sorted(times, key=lambda t: str(ExecutionId(sid, t))) == by_time
+    assert sorted(times, key=lambda t: ExecutionId(sid, t)) == by_time
+    assert sorted(times, key=lambda t: ks.execution(p, sid, t)) == by_time
+    assert sorted(times, key=lambda t: ks.dead_letter(p, sid, t)) == by_time
+
+
+@pytest.mark.parametrize(("text", "reason"), [
+    ("", "is required"),
+    ("job", "must look like <schedule_id>@2026-11-29T10:00:00.000Z"),
+    ("job@", "time '' is not like 2026-11-29T10:00:00.000Z"),
+    ("@2026-11-29T10:00:00.000Z", "is required"),
+    ("j b@2026-11-29T10:00:00.000Z", "'j b' may only contain A-Z a-z 0-9 . _ : - and must start alphanumeric"),
+    ("-job@2026-11-29T10:00:00.000Z", "'-job' may only contain"),
+    ("j" * 129 + "@2026-11-29T10:00:00.000Z", f"is 154 characters; the limit is {MAX_EXECUTION_ID_LEN}"),
+    ("j" * 129 + "@2026-11-29T10:00Z", "is 129 characters; the limit is 128"),
+    ("job@yesterday", "time 'yesterday' is not like 2026-11-29T10:00:00.000Z"),
+    ("job@2026-11-29T10:00:00.000", "is not like"),  # no offset
+    ("job@2026-11-29T10:00:00Z", "time '2026-11-29T10:00:00Z' is not canonical; expected 2026-11-29T10:00:00.000Z"),
+    ("job@2026-11-29T11:00:00.000+01:00", "is not canonical; expected 2026-11-29T10:00:00.000Z"),
+    ("job@2026-11-29t10:00:00.000z", "is not canonical"),
+])
+def test_bad_execution_ids_name_the_field_and_the_reason(text: str, reason: str) -> None:
+    with pytest.raises(InvalidArgument) as e:
+        ExecutionId.parse(text)
+    assert e.value.field == "execution_id" and reason in e.value.reason, e.value
+    with pytest.raises(InvalidArgument) as e:
+        ExecutionId.parse(text, "ids[3]")
+    assert e.value.field == "ids[3]"
+
+
+def test_an_at_sign_splits_at_the_last_one() -> None:
+    with pytest.raises(InvalidArgument, match="'a@b' may only contain"):
+        ExecutionId.parse("a@b@2026-11-29T10:00:00.000Z")
