@@ -1,10 +1,15 @@
-"""Execution ids: their one type, built and parsed here only (DESIGN.md, "Execution identity").
+"""Execution ids and fencing tokens: their one type each, built and parsed here only (DESIGN.md,
+"Execution identity", "Ownership and fencing").
 
-An execution id is `<schedule id>@<planned time>`, the planned time as 24 characters of UTC with
-milliseconds (`2026-12-01T12:00:00.000Z`). It is the idempotency key everywhere (etcd values, the
-worker's handler, HTTP `Idempotency-Key`, logs), so its text is a compatibility contract: never
-change it. `@` cannot occur in a schedule id, so the id splits back unambiguously, and within one
-schedule the ids sort as their planned times do (fixed width, years 1970-9999).
+- **Execution id** `<schedule id>@<planned time>`, the planned time as 24 characters of UTC with
+  milliseconds (`2026-12-01T12:00:00.000Z`). It is the idempotency key everywhere (etcd values, the
+  worker's handler, HTTP `Idempotency-Key`, logs), so its text is a compatibility contract: never
+  change it. `@` cannot occur in a schedule id, so the id splits back unambiguously, and within one
+  schedule the ids sort as their planned times do (fixed width, years 1970-9999).
+- **Fencing token** `<partition>:<revision>`: the partition's claim revision the attempt was
+  dispatched under (the create_revision of `/owners/<partition>`). Protobuf carries it as a message
+  (`FencingToken{partition, revision}`); the text is what etcd records, logs, the HTTP executor's
+  `X-Fencing-Token` and the shell executor's `SCHED_FENCING_TOKEN` hold.
 
 Dependency-free (only the error root), so the worker SDK and the client may import it.
 """
@@ -93,3 +98,33 @@ def check_name(value: str, field: str, max_len: int = MAX_ID_LEN) -> None:
         raise InvalidArgument(field, f"is {len(value)} characters; the limit is {max_len}")
     if not ID_RE.match(value):
         raise InvalidArgument(field, f"{value[:80]!r} may only contain A-Z a-z 0-9 . _ : - and must start alphanumeric")
+
+
+_TOKEN_RE = re.compile(r"(\d+):(\d+)", re.ASCII)
+_TOKENS: dict[str, FencingToken] = {}  # text -> token: one per partition claim, decoded with every record
+
+
+@dataclass(frozen=True, slots=True)
+class FencingToken:
+    """Partition ownership the attempt was dispatched under. Pass `str(token)` (`<partition>:<revision>`)
+    to side effects: a sink that remembers the highest revision per partition can refuse a stale
+    planner's work. Compare only tokens of the same partition."""
+
+    partition: int
+    revision: int
+
+    def __str__(self) -> str:
+        return f"{self.partition}:{self.revision}"
+
+    @classmethod
+    def parse(cls, text: str, field: str = "fencing_token") -> FencingToken:
+        """`<partition>:<revision>` (decimal) -> the token; InvalidArgument naming `field` otherwise."""
+        t = _TOKENS.get(text)
+        if t is None:
+            m = _TOKEN_RE.fullmatch(text)
+            if m is None:
+                raise InvalidArgument(field, f"{text[:40]!r} is not <partition>:<revision>")
+            if len(_TOKENS) >= 65_536:
+                _TOKENS.clear()
+            t = _TOKENS[text] = cls(int(m[1]), int(m[2]))
+        return t

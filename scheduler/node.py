@@ -25,7 +25,7 @@ from scheduler.config import CoordinationSettings, EtcdSettings
 from scheduler.dispatch.service import Dispatcher
 from scheduler.errors import FencedOut, NotFound, OutcomeUnknown
 from scheduler.execution import Disposition, ExecState, Execution, log_fields
-from scheduler.ids import execution_id, schedule_of
+from scheduler.ids import FencingToken, execution_id, schedule_of
 from scheduler.metrics.planner import PlannerMetrics
 from scheduler.planner.ownership import LostReason, MemberInfo, NotOwner, Ownership
 from scheduler.planner.partition import DispatchSink, PartitionPlanner, Restart
@@ -80,7 +80,7 @@ class NullDispatcher:
     def release(self, pool: str, n: int) -> None:
         return None
 
-    def submit(self, e: Execution, payload: bytes, token: str) -> None:
+    def submit(self, e: Execution, payload: bytes, token: FencingToken) -> None:
         raise AssertionError("nothing is dispatched without capacity")
 
     def cancel(self, e: Execution, reason: str) -> None:
@@ -281,7 +281,7 @@ class PlannerNode:
                 return
             except FencedOut as e:
                 log.warning("fenced out", extra={"event": "fenced_out", "partition": partition,
-                                                 "token": f"{partition}:{token}", "error": str(e)})
+                                                 "token": str(FencingToken(partition, token)), "error": str(e)})
                 return
             except Malformed as e:
                 self._restarted("malformed_txn")

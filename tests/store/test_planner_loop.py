@@ -11,7 +11,7 @@ import pytest
 from scheduler.clock import SYSTEM_CLOCK
 from scheduler.config import CoordinationSettings
 from scheduler.execution import ErrorClass, ExecState, Execution, Trigger
-from scheduler.ids import execution_id
+from scheduler.ids import FencingToken, execution_id
 from scheduler.model import Policies, RetryPolicy, Schedule, ScheduleState
 from scheduler.node import PlannerNode
 from scheduler.planner.results import record_result
@@ -50,7 +50,7 @@ class FakeDispatcher:
     def release(self, pool: str, n: int) -> None:
         return None
 
-    def submit(self, e: Execution, payload: bytes, token: str) -> None:
+    def submit(self, e: Execution, payload: bytes, token: FencingToken) -> None:
         self.submitted.append(e)
         if self.outcome == "hold":
             return

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scheduler.execution import Attempt, ErrorClass, ExecState, Execution, Trigger, new_execution
-from scheduler.ids import ExecutionId
+from scheduler.ids import ExecutionId, FencingToken
 from scheduler.model import RetryPolicy
 from scheduler.store.codec import _encode_execution_slow, decode_execution, encode_execution, peek_state
 from scheduler.store.keyspace import Keyspace
@@ -19,7 +19,8 @@ _text = st.lists(st.sampled_from(['a', 'Z', '"', '\\', ',', ':', 'Ã©', '\n', 'â‚
 _ms = st.integers(min_value=0, max_value=2**45)
 
 _attempts = st.builds(
-    Attempt, attempt=st.integers(1, 9), worker=_text, planner=_text, token=_text, dispatched_ms=_ms,
+    Attempt, attempt=st.integers(1, 9), worker=_text, planner=_text,
+    token=st.builds(FencingToken, st.integers(0, 65_535), st.integers(1, 2**40)), dispatched_ms=_ms,
     deadline_ms=_ms, started_ms=_ms, finished_ms=_ms, error_class=st.none() | st.sampled_from(ErrorClass),
     message=_text, succeeded=st.booleans(), trigger=st.none() | st.sampled_from(Trigger)).map(
     # the stored form keeps `succeeded` only for a finished attempt

@@ -11,6 +11,7 @@ from scheduler._gen.scheduler.v1 import worker_service_pb2 as wpb
 from scheduler.clock import FakeClock
 from scheduler.dispatch.service import Dispatcher, _Conn
 from scheduler.execution import ErrorClass, Execution, Trigger, dispatch, new_execution, result
+from scheduler.ids import FencingToken
 from scheduler.model import RetryPolicy
 
 EID = "s1@2026-01-01T00:00:00.000Z"
@@ -34,7 +35,7 @@ def conn(d: Dispatcher, clock: FakeClock, worker: str = "w1") -> _Conn:
 def in_flight() -> Execution:
     e = new_execution(id=EID, schedule_id="s1", tenant="t", pool="pool", task_type="x", planned_ms=0, due_ms=0,
                       trigger=Trigger.SCHEDULED, retry=RetryPolicy(), timeout_ms=3_600_000)
-    return dispatch(e, worker="", planner="n1", token="0:1", now_ms=0)
+    return dispatch(e, worker="", planner="n1", token=FencingToken(0, 1), now_ms=0)
 
 
 def test_a_silent_stream_is_ended_once_and_only_after_the_timeout() -> None:

@@ -1,21 +1,34 @@
-"""Execution ids: their text is a compatibility contract
-(etcd keys and values, idempotency keys, logs), pinned here byte for byte."""
+"""Execution ids and fencing tokens: their text is a compatibility contract
+(etcd keys and values, idempotency keys, `X-Fencing-Token`), pinned here byte for byte."""
 
 from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from scheduler._gen.scheduler.v1 import execution_pb2 as epb
+from scheduler._gen.scheduler.v1 import worker_service_pb2 as wpb
+from scheduler.clock import SYSTEM_CLOCK
+from scheduler.dispatch.starts import StartRecorder
 from scheduler.errors import InvalidArgument
+from scheduler.execution import ExecState, Execution, Trigger, dispatch, new_execution
 from scheduler.ids import (
     MAX_EXECUTION_ID_LEN,
     ExecutionId,
+    FencingToken,
     execution_id,
     format_rfc3339_ms,
     schedule_of,
 )
+from scheduler.model import RetryPolicy
+from scheduler.store.etcd.ops import Compare
 from scheduler.store.keyspace import Keyspace, partition_for
+from scheduler.store.ledger import Ledger
+from scheduler.store.memory import MemoryKV
 
 _sids = st.from_regex(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,20}", fullmatch=True)
 _planned = st.integers(0, 253_402_300_799_999)  # 1970-01-01 .. 9999-12-31T23:59:59.999Z
@@ -79,3 +92,42 @@ def test_bad_execution_ids_name_the_field_and_the_reason(text: str, reason: str)
 def test_an_at_sign_splits_at_the_last_one() -> None:
     with pytest.raises(InvalidArgument, match="'a@b' may only contain"):
         ExecutionId.parse("a@b@2026-11-29T10:00:00.000Z")
+
+
+def test_fencing_token_text_round_trips() -> None:
+    t = FencingToken(12, 9001)
+    assert str(t) == "12:9001" and FencingToken.parse("12:9001") == t
+    assert FencingToken.parse("0:1") == FencingToken(0, 1)
+    assert FencingToken.parse(str(t)) is FencingToken.parse("12:9001")  # cached: decoded with every record
+
+
+@pytest.mark.parametrize("text", ["", "12", "12:", ":9", "a:b", "1:2:3", "-1:2", "1:-2", " 1:2", "1:2\n",
+                                  "١:٢", "1.0:2"])
+def test_bad_fencing_tokens_are_refused(text: str) -> None:
+    with pytest.raises(InvalidArgument) as e:
+        FencingToken.parse(text)
+    assert e.value.field == "fencing_token" and "is not <partition>:<revision>" in e.value.reason
+
+
+def test_a_start_is_refused_for_another_token_and_fenced_on_the_attempts() -> None:
+    """The token at the protobuf edge (dispatch/starts.py): a worker's start request naming another
+    claim than the attempt's is refused, naming both; the start CAS compares the owner key of the
+    attempt's partition with the attempt's revision."""
+    ks = Keyspace("/sched")
+    rec = StartRecorder(kv=MemoryKV(), ledger=Ledger(ks, 16), ks=ks, partitions=16, clock=SYSTEM_CLOCK,
+                        lookup=lambda _eid: None, on_started=lambda _e: None, notice_for=lambda _s, _p: ())
+    e = new_execution(id=execution_id("s", T), schedule_id="s", tenant="t", pool="p", task_type="x", planned_ms=T,
+                      due_ms=T, trigger=Trigger.SCHEDULED, retry=RetryPolicy(), timeout_ms=60_000)
+    d = dispatch(e, worker="", planner="n", token=FencingToken(3, 42), now_ms=T)
+
+    def req(partition: int, revision: int) -> Any:
+        r = wpb.StartRequest(execution_id=d.id, attempt=1,
+                             fencing_token=epb.FencingToken(partition=partition, revision=revision))
+        return SimpleNamespace(r=r, worker="w")
+
+    for stale in ((3, 41), (4, 42), (0, 0)):
+        assert rec._decide(req(*stale), d, T + 1) == f"fencing token {stale[0]}:{stale[1]} is not the attempt's 3:42"
+    new = rec._decide(req(3, 42), d, T + 1)
+    assert isinstance(new, Execution) and new.state is ExecState.RUNNING
+    op = rec._op(d, new)
+    assert Compare.create_revision(ks.owner(3), "==", 42) in op.compare
