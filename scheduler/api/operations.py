@@ -15,7 +15,6 @@ field (`trigger_time`, `planned_at`, `start_time`, `end_time`, `execution_id`, `
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 
@@ -37,7 +36,7 @@ from scheduler.model import Schedule, ScheduleState
 from scheduler.store.etcd.ops import Op
 from scheduler.store.keyspace import Keyspace, partition_for
 from scheduler.store.kv import KV
-from scheduler.store.ledger import Ledger
+from scheduler.store.ledger import DeadLetterEntry, Ledger
 from scheduler.store.notices import notice_op
 from scheduler.store.schedules import ScheduleStore, StoredSchedule
 from scheduler.timeplan import Overlap, SkipReason
@@ -334,12 +333,8 @@ class Operations:
     async def _dead_payload(self, e: Execution) -> bytes | None:
         p = partition_for(e.schedule_id, self.partitions)
         got = await self.kv.get(self.ks.dead_letter(p, e.schedule_id, e.planned_ms), timeout=self.timeout)
-        if got is None:
-            return None
-        try:
-            return bytes.fromhex(json.loads(got.value).get("payload", ""))
-        except (ValueError, AttributeError):
-            return None  # an unreadable index entry: the schedule's current payload, as for any run
+        # None for an unreadable index entry too: the schedule's current payload, as for any run.
+        return None if got is None else DeadLetterEntry.payload_of(got.value)
 
     async def replay_dead_letter(self, execution_id: str, reason: str = "",
                                  use_current_schedule: bool = False) -> Execution:

@@ -30,7 +30,7 @@ from scheduler.api.convert import (
 )
 from scheduler.api.errors import Context, grpc_errors, grpc_stream_errors
 from scheduler.api.ports import OperationsPort
-from scheduler.api.reads import DeadIndex, page, prefix_range, scan
+from scheduler.api.reads import page, prefix_range, scan
 from scheduler.api.selector import parse_selector
 from scheduler.clock import Clock
 from scheduler.errors import InvalidArgument, NotFound, VersionMismatch
@@ -40,7 +40,7 @@ from scheduler.model import Schedule, ScheduleState, validate_schedule
 from scheduler.store.codec import decode_execution, peek_state
 from scheduler.store.keyspace import Keyspace, partition_for
 from scheduler.store.kv import KV
-from scheduler.store.ledger import Ledger
+from scheduler.store.ledger import DeadLetterEntry, Ledger
 from scheduler.store.schedules import ScheduleStore, StoredSchedule
 from scheduler.timeconv import ms_to_timestamp
 from scheduler.timeplan import DstGap, DstOverlap, Plan, parse_spec
@@ -454,14 +454,11 @@ class ScheduleService:
         after = paging.decode_token(request.page_token, filters)
         if after is not None and not (isinstance(after, list) and len(after) == 2):
             raise InvalidArgument("page_token", "is not a token this server issued")
-        if sid:
-            prefix = self.ks.dead_letters(partition_for(sid, self.store.partitions)) + sid.encode() + b"/"
-        else:
-            prefix = self.ks.dead_letters()
+        prefix = self.ks.dead_letters(partition_for(sid, self.store.partitions), sid) if sid else self.ks.dead_letters()
         pos = None if after is None else (int(after[0]), str(after[1]))
-        matches: list[DeadIndex] = []
+        matches: list[DeadLetterEntry] = []
         async for x in scan(self.kv, *prefix_range(prefix), timeout=self.timeout):
-            d = DeadIndex.decode(x.key, x.value)
+            d = DeadLetterEntry.decode(self.ks, x.key, x.value)
             if (tenant and d.tenant != tenant) or (task and d.task_type != task) \
                     or (lo is not None and d.dead_ms < lo) or (hi is not None and d.dead_ms >= hi) \
                     or (pos is not None and (d.dead_ms, d.execution_id) <= pos):
@@ -470,7 +467,7 @@ class ScheduleService:
         got, more = page(matches, lambda d: (d.dead_ms, d.execution_id), None, size)
         out = []
         for d in got:
-            e = await self.ledger.get(self.kv, d.schedule_id, d.planned_ms, timeout=self.timeout)
+            e = await self.ledger.get(self.kv, d.id.schedule_id, d.id.planned_ms, timeout=self.timeout)
             if e is not None:
                 out.append(dead_letter_to_pb(e, d.payload, d.dead_ms, dead_reason(e)))
         token = paging.encode_token(filters, [got[-1].dead_ms, got[-1].execution_id]) if more else ""

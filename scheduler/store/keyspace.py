@@ -119,13 +119,22 @@ class Keyspace:
         them by the missed-run policy; deleted by the owner that did."""
         return self._k("holds", f"{partition:0{_PART_WIDTH}d}", schedule_id)
 
-    def dead_letters(self, partition: int | None = None) -> bytes:
+    def dead_letters(self, partition: int | None = None, schedule_id: str | None = None) -> bytes:
+        """The dead-letter index: all of it, one partition's, or one schedule's (`schedule_id` needs
+        its `partition`)."""
         if partition is None:
             return self._k("dead", "")
-        return self._k("dead", f"{partition:0{_PART_WIDTH}d}", "")
+        if schedule_id is None:
+            return self._k("dead", f"{partition:0{_PART_WIDTH}d}", "")
+        return self._k("dead", f"{partition:0{_PART_WIDTH}d}", schedule_id, "")
 
     def dead_letter(self, partition: int, schedule_id: str, planned_ms: int) -> bytes:
+        """The dead-letter index key of one execution (its value: store.ledger.DeadLetterEntry)."""
         return self._k("dead", f"{partition:0{_PART_WIDTH}d}", schedule_id, f"{planned_ms:0{_MS_WIDTH}d}")
+
+    def dead_letter_of(self, key: bytes) -> ExecutionId:
+        """The execution a dead-letter index key stands for (the inverse of `dead_letter`)."""
+        return self._id_in("dead", key)
 
     def notices(self, partition: int | None = None) -> bytes:
         if partition is None:

@@ -62,6 +62,7 @@ def test_new_execution_equals_the_dataclass_constructor(e: Execution) -> None:
 
 
 @given(st.sampled_from(["s1", "a/b", "x-y_z.9", "é/ü"]), st.integers(0, 2**40), st.sampled_from(["/sched", "/a/b"]))
-def test_execution_keys_name_their_execution_id(sid: str, planned_ms: int, prefix: str) -> None:
+def test_execution_and_dead_letter_keys_name_their_execution(sid: str, planned_ms: int, prefix: str) -> None:
     ks = Keyspace(prefix)
     assert ks.execution_id_of(ks.execution(3, sid, planned_ms)) == ExecutionId(sid, planned_ms)
+    assert ks.dead_letter_of(ks.dead_letter(3, sid, planned_ms)) == ExecutionId(sid, planned_ms)

@@ -1,8 +1,10 @@
-"""Execution ids and fencing tokens: their text is a compatibility contract
+"""Execution ids, fencing tokens and dead-letter index entries: their text is a compatibility contract
 (etcd keys and values, idempotency keys, `X-Fencing-Token`), pinned here byte for byte."""
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
 
@@ -25,9 +27,9 @@ from scheduler.ids import (
     schedule_of,
 )
 from scheduler.model import RetryPolicy
-from scheduler.store.etcd.ops import Compare
+from scheduler.store.etcd.ops import Compare, PutOp
 from scheduler.store.keyspace import Keyspace, partition_for
-from scheduler.store.ledger import Ledger
+from scheduler.store.ledger import DeadLetterEntry, Ledger
 from scheduler.store.memory import MemoryKV
 
 _sids = st.from_regex(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,20}", fullmatch=True)
@@ -131,3 +133,25 @@ def test_a_start_is_refused_for_another_token_and_fenced_on_the_attempts() -> No
     assert isinstance(new, Execution) and new.state is ExecState.RUNNING
     op = rec._op(d, new)
     assert Compare.create_revision(ks.owner(3), "==", 42) in op.compare
+
+
+def test_dead_letter_index_key_and_value_are_pinned() -> None:
+    ks, partitions = Keyspace("/sched"), 16
+    p = partition_for("nightly", partitions)
+    e = Execution(id=execution_id("nightly", T), schedule_id="nightly", tenant="acme", pool="pool",
+                  task_type="shell", planned_ms=T, due_ms=T, trigger=Trigger.SCHEDULED, retry=RetryPolicy(),
+                  timeout_ms=1000)
+    dead = replace(e, state=ExecState.DEAD_LETTER)
+    op = Ledger(ks, partitions).cas_op(dead, 7, payload=b"hi", now_ms=T + 5)
+    (put,) = [x for x in op.success if isinstance(x, PutOp) and x.key.startswith(b"/sched/dead/")]
+    assert put.key == f"/sched/dead/{p:05d}/nightly/1795946400123".encode() == ks.dead_letter(p, "nightly", T)
+    assert put.value == (b'{"id":"nightly@2026-11-29T10:00:00.123Z","tenant":"acme","task":"shell",'
+                         b'"dead_ms":1795946400128,"payload":"6869"}')
+    entry = DeadLetterEntry.decode(ks, put.key, put.value)
+    assert entry == DeadLetterEntry(ExecutionId("nightly", T), "acme", "shell", T + 5, b"hi")
+    assert entry.execution_id == "nightly@2026-11-29T10:00:00.123Z" and entry.value() == put.value
+    assert ks.dead_letters(p, "nightly") == f"/sched/dead/{p:05d}/nightly/".encode()
+    assert DeadLetterEntry.payload_of(put.value) == b"hi"
+    for unreadable in (b"[]", b'{"payload":"zz"}', b"not json"):
+        assert DeadLetterEntry.payload_of(unreadable) is None
+    assert json.loads(put.value)["id"] == dead.id
