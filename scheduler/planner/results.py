@@ -13,6 +13,7 @@ from typing import Any
 
 from scheduler.errors import NotFound
 from scheduler.execution import Disposition, ErrorClass, ExecState, Execution, result
+from scheduler.ids import execution_id
 from scheduler.store.etcd.ops import Op
 from scheduler.store.kv import KV
 from scheduler.store.ledger import Ledger
@@ -44,7 +45,7 @@ async def record_result(
     for _ in range(max_rounds):
         e = await ledger.get(kv, schedule_id, planned_ms, timeout=timeout)
         if e is None:
-            raise NotFound(f"execution {schedule_id}@{planned_ms} not found")
+            raise NotFound(f"execution {execution_id(schedule_id, planned_ms)} not found")
         new, disposition = result(e, attempt, succeeded=succeeded, error_class=error_class, message=message,
                                   now_ms=now_ms, retry_after_ms=retry_after_ms, worker=worker, **details)
         if disposition is not Disposition.RECORDED:
@@ -59,4 +60,5 @@ async def record_result(
                          timeout=timeout)
         if ledger.cas_results(r)[0]:
             return ledger.with_revision(new, r.revision), Disposition.RECORDED
-    raise NotFound(f"execution {schedule_id}@{planned_ms}: record kept changing; gave up after {max_rounds} reads")
+    raise NotFound(f"execution {execution_id(schedule_id, planned_ms)}: record kept changing; "
+                   f"gave up after {max_rounds} reads")

@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from scheduler.config import parse_listen_address
 from scheduler.errors import InvalidArgument
 from scheduler.execution import ErrorClass, Execution, Trigger, dispatch, log_fields, result
-from scheduler.ids import FencingToken
+from scheduler.ids import FencingToken, execution_id
 from scheduler.metrics.core import OTHER, GuardedCounter, GuardedHistograms, LoopHistogram
 from scheduler.metrics.planner import PlannerMetrics
 from scheduler.metrics.worker import WorkerMetrics
@@ -34,7 +34,7 @@ def samples(text: bytes) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
 def execution(sid: str = "s1", planned_ms: int = 1_000, due_ms: int = 1_000, max_attempts: int = 3) -> Execution:
-    return Execution(id=f"{sid}@{planned_ms}", schedule_id=sid, tenant="t", pool="p", task_type="shell",
+    return Execution(id=execution_id(sid, planned_ms), schedule_id=sid, tenant="t", pool="p", task_type="shell",
                      planned_ms=planned_ms, due_ms=due_ms, trigger=Trigger.SCHEDULED,
                      retry=RetryPolicy(max_attempts=max_attempts), timeout_ms=10_000)
 
