@@ -22,6 +22,7 @@ from enum import StrEnum
 from typing import Any, TypeVar
 
 from scheduler.errors import SchedError
+from scheduler.ids import FencingToken
 from scheduler.model import RetryPolicy
 from scheduler.timeplan.hashing import stable_u64
 from scheduler.timeplan.policy import Overlap
@@ -110,7 +111,7 @@ class Attempt:
     attempt: int
     worker: str
     planner: str
-    token: str  # "<partition>:<revision>" of the dispatching owner
+    token: FencingToken  # of the dispatching owner
     dispatched_ms: int
     deadline_ms: int
     started_ms: int = 0
@@ -208,7 +209,7 @@ def dispatchable(e: Execution, now_ms: int) -> bool:
     return False
 
 
-def dispatch(e: Execution, *, worker: str, planner: str, token: str, now_ms: int,
+def dispatch(e: Execution, *, worker: str, planner: str, token: FencingToken, now_ms: int,
              start_timeout_ms: int = 0) -> Execution:
     """Hand attempt n+1 to a worker. The deadline is recorded so a new owner waits for it; so is the
     start-by instant (`start_timeout_ms` > 0), after which an attempt no worker started is re-dispatched."""
@@ -409,14 +410,14 @@ def rerun(e: Execution, now_ms: int, *, retry: RetryPolicy, timeout_ms: int) -> 
                    overlap=Overlap.ALLOW_ALL, payload=None)
 
 
-def log_fields(e: Execution, partition: int | None = None, token: str | None = None) -> dict[str, object]:
+def log_fields(e: Execution, partition: int | None = None, token: FencingToken | None = None) -> dict[str, object]:
     """The fields every execution event log line carries (docs/operations.md, Logs). The token is the
     latest attempt's (`<partition>:<revision>`) unless the caller, an owner, gives its own; the partition
     comes from the token when the caller does not know it."""
     if token is None:
         cur = e.current
-        token = cur.token if cur is not None else ""
-    if partition is None and token:
-        partition = int(token.partition(":")[0])
+        token = cur.token if cur is not None else None
+    if partition is None and token is not None:
+        partition = token.partition
     return {"execution_id": e.id, "schedule_id": e.schedule_id, "partition": "" if partition is None else partition,
-            "token": token, "attempt": e.attempt, "state": e.state.value}
+            "token": "" if token is None else str(token), "attempt": e.attempt, "state": e.state.value}

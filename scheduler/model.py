@@ -19,12 +19,11 @@ from datetime import UTC, datetime
 from enum import StrEnum
 
 from scheduler.errors import InvalidArgument
+from scheduler.ids import ID_RE, MAX_ID_LEN
 from scheduler.timeplan import DstGap, DstOverlap, MissedRuns, Overlap, Plan, parse_spec
 from scheduler.timeplan.plan import format_duration_ms, from_ms
 
-ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")
 LABEL_KEY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]*$")
-MAX_ID_LEN = 128
 MAX_NAME_LEN = 64
 MAX_PAYLOAD_BYTES = 64 * 1024
 MAX_LABELS = 32
@@ -88,32 +87,6 @@ class Schedule:
             start_ms=self.start_ms,
             end_ms=self.end_ms,
         )
-
-
-def execution_id(schedule_id: str, planned_ms: int) -> str:
-    """`<schedule id>@<planned time, RFC3339 UTC with milliseconds>`: the idempotency key everywhere.
-
-    `@` cannot occur in a schedule id, so the id splits back unambiguously.
-    """
-    return f"{schedule_id}@{format_rfc3339_ms(planned_ms)}"
-
-
-def schedule_of(execution_id: str) -> str:
-    """The schedule id of an execution id built by `execution_id` (validated input: api/inputs.py)."""
-    return execution_id.rpartition("@")[0]
-
-
-_FORMATTED: dict[int, str] = {}  # second -> "YYYY-MM-DDTHH:MM:SS.": schedules share their planned seconds
-
-
-def format_rfc3339_ms(ms: int) -> str:
-    sec, milli = divmod(ms, 1000)
-    head = _FORMATTED.get(sec)
-    if head is None:
-        if len(_FORMATTED) >= 4096:
-            _FORMATTED.clear()
-        head = _FORMATTED[sec] = from_ms(sec * 1000).strftime("%Y-%m-%dT%H:%M:%S.")
-    return f"{head}{milli:03d}Z"
 
 
 def parse_rfc3339(text: str, field_name: str) -> int:

@@ -25,8 +25,8 @@ from scheduler.config import CoordinationSettings, EtcdSettings
 from scheduler.dispatch.service import Dispatcher
 from scheduler.errors import FencedOut, NotFound, OutcomeUnknown
 from scheduler.execution import ExecState, Execution, log_fields
+from scheduler.ids import FencingToken, execution_id, schedule_of
 from scheduler.metrics.planner import PlannerMetrics
-from scheduler.model import format_rfc3339_ms, schedule_of
 from scheduler.planner.ownership import LostReason, MemberInfo, NotOwner, Ownership
 from scheduler.planner.partition import DispatchSink, PartitionPlanner, Restart
 from scheduler.planner.settings import PlannerSettings
@@ -79,7 +79,7 @@ class NullDispatcher:
     def release(self, pool: str, n: int) -> None:
         return None
 
-    def submit(self, e: Execution, payload: bytes, token: str) -> None:
+    def submit(self, e: Execution, payload: bytes, token: FencingToken) -> None:
         raise AssertionError("nothing is dispatched without capacity")
 
     def cancel(self, e: Execution, reason: str) -> None:
@@ -274,7 +274,7 @@ class PlannerNode:
                 return
             except FencedOut as e:
                 log.warning("fenced out", extra={"event": "fenced_out", "partition": partition,
-                                                 "token": f"{partition}:{token}", "error": str(e)})
+                                                 "token": str(FencingToken(partition, token)), "error": str(e)})
                 return
             except Malformed as e:
                 self._restarted("malformed_txn")
@@ -356,8 +356,7 @@ class PlannerNode:
             planner.on_notice(key, n, mod_revision)
         elif n.cancel_attempt and isinstance(self.dispatcher, Dispatcher):
             # Not the owner, but the attempt's worker may have re-attached to us: stop it here too.
-            sid_at = f"{n.schedule_id}@{format_rfc3339_ms(n.from_ms)}"
-            self.dispatcher.cancel_attempt(sid_at, n.cancel_attempt, n.reason)
+            self.dispatcher.cancel_attempt(execution_id(n.schedule_id, n.from_ms), n.cancel_attempt, n.reason)
 
     def _route(self, kind: EventType, key: bytes, value: bytes, mod_revision: int) -> None:
         parts = key.rsplit(b"/", 2)

@@ -53,7 +53,8 @@ from scheduler.execution import (
     started,
     with_revision,
 )
-from scheduler.model import Policies, RetryPolicy, Schedule, ScheduleState, execution_id
+from scheduler.ids import FencingToken, execution_id
+from scheduler.model import Policies, RetryPolicy, Schedule, ScheduleState
 from scheduler.node import PlannerNode
 from scheduler.planner.ownership import NotOwner, Ownership
 from scheduler.planner.partition import PartitionPlanner, Restart
@@ -209,7 +210,7 @@ class Workers:
         self.timers.append((at, self._seq, kind, key))
         self.timers.sort()
 
-    def submit(self, e: Execution, payload: bytes, token: str) -> None:
+    def submit(self, e: Execution, payload: bytes, token: FencingToken) -> None:
         now = self.world.clock.wall_ms()
         behaviour, dur = self.plan.popleft() if self.plan else ("ok", 300)
         if behaviour == "lost" and not START_TIMEOUT_CHECK:

@@ -27,6 +27,7 @@ from scheduler.api.convert import fencing_token_pb
 from scheduler.api.errors import Context, grpc_errors
 from scheduler.clock import Clock
 from scheduler.errors import FailedPrecondition, InvalidArgument, NotFound, VersionMismatch
+from scheduler.ids import FencingToken
 from scheduler.planner.ownership import MemberInfo, Ownership
 from scheduler.status import NodeStatus
 from scheduler.store.etcd.ops import Compare, delete, get, put
@@ -175,9 +176,7 @@ class AdminService:
                 node, rev = owner_of[p]
                 st.owner = node
                 st.owner_region = members[node].region if node in members else ""
-                tok = fencing_token_pb(f"{p}:{rev}")
-                if tok is not None:
-                    st.fencing_token.CopyFrom(tok)
+                st.fencing_token.CopyFrom(fencing_token_pb(FencingToken(p, rev)))
             if marks.get(p):
                 st.watermark.CopyFrom(ms_to_timestamp(marks[p]))
                 st.lag.CopyFrom(ms_to_duration(max(0, now - marks[p])))

@@ -13,6 +13,7 @@ from scheduler._gen.scheduler.v1 import execution_pb2 as epb
 from scheduler._gen.scheduler.v1 import schedule_pb2 as pb
 from scheduler.errors import InvalidArgument
 from scheduler.execution import Attempt, ErrorClass, ExecState, Execution, Trigger
+from scheduler.ids import FencingToken
 from scheduler.model import Policies, RetryPolicy, Schedule, ScheduleState
 
 # `as` marks an explicit re-export: dispatch/service.py still imports these two from here. It should import
@@ -215,12 +216,13 @@ def overlap_from_pb(field: str, value: int) -> Overlap | None:
     return _inverse(field, _OVERLAP, value, None)  # type: ignore[arg-type, return-value]
 
 
-def fencing_token_pb(token: str) -> epb.FencingToken | None:
-    """`"<partition>:<revision>"` as stored with each attempt."""
-    p, _, rev = token.partition(":")
-    if not (p.isdigit() and rev.isdigit()):
-        return None
-    return epb.FencingToken(partition=int(p), revision=int(rev))
+def fencing_token_pb(t: FencingToken) -> epb.FencingToken:
+    return epb.FencingToken(partition=t.partition, revision=t.revision)
+
+
+def fencing_token_from_pb(m: epb.FencingToken) -> FencingToken:
+    """A token as a worker sends it back (start requests, results): compared with the attempt's, never trusted."""
+    return FencingToken(m.partition, m.revision)
 
 
 def _attempt_to_pb(a: Attempt, trigger: int) -> epb.AttemptRecord:
@@ -230,9 +232,7 @@ def _attempt_to_pb(a: Attempt, trigger: int) -> epb.AttemptRecord:
     out = epb.AttemptRecord(attempt=a.attempt, worker_id=a.worker, planner_id=a.planner,
                             dispatched_at=ms_to_timestamp(a.dispatched_ms), deadline=ms_to_timestamp(a.deadline_ms),
                             error_message=a.message, trigger=run)  # type: ignore[arg-type]
-    tok = fencing_token_pb(a.token)
-    if tok is not None:
-        out.fencing_token.CopyFrom(tok)
+    out.fencing_token.CopyFrom(fencing_token_pb(a.token))
     if a.started_ms:
         out.started_at.CopyFrom(ms_to_timestamp(a.started_ms))
     if a.finished_ms:
@@ -275,9 +275,7 @@ def execution_to_pb(e: Execution) -> epb.Execution:
     if e.next_attempt_ms and e.state is ExecState.RETRY_WAIT:
         out.next_attempt_at.CopyFrom(ms_to_timestamp(e.next_attempt_ms))
     if e.attempts:
-        tok = fencing_token_pb(e.attempts[-1].token)
-        if tok is not None:
-            out.fencing_token.CopyFrom(tok)
+        out.fencing_token.CopyFrom(fencing_token_pb(e.attempts[-1].token))
     return out
 
 

@@ -8,52 +8,23 @@ from __future__ import annotations
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from scheduler.errors import InvalidArgument
-from scheduler.model import ID_RE, MAX_ID_LEN, MAX_NAME_LEN, format_rfc3339_ms, parse_rfc3339
+from scheduler.ids import MAX_ID_LEN, check_name
+from scheduler.model import MAX_NAME_LEN
 
 MAX_REASON_BYTES = 1024
 MAX_REQUEST_ID_LEN = 128
-# Execution ids: schedule id, "@", 24 characters of time.
-MAX_EXECUTION_ID_LEN = MAX_ID_LEN + 1 + 24
 
 
 def schedule_id(value: str, field: str = "id") -> str:
-    _name(value, field, MAX_ID_LEN)
+    check_name(value, field)
     return value
 
 
 def optional_name(value: str, field: str) -> str:
     """A filter that may be empty (tenant, task type, schedule id in a list request)."""
     if value:
-        _name(value, field, MAX_ID_LEN if field.endswith("schedule_id") else MAX_NAME_LEN)
+        check_name(value, field, MAX_ID_LEN if field.endswith("schedule_id") else MAX_NAME_LEN)
     return value
-
-
-def _name(value: str, field: str, max_len: int) -> None:
-    if not value:
-        raise InvalidArgument(field, "is required")
-    if len(value) > max_len:
-        raise InvalidArgument(field, f"is {len(value)} characters; the limit is {max_len}")
-    if not ID_RE.match(value):
-        raise InvalidArgument(field, f"{value[:80]!r} may only contain A-Z a-z 0-9 . _ : - and must start alphanumeric")
-
-
-def execution_id(value: str, field: str = "execution_id") -> tuple[str, int]:
-    """`<schedule id>@<YYYY-MM-DDTHH:MM:SS.mmmZ>` -> (schedule id, planned ms); only the canonical form."""
-    if not value:
-        raise InvalidArgument(field, "is required")
-    if len(value) > MAX_EXECUTION_ID_LEN:
-        raise InvalidArgument(field, f"is {len(value)} characters; the limit is {MAX_EXECUTION_ID_LEN}")
-    sid, at, when = value.rpartition("@")
-    if not at:
-        raise InvalidArgument(field, "must look like <schedule_id>@2026-11-29T10:00:00.000Z")
-    schedule_id(sid, field)
-    try:
-        ms = parse_rfc3339(when, field)
-    except InvalidArgument:
-        raise InvalidArgument(field, f"time {when[:40]!r} is not like 2026-11-29T10:00:00.000Z") from None
-    if format_rfc3339_ms(ms) != when:
-        raise InvalidArgument(field, f"time {when!r} is not canonical; expected {format_rfc3339_ms(ms)}")
-    return sid, ms
 
 
 def reason(value: str, field: str = "reason") -> str:

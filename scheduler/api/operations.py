@@ -15,7 +15,6 @@ field (`trigger_time`, `planned_at`, `start_time`, `end_time`, `execution_id`, `
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 
@@ -32,11 +31,12 @@ from scheduler.execution import (
     rerun,
     with_revision,
 )
-from scheduler.model import ID_RE, MAX_ID_LEN, Schedule, ScheduleState, execution_id, format_rfc3339_ms, parse_rfc3339
+from scheduler.ids import ID_RE, MAX_ID_LEN, ExecutionId, execution_id, format_rfc3339_ms
+from scheduler.model import Schedule, ScheduleState
 from scheduler.store.etcd.ops import Op
 from scheduler.store.keyspace import Keyspace, partition_for
 from scheduler.store.kv import KV
-from scheduler.store.ledger import Ledger, split_execution_id
+from scheduler.store.ledger import DeadLetterEntry, Ledger
 from scheduler.store.notices import notice_op
 from scheduler.store.schedules import ScheduleStore, StoredSchedule
 from scheduler.timeplan import Overlap, SkipReason
@@ -99,13 +99,6 @@ class Operations:
         if s.state is ScheduleState.PAUSED:
             raise FailedPrecondition(f"schedule {s.id!r} is paused; resume it before {what}")
         return s
-
-    @staticmethod
-    def _parse_id(eid: str) -> tuple[str, int]:
-        sid, planned = split_execution_id(eid)
-        if not sid or not planned or len(sid) > MAX_ID_LEN or not ID_RE.match(sid):
-            raise InvalidArgument("execution_id", f"{eid!r} is not <schedule id>@<RFC3339 UTC time>")
-        return sid, parse_rfc3339(planned, "execution_id")
 
     @staticmethod
     def _check_reason(reason: str) -> None:
@@ -297,11 +290,11 @@ class Operations:
 
     async def cancel_execution(self, execution_id: str, reason: str = "cancelled by operator") -> Execution:
         """Cancel a non-terminal execution; a running attempt's worker is told to stop (via the owner)."""
-        sid, planned_ms = self._parse_id(execution_id)
+        eid = ExecutionId.parse(execution_id)
         self._check_reason(reason)
         reason = reason or "cancelled by operator"
         for _ in range(self.max_rounds):
-            e = await self.ledger.get(self.kv, sid, planned_ms, timeout=self.timeout)
+            e = await self.ledger.get(self.kv, eid.schedule_id, eid.planned_ms, timeout=self.timeout)
             if e is None:
                 raise NotFound(f"execution {execution_id} not found")
             done = await self._cancel(e, reason)
@@ -331,8 +324,8 @@ class Operations:
     # ---- dead letters -------------------------------------------------------------------------------
 
     async def _dead_letter(self, execution_id: str) -> Execution:
-        sid, planned_ms = self._parse_id(execution_id)
-        e = await self.ledger.get(self.kv, sid, planned_ms, timeout=self.timeout)
+        eid = ExecutionId.parse(execution_id)
+        e = await self.ledger.get(self.kv, eid.schedule_id, eid.planned_ms, timeout=self.timeout)
         if e is None or e.state is not ExecState.DEAD_LETTER:
             raise NotFound(f"{execution_id} is not a dead letter" + ("" if e is None else f" (it is {e.state.value})"))
         return e
@@ -340,12 +333,8 @@ class Operations:
     async def _dead_payload(self, e: Execution) -> bytes | None:
         p = partition_for(e.schedule_id, self.partitions)
         got = await self.kv.get(self.ks.dead_letter(p, e.schedule_id, e.planned_ms), timeout=self.timeout)
-        if got is None:
-            return None
-        try:
-            return bytes.fromhex(json.loads(got.value).get("payload", ""))
-        except (ValueError, AttributeError):
-            return None  # an unreadable index entry: the schedule's current payload, as for any run
+        # None for an unreadable index entry too: the schedule's current payload, as for any run.
+        return None if got is None else DeadLetterEntry.payload_of(got.value)
 
     async def replay_dead_letter(self, execution_id: str, reason: str = "",
                                  use_current_schedule: bool = False) -> Execution:

@@ -10,12 +10,9 @@ with a schedule id narrow the scan to that schedule's keys.
 from __future__ import annotations
 
 import heapq
-import json
 from collections.abc import AsyncIterator, Callable, Iterable
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from scheduler.model import schedule_of
 from scheduler.store.etcd.ops import prefix_end
 from scheduler.store.etcd.types import KeyValue
 from scheduler.store.kv import KV
@@ -48,24 +45,3 @@ def page(items: Iterable[T], key: Callable[[T], Any], after: Any, size: int) -> 
     cand = (x for x in items if after is None or key(x) > after)
     chosen = heapq.nsmallest(size + 1, cand, key=key)
     return chosen[:size], len(chosen) > size
-
-
-@dataclass(frozen=True)
-class DeadIndex:
-    """One dead-letter index entry (written by Ledger.cas_op)."""
-
-    execution_id: str
-    schedule_id: str
-    planned_ms: int
-    tenant: str
-    task_type: str
-    dead_ms: int
-    payload: bytes
-
-    @staticmethod
-    def decode(key: bytes, value: bytes) -> DeadIndex:
-        d = json.loads(value)
-        eid = str(d["id"])
-        return DeadIndex(eid, schedule_of(eid), int(key.rsplit(b"/", 1)[1]), str(d.get("tenant", "")),
-                         str(d.get("task", "")),
-                         int(d.get("dead_ms", 0)), bytes.fromhex(d.get("payload", "")))

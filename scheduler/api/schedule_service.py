@@ -30,16 +30,17 @@ from scheduler.api.convert import (
 )
 from scheduler.api.errors import Context, grpc_errors, grpc_stream_errors
 from scheduler.api.ports import OperationsPort
-from scheduler.api.reads import DeadIndex, page, prefix_range, scan
+from scheduler.api.reads import page, prefix_range, scan
 from scheduler.api.selector import parse_selector
 from scheduler.clock import Clock
 from scheduler.errors import InvalidArgument, NotFound, VersionMismatch
 from scheduler.execution import ExecState, Execution, dead_reason
+from scheduler.ids import ExecutionId
 from scheduler.model import Schedule, ScheduleState, validate_schedule
 from scheduler.store.codec import decode_execution, peek_state
 from scheduler.store.keyspace import Keyspace, partition_for
 from scheduler.store.kv import KV
-from scheduler.store.ledger import Ledger
+from scheduler.store.ledger import DeadLetterEntry, Ledger
 from scheduler.store.schedules import ScheduleStore, StoredSchedule
 from scheduler.timeconv import ms_to_timestamp
 from scheduler.timeplan import DstGap, DstOverlap, Plan, parse_spec
@@ -246,7 +247,7 @@ class ScheduleService:
     @grpc_errors
     async def CancelExecution(self, request: spb.CancelExecutionRequest,
                               context: Context) -> spb.CancelExecutionResponse:
-        inputs.execution_id(request.execution_id)
+        ExecutionId.parse(request.execution_id)
         why = inputs.reason(request.reason) or "cancelled by an operator"
         e = await self.ops.cancel_execution(request.execution_id, reason=why)
         return spb.CancelExecutionResponse(execution=execution_to_pb(e))
@@ -254,7 +255,7 @@ class ScheduleService:
     @grpc_errors
     async def ReplayDeadLetter(self, request: spb.ReplayDeadLetterRequest,
                                context: Context) -> spb.ReplayDeadLetterResponse:
-        inputs.execution_id(request.execution_id)
+        ExecutionId.parse(request.execution_id)
         e = await self.ops.replay_dead_letter(request.execution_id, reason=inputs.reason(request.reason),
                                               use_current_schedule=request.use_current_schedule)
         return spb.ReplayDeadLetterResponse(execution=execution_to_pb(e))
@@ -262,7 +263,7 @@ class ScheduleService:
     @grpc_errors
     async def DiscardDeadLetter(self, request: spb.DiscardDeadLetterRequest,
                                 context: Context) -> spb.DiscardDeadLetterResponse:
-        inputs.execution_id(request.execution_id)
+        ExecutionId.parse(request.execution_id)
         e = await self.ops.discard_dead_letter(request.execution_id, reason=inputs.reason(request.reason))
         return spb.DiscardDeadLetterResponse(execution=execution_to_pb(e))
 
@@ -315,8 +316,8 @@ class ScheduleService:
 
     @grpc_errors
     async def GetExecution(self, request: spb.GetExecutionRequest, context: Context) -> spb.GetExecutionResponse:
-        sid, planned = inputs.execution_id(request.execution_id)
-        e = await self.ledger.get(self.kv, sid, planned, timeout=self.timeout)
+        eid = ExecutionId.parse(request.execution_id)
+        e = await self.ledger.get(self.kv, eid.schedule_id, eid.planned_ms, timeout=self.timeout)
         if e is None:
             raise NotFound(f"execution {request.execution_id!r} not found")
         return spb.GetExecutionResponse(execution=execution_to_pb(e))
@@ -453,14 +454,11 @@ class ScheduleService:
         after = paging.decode_token(request.page_token, filters)
         if after is not None and not (isinstance(after, list) and len(after) == 2):
             raise InvalidArgument("page_token", "is not a token this server issued")
-        if sid:
-            prefix = self.ks.dead_letters(partition_for(sid, self.store.partitions)) + sid.encode() + b"/"
-        else:
-            prefix = self.ks.dead_letters()
+        prefix = self.ks.dead_letters(partition_for(sid, self.store.partitions), sid) if sid else self.ks.dead_letters()
         pos = None if after is None else (int(after[0]), str(after[1]))
-        matches: list[DeadIndex] = []
+        matches: list[DeadLetterEntry] = []
         async for x in scan(self.kv, *prefix_range(prefix), timeout=self.timeout):
-            d = DeadIndex.decode(x.key, x.value)
+            d = DeadLetterEntry.decode(self.ks, x.key, x.value)
             if (tenant and d.tenant != tenant) or (task and d.task_type != task) \
                     or (lo is not None and d.dead_ms < lo) or (hi is not None and d.dead_ms >= hi) \
                     or (pos is not None and (d.dead_ms, d.execution_id) <= pos):
@@ -469,7 +467,7 @@ class ScheduleService:
         got, more = page(matches, lambda d: (d.dead_ms, d.execution_id), None, size)
         out = []
         for d in got:
-            e = await self.ledger.get(self.kv, d.schedule_id, d.planned_ms, timeout=self.timeout)
+            e = await self.ledger.get(self.kv, d.id.schedule_id, d.id.planned_ms, timeout=self.timeout)
             if e is not None:
                 out.append(dead_letter_to_pb(e, d.payload, d.dead_ms, dead_reason(e)))
         token = paging.encode_token(filters, [got[-1].dead_ms, got[-1].execution_id]) if more else ""

@@ -24,7 +24,7 @@ from scheduler.cli.output import Exit
 from scheduler.client import ClientError, SchedulerClient, load_client_settings
 from scheduler.config import CoordinationSettings, EtcdSettings
 from scheduler.errors import InvalidArgument
-from scheduler.model import format_rfc3339_ms
+from scheduler.ids import format_rfc3339_ms
 from scheduler.planner.settings import PlannerSettings
 from scheduler.worker.settings import WorkerSettings
 

@@ -27,7 +27,8 @@ from scheduler.cli.executions import show_execution
 from scheduler.cli.output import Exit
 from scheduler.cli.schedule_input import add_schedule_flags, build_schedule
 from scheduler.client import SchedulerClient
-from scheduler.model import format_rfc3339_ms, parse_rfc3339
+from scheduler.ids import format_rfc3339_ms
+from scheduler.model import parse_rfc3339
 
 _STATE = "SCHEDULE_STATE_"
 _OVERLAP = "OVERLAP_POLICY_"

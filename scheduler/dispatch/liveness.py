@@ -33,9 +33,9 @@ from scheduler.clock import Clock
 from scheduler.dispatch.conn import AttemptKey, Conn, Held
 from scheduler.errors import SchedError
 from scheduler.execution import IN_FLIGHT, Execution
-from scheduler.model import parse_rfc3339
+from scheduler.ids import ExecutionId
 from scheduler.store.kv import KV
-from scheduler.store.ledger import Ledger, split_execution_id
+from scheduler.store.ledger import Ledger
 
 log = logging.getLogger(__name__)
 
@@ -211,9 +211,9 @@ class Liveness:
         c.reported = len(running)
         accepted, rejected = [], []
         for ra in running:
-            sid, planned = split_execution_id(ra.execution_id)
             try:
-                e = await self.ledger.get(self.kv, sid, parse_rfc3339(planned, "execution_id"))
+                eid = ExecutionId.parse(ra.execution_id)
+                e = await self.ledger.get(self.kv, eid.schedule_id, eid.planned_ms)
             except SchedError:
                 e = None
             why = reattach_refusal(e, ra.attempt)

@@ -45,10 +45,10 @@ from scheduler.execution import (
     result,
     with_revision,
 )
-from scheduler.model import parse_rfc3339
+from scheduler.ids import ExecutionId, execution_id
 from scheduler.store.etcd.ops import Op
 from scheduler.store.kv import KV
-from scheduler.store.ledger import Ledger, split_execution_id
+from scheduler.store.ledger import Ledger
 
 log = logging.getLogger(__name__)
 
@@ -145,7 +145,7 @@ async def record_result(
     for _ in range(max_rounds):
         e = await ledger.get(kv, schedule_id, planned_ms, timeout=timeout)
         if e is None:
-            raise NotFound(f"execution {schedule_id}@{planned_ms} not found")
+            raise NotFound(f"execution {execution_id(schedule_id, planned_ms)} not found")
         new, disposition = result(e, attempt, succeeded=succeeded, error_class=error_class, message=message,
                                   now_ms=now_ms, retry_after_ms=retry_after_ms, worker=worker, **details)
         if disposition is not Disposition.RECORDED:
@@ -160,7 +160,8 @@ async def record_result(
                          timeout=timeout)
         if ledger.cas_results(r)[0]:
             return ledger.with_revision(new, r.revision), Disposition.RECORDED
-    raise NotFound(f"execution {schedule_id}@{planned_ms}: record kept changing; gave up after {max_rounds} reads")
+    raise NotFound(f"execution {execution_id(schedule_id, planned_ms)}: record kept changing; "
+                   f"gave up after {max_rounds} reads")
 
 
 Key = tuple[str, int]  # (execution id, attempt)
@@ -313,10 +314,10 @@ class ResultRecorder:
         gate = asyncio.Semaphore(SLOW_CONCURRENCY)
 
         async def one(r: wpb.Result) -> ResultEntry:
-            sid, planned = split_execution_id(r.execution_id)
             async with gate:
                 try:
-                    planned_ms = parse_rfc3339(planned, "execution_id")
+                    eid = ExecutionId.parse(r.execution_id)
+                    sid, planned_ms = eid.schedule_id, eid.planned_ms
                     ok, ec = outcome(r)
                     e, disp = await record_result(
                         self.kv, self.ledger, sid, planned_ms, r.attempt, succeeded=ok, error_class=ec,

@@ -41,7 +41,7 @@ import grpc
 
 from scheduler._gen.scheduler.v1 import cluster_pb2, execution_pb2
 from scheduler._gen.scheduler.v1 import worker_service_pb2 as wpb
-from scheduler.api.convert import ms_to_duration, ms_to_timestamp
+from scheduler.api.convert import fencing_token_pb
 from scheduler.clock import Clock
 from scheduler.dispatch.conn import AttemptKey, Conn
 from scheduler.dispatch.liveness import Liveness
@@ -49,8 +49,10 @@ from scheduler.dispatch.queue import FairQueue
 from scheduler.dispatch.results import NoticeFor, PayloadLookup, ResultRecorder, ResultReport
 from scheduler.dispatch.starts import StartRecorder
 from scheduler.execution import Execution
+from scheduler.ids import FencingToken
 from scheduler.store.kv import KV
 from scheduler.store.ledger import Ledger
+from scheduler.timeconv import ms_to_duration, ms_to_timestamp
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +67,7 @@ _TRIGGER = {
 class _Item:
     e: Execution
     payload: bytes
-    token: str  # "<partition>:<revision>"
+    token: FencingToken
 
 
 class Dispatcher:
@@ -147,7 +149,7 @@ class Dispatcher:
         else:
             self._reserved.pop(pool, None)
 
-    def submit(self, e: Execution, payload: bytes, token: str) -> None:
+    def submit(self, e: Execution, payload: bytes, token: FencingToken) -> None:
         self.queue.put(e.pool, e.tenant, e.task_type, _Item(e, payload, token))
         # Pumped at the end of this loop iteration, so a round's dispatches share one Assignments message.
         if not self._pump_pending:
@@ -170,12 +172,11 @@ class Dispatcher:
 
     def _assignment(self, it: _Item) -> wpb.Assignment:
         e = it.e
-        part, _, rev = it.token.partition(":")
         cur = e.current
         return wpb.Assignment(
             execution_id=e.id, schedule_id=e.schedule_id, tenant=e.tenant, task_type=e.task_type,
             planned_at=ms_to_timestamp(e.planned_ms), attempt=e.attempt,
-            fencing_token=execution_pb2.FencingToken(partition=int(part or 0), revision=int(rev or 0)),
+            fencing_token=fencing_token_pb(it.token),
             payload=it.payload, deadline=ms_to_timestamp(cur.deadline_ms if cur else 0),
             trigger=_TRIGGER[e.current_trigger.value],
             timeout=ms_to_duration(e.timeout_ms),

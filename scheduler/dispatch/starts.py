@@ -23,15 +23,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from scheduler._gen.scheduler.v1 import worker_service_pb2 as wpb
+from scheduler.api.convert import fencing_token_from_pb
 from scheduler.clock import Clock
 from scheduler.errors import SchedError
 from scheduler.execution import ExecState, Execution, start_refusal, started, with_revision
-from scheduler.model import parse_rfc3339
+from scheduler.ids import ExecutionId
 from scheduler.store.codec import decode_execution
 from scheduler.store.etcd.ops import Compare, Op, TxnOp
 from scheduler.store.keyspace import Keyspace, partition_for
 from scheduler.store.kv import KV
-from scheduler.store.ledger import Ledger, split_execution_id
+from scheduler.store.ledger import Ledger
 
 log = logging.getLogger(__name__)
 
@@ -45,10 +46,6 @@ class _Req:
     reply: Callable[[wpb.StartAckEntry], None]
     worker: str
     r: wpb.StartRequest
-
-
-def _token(r: wpb.StartRequest) -> str:
-    return f"{r.fencing_token.partition}:{r.fencing_token.revision}"
 
 
 class StartRecorder:
@@ -99,8 +96,7 @@ class StartRecorder:
         """The start CAS: the record unchanged since `old` was read, and the dispatching owner still owning."""
         cur = old.current
         assert cur is not None
-        part, _, rev = cur.token.partition(":")
-        fence = [Compare.create_revision(self.ks.owner(int(part)), "==", int(rev))] if rev.isdigit() else []
+        fence = [Compare.create_revision(self.ks.owner(cur.token.partition), "==", cur.token.revision)]
         op = self.ledger.cas_op(new, old.mod_revision, old_state=ExecState.DISPATCHED,
                                 extra=self._notice_for(new.schedule_id, new.planned_ms))
         return TxnOp((*op.compare, *fence), op.success, op.failure)
@@ -108,8 +104,8 @@ class StartRecorder:
     def _decide(self, q: _Req, e: Execution, now_ms: int) -> Execution | str:
         why = start_refusal(e, q.r.attempt)
         cur = e.current
-        if not why and cur is not None and cur.token != _token(q.r):
-            why = f"fencing token {_token(q.r)} is not the attempt's {cur.token}"
+        if not why and cur is not None and cur.token != (sent := fencing_token_from_pb(q.r.fencing_token)):
+            why = f"fencing token {sent} is not the attempt's {cur.token}"
         return why or started(e, q.r.attempt, now_ms, q.worker)
 
     async def record(self, batch: list[_Req]) -> None:
@@ -160,9 +156,9 @@ class StartRecorder:
     async def _slow(self, q: _Req, now_ms: int) -> None:
         """Read the record and decide on it: one read + one CAS. A lost CAS or an etcd error refuses the
         start; the worker then reports the attempt not started, which is safe whatever was written."""
-        sid, planned = split_execution_id(q.r.execution_id)
         try:
-            planned_ms = parse_rfc3339(planned, "execution_id")
+            eid = ExecutionId.parse(q.r.execution_id)
+            sid, planned_ms = eid.schedule_id, eid.planned_ms
             got = await self.kv.get(self.ks.execution(partition_for(sid, self.partitions), sid, planned_ms))
             if got is None:
                 self._refuse(q, "unknown execution")

@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass, field
 
 from scheduler.execution import IN_FLIGHT, ExecState, Execution, cancel, dispatch, skip
+from scheduler.ids import FencingToken
 from scheduler.timeplan import Overlap, SkipReason
 from scheduler.timeplan.overlap import OverlapAction, decide_overlap
 
@@ -40,7 +41,7 @@ class RoundInput:
     catchup: Set[str]  # ids of runs a catch-up created
     confirmed: Mapping[str, tuple[int, int]]  # id -> (mod_revision, wall ms the confirming read was sent)
     node_id: str
-    token: str  # "<partition>:<revision>" of this owner
+    token: FencingToken  # of this owner
     transitions: Mapping[str, tuple[Execution, Execution]] = field(default_factory=dict)  # withdrawals
     start_timeout_ms: int = 0  # start confirmation: each dispatch's start-by (planner/starts.py); 0: none
     overlap_settle_ms: int = 0  # an overlap skip waits this long after the skipped run's due time

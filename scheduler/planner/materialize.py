@@ -16,7 +16,8 @@ from dataclasses import dataclass, replace
 
 from scheduler.clock import Clock
 from scheduler.execution import Execution, Trigger, new_execution
-from scheduler.model import ScheduleState, execution_id
+from scheduler.ids import execution_id
+from scheduler.model import ScheduleState
 from scheduler.planner.settings import PlannerSettings
 from scheduler.store.checkpoint import Checkpoint
 from scheduler.store.schedules import StoredSchedule

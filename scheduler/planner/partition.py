@@ -51,6 +51,7 @@ from scheduler.execution import (
     skip,
     with_revision,
 )
+from scheduler.ids import FencingToken
 from scheduler.metrics.planner import PlannerMetrics
 from scheduler.model import ScheduleState
 from scheduler.planner import starts
@@ -114,7 +115,7 @@ class DispatchSink(Protocol):
         """Give back a reservation (after the dispatches were submitted or abandoned)."""
         ...
 
-    def submit(self, e: Execution, payload: bytes, token: str) -> None: ...
+    def submit(self, e: Execution, payload: bytes, token: FencingToken) -> None: ...
 
     def cancel(self, e: Execution, reason: str) -> None: ...
 
@@ -576,7 +577,7 @@ class PartitionPlanner:
         in_flight = {sid: [r for r in self.pending.of_schedule(sid) if r.state in IN_FLIGHT] for sid in due}
         plan = plan_dispatch(RoundInput(
             now_ms=now_ms, due=due, schedules=views, in_flight=in_flight, budget=limits, catchup=self._catchup,
-            confirmed=self._confirmed, node_id=self.node_id, token=f"{self.p}:{fence.token}",
+            confirmed=self._confirmed, node_id=self.node_id, token=fence.fencing_token,
             start_timeout_ms=self.s.start_timeout_ms, overlap_settle_ms=self.s.overlap_settle_ms,
             transitions=withdrawn, behind={sid: b for sid in due if (b := self.pending.behind(sid))}))
         for x in plan.defer:
@@ -608,7 +609,8 @@ class PartitionPlanner:
             self.pending.put(new)
             if new.state is ExecState.DISPATCHED:
                 cur = new.current
-                self.dispatcher.submit(new, self._payload(new), cur.token if cur else "")
+                assert cur is not None  # a dispatched record carries its attempt
+                self.dispatcher.submit(new, self._payload(new), cur.token)
                 self.stats.dispatched += 1
                 sent.append(new)
                 if debug:
@@ -759,10 +761,10 @@ class PartitionPlanner:
         sch = self.schedules.get(e.schedule_id)
         return sch.stored.schedule.payload if sch else b""
 
-    def _token(self) -> str:
+    def _token(self) -> FencingToken | None:
         """This owner's fencing token, for log lines about executions no attempt has carried yet."""
         fence = self.ownership.fence(self.p)
-        return f"{self.p}:{fence.token}" if fence is not None else ""
+        return fence.fencing_token if fence is not None else None
 
     def _dead_payload(self, e: Execution) -> bytes:
         """A dead letter keeps the payload it ran with for a replay (as dispatch/results.record_result does):

@@ -16,7 +16,6 @@ import asyncio
 from collections.abc import Callable
 
 from scheduler.execution import TERMINAL
-from scheduler.model import schedule_of
 from scheduler.planner.settings import PlannerSettings
 from scheduler.store.codec import peek_state
 from scheduler.store.etcd.ops import Compare, Op, delete, get, txn
@@ -43,11 +42,11 @@ async def retention_deletes(
     for es in by_schedule.values():
         if len(es) <= s.retention_count and min(es)[0] >= cutoff:
             continue
-        protected = keep_after(schedule_of(ks.execution_id_of(es[0][1])))
+        protected = keep_after(ks.execution_id_of(es[0][1]).schedule_id)
         es.sort(reverse=True)
         kept = 0  # the count is of terminal records; unfinished ones are not counted
         for planned_ms, k in es:
-            if unfinished(ks.execution_id_of(k)):
+            if unfinished(str(ks.execution_id_of(k))):
                 continue
             if protected is not None and planned_ms > protected:
                 kept += 1

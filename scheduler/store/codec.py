@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from scheduler.execution import Attempt, ErrorClass, ExecState, Execution, Trigger
+from scheduler.ids import FencingToken
 from scheduler.model import Policies, RetryPolicy, Schedule, ScheduleState
 from scheduler.timeplan import DstGap, DstOverlap, MissedRuns, Overlap
 
@@ -131,7 +132,7 @@ def decode_schedule(value: bytes, version: int) -> tuple[Schedule, int]:
 
 
 def _attempt_to(a: Attempt) -> dict[str, Any]:
-    d: dict[str, Any] = {"n": a.attempt, "w": a.worker, "p": a.planner, "t": a.token, "d": a.dispatched_ms,
+    d: dict[str, Any] = {"n": a.attempt, "w": a.worker, "p": a.planner, "t": str(a.token), "d": a.dispatched_ms,
                          "dl": a.deadline_ms}
     if a.started_ms:
         d["s"] = a.started_ms
@@ -161,8 +162,8 @@ def _attempt_to(a: Attempt) -> dict[str, Any]:
 
 
 def _attempt_from(d: dict[str, Any]) -> Attempt:
-    return Attempt(int(d["n"]), d["w"], d["p"], d["t"], int(d["d"]), int(d["dl"]), int(d.get("s", 0)),
-                   int(d.get("f", 0)), ErrorClass(d["ec"]) if d.get("ec") else None, d.get("m", ""),
+    return Attempt(int(d["n"]), d["w"], d["p"], FencingToken.parse(d["t"]), int(d["d"]), int(d["dl"]),
+                   int(d.get("s", 0)), int(d.get("f", 0)), ErrorClass(d["ec"]) if d.get("ec") else None, d.get("m", ""),
                    bool(d.get("ok", False)), Trigger(d["tr"]) if d.get("tr") else None, int(d.get("sb", 0)),
                    bool(d.get("ns", 0)), d.get("so", ""), d.get("se", ""),
                    int(d["x"]) if d.get("x") is not None else None, int(d.get("sr", 0)))

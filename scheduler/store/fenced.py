@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from scheduler.errors import FencedOut, SchedError
+from scheduler.ids import FencingToken
 from scheduler.store.etcd.ops import Compare, DeleteOp, Op, PutOp, TxnOp, get
 from scheduler.store.etcd.types import RangeResult, TxnResult
 from scheduler.store.kv import KV
@@ -25,6 +26,11 @@ class Fence:
     partition: int
     owner_key: bytes
     token: int  # revision of our claim = create_revision of the owner key while we own it
+
+    @property
+    def fencing_token(self) -> FencingToken:
+        """What the attempts dispatched under this claim carry (`<partition>:<revision>`)."""
+        return FencingToken(self.partition, self.token)
 
 
 class CompareFailed(SchedError):

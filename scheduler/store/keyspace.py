@@ -8,7 +8,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from scheduler.model import execution_id
+from scheduler.ids import ExecutionId
 from scheduler.timeplan.hashing import stable_u64
 
 _PART_WIDTH = 5  # up to 65,536 partitions
@@ -82,11 +82,15 @@ class Keyspace:
     def execution(self, partition: int, schedule_id: str, planned_ms: int) -> bytes:
         return self._k("executions", f"{partition:0{_PART_WIDTH}d}", schedule_id, f"{planned_ms:0{_MS_WIDTH}d}")
 
-    def execution_id_of(self, key: bytes) -> str:
-        """The execution id an execution key stands for (`<schedule id>@<planned time>`)."""
+    def execution_id_of(self, key: bytes) -> ExecutionId:
+        """The execution an execution key stands for (the inverse of `execution`)."""
+        return self._id_in("executions", key)
+
+    def _id_in(self, kind: str, key: bytes) -> ExecutionId:
+        """`<prefix>/<kind>/<partition>/<schedule id>/<planned ms>` -> (schedule id, planned ms)."""
         head, _, planned = key.rpartition(b"/")
-        sid = head[len(self._k("executions", "")) + _PART_WIDTH + 1:].decode()
-        return execution_id(sid, int(planned))
+        sid = head[len(self._k(kind, "")) + _PART_WIDTH + 1:].decode()
+        return ExecutionId(sid, int(planned))
 
     def skips(self, partition: int, schedule_id: str | None = None) -> bytes:
         if schedule_id is None:
@@ -115,13 +119,22 @@ class Keyspace:
         them by the missed-run policy; deleted by the owner that did."""
         return self._k("holds", f"{partition:0{_PART_WIDTH}d}", schedule_id)
 
-    def dead_letters(self, partition: int | None = None) -> bytes:
+    def dead_letters(self, partition: int | None = None, schedule_id: str | None = None) -> bytes:
+        """The dead-letter index: all of it, one partition's, or one schedule's (`schedule_id` needs
+        its `partition`)."""
         if partition is None:
             return self._k("dead", "")
-        return self._k("dead", f"{partition:0{_PART_WIDTH}d}", "")
+        if schedule_id is None:
+            return self._k("dead", f"{partition:0{_PART_WIDTH}d}", "")
+        return self._k("dead", f"{partition:0{_PART_WIDTH}d}", schedule_id, "")
 
     def dead_letter(self, partition: int, schedule_id: str, planned_ms: int) -> bytes:
+        """The dead-letter index key of one execution (its value: store.ledger.DeadLetterEntry)."""
         return self._k("dead", f"{partition:0{_PART_WIDTH}d}", schedule_id, f"{planned_ms:0{_MS_WIDTH}d}")
+
+    def dead_letter_of(self, key: bytes) -> ExecutionId:
+        """The execution a dead-letter index key stands for (the inverse of `dead_letter`)."""
+        return self._id_in("dead", key)
 
     def notices(self, partition: int | None = None) -> bytes:
         if partition is None:

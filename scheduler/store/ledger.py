@@ -15,9 +15,10 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from scheduler.execution import TERMINAL, ExecState, Execution
+from scheduler.ids import ExecutionId
 from scheduler.store.codec import decode_execution, encode_execution, peek_state
 from scheduler.store.etcd.ops import Compare, Op, TxnOp, delete, get, put, txn
 from scheduler.store.etcd.types import RangeResult, TxnResult
@@ -26,9 +27,41 @@ from scheduler.store.kv import KV
 from scheduler.timeplan.missed import SkipRange
 
 
-def split_execution_id(execution_id: str) -> tuple[str, str]:
-    sid, _, planned = execution_id.rpartition("@")
-    return sid, planned
+@dataclass(frozen=True)
+class DeadLetterEntry:
+    """One entry of the dead-letter index: key `Keyspace.dead_letter` (`/dead/<partition>/<schedule
+    id>/<planned ms>`, parsed back by `Keyspace.dead_letter_of`), value JSON `{"id", "tenant", "task",
+    "dead_ms", "payload"}` (the payload as hex: what a replay runs by default). Written and deleted in
+    the same nested txn as the record's transition into / out of DEAD_LETTER (`Ledger.cas_op`); listed
+    by ListDeadLetters, which reads the records themselves by `id`."""
+
+    id: ExecutionId
+    tenant: str
+    task_type: str
+    dead_ms: int
+    payload: bytes
+
+    @property
+    def execution_id(self) -> str:
+        return str(self.id)
+
+    def value(self) -> bytes:
+        return json.dumps({"id": str(self.id), "tenant": self.tenant, "task": self.task_type,
+                           "dead_ms": self.dead_ms, "payload": self.payload.hex()}, separators=(",", ":")).encode()
+
+    @staticmethod
+    def decode(ks: Keyspace, key: bytes, value: bytes) -> DeadLetterEntry:
+        d = json.loads(value)
+        return DeadLetterEntry(ks.dead_letter_of(key), str(d.get("tenant", "")), str(d.get("task", "")),
+                               int(d.get("dead_ms", 0)), bytes.fromhex(d.get("payload", "")))
+
+    @staticmethod
+    def payload_of(value: bytes) -> bytes | None:
+        """The payload of an entry's value alone; None if it cannot be read."""
+        try:
+            return bytes.fromhex(json.loads(value).get("payload", ""))
+        except (ValueError, AttributeError):
+            return None
 
 
 class Ledger:
@@ -75,10 +108,9 @@ class Ledger:
         ops: list[Op] = [put(k, encode_execution(new))]
         if new.state is ExecState.DEAD_LETTER:
             p = partition_for(new.schedule_id, self.partitions)
-            dl = self.ks.dead_letter(p, new.schedule_id, new.planned_ms)
-            ops.append(put(dl, json.dumps({"id": new.id, "tenant": new.tenant, "task": new.task_type,
-                                           "dead_ms": now_ms, "payload": payload.hex()},
-                                          separators=(",", ":")).encode()))
+            dl = DeadLetterEntry(ExecutionId(new.schedule_id, new.planned_ms), new.tenant, new.task_type, now_ms,
+                                 payload)
+            ops.append(put(self.ks.dead_letter(p, new.schedule_id, new.planned_ms), dl.value()))
         elif old_state is None or old_state is ExecState.DEAD_LETTER:
             p = partition_for(new.schedule_id, self.partitions)
             ops.append(delete(self.ks.dead_letter(p, new.schedule_id, new.planned_ms)))

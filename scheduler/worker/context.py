@@ -7,22 +7,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from scheduler.clock import Clock
-from scheduler.model import format_rfc3339_ms
+from scheduler.ids import FencingToken, format_rfc3339_ms
 from scheduler.timeplan.plan import to_ms
-
-
-@dataclass(frozen=True)
-class FencingToken:
-    """Partition ownership the attempt was dispatched under. Pass `str(token)` (`<partition>:<revision>`)
-    to side effects: a sink that remembers the highest revision per partition can refuse a stale
-    planner's work. Compare only tokens of the same partition."""
-
-    partition: int
-    revision: int
-
-    def __str__(self) -> str:
-        return f"{self.partition}:{self.revision}"
-
 
 OUTPUT_TAIL_BYTES = 4096  # per stream: the tail of stdout/stderr kept on the attempt
 

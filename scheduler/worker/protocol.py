@@ -8,10 +8,11 @@ from collections.abc import Iterable
 from scheduler._gen.scheduler.v1 import execution_pb2 as epb
 from scheduler._gen.scheduler.v1 import worker_service_pb2 as wpb
 from scheduler.clock import Clock
+from scheduler.ids import FencingToken
 from scheduler.timeconv import ms_to_duration, ms_to_timestamp
 from scheduler.timeplan.plan import from_ms
 from scheduler.worker.attempt import Attempt, ErrorClass, Outcome, Status
-from scheduler.worker.context import ExecutionContext, FencingToken
+from scheduler.worker.context import ExecutionContext
 
 _STATUS = {
     Status.SUCCEEDED: epb.ATTEMPT_OUTCOME_SUCCEEDED,

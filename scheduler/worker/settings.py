@@ -9,7 +9,8 @@ from dataclasses import dataclass
 
 from scheduler.config import Settings, parse_listen_address
 from scheduler.errors import InvalidArgument
-from scheduler.model import ID_RE, MAX_NAME_LEN
+from scheduler.ids import ID_RE
+from scheduler.model import MAX_NAME_LEN
 
 DEFAULT_PLANNER = "127.0.0.1:7000"
 

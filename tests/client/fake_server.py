@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime
 from typing import Any
 
 import grpc
@@ -24,13 +23,9 @@ from scheduler._gen.scheduler.v1 import execution_pb2 as epb
 from scheduler._gen.scheduler.v1 import schedule_pb2 as spb
 from scheduler._gen.scheduler.v1 import schedule_service_pb2 as sspb
 from scheduler._gen.scheduler.v1 import schedule_service_pb2_grpc as ssgrpc
+from scheduler.ids import execution_id
 
 PAGE_MAX = 1000
-
-
-def execution_id(schedule_id: str, ms: int) -> str:
-    dt = datetime.fromtimestamp(ms / 1000, tz=UTC)
-    return f"{schedule_id}@{dt.strftime('%Y-%m-%dT%H:%M:%S')}.{ms % 1000:03d}Z"
 
 
 class Abort(Exception):

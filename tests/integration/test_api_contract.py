@@ -35,7 +35,8 @@ from scheduler._gen.scheduler.v1 import execution_pb2 as epb
 from scheduler._gen.scheduler.v1 import schedule_pb2 as pb
 from scheduler._gen.scheduler.v1 import schedule_service_pb2 as spb
 from scheduler.execution import ErrorClass, ExecState, Execution, Trigger, dispatch, result
-from scheduler.model import RetryPolicy, execution_id
+from scheduler.ids import FencingToken, execution_id
+from scheduler.model import RetryPolicy
 from scheduler.store.etcd import EtcdClient
 from scheduler.store.keyspace import Keyspace, partition_for
 from scheduler.store.ledger import Ledger
@@ -390,7 +391,7 @@ async def _write_dead_letters(cluster: ApiCluster, n: int, sid: str = "dl-job", 
             e = Execution(execution_id(sid, ms), sid, "acme" if i < 2 else "other", pool,
                           "effect" if i != 1 else "mail", ms, ms, Trigger.SCHEDULED, RetryPolicy(max_attempts=1),
                           60_000)
-            e = dispatch(e, worker="w", planner="a", token="1:5", now_ms=ms)
+            e = dispatch(e, worker="w", planner="a", token=FencingToken(1, 5), now_ms=ms)
             e, _ = result(e, 1, succeeded=False, error_class=ErrorClass.PERMANENT, message="bad payload", now_ms=ms)
             assert e.state is ExecState.DEAD_LETTER
             r = await kv.txn([], [ledger.cas_op(e, 0, payload=b"pay%d" % i, now_ms=ms + 10)])

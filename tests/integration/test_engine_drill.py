@@ -21,7 +21,8 @@ import pytest
 from chaos.history import read_and_check
 from scheduler.clock import SYSTEM_CLOCK
 from scheduler.execution import ExecState, Execution
-from scheduler.model import Policies, RetryPolicy, Schedule, execution_id
+from scheduler.ids import execution_id
+from scheduler.model import Policies, RetryPolicy, Schedule
 from scheduler.store.etcd import EtcdClient
 from scheduler.store.keyspace import Keyspace
 from scheduler.store.ledger import Ledger

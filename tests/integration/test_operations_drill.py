@@ -34,7 +34,8 @@ import pytest
 from scheduler.api.operations import Operations
 from scheduler.clock import SYSTEM_CLOCK
 from scheduler.execution import ExecState, Execution
-from scheduler.model import Policies, Schedule, ScheduleState, execution_id
+from scheduler.ids import execution_id, schedule_of
+from scheduler.model import Policies, Schedule, ScheduleState
 from scheduler.store.etcd import EtcdClient
 from scheduler.store.keyspace import Keyspace
 from scheduler.store.ledger import Ledger
@@ -268,7 +269,7 @@ async def test_operations_mixed_with_faults_keep_every_planned_time_accounted(et
         assert not deleted_runs, f"runs of the deleted schedule: {deleted_runs[:5]}"
         if problems:  # what the history holds around each problem, to read the failure from the log
             for prob in problems[:5]:
-                sid = prob.split("@")[0]
+                sid = schedule_of(prob.split()[0].rstrip(":"))
                 acts = [(g.start_ms, g.schedule.spec, g.schedule.state.value) for g in segments_of(history[sid])]
                 print(f"--- {prob}\n  activations: {acts}\n  created {created_ms}, faults: {faults}, unserved: "
                       f"{unserved_windows(history[sid], window_end)}, updates: "

@@ -13,7 +13,8 @@ from collections.abc import AsyncIterator
 import pytest
 
 from scheduler.execution import ExecState, Execution
-from scheduler.model import Policies, RetryPolicy, execution_id
+from scheduler.ids import execution_id
+from scheduler.model import Policies, RetryPolicy
 from scheduler.store.etcd import EtcdClient
 from tests.etcd_cluster import EtcdCluster, free_port
 from tests.integration.engine import Engine, connected, lines, next_second_ms, once, wait_until

@@ -23,7 +23,8 @@ from collections.abc import AsyncIterator
 import pytest
 
 from scheduler.execution import ErrorClass, Execution
-from scheduler.model import Policies, RetryPolicy, execution_id
+from scheduler.ids import execution_id
+from scheduler.model import Policies, RetryPolicy
 from scheduler.planner.partition import LOST_MESSAGE
 from scheduler.store.etcd import EtcdClient
 from tests.etcd_cluster import EtcdCluster

@@ -22,7 +22,8 @@ from scheduler.config import CoordinationSettings
 from scheduler.dispatch.results import Recorded
 from scheduler.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
 from scheduler.execution import KILL_AFTER_MS, ExecState, Execution, Trigger
-from scheduler.model import Policies, RetryPolicy, Schedule, ScheduleState, execution_id
+from scheduler.ids import FencingToken, execution_id, schedule_of
+from scheduler.model import Policies, RetryPolicy, Schedule, ScheduleState
 from scheduler.node import PlannerNode
 from scheduler.planner.settings import PlannerSettings
 from scheduler.server import start_server
@@ -72,7 +73,7 @@ class Env:
         return (await self.node.store.create(s, SYSTEM_CLOCK.wall_ms() - 3_600_000)).schedule
 
     async def get(self, eid: str) -> Execution:
-        sid, _, _ = eid.rpartition("@")
+        sid = schedule_of(eid)
         for e in (await self.node.ledger.list_partition(self.kv, partition_for(sid, COORD.partitions),
                                                         schedule_id=sid))[0]:
             if e.id == eid:
@@ -658,7 +659,7 @@ async def test_a_cancel_reaches_a_worker_reattached_to_a_node_that_does_not_own_
     now = SYSTEM_CLOCK.wall_ms()
     e = Execution(id=execution_id("s1", now), schedule_id="s1", tenant="t", pool="pool", task_type="t",
                   planned_ms=now, due_ms=now, trigger=Trigger.SCHEDULED, retry=RetryPolicy(), timeout_ms=60_000)
-    e = dispatch(e, worker="w1", planner="n1", token="0:1", now_ms=now)  # by an owner that is gone
+    e = dispatch(e, worker="w1", planner="n1", token=FencingToken(0, 1), now_ms=now)  # by an owner that is gone
     await kv.txn([], [node.ledger.create_op(e)])
     outbox: asyncio.Queue[wpb.WorkerMessage] = asyncio.Queue()
 

@@ -12,7 +12,8 @@ from scheduler.clock import SYSTEM_CLOCK
 from scheduler.config import CoordinationSettings
 from scheduler.dispatch.results import record_result
 from scheduler.execution import ErrorClass, ExecState, Execution, Trigger
-from scheduler.model import Policies, RetryPolicy, Schedule, ScheduleState, execution_id
+from scheduler.ids import FencingToken, execution_id
+from scheduler.model import Policies, RetryPolicy, Schedule, ScheduleState
 from scheduler.node import PlannerNode
 from scheduler.planner.settings import PlannerSettings
 from scheduler.store.etcd import EtcdClient
@@ -49,7 +50,7 @@ class FakeDispatcher:
     def release(self, pool: str, n: int) -> None:
         return None
 
-    def submit(self, e: Execution, payload: bytes, token: str) -> None:
+    def submit(self, e: Execution, payload: bytes, token: FencingToken) -> None:
         self.submitted.append(e)
         if self.outcome == "hold":
             return

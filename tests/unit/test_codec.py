@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scheduler.execution import Attempt, ErrorClass, ExecState, Execution, Trigger, new_execution
-from scheduler.model import RetryPolicy, execution_id
+from scheduler.ids import ExecutionId, FencingToken
+from scheduler.model import RetryPolicy
 from scheduler.store.codec import _encode_execution_slow, decode_execution, encode_execution, peek_state
 from scheduler.store.keyspace import Keyspace
 from scheduler.timeplan import Overlap
@@ -18,7 +19,8 @@ _text = st.lists(st.sampled_from(['a', 'Z', '"', '\\', ',', ':', 'é', '\n', '�
 _ms = st.integers(min_value=0, max_value=2**45)
 
 _attempts = st.builds(
-    Attempt, attempt=st.integers(1, 9), worker=_text, planner=_text, token=_text, dispatched_ms=_ms,
+    Attempt, attempt=st.integers(1, 9), worker=_text, planner=_text,
+    token=st.builds(FencingToken, st.integers(0, 65_535), st.integers(1, 2**40)), dispatched_ms=_ms,
     deadline_ms=_ms, started_ms=_ms, finished_ms=_ms, error_class=st.none() | st.sampled_from(ErrorClass),
     message=_text, succeeded=st.booleans(), trigger=st.none() | st.sampled_from(Trigger)).map(
     # the stored form keeps `succeeded` only for a finished attempt
@@ -60,6 +62,7 @@ def test_new_execution_equals_the_dataclass_constructor(e: Execution) -> None:
 
 
 @given(st.sampled_from(["s1", "a/b", "x-y_z.9", "é/ü"]), st.integers(0, 2**40), st.sampled_from(["/sched", "/a/b"]))
-def test_execution_keys_name_their_execution_id(sid: str, planned_ms: int, prefix: str) -> None:
+def test_execution_and_dead_letter_keys_name_their_execution(sid: str, planned_ms: int, prefix: str) -> None:
     ks = Keyspace(prefix)
-    assert ks.execution_id_of(ks.execution(3, sid, planned_ms)) == execution_id(sid, planned_ms)
+    assert ks.execution_id_of(ks.execution(3, sid, planned_ms)) == ExecutionId(sid, planned_ms)
+    assert ks.dead_letter_of(ks.dead_letter(3, sid, planned_ms)) == ExecutionId(sid, planned_ms)

@@ -7,6 +7,7 @@ import pytest
 from scheduler._gen.scheduler.v1 import schedule_pb2 as pb
 from scheduler.api.convert import schedule_from_pb, schedule_to_pb
 from scheduler.errors import InvalidArgument
+from scheduler.ids import FencingToken
 from scheduler.model import Policies, RetryPolicy, Schedule, ScheduleState, validate_schedule
 from scheduler.timeplan import DstGap, DstOverlap, MissedRuns, Overlap
 
@@ -76,8 +77,8 @@ def test_an_attempt_shows_its_start_output_exit_code_and_cancel() -> None:
     from scheduler.execution import Attempt, ExecState, Execution, Trigger
     from scheduler.store.codec import decode_execution, encode_execution
 
-    a = Attempt(1, "w1", "n1", "3:10", 1_000, 9_000, started_ms=1_200, finished_ms=2_000, start_by_ms=4_000,
-                stdout_tail="hello\n", stderr_tail="oops\n", exit_code=0, stop_requested_ms=1_500)
+    a = Attempt(1, "w1", "n1", FencingToken(3, 10), 1_000, 9_000, started_ms=1_200, finished_ms=2_000,
+                start_by_ms=4_000, stdout_tail="hello\n", stderr_tail="oops\n", exit_code=0, stop_requested_ms=1_500)
     e = Execution(id="s@x", schedule_id="s", tenant="t", pool="p", task_type="shell", planned_ms=1_000,
                   due_ms=1_000, trigger=Trigger.SCHEDULED, retry=RetryPolicy(), timeout_ms=5_000,
                   state=ExecState.CANCELLED, attempt=1, attempts=(a,))

@@ -12,6 +12,7 @@ from scheduler.clock import FakeClock
 from scheduler.dispatch.conn import AttemptKey, Conn, Held
 from scheduler.dispatch.liveness import Liveness, adoptable, due, orphaned, reattach_refusal, silent, unlisted
 from scheduler.execution import ErrorClass, ExecState, Execution, Trigger, dispatch, new_execution, result
+from scheduler.ids import FencingToken
 from scheduler.model import RetryPolicy
 
 EID = "s1@2026-01-01T00:00:00.000Z"
@@ -37,7 +38,7 @@ class Env:
 def in_flight() -> Execution:
     e = new_execution(id=EID, schedule_id="s1", tenant="t", pool="pool", task_type="x", planned_ms=0, due_ms=0,
                       trigger=Trigger.SCHEDULED, retry=RetryPolicy(), timeout_ms=3_600_000)
-    return dispatch(e, worker="", planner="n1", token="0:1", now_ms=0)
+    return dispatch(e, worker="", planner="n1", token=FencingToken(0, 1), now_ms=0)
 
 
 # ---- the pure decisions ----------------------------------------------------------------------------

@@ -24,6 +24,7 @@ from scheduler.execution import (
     started,
     timed_out,
 )
+from scheduler.ids import FencingToken
 from scheduler.model import RetryPolicy
 from scheduler.store.codec import decode_execution, encode_execution
 from scheduler.timeplan import Overlap
@@ -37,12 +38,12 @@ E = Execution(
 
 
 def go(e: Execution, now: int = T0 + 1000) -> Execution:
-    return dispatch(e, worker="w1", planner="p1", token="3:42", now_ms=now)
+    return dispatch(e, worker="w1", planner="p1", token=FencingToken(3, 42), now_ms=now)
 
 
 def test_not_dispatchable_before_due() -> None:
     with pytest.raises(TransitionError):
-        dispatch(E, worker="w", planner="p", token="0:1", now_ms=T0)
+        dispatch(E, worker="w", planner="p", token=FencingToken(0, 1), now_ms=T0)
 
 
 def test_success_path() -> None:

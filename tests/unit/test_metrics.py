@@ -12,6 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from scheduler.config import parse_listen_address
 from scheduler.errors import InvalidArgument
 from scheduler.execution import ErrorClass, Execution, Trigger, dispatch, log_fields, result
+from scheduler.ids import FencingToken, execution_id
 from scheduler.metrics.core import OTHER, GuardedCounter, GuardedHistograms, LoopHistogram
 from scheduler.metrics.planner import PlannerMetrics
 from scheduler.metrics.worker import WorkerMetrics
@@ -33,7 +34,7 @@ def samples(text: bytes) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
 def execution(sid: str = "s1", planned_ms: int = 1_000, due_ms: int = 1_000, max_attempts: int = 3) -> Execution:
-    return Execution(id=f"{sid}@{planned_ms}", schedule_id=sid, tenant="t", pool="p", task_type="shell",
+    return Execution(id=execution_id(sid, planned_ms), schedule_id=sid, tenant="t", pool="p", task_type="shell",
                      planned_ms=planned_ms, due_ms=due_ms, trigger=Trigger.SCHEDULED,
                      retry=RetryPolicy(max_attempts=max_attempts), timeout_ms=10_000)
 
@@ -63,11 +64,12 @@ def test_guard_gives_the_first_n_values_a_series_and_the_rest_other() -> None:
 def test_each_planner_metrics_has_its_own_registry_and_the_guard_holds() -> None:
     a, b = PlannerMetrics(schedule_limit=2), PlannerMetrics(schedule_limit=2)
     now = 10_000
-    a.dispatched([dispatch(execution(f"s{i}", due_ms=now - 250), worker="", planner="n", token="1:5", now_ms=now)
+    tok = FencingToken(1, 5)
+    a.dispatched([dispatch(execution(f"s{i}", due_ms=now - 250), worker="", planner="n", token=tok, now_ms=now)
                   for i in range(5)], now)
-    ok = dispatch(execution("s0"), worker="", planner="n", token="1:5", now_ms=now)
+    ok = dispatch(execution("s0"), worker="", planner="n", token=tok, now_ms=now)
     a.attempt_recorded(result(ok, 1, succeeded=True, error_class=None, message="", now_ms=now)[0])
-    last = dispatch(execution("s9", max_attempts=1), worker="", planner="n", token="1:5", now_ms=now)
+    last = dispatch(execution("s9", max_attempts=1), worker="", planner="n", token=tok, now_ms=now)
     a.attempt_recorded(result(last, 1, succeeded=False, error_class=ErrorClass.TIMEOUT, message="", now_ms=now)[0])
     sa, sb = samples(generate_latest(a.registry)), samples(generate_latest(b.registry))
     assert sa[("due_jobs_enqueued_total", ())] == 5 and sb[("due_jobs_enqueued_total", ())] == 0
@@ -140,7 +142,7 @@ def test_oldest_ready_skips_stale_entries() -> None:
     idx.put(e1)
     idx.put(e2)
     assert idx.oldest_ready() == 1_000
-    idx.put(dispatch(e1, worker="", planner="n", token="3:9", now_ms=1_500))  # no longer waiting
+    idx.put(dispatch(e1, worker="", planner="n", token=FencingToken(3, 9), now_ms=1_500))  # no longer waiting
     assert idx.oldest_ready() == 2_000
     idx.remove(e2.id)
     assert idx.oldest_ready() is None
@@ -176,8 +178,8 @@ def test_lease_observer_sees_renew_latency_and_loss() -> None:
 
 def test_execution_log_fields() -> None:
     e = execution("sched-x")
-    assert log_fields(e, 4, "4:77") == {"execution_id": e.id, "schedule_id": "sched-x", "partition": 4,
+    assert log_fields(e, 4, FencingToken(4, 77)) == {"execution_id": e.id, "schedule_id": "sched-x", "partition": 4,
                                        "token": "4:77", "attempt": 0, "state": "scheduled"}
-    d = dispatch(e, worker="", planner="n", token="9:123", now_ms=5_000)
+    d = dispatch(e, worker="", planner="n", token=FencingToken(9, 123), now_ms=5_000)
     assert {k: log_fields(d)[k] for k in ("partition", "token", "attempt")} == {"partition": 9, "token": "9:123",
                                                                               "attempt": 1}

@@ -7,13 +7,12 @@ from dataclasses import replace
 import pytest
 
 from scheduler.errors import InvalidArgument
+from scheduler.ids import execution_id, format_rfc3339_ms
 from scheduler.model import (
     MAX_PAYLOAD_BYTES,
     Policies,
     RetryPolicy,
     Schedule,
-    execution_id,
-    format_rfc3339_ms,
     parse_rfc3339,
     validate_schedule,
 )

@@ -10,7 +10,8 @@ from scheduler._gen.scheduler.v1 import worker_service_pb2 as wpb
 from scheduler.clock import FakeClock
 from scheduler.dispatch.results import Recorded, ResultRecorder, ResultReport
 from scheduler.execution import ExecState, Execution, Trigger, dispatch, new_execution
-from scheduler.model import RetryPolicy, execution_id
+from scheduler.ids import FencingToken, execution_id
+from scheduler.model import RetryPolicy
 from scheduler.store.keyspace import Keyspace
 from scheduler.store.ledger import Ledger
 from scheduler.store.memory import MemoryKV
@@ -43,7 +44,7 @@ class Env:
         e = new_execution(id=execution_id(sid, planned), schedule_id=sid, tenant="t", pool="p", task_type="x",
                           planned_ms=planned, due_ms=planned, trigger=Trigger.SCHEDULED,
                           retry=RetryPolicy(max_attempts=max_attempts), timeout_ms=60_000)
-        out = dispatch(e, worker="", planner="n1", token="0:1", now_ms=planned)
+        out = dispatch(e, worker="", planner="n1", token=FencingToken(0, 1), now_ms=planned)
         await self.kv.txn([], [self.ledger.create_op(out)])
         stored = await self.ledger.get(self.kv, sid, planned)
         assert stored is not None

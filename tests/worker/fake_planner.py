@@ -55,7 +55,7 @@ def assignment(
     start_timeout: float | None = None,
 ) -> wpb.Assignment:
     """The n-th planned time of a test schedule, one second apart."""
-    from scheduler.model import execution_id
+    from scheduler.ids import execution_id
 
     planned = planned_ms + (n - 1) * 1000
     a = wpb.Assignment(

@@ -22,7 +22,8 @@ from scheduler.api.operations import Operations
 from scheduler.api.schedule_service import ScheduleService
 from scheduler.clock import FakeClock
 from scheduler.execution import ErrorClass, ExecState, Execution, Trigger, dispatch, result
-from scheduler.model import RetryPolicy, execution_id
+from scheduler.ids import FencingToken, execution_id
+from scheduler.model import RetryPolicy
 from scheduler.planner.ownership import MemberInfo, Ownership
 from scheduler.status import NodeStatus
 from scheduler.store.keyspace import Keyspace, partition_for
@@ -207,7 +208,7 @@ async def _dead_letter(env: Env, sid: str, ms: int, payload: bytes) -> Execution
     await env.put_exec(e)
     cur = await env.ledger.get(env.kv, sid, ms)
     assert cur is not None
-    d = dispatch(cur, worker="w", planner="p", token="0:1", now_ms=NOW)
+    d = dispatch(cur, worker="w", planner="p", token=FencingToken(0, 1), now_ms=NOW)
     d, _ = result(d, 1, succeeded=False, error_class=ErrorClass.TRANSIENT, message="boom", now_ms=NOW + 10)
     assert d.state is ExecState.DEAD_LETTER
     await env.kv.txn([], [env.ledger.cas_op(d, cur.mod_revision, payload=payload, now_ms=NOW + 10)])

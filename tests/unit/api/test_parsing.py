@@ -66,15 +66,6 @@ def test_page_token_round_trip_and_tied_to_filters() -> None:
             paging.decode_token(bad, ["s", "t1"])
 
 
-def test_execution_id_parsing() -> None:
-    assert inputs.execution_id("job@2026-11-29T10:00:00.000Z") == ("job", 1795946400000)
-    for bad in ("", "job", "job@", "@2026-11-29T10:00:00.000Z", "job@2026-11-29T10:00:00Z",
-                "job@yesterday", "j b@2026-11-29T10:00:00.000Z", "j" * 200 + "@2026-11-29T10:00:00.000Z"):
-        with pytest.raises(InvalidArgument) as e:
-            inputs.execution_id(bad)
-        assert e.value.field == "execution_id"
-
-
 def test_timestamps_refuse_sub_millisecond_and_out_of_range() -> None:
     assert inputs.timestamp_ms(Timestamp(seconds=1, nanos=2_000_000), "t") == 1002
     with pytest.raises(InvalidArgument, match="sub-millisecond"):

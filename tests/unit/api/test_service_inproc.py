@@ -23,7 +23,8 @@ from scheduler.api.schedule_service import ScheduleService
 from scheduler.clock import FakeClock
 from scheduler.errors import FailedPrecondition, NotFound, OutcomeUnknown, ResourceExhausted
 from scheduler.execution import Execution, Trigger
-from scheduler.model import RetryPolicy, execution_id
+from scheduler.ids import execution_id, schedule_of
+from scheduler.model import RetryPolicy
 from scheduler.store.keyspace import Keyspace
 from scheduler.store.ledger import Ledger
 from scheduler.store.memory import MemoryKV
@@ -77,8 +78,7 @@ class FakeOps:
     async def cancel_execution(self, execution_id: str, reason: str = "") -> Execution:
         self.calls.append(("cancel", execution_id, reason))
         self._check()
-        sid, _, _ = execution_id.rpartition("@")
-        return _exec(sid, NOW)
+        return _exec(schedule_of(execution_id), NOW)
 
     async def cancel_running(self, schedule_id: str, reason: str) -> int:
         self.calls.append(("cancel_running", schedule_id, reason))
@@ -88,12 +88,12 @@ class FakeOps:
                                  use_current_schedule: bool = False) -> Execution:
         self.calls.append(("replay", execution_id, reason) + (("current",) if use_current_schedule else ()))
         self._check()
-        return _exec(execution_id.rpartition("@")[0], NOW)
+        return _exec(schedule_of(execution_id), NOW)
 
     async def discard_dead_letter(self, execution_id: str, reason: str = "") -> Execution:
         self.calls.append(("discard", execution_id, reason))
         self._check()
-        return _exec(execution_id.rpartition("@")[0], NOW)
+        return _exec(schedule_of(execution_id), NOW)
 
 
 @pytest.fixture

@@ -8,7 +8,8 @@ from dataclasses import replace
 import pytest
 
 from scheduler.execution import ExecState, Execution, Trigger, dispatch, skip
-from scheduler.model import RetryPolicy, execution_id
+from scheduler.ids import FencingToken, execution_id
+from scheduler.model import RetryPolicy
 from scheduler.planner.dispatch_round import DispatchPlan, RoundInput, ScheduleView, plan_dispatch
 from scheduler.timeplan import Overlap
 
@@ -23,7 +24,7 @@ def ex(t: int, *, sid: str = "s", pool: str = "p", state: ExecState = ExecState.
 
 def running(t: int, started: int) -> Execution:
     """A run planned at t, dispatched at `started`."""
-    return dispatch(ex(t), worker="w", planner="n", token="0:1", now_ms=started)
+    return dispatch(ex(t), worker="w", planner="n", token=FencingToken(0, 1), now_ms=started)
 
 
 def round_(due: Sequence[Execution], *, in_flight: Sequence[Execution] = (), policy: Overlap = Overlap.SKIP,
@@ -33,7 +34,7 @@ def round_(due: Sequence[Execution], *, in_flight: Sequence[Execution] = (), pol
     views = {} if deleted else {"s": ScheduleView(policy, paused)}
     return plan_dispatch(RoundInput(now_ms=NOW, due={"s": list(due)}, schedules=views, in_flight={"s": list(in_flight)},
                                     budget={"p": budget}, catchup=catchup, confirmed=confirmed, node_id="n",
-                                    token="0:7", behind={"s": parked} if parked else {}))
+                                    token=FencingToken(0, 7), behind={"s": parked} if parked else {}))
 
 
 def states(plan: DispatchPlan) -> dict[int, str]:
@@ -154,7 +155,7 @@ def test_a_withdrawal_and_the_due_loop_never_make_two_transitions_of_one_record(
     x = ex(98_000)
     plan = plan_dispatch(RoundInput(now_ms=NOW, due={"s": [x]}, schedules={"s": ScheduleView(Overlap.SKIP, True)},
                                     in_flight={}, budget={"p": 5}, catchup=frozenset(), confirmed={}, node_id="n",
-                                    token="0:7", transitions={x.id: (x, skip(x, "paused"))}))
+                                    token=FencingToken(0, 7), transitions={x.id: (x, skip(x, "paused"))}))
     assert len(plan.transitions) == 1
 
 

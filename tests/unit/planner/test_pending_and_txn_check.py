@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from scheduler.execution import ExecState, Execution, Trigger
-from scheduler.model import RetryPolicy, execution_id
+from scheduler.ids import execution_id
+from scheduler.model import RetryPolicy
 from scheduler.planner.pending import PendingIndex
 from scheduler.store.etcd.ops import Compare, delete, get, put, txn
 from scheduler.store.txn_check import duplicate_write
