@@ -776,8 +776,10 @@ class World:
                                                self.time_of(x.create_revision)))
         ck = await self.kv.get(self.ks.checkpoint(PARTITION))
         watermark = 0 if ck is None else int(json.loads(ck.value)["watermark_ms"])
+        held = await self.kv.range(self.ks.holds(PARTITION), prefix=True)
+        holds = {self.ks.last_segment(kv.key): int(json.loads(kv.value)["from"]) for kv in held.kvs}
         return judge(self.log, es, ranges, self.clock.wall_ms(), self.time_of, live=self.live is not None,
-                     watermark=watermark)
+                     watermark=watermark, holds=holds)
 
 
 # ---- judging ----------------------------------------------------------------------------------------
@@ -837,7 +839,8 @@ def expected_catch_up(log: Log, sid: str, start: Start) -> dict[int, str]:
 
 
 def judge(log: Log, es: list[Execution], ranges: dict[str, list[tuple[int, int, str, int]]], now: int,
-          time_of: Callable[[int], int], *, live: bool, watermark: int) -> list[str]:
+          time_of: Callable[[int], int], *, live: bool, watermark: int,
+          holds: dict[str, int] | None = None) -> list[str]:
     """`watermark`: the partition's checkpoint in etcd. Planned times after it are not claimed handled
     yet (backpressure holds them in the planner's timer heap while workers lack capacity); the next
     owner's catch-up answers for them. So a time without any record is judged only at or below it, and
@@ -967,8 +970,8 @@ def judge(log: Log, es: list[Execution], ranges: dict[str, list[tuple[int, int, 
                     if why is not None:
                         bad.append(f"[{_tag(why)}] {eid}: skip record ({a - T0}-{b - T0}] {why}")
                 continue
-            if p > watermark:
-                continue  # not handled yet (backpressure): the checkpoint has not passed it
+            if p > watermark or (holds and sid in holds and p > holds[sid]):
+                continue  # not handled yet (backpressure): the checkpoint, or the schedule's hold, is before it
             cur = log.version_at(sid, now)
             before = log.version_at(sid, now - GRACE_MS)  # a pool fixed just now: the owner's next round decides
             if v.pool not in ("a", "b") and cur is not None and (

@@ -50,14 +50,23 @@ class RoundInput:
     behind: Mapping[str, Mapping[str, bool]] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class Behind:
+    """A run that waits for a run of its own schedule to leave flight (to land, or to stop if cancelled)."""
+
+    x: Execution
+    by_policy: bool  # buffered by BUFFER_ONE / BUFFER_ALL (counted by BUFFER_ONE)
+    until_ms: int | None = None  # decided again at this instant even if the run is still in flight
+
+
 @dataclass
 class DispatchPlan:
     transitions: dict[str, tuple[Execution, Execution]]  # id -> (old, new): skips, cancels, dispatches
     defer: list[Execution] = field(default_factory=list)  # back to the ready heap (no capacity, a decision pending)
     # Waiting for a run of their own schedule to leave flight (buffered behind it, or behind a late one):
     # parked out of the ready heap until then, so that they do not take, round after round, the places
-    # of other schedules' due work in their pool's heap. (execution, buffered by the policy)
-    behind: list[tuple[Execution, bool]] = field(default_factory=list)
+    # of other schedules' due work in their pool's heap.
+    behind: list[Behind] = field(default_factory=list)
     park: list[Execution] = field(default_factory=list)  # retries of paused schedules: until the resume
     confirm: set[str] = field(default_factory=set)  # in-flight records to re-read before deciding
     stop: list[tuple[Execution, str]] = field(default_factory=list)  # running attempts to stop, once committed
@@ -125,6 +134,7 @@ def _plan_schedule(inp: RoundInput, plan: DispatchPlan, budget: dict[str, int], 
         policy = x.overlap or view.overlap  # a trigger/backfill may carry its own; rerun/replay: ALLOW_ALL
         real: list[Execution] = []
         behind = False  # a BUFFER that waits for a run of this schedule in flight
+        until: int | None = None  # ... or until this instant, whichever comes first
         if x.state is ExecState.RETRY_WAIT or policy is Overlap.ALLOW_ALL:
             action = OverlapAction.START  # a retry is the same run, not a new one
         else:
@@ -141,6 +151,7 @@ def _plan_schedule(inp: RoundInput, plan: DispatchPlan, budget: dict[str, int], 
                         # result recorded elsewhere) is corrected by one read now, so x need not wait.
                         plan.confirm.update(unconfirmed)
                         action = OverlapAction.BUFFER
+                        behind, until = True, skip_after
                     else:
                         _, unsettled = overlapping(in_flight, x, inp.catchup, inp.confirmed, skip_after)
                         if len(unsettled) == len(real):
@@ -162,7 +173,7 @@ def _plan_schedule(inp: RoundInput, plan: DispatchPlan, budget: dict[str, int], 
             continue
         if action is OverlapAction.BUFFER:
             if behind and in_flight:
-                plan.behind.append((x, x.id in buffered))
+                plan.behind.append(Behind(x, x.id in buffered, until))
                 held_behind = True
             else:
                 plan.defer.append(x)
@@ -187,8 +198,8 @@ def _plan_schedule(inp: RoundInput, plan: DispatchPlan, budget: dict[str, int], 
                     stopping = stopping or stop.state is ExecState.CANCELLING
             in_flight = [r for r in in_flight if r.id not in cas]
             if stopping:
-                plan.defer.append(x)  # the cancelled runs' stop is recorded in a later round: decided then
-                held = True
+                plan.behind.append(Behind(x, False))  # until the cancelled runs' stop is recorded
+                held = held_behind = True
                 continue
         budget[x.pool] -= 1
         plan.started[x.pool] = plan.started.get(x.pool, 0) + 1

@@ -579,11 +579,11 @@ class PartitionPlanner:
             now_ms=now_ms, due=due, schedules=views, in_flight=in_flight, budget=limits, catchup=self._catchup,
             confirmed=self._confirmed, node_id=self.node_id, token=fence.fencing_token,
             start_timeout_ms=self.s.start_timeout_ms, overlap_settle_ms=self.s.overlap_settle_ms,
-            transitions=withdrawn, behind={sid: b for sid in due if (b := self.pending.behind(sid))}))
+            transitions=withdrawn, behind={sid: w for sid in due if (w := self.pending.behind(sid))}))
         for x in plan.defer:
             self.pending.defer(x)
-        for x, by_policy in plan.behind:
-            self.pending.wait_behind(x, by_policy)
+        for b in plan.behind:
+            self.pending.wait_behind(b.x, b.by_policy, b.until_ms)
         for x in plan.park:
             self.pending.park(x)
         self._confirm |= plan.confirm

@@ -37,6 +37,8 @@ class PendingIndex:
         self._parked: dict[str, dict[str, Execution]] = {}  # schedule id -> executions waiting for a resume
         # schedule id -> {id: buffered by the policy} of runs waiting until no run of it is in flight
         self._behind: dict[str, dict[str, bool]] = {}
+        # id -> instant a run waiting behind is decided again regardless (its heap entry has this time)
+        self._wake: dict[str, int] = {}
         self._deadlines: list[tuple[int, int, str]] = []
         self._start_bys: list[tuple[int, int, str]] = []  # dispatched attempts waiting for their start
         self._seq = itertools.count()
@@ -87,6 +89,7 @@ class PendingIndex:
             parked = self._parked.get(e.schedule_id)
             if parked is not None:
                 parked.pop(execution_id, None)
+            self._wake.pop(execution_id, None)
             behind = self._behind.get(e.schedule_id)
             if behind is not None:
                 behind.pop(execution_id, None)
@@ -98,6 +101,7 @@ class PendingIndex:
         self._ready.clear()
         self._parked.clear()
         self._behind.clear()
+        self._wake.clear()
         self._deadlines.clear()
         self._start_bys.clear()
 
@@ -118,8 +122,14 @@ class PendingIndex:
             while heap and heap[0][0] <= now_ms and taken < limit:
                 t, _, eid = heapq.heappop(heap)
                 e = self._by_id.get(eid)
-                if e is None or eid in seen or e.pool != pool or _ready_ms(e) != t:
+                if e is None or eid in seen or e.pool != pool or (_ready_ms(e) != t and self._wake.get(eid) != t):
                     continue  # finished, or moved on (another time, another pool) since this entry was pushed
+                if self._wake.pop(eid, None) is not None:  # its wake-up came before the run it waited for landed
+                    behind = self._behind.get(e.schedule_id)
+                    if behind is not None:
+                        behind.pop(eid, None)
+                        if not behind:
+                            del self._behind[e.schedule_id]
                 seen.add(eid)
                 taken += 1
                 out.setdefault(e.schedule_id, []).append(e)
@@ -158,11 +168,15 @@ class PendingIndex:
         if e.id in self._by_id:
             self._parked.setdefault(e.schedule_id, {})[e.id] = e
 
-    def wait_behind(self, e: Execution, by_policy: bool) -> None:
-        """Hold `e` out of the ready heaps until no run of its schedule is in flight (`DispatchPlan.behind`)."""
+    def wait_behind(self, e: Execution, by_policy: bool, until_ms: int | None = None) -> None:
+        """Hold `e` out of the ready heaps until no run of its schedule is in flight, or until `until_ms`
+        if given, whichever comes first (`DispatchPlan.behind`)."""
         if e.id not in self._by_id:
             return
         self._behind.setdefault(e.schedule_id, {})[e.id] = by_policy
+        if until_ms is not None:
+            self._wake[e.id] = until_ms
+            heapq.heappush(self._ready.setdefault(e.pool, []), (until_ms, next(self._seq), e.id))
         self._release_behind(e.schedule_id)  # nothing in flight any more: straight back
 
     def behind(self, schedule_id: str) -> dict[str, bool]:
@@ -173,6 +187,7 @@ class PendingIndex:
         if any(x.state in IN_FLIGHT for x in self._by_schedule.get(schedule_id, {}).values()):
             return
         for eid in self._behind.pop(schedule_id, {}):
+            self._wake.pop(eid, None)
             cur = self._by_id.get(eid)
             if cur is not None:
                 self.defer(cur)

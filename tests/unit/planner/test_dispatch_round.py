@@ -43,13 +43,23 @@ def states(plan: DispatchPlan) -> dict[int, str]:
 
 
 def behind(plan: DispatchPlan) -> list[tuple[int, bool]]:
-    return [(x.planned_ms, by_policy) for x, by_policy in plan.behind]
+    return [(b.x.planned_ms, b.by_policy) for b in plan.behind]
 
 
 def test_buffered_runs_wait_behind_the_run_in_flight_out_of_the_heap() -> None:
     r = running(98_000, started=98_010)
     plan = round_([ex(99_000)], in_flight=[r], policy=Overlap.BUFFER_ALL, confirmed_at=NOW)
     assert states(plan) == {} and behind(plan) == [(99_000, True)] and not plan.defer
+
+
+def test_a_skip_waiting_for_the_settle_time_waits_behind_until_then() -> None:
+    r = running(98_000, started=98_010)
+    x = ex(99_000)
+    plan = plan_dispatch(RoundInput(now_ms=NOW, due={"s": [x]}, schedules={"s": ScheduleView(Overlap.SKIP, False)},
+                                    in_flight={"s": [r]}, budget={"p": 1}, catchup=frozenset(), confirmed={},
+                                    node_id="n", token=FencingToken(0, 7), overlap_settle_ms=4_000))
+    assert states(plan) == {} and [(b.x.planned_ms, b.until_ms) for b in plan.behind] == [(99_000, 103_000)]
+    assert plan.confirm == {r.id}
 
 
 def test_buffer_one_counts_the_run_already_parked_behind() -> None:
@@ -119,11 +129,11 @@ def test_cancel_other_records_the_cancel_and_stops_the_worker_only_through_the_p
     r = running(98_000, started=98_010)
     plan = round_([ex(99_000)], in_flight=[r], policy=Overlap.CANCEL_OTHER, confirmed_at=NOW)
     # Cancel is recorded before the work stops: the running one is CANCELLING, the new one waits for it.
-    assert states(plan) == {98_000: "cancelling:overlap"} and [x.planned_ms for x in plan.defer] == [99_000]
+    assert states(plan) == {98_000: "cancelling:overlap"} and behind(plan) == [(99_000, False)]
     assert [(x.id, why) for x, why in plan.stop] == [(r.id, "overlap")]
     stopping = round_([ex(99_000)], in_flight=[plan.transitions[r.id][1]], policy=Overlap.CANCEL_OTHER,
                       confirmed_at=NOW)
-    assert states(stopping) == {} and not stopping.stop and [x.planned_ms for x in stopping.defer] == [99_000]
+    assert states(stopping) == {} and not stopping.stop and behind(stopping) == [(99_000, False)]
     stopped = round_([ex(99_000)], in_flight=[], policy=Overlap.CANCEL_OTHER, confirmed_at=NOW)
     assert states(stopped) == {99_000: "dispatched"}
     unconfirmed = round_([ex(99_000)], in_flight=[r], policy=Overlap.CANCEL_OTHER)

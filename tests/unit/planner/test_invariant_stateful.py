@@ -443,3 +443,18 @@ async def test_a_backlog_buffered_behind_a_slow_run_does_not_stop_its_pools_othe
     bad = await w.check()
     assert not bad, "\n".join(bad[:15])
     await _judge(w, kv)
+
+
+async def test_runs_waiting_for_a_cancelled_run_to_stop_do_not_stop_their_pools_other_schedules() -> None:
+    """Found by the machine: under cancel_other, the runs waiting for a cancelled run to confirm its stop
+    (up to the worker's cancel grace) were the oldest ready work of their pool, taken and put back every
+    round, so another schedule of that pool (and the schedule's own retry) waited as long."""
+    w, kv = await _world()
+    w.workers.plan.append(("slow", 12_000))
+    await w.create(1, False, "b", default_policies(MissedRuns.SKIP, 1, 3, Overlap.CANCEL_OTHER))
+    await w.advance(1_500)  # the slow run is out; the next one cancels it and waits for the stop
+    await w.create(1, False, "b", SKIP_1S)  # one worker of pool b is free all along
+    await w.advance(5_200)  # judged while the cancelled run is still stopping (until 7.5 s)
+    bad = await w.check()
+    assert not bad, "\n".join(bad[:15])
+    await _judge(w, kv)

@@ -95,3 +95,16 @@ def test_waiting_behind_with_nothing_in_flight_goes_straight_back() -> None:
     idx.put(ex("s", 1_000))
     idx.wait_behind(ex("s", 1_000), False)  # the run it waited for landed before the round applied
     assert idx.behind("s") == {} and idx.oldest_ready("a") == 1_000
+
+
+def test_a_run_waiting_behind_with_a_deadline_comes_back_at_it_if_the_run_is_still_in_flight() -> None:
+    """An overlap skip waits for the settle time: parked until the run it overlaps lands, or until then."""
+    idx = PendingIndex()
+    idx.put(replace(ex("s", 500), state=ExecState.RUNNING))
+    x = ex("s", 1_000)
+    idx.put(x)
+    assert [e.id for es in idx.ready(1_000, {"a": 1}).values() for e in es] == [x.id]
+    idx.wait_behind(x, False, until_ms=5_000)
+    assert idx.ready(4_999, {"a": 5}) == {}
+    assert [e.id for es in idx.ready(5_000, {"a": 5}).values() for e in es] == [x.id]
+    assert idx.behind("s") == {}, "decided again at its deadline: no longer waiting behind"
