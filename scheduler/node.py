@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -81,6 +81,9 @@ class NullDispatcher:
 
     def submit(self, e: Execution, payload: bytes, token: FencingToken) -> None:
         raise AssertionError("nothing is dispatched without capacity")
+
+    def expect(self, attempts: Sequence[tuple[str, int]]) -> None:
+        return None
 
     def cancel(self, e: Execution, reason: str) -> None:
         return None

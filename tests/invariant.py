@@ -34,7 +34,7 @@ import contextlib
 import json
 import os
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -204,6 +204,18 @@ class Workers:
 
     def release(self, pool: str, n: int) -> None:
         self.reserved[pool] = self.reserved.get(pool, 0) - n
+
+    def expect(self, attempts: Sequence[tuple[str, int]]) -> None:
+        """A new owner's claim: the running attempts no live worker runs any more (crashed, with nobody
+        left to orphan them if their planner is gone) are lost a heartbeat timeout from now; until then
+        the planners cannot know, so they count as in progress."""
+        now = self.world.clock.wall_ms()
+        for key in attempts:
+            job = self.jobs.get(key)
+            if job is None or job.effect.outcome == "crashed":
+                if job is not None:
+                    job.effect.busy_end_ms = max(job.effect.busy_end_ms or 0, now + HEARTBEAT_TIMEOUT_MS + 2 * ROUND_MS)
+                self.timer(now + HEARTBEAT_TIMEOUT_MS, "lost_stream", key)
 
     def timer(self, at: int, kind: str, key: tuple[str, int]) -> None:
         self._seq += 1

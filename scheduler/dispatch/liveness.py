@@ -147,6 +147,23 @@ class Liveness:
                         extra={"event": "attempts_lost", "count": len(lost)})
             self._on_lost(lost)
 
+    def expect(self, keys: Iterable[AttemptKey]) -> None:
+        """Attempts a new owner found in flight at its claim: their worker's stream may have been on the
+        planner that died (or froze), which can no longer orphan them. Each is orphaned now unless a
+        stream holds it, so that a heartbeat listing it (any worker's stream to this node) re-attaches it
+        and, if no worker lists it within the heartbeat timeout, it is given up like any orphan: its worker
+        is gone too. Without this a worker crash plus an owner change held the run until its execution
+        deadline (5 min by default), its schedule's later runs skipped as overlap meanwhile."""
+        give_up = self.clock.monotonic() + self.hb_timeout + self.hb_interval
+        held = [c.running for c in self.conns.values()]
+        n = 0
+        for key in keys:
+            if key not in self.orphans and not any(key in h for h in held):
+                self.orphans[key] = give_up
+                n += 1
+        if n:
+            self.start_watchdog()
+
     def orphan(self, c: Conn) -> None:
         """The stream ended (and is no longer in `conns`): what it was running may still run (a reconnect
         re-attaches it) or not."""

@@ -33,7 +33,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -148,6 +148,9 @@ class Dispatcher:
             self._reserved[pool] = left
         else:
             self._reserved.pop(pool, None)
+
+    def expect(self, attempts: Sequence[tuple[str, int]]) -> None:
+        self.liveness.expect(attempts)
 
     def submit(self, e: Execution, payload: bytes, token: FencingToken) -> None:
         self.queue.put(e.pool, e.tenant, e.task_type, _Item(e, payload, token))

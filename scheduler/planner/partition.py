@@ -117,6 +117,11 @@ class DispatchSink(Protocol):
 
     def submit(self, e: Execution, payload: bytes, token: FencingToken) -> None: ...
 
+    def expect(self, attempts: Sequence[tuple[str, int]]) -> None:
+        """Attempts (execution id, attempt) running at this owner's claim: unless a worker reports one
+        within the heartbeat timeout, it is lost (`PlannerNode.on_lost_attempts`)."""
+        ...
+
     def cancel(self, e: Execution, reason: str) -> None: ...
 
 
@@ -797,6 +802,10 @@ class PartitionPlanner:
     async def start(self) -> None:
         """Claim-time work: read the partition and apply every schedule's missed-run policy."""
         await self.load()
+        # Started attempts the previous owner had out: their workers may be gone with it (start
+        # confirmation covers the ones not started; the execution deadline would be minutes away).
+        self.dispatcher.expect([(e.id, e.attempt) for e in self.pending.values()
+                                if e.state in (ExecState.RUNNING, ExecState.CANCELLING)])
         now = self.clock.wall_ms()
         runs, skips = self.m.catch_up(now)
         # The checkpoint keeps its writer's sched_rev: activations it did not know may still have

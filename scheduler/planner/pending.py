@@ -122,7 +122,7 @@ class PendingIndex:
             while heap and heap[0][0] <= now_ms and taken < limit:
                 t, _, eid = heapq.heappop(heap)
                 e = self._by_id.get(eid)
-                if e is None or eid in seen or e.pool != pool or (_ready_ms(e) != t and self._wake.get(eid) != t):
+                if e is None or eid in seen or not self._live(e, pool, t):
                     continue  # finished, or moved on (another time, another pool) since this entry was pushed
                 if self._wake.pop(eid, None) is not None:  # its wake-up came before the run it waited for landed
                     behind = self._behind.get(e.schedule_id)
@@ -136,6 +136,11 @@ class PendingIndex:
         for es in out.values():
             es.sort(key=lambda e: e.planned_ms)
         return out
+
+    def _live(self, e: Execution, pool: str, t: int) -> bool:
+        """Whether a heap entry (t, pool) still stands for `e`: its ready time, or its wake-up while it
+        waits behind a run in flight."""
+        return e.pool == pool and (_ready_ms(e) == t or self._wake.get(e.id) == t)
 
     def has_ready(self, now_ms: int, pool: str | None = None) -> bool:
         """Whether something may be ready (the earliest entry may be stale: a cheap over-estimate)."""
@@ -152,7 +157,7 @@ class PendingIndex:
             while heap:
                 t, _, eid = heap[0]
                 e = self._by_id.get(eid)
-                if e is not None and e.pool == p and _ready_ms(e) == t:
+                if e is not None and self._live(e, p, t):
                     best = t if best is None else min(best, t)
                     break
                 heapq.heappop(heap)

@@ -241,3 +241,66 @@ async def test_a_lost_last_attempt_is_dead_lettered_with_its_payload(kv: EtcdCli
         letter = await kv.get(node.ks.dead_letter(p, "last", planned))
     assert e.attempts[0].message == LOST_MESSAGE and e.attempts[0].error_class is ErrorClass.TIMEOUT
     assert letter is not None and json.loads(letter.value)["payload"] == b"keep-me".hex(), letter
+
+
+async def test_a_running_attempt_whose_worker_and_planner_both_died_is_retried_by_the_next_owner(
+    kv: EtcdClient, key_prefix: str
+) -> None:
+    """Found by the stateful test: the planner holding the worker's stream was gone, so nobody orphaned
+    the attempt, and the new owner left it RUNNING until its execution deadline (5 min by default), the
+    schedule's later runs skipped as overlap meanwhile. The new owner now expects every running attempt
+    it finds at its claim to be listed by a worker within the heartbeat timeout."""
+    prefix = key_prefix.rstrip("/")
+    async with planner(kv, prefix) as (node, _d, port):
+        planned = await one_run(node, "orphan")
+        w1 = Client(port, "w1")
+        try:
+            await w1.next("welcome")
+            w1.send(credits=wpb.Credits(credits=1))
+            a1 = (await w1.next("assignments")).assignments[0]
+            w1.send(started=wpb.Started(starts=[wpb.StartRequest(execution_id=a1.execution_id, attempt=1,
+                                                                 fencing_token=a1.fencing_token)]))
+            assert (await w1.next("start_ack")).acks[0].disposition == wpb.START_DISPOSITION_STARTED
+        finally:
+            await w1.close()  # the worker dies with its planner: no stream re-attaches, no result comes
+    async with planner(kv, prefix, "n2") as (node2, _d2, port2):
+        w2 = Client(port2, "w2")
+        try:
+            await w2.next("welcome")
+            w2.send(credits=wpb.Credits(credits=1))
+            a2 = (await w2.next("assignments", timeout=20)).assignments[0]
+            assert (a2.execution_id, a2.attempt) == (a1.execution_id, 2), "retried: same id, next attempt"
+        finally:
+            await w2.close()
+        e = await record(node2, kv, "orphan", planned)
+    first = e.attempts[0]
+    assert first.error_class is ErrorClass.TIMEOUT and first.message == LOST_MESSAGE, first
+    assert first.finished_ms < first.deadline_ms - 100_000, "given up by the new owner, not at the deadline"
+
+
+async def test_a_running_attempt_a_worker_still_lists_is_kept_by_the_next_owner(
+    kv: EtcdClient, key_prefix: str
+) -> None:
+    prefix = key_prefix.rstrip("/")
+    async with planner(kv, prefix) as (node, _d, port):
+        planned = await one_run(node, "alive")
+        w1 = Client(port, "w1")
+        try:
+            await w1.next("welcome")
+            w1.send(credits=wpb.Credits(credits=1))
+            a1 = (await w1.next("assignments")).assignments[0]
+            w1.send(started=wpb.Started(starts=[wpb.StartRequest(execution_id=a1.execution_id, attempt=1,
+                                                                 fencing_token=a1.fencing_token)]))
+            assert (await w1.next("start_ack")).acks[0].disposition == wpb.START_DISPOSITION_STARTED
+        finally:
+            await w1.close()
+    running = [wpb.RunningAttempt(execution_id=a1.execution_id, attempt=1, fencing_token=a1.fencing_token)]
+    async with planner(kv, prefix, "n2") as (node2, _d2, port2):
+        w1 = Client(port2, "w1", running)  # the worker lives on and reconnects to the next planner
+        try:
+            await w1.next("welcome")
+            await asyncio.sleep(COORD.lease_ttl + 3 * FAST.heartbeat_timeout + 1)  # claim, then well past the grace
+            e = await record(node2, kv, "alive", planned)
+            assert e.state is ExecState.RUNNING and e.attempt == 1, e
+        finally:
+            await w1.close()

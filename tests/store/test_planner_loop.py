@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
 
 import pytest
@@ -48,6 +48,9 @@ class FakeDispatcher:
         return None
 
     def release(self, pool: str, n: int) -> None:
+        return None
+
+    def expect(self, attempts: Sequence[tuple[str, int]]) -> None:
         return None
 
     def submit(self, e: Execution, payload: bytes, token: FencingToken) -> None:

@@ -105,6 +105,7 @@ def test_a_run_waiting_behind_with_a_deadline_comes_back_at_it_if_the_run_is_sti
     idx.put(x)
     assert [e.id for es in idx.ready(1_000, {"a": 1}).values() for e in es] == [x.id]
     idx.wait_behind(x, False, until_ms=5_000)
+    assert idx.oldest_ready("a") == 5_000, "the loop wakes for it (a wake-up is no stale entry)"
     assert idx.ready(4_999, {"a": 5}) == {}
     assert [e.id for es in idx.ready(5_000, {"a": 5}).values() for e in es] == [x.id]
     assert idx.behind("s") == {}, "decided again at its deadline: no longer waiting behind"
