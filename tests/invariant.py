@@ -1018,9 +1018,15 @@ def judge(log: Log, es: list[Execution], ranges: dict[str, list[tuple[int, int, 
             if e.state is ExecState.RETRY_WAIT else None
         if ready is not None and cur.pool in ("a", "b"):
             siblings = [x for x in es if x.schedule_id == e.schedule_id and x.state in IN_FLIGHT]
-            if siblings and (e.overlap or cur.policies.overlap) in (Overlap.BUFFER_ONE, Overlap.BUFFER_ALL,
-                                                                  Overlap.SKIP, Overlap.CANCEL_OTHER):
+            queued = (e.overlap or cur.policies.overlap) in (Overlap.BUFFER_ONE, Overlap.BUFFER_ALL, Overlap.SKIP,
+                                                             Overlap.CANCEL_OTHER)
+            if siblings and queued:
                 continue  # waits behind a run that is in flight (itself judged below)
+            earlier = [x for x in es if x.schedule_id == e.schedule_id and x.planned_ms < e.planned_ms
+                       and not x.terminal and x.state is not ExecState.RETRY_WAIT]
+            progress = [f for f in by_sched.get(e.schedule_id, []) if f.start_ms > now - 2 * STUCK_ROUNDS * ROUND_MS]
+            if queued and earlier and progress:
+                continue  # queued, in order, behind earlier runs of its schedule that keep starting one by one
             # The pool it waits for is the current version's; a record made ready again (replay, rerun)
             # waits from when it was written.
             since = max(ready, cur.at_ms, time_of(e.mod_revision))

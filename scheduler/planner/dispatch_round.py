@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass, field
 
 from scheduler.execution import IN_FLIGHT, ExecState, Execution, cancel, dispatch, skip
-from scheduler.ids import FencingToken
+from scheduler.ids import ExecutionId, FencingToken
 from scheduler.timeplan import Overlap, SkipReason
 from scheduler.timeplan.overlap import OverlapAction, decide_overlap
 
@@ -57,6 +57,10 @@ class Behind:
     x: Execution
     by_policy: bool  # buffered by BUFFER_ONE / BUFFER_ALL (counted by BUFFER_ONE)
     until_ms: int | None = None  # decided again at this instant even if the run is still in flight
+    # It waits in order behind the runs before it (buffered, or queued behind a late run): when nothing
+    # is in flight any more only the earliest such comes back. Otherwise (a skip waiting for the settle
+    # time, a start waiting for a cancelled run's stop) it is decided again as soon as nothing is.
+    ordered: bool = True
 
 
 @dataclass
@@ -124,13 +128,17 @@ def plan_dispatch(inp: RoundInput) -> DispatchPlan:
 def _plan_schedule(inp: RoundInput, plan: DispatchPlan, budget: dict[str, int], view: ScheduleView,
                    in_flight: list[Execution], waiting: Sequence[Execution], parked: Mapping[str, bool]) -> None:
     cas = plan.transitions
-    held = bool(parked)  # an earlier run of this schedule waits: later ones wait behind it, in order
-    held_behind = bool(parked)  # ... and it waits for a run in flight (not for capacity or a decision)
+    # Parked runs earlier than x wait for a run in flight: x waits behind them, in order. (Later ones
+    # are parked behind x's predecessors and come back one by one: they hold nothing back.)
+    parked_first = min((ExecutionId.parse(eid).planned_ms for eid in parked), default=None)
+    held = held_behind = False  # an earlier run of this schedule waits (for a run in flight): later ones too
     # held by the policy behind a run really in progress (BUFFER_ONE counts them)
     buffered: list[str] = [eid for eid, by_policy in parked.items() if by_policy]
     for x in waiting:
         if x.id in cas:
             continue
+        if parked_first is not None and parked_first < x.planned_ms:
+            held = held_behind = True
         policy = x.overlap or view.overlap  # a trigger/backfill may carry its own; rerun/replay: ALLOW_ALL
         real: list[Execution] = []
         behind = False  # a BUFFER that waits for a run of this schedule in flight
@@ -143,7 +151,7 @@ def _plan_schedule(inp: RoundInput, plan: DispatchPlan, budget: dict[str, int], 
             # A cancel loses nothing that is not running: it rests on a read sent after x's due time.
             skip_after = x.due_ms + inp.overlap_settle_ms
             real, unconfirmed = overlapping(in_flight, x, inp.catchup, inp.confirmed, x.due_ms)
-            if real or buffered:
+            if real:  # parked runs count as buffered only behind a run in progress at x's due time
                 action = decide_overlap(policy, tuple(r.id for r in real), tuple(buffered)).action
                 if action is OverlapAction.SKIP and real:
                     if inp.now_ms < skip_after:
@@ -173,7 +181,7 @@ def _plan_schedule(inp: RoundInput, plan: DispatchPlan, budget: dict[str, int], 
             continue
         if action is OverlapAction.BUFFER:
             if behind and in_flight:
-                plan.behind.append(Behind(x, x.id in buffered, until))
+                plan.behind.append(Behind(x, x.id in buffered, until, ordered=until is None))
                 held_behind = True
             else:
                 plan.defer.append(x)
@@ -198,7 +206,7 @@ def _plan_schedule(inp: RoundInput, plan: DispatchPlan, budget: dict[str, int], 
                     stopping = stopping or stop.state is ExecState.CANCELLING
             in_flight = [r for r in in_flight if r.id not in cas]
             if stopping:
-                plan.behind.append(Behind(x, False))  # until the cancelled runs' stop is recorded
+                plan.behind.append(Behind(x, False, ordered=False))  # until the cancelled runs' stop is recorded
                 held = held_behind = True
                 continue
         budget[x.pool] -= 1

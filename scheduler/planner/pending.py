@@ -39,6 +39,7 @@ class PendingIndex:
         self._behind: dict[str, dict[str, bool]] = {}
         # id -> instant a run waiting behind is decided again regardless (its heap entry has this time)
         self._wake: dict[str, int] = {}
+        self._ordered: set[str] = set()  # ids waiting in order behind the runs before them (DispatchPlan)
         self._deadlines: list[tuple[int, int, str]] = []
         self._start_bys: list[tuple[int, int, str]] = []  # dispatched attempts waiting for their start
         self._seq = itertools.count()
@@ -90,6 +91,7 @@ class PendingIndex:
             if parked is not None:
                 parked.pop(execution_id, None)
             self._wake.pop(execution_id, None)
+            self._ordered.discard(execution_id)
             behind = self._behind.get(e.schedule_id)
             if behind is not None:
                 behind.pop(execution_id, None)
@@ -102,6 +104,7 @@ class PendingIndex:
         self._parked.clear()
         self._behind.clear()
         self._wake.clear()
+        self._ordered.clear()
         self._deadlines.clear()
         self._start_bys.clear()
 
@@ -125,6 +128,7 @@ class PendingIndex:
                 if e is None or eid in seen or not self._live(e, pool, t):
                     continue  # finished, or moved on (another time, another pool) since this entry was pushed
                 if self._wake.pop(eid, None) is not None:  # its wake-up came before the run it waited for landed
+                    self._ordered.discard(eid)
                     behind = self._behind.get(e.schedule_id)
                     if behind is not None:
                         behind.pop(eid, None)
@@ -173,12 +177,16 @@ class PendingIndex:
         if e.id in self._by_id:
             self._parked.setdefault(e.schedule_id, {})[e.id] = e
 
-    def wait_behind(self, e: Execution, by_policy: bool, until_ms: int | None = None) -> None:
+    def wait_behind(self, e: Execution, by_policy: bool, until_ms: int | None = None, *, ordered: bool = True) -> None:
         """Hold `e` out of the ready heaps until no run of its schedule is in flight, or until `until_ms`
         if given, whichever comes first (`DispatchPlan.behind`)."""
         if e.id not in self._by_id:
             return
         self._behind.setdefault(e.schedule_id, {})[e.id] = by_policy
+        if ordered:
+            self._ordered.add(e.id)
+        else:
+            self._ordered.discard(e.id)
         if until_ms is not None:
             self._wake[e.id] = until_ms
             heapq.heappush(self._ready.setdefault(e.pool, []), (until_ms, next(self._seq), e.id))
@@ -189,13 +197,26 @@ class PendingIndex:
         return self._behind.get(schedule_id, {})
 
     def _release_behind(self, schedule_id: str) -> None:
+        """Nothing of the schedule in flight: its earliest waiting run goes back to the heap. Only that one:
+        the others would wait behind it again (it starts, or is skipped, and then the next comes back), and
+        putting a long backlog back at once would have it taken and parked again, a few per round, in
+        front of the pool's other work and of the schedule's own retries."""
         if any(x.state in IN_FLIGHT for x in self._by_schedule.get(schedule_id, {}).values()):
             return
-        for eid in self._behind.pop(schedule_id, {}):
+        behind = self._behind.get(schedule_id)
+        if not behind:
+            return
+        ordered = [i for i in behind if i in self._ordered and i in self._by_id]
+        first = min(ordered, key=lambda i: self._by_id[i].planned_ms) if ordered else None
+        for eid in [i for i in behind if i not in self._ordered or i == first or i not in self._by_id]:
+            del behind[eid]
             self._wake.pop(eid, None)
+            self._ordered.discard(eid)
             cur = self._by_id.get(eid)
             if cur is not None:
                 self.defer(cur)
+        if not behind:
+            del self._behind[schedule_id]
 
     def unpark(self, schedule_id: str) -> None:
         for e in self._parked.pop(schedule_id, {}).values():

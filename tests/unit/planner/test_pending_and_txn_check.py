@@ -84,10 +84,12 @@ def test_runs_waiting_behind_their_schedules_run_in_flight_leave_the_heap_until_
             idx.wait_behind(e, True)
     assert "other" in got
     assert set(idx.behind("buf")) == {execution_id("buf", 1_000 + i) for i in range(10)}
-    idx.put(replace(slow, state=ExecState.SUCCEEDED))  # it lands: the backlog is back, oldest first
-    assert idx.behind("buf") == {}
-    back = idx.ready(10_000, {"a": 1})
+    idx.put(replace(slow, state=ExecState.SUCCEEDED))  # it lands: the oldest of the backlog comes back
+    assert len(idx.behind("buf")) == 9, "the rest wait behind it, in order: not back in front of the pool"
+    back = idx.ready(10_000, {"a": 5})
     assert [e.planned_ms for e in back["buf"]] == [1_000]
+    idx.put(replace(back["buf"][0], state=ExecState.SKIPPED))  # it ends (here: skipped): the next one comes back
+    assert [e.planned_ms for e in idx.ready(10_000, {"a": 5})["buf"]] == [1_001]
 
 
 def test_waiting_behind_with_nothing_in_flight_goes_straight_back() -> None:
