@@ -142,6 +142,7 @@ class Effect:
     end_ms: int | None = None  # the work stopped (None: still running)
     busy_end_ms: int | None = None  # until when others may take it for running (a crash: until detected)
     outcome: str = ""  # succeeded / failed / crashed / cancelled / lost
+    result_ms: int | None = None  # its result reached a planner (later than end_ms when an ack was lost)
 
 
 @dataclass
@@ -286,10 +287,12 @@ class Workers:
                 if late > now:
                     self.timer(late, "late_result", key)
                     continue
+                eff.result_ms = now
                 await self.world.deliver(job.e, ok, self._error_class(job), "")
             elif kind == "start":
                 await self.world.confirm_start(job.e)
             elif kind == "late_result":
+                eff.result_ms = now
                 ok = job.behaviour in ("ok", "slow", "lost_ack")
                 await self.world.deliver(job.e, ok, self._error_class(job), "")
             elif kind == "crash":
@@ -1030,7 +1033,12 @@ def judge(log: Log, es: list[Execution], ranges: dict[str, list[tuple[int, int, 
             # The pool it waits for is the current version's; a record made ready again (replay, rerun)
             # waits from when it was written.
             since = max(ready, cur.at_ms, time_of(e.mod_revision))
-            free = [t for t, cap in log.rounds if t > since + ROUND_MS and cap.get(cur.pool, 0) > 0]
+            runs = by_sched.get(e.schedule_id, []) if queued else []
+
+            # A run of its schedule out then (or its result in transit): it may wait behind it.
+            out = [(f.start_ms, max(f.busy_end_ms or f.end_ms or now, f.result_ms or 0) + ROUND_MS) for f in runs]
+            free = [t for t, cap in log.rounds if t > since + ROUND_MS and cap.get(cur.pool, 0) > 0
+                    and not any(a <= t < b for a, b in out)]
             if len(free) >= STUCK_ROUNDS:
                 bad.append(f"[stuck] "
                            f"{e.id}: {e.state.value} (pool {e.pool}) ready since t={ready - T0}, not dispatched "
