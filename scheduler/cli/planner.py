@@ -29,6 +29,7 @@ from scheduler.planner.ownership import ClusterMismatch
 from scheduler.planner.settings import PlannerSettings
 from scheduler.server import start_server
 from scheduler.store.keyspace import Keyspace
+from scheduler.tasks import cancel_and_wait
 
 log = logging.getLogger("scheduler.cli.planner")
 
@@ -190,9 +191,7 @@ async def _main(etcd: EtcdSettings, coord: CoordinationSettings, planner: Planne
     if stop.is_set():
         with contextlib.suppress(Exception):
             await asyncio.wait_for(node.ownership.drain(), timeout=coord.lease_ttl)
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
+    await cancel_and_wait(task)
     await server.stop(grace=1.0)
     if metrics is not None:
         await metrics.stop()

@@ -16,6 +16,7 @@ import grpc
 
 from scheduler._gen.scheduler.v1 import worker_service_pb2 as wpb
 from scheduler._gen.scheduler.v1 import worker_service_pb2_grpc as wgrpc
+from scheduler.tasks import cancel_and_wait
 from scheduler.worker.backoff import Backoff
 from scheduler.worker.settings import WorkerSettings
 
@@ -114,9 +115,7 @@ class PlannerStream:
             with contextlib.suppress(TimeoutError, asyncio.CancelledError):
                 await asyncio.wait_for(asyncio.shield(self._task), graceful_timeout)
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
         await self._channel.close(None)
 
     async def _run(self) -> None:

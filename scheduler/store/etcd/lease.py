@@ -27,6 +27,7 @@ from scheduler.store.etcd.connection import EOF, Connection, reauthenticate_afte
 from scheduler.store.etcd.deadline import LeaseDeadline, LeaseLostReason
 from scheduler.store.etcd.errors import LeaseNotFound, from_rpc_error
 from scheduler.store.etcd.types import Lease
+from scheduler.tasks import cancel_and_wait
 
 __all__ = ["LeaseKeeper", "LeaseLostReason"]
 
@@ -73,9 +74,7 @@ class LeaseKeeper(LeaseDeadline):
     async def stop(self) -> None:
         """Stop renewing (the lease then expires on its own within TTL unless revoked)."""
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
 
     async def __aenter__(self) -> LeaseKeeper:
         if self._task is None:
@@ -149,8 +148,8 @@ class LeaseKeeper(LeaseDeadline):
         finally:
             reader.cancel()
             call.cancel()
-            with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
-                await reader
+            with contextlib.suppress(grpc.aio.AioRpcError):
+                await cancel_and_wait(reader)
 
     async def _read_acks(self, call: Any, sent: deque[float]) -> None:
         while self._lost is None:
