@@ -262,11 +262,10 @@ PlannerInvariant.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 
-# The random machine still finds open cases (issue 9's closing note: two or more activation changes
-# while a partition has no owner lose the middle activation's planned times, and a run left waiting
-# after a SIGSTOP combined with pool changes, not yet diagnosed). Until they are fixed it runs in the
-# full mode (SCHED_FULL=1), so that CI stays a verdict on what is fixed; the fixed scenarios below,
-# one or more per issue item, always run.
+# The random machine runs in the full mode (SCHED_FULL=1): it keeps finding cases, each fixed (with
+# its shrunk counterexample kept below as a fixed scenario) or, where the checker's model of timing was
+# too strict, answered in the checker. Issue 9's session-4 note lists the ones still open, so that CI
+# stays a verdict on what is fixed; the fixed scenarios below, one or more per finding, always run.
 TestPlannerInvariant = pytest.mark.slow(PlannerInvariant.TestCase)
 
 
