@@ -23,7 +23,7 @@ from datetime import UTC, datetime, timedelta
 from scheduler.errors import InvalidArgument
 
 # Schedule ids (model.validate_schedule checks them with the other names, which share the charset).
-ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")
+ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]*\Z")  # \Z, not $: "$" also matches before a final newline
 MAX_ID_LEN = 128
 PLANNED_LEN = 24  # len("2026-12-01T12:00:00.000Z")
 MAX_EXECUTION_ID_LEN = MAX_ID_LEN + 1 + PLANNED_LEN

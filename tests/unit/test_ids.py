@@ -74,6 +74,7 @@ def test_ids_and_keys_of_one_schedule_sort_by_planned_time(sid: str, times: list
     ("@2026-11-29T10:00:00.000Z", "is required"),
     ("j b@2026-11-29T10:00:00.000Z", "'j b' may only contain A-Z a-z 0-9 . _ : - and must start alphanumeric"),
     ("-job@2026-11-29T10:00:00.000Z", "'-job' may only contain"),
+    ("job\n@2026-11-29T10:00:00.000Z", "may only contain"),  # "$" let a trailing newline through
     ("j" * 129 + "@2026-11-29T10:00:00.000Z", f"is 154 characters; the limit is {MAX_EXECUTION_ID_LEN}"),
     ("j" * 129 + "@2026-11-29T10:00Z", "is 129 characters; the limit is 128"),
     ("job@yesterday", "time 'yesterday' is not like 2026-11-29T10:00:00.000Z"),
