@@ -257,7 +257,11 @@ async def test_cancel_other_cancels_the_running_execution(kv: EtcdClient, key_pr
     cancelled = [e for e in es if e.state is ExecState.CANCELLED]
     assert len(disp.submitted) >= 2
     assert len(cancelled) >= 1
-    assert set(disp.cancelled) >= {e.id for e in cancelled}
+    # Every cancelled run was told to stop, except perhaps the latest: run_node may stop the node between
+    # that round's commit and its stop messages (seen under CPU load; the record is cancelled, so the
+    # worker's start would be refused anyway).
+    untold = {e.id for e in cancelled} - set(disp.cancelled)
+    assert len(untold) <= 1 and untold <= {max(cancelled, key=lambda e: e.planned_ms).id}, (untold, disp.cancelled)
     assert sum(1 for e in es if e.state in (ExecState.DISPATCHED, ExecState.RUNNING)) == 1
 
 
