@@ -253,10 +253,10 @@ class PartitionPlanner:
             elif ck.sched_rev and st.activation_rev > ck.sched_rev:
                 # Changes the checkpoint's writer had not seen: its pre-written runs they do not plan.
                 first = earlier.first_change_ms
-                if first is not None and first < ck.watermark_ms:
+                tracked = self.schedules.get(st.schedule.id)  # absent: a spec this engine cannot plan
+                if first is not None and first < ck.watermark_ms and tracked is not None:
                     self._withdraw[st.schedule.id] = Withdrawal(
-                        SkipReason.SCHEDULE_CHANGED, after_ms=first,
-                        rule=withdrawal_rule(earlier, self.schedules[st.schedule.id].plan))
+                        SkipReason.SCHEDULE_CHANGED, after_ms=first, rule=withdrawal_rule(earlier, tracked.plan))
                 elif st.activated_ms < ck.watermark_ms:
                     self._withdraw[st.schedule.id] = Withdrawal(SkipReason.SCHEDULE_CHANGED, after_ms=st.activated_ms)
         for sid in {e.schedule_id for e in execs} - self.schedules.keys():

@@ -197,8 +197,9 @@ class PendingIndex:
         return self._behind.get(schedule_id, {})
 
     def _release_behind(self, schedule_id: str) -> None:
-        """Nothing of the schedule in flight: its earliest waiting run goes back to the heap. Only that one:
-        the others would wait behind it again (it starts, or is skipped, and then the next comes back), and
+        """Nothing of the schedule in flight: the runs waiting to be decided again (a skip's settle, a
+        cancelled run's stop) go back to the heap, and of those waiting in order only the earliest. The
+        others would wait behind it again (it starts, or is skipped, and then the next comes back), and
         putting a long backlog back at once would have it taken and parked again, a few per round, in
         front of the pool's other work and of the schedule's own retries."""
         if any(x.state in IN_FLIGHT for x in self._by_schedule.get(schedule_id, {}).values()):
