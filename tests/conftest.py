@@ -21,6 +21,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from scheduler.store.etcd import EtcdClient
+from tests import hang_dump
 from tests.etcd_cluster import ETCD_MISSING, EtcdCluster, EtcdFactory, find_binary
 
 # Hypothesis' defaults assume an idle machine: a 200 ms deadline per example and a health check that
@@ -28,6 +29,16 @@ from tests.etcd_cluster import ETCD_MISSING, EtcdCluster, EtcdFactory, find_bina
 # logic is fine; tests that set their own `settings` still override these for the fields they set.
 settings.register_profile("shared-machine", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("shared-machine")
+
+hang_dump.install()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
+    # A test hung in asyncio shows its tasks' stacks in the log before pytest-timeout ends it.
+    with hang_dump.watching():
+        return (yield)
+
 
 _ETCD_FIXTURES = frozenset({"etcd_binary", "etcd_server", "etcd_factory", "etcd_cluster3", "etcd_client"})
 

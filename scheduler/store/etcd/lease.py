@@ -54,6 +54,7 @@ class LeaseKeeper(LeaseDeadline):
                          ack_timeout=ack_timeout)
         self._conn = conn
         self._task: asyncio.Task[None] | None = None
+        self._call: Any = None  # the keepalive stream open now (cancelled by stop())
         self.streams_opened = 0
 
     async def wait_lost(self) -> LeaseLostReason:
@@ -74,7 +75,20 @@ class LeaseKeeper(LeaseDeadline):
     async def stop(self) -> None:
         """Stop renewing (the lease then expires on its own within TTL unless revoked)."""
         if self._task is not None:
-            await cancel_and_wait(self._task)
+            # The stream first: a keepalive write waiting on a stuck stream is not ended by cancelling its
+            # task (wait_for waits for the write to give up, which it does only when the call is cancelled),
+            # and a node shutting down waited for it for ever (seen in the test suite under load).
+            if self._call is not None:
+                self._call.cancel()
+            self._task.cancel()
+            # Bounded all the same: a keeper that still does not end is abandoned (its lease expires on
+            # its own), never waited for. The caller's own cancellation propagates from asyncio.wait.
+            done, _ = await asyncio.wait({self._task}, timeout=self.ack_timeout + 1.0)
+            if not done:
+                log.warning("lease %x keeper did not stop within %.1fs; abandoned", self.lease_id,
+                            self.ack_timeout + 1.0)
+            elif not self._task.cancelled() and (exc := self._task.exception()) is not None:
+                raise exc
 
     async def __aenter__(self) -> LeaseKeeper:
         if self._task is None:
@@ -122,6 +136,7 @@ class LeaseKeeper(LeaseDeadline):
 
     async def _one_stream(self) -> None:
         call: Any = self._conn.stream(self._conn.stubs.lease.LeaseKeepAlive)
+        self._call = call
         self.streams_opened += 1
         sent: deque[float] = deque()  # send times of unanswered keepalives; etcd answers in order
         reader = asyncio.create_task(self._read_acks(call, sent))
