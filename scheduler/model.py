@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 
 from scheduler.errors import InvalidArgument
-from scheduler.ids import ID_RE, MAX_ID_LEN
+from scheduler.ids import MAX_ID_LEN, check_name
 from scheduler.timeplan import DstGap, DstOverlap, MissedRuns, Overlap, Plan, parse_spec
 from scheduler.timeplan.plan import format_duration_ms, from_ms
 
@@ -100,15 +100,6 @@ def parse_rfc3339(text: str, field_name: str) -> int:
     return (dt.astimezone(UTC) - datetime(1970, 1, 1, tzinfo=UTC)) // _ONE_MS
 
 
-def _check_name(value: str, name: str, max_len: int) -> None:
-    if not value:
-        raise InvalidArgument(name, "is required")
-    if len(value) > max_len:
-        raise InvalidArgument(name, f"is {len(value)} characters; the limit is {max_len}")
-    if not ID_RE.match(value):
-        raise InvalidArgument(name, f"{value!r} may only contain A-Z a-z 0-9 . _ : - and must start alphanumeric")
-
-
 def _check_policies(p: Policies) -> None:
     if not 0 <= p.catchup_window_ms <= 366 * DAY_MS:
         raise InvalidArgument("policies.catchup_window",
@@ -137,10 +128,10 @@ def _check_policies(p: Policies) -> None:
 
 def validate_schedule(s: Schedule) -> Plan:
     """Raise InvalidArgument naming the first bad field; return the compiled plan on success."""
-    _check_name(s.id, "id", MAX_ID_LEN)
-    _check_name(s.tenant, "tenant", MAX_NAME_LEN)
-    _check_name(s.worker_pool, "worker_pool", MAX_NAME_LEN)
-    _check_name(s.task_type, "task_type", MAX_NAME_LEN)
+    check_name(s.id, "id", MAX_ID_LEN)
+    check_name(s.tenant, "tenant", MAX_NAME_LEN)
+    check_name(s.worker_pool, "worker_pool", MAX_NAME_LEN)
+    check_name(s.task_type, "task_type", MAX_NAME_LEN)
     if len(s.payload) > MAX_PAYLOAD_BYTES:
         raise InvalidArgument("payload", f"is {len(s.payload)} bytes; the limit is {MAX_PAYLOAD_BYTES}")
     if len(s.labels) > MAX_LABELS:
