@@ -336,8 +336,9 @@ async def test_backfill_counts_creates_and_never_duplicates(env: Env) -> None:
     assert dry[-1] == BackfillCounts(10, 10, 0, 0, end, True)
     assert all(not c.done for c in dry[:-1])
     assert [c.processed_until_ms for c in dry[:-1]] == [start + 4 * MINUTE, start + 8 * MINUTE]
-    assert (await env.node.ledger.list_partition(env.kv, partition_for("bf", 4), schedule_id="bf"))[0] == [], \
-        "a dry run writes nothing"
+    listed = (await env.node.ledger.list_partition(env.kv, partition_for("bf", 4), schedule_id="bf"))[0]
+    # The schedule's own minutes may start meanwhile (a minute boundary can pass during the test).
+    assert [e for e in listed if e.trigger is not Trigger.SCHEDULED] == [], "a dry run writes nothing"
     got = await collect(env.ops.backfill("bf", start, end, Overlap.ALLOW_ALL, False))
     assert got[-1] == BackfillCounts(10, 10, 0, 0, end, True)
     for c in got:
