@@ -1,0 +1,84 @@
+"""The fault catalogue F1-F12 (../shared/research/drills.md, C2) as data: what each fault targets,
+its default duration range (in multiples of the lease TTL `T`, so a scenario written for T = 2 s
+means the same at T = 5 s) and the parameters it accepts.
+
+The scenario loader validates fault entries against this table, the planner draws durations and
+parameters from it, and the checker asks it which faults must show a takeover or a rejected stale
+write (validity). Nothing here injects anything: the nemeses belong to the runner (not built yet).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["CATALOGUE", "QUORUM_LOSS_MEMBERS", "ROLES", "FaultKind", "is_outage", "kind"]
+
+# Who a fault is aimed at. `link` is a network path (planner<->etcd, planner<->worker) rather than a process.
+ROLES = ("planner", "worker", "etcd", "region", "link", "cluster")
+
+
+@dataclass(frozen=True)
+class FaultKind:
+    id: str
+    name: str
+    role: str  # the default target role
+    roles: tuple[str, ...]  # roles the fault may be aimed at
+    duration_ttl: tuple[float, float]  # default duration range, in multiples of the lease TTL
+    # Accepted parameters -> allowed values (a tuple: one of them; a type: any value of that type).
+    params: dict[str, tuple[Any, ...] | type] = field(default_factory=dict)
+    # Validity (etcd robustness's rule): a fault that must show an ownership change in the history,
+    # and one (when longer than the TTL) that must show a stale write refused (I4c).
+    expects_takeover: bool = False
+    expects_stale_reject_beyond_ttl: bool = False
+    # An outage: nothing can start while it lasts, so I3 measures lag of the times planned inside it
+    # from the window's end, not from the planned time (drills.md I3, catch-up after quorum loss).
+    outage: bool = False
+    invariants: tuple[str, ...] = ()
+
+
+CATALOGUE: dict[str, FaultKind] = {k.id: k for k in (
+    FaultKind("F1", "planner crash", "planner", ("planner",), (0.0, 2.0),
+              {"restart": bool}, expects_takeover=True, invariants=("I1", "I2", "I3", "I6")),
+    FaultKind("F2", "planner pause", "planner", ("planner",), (0.5, 3.0),
+              {"ttl_multiple": float}, expects_takeover=True, expects_stale_reject_beyond_ttl=True,
+              invariants=("I4", "I1", "I6")),
+    FaultKind("F3", "planner-etcd partition", "planner", ("planner", "link"), (0.5, 5.0),
+              {"direction": ("both", "inbound", "outbound"), "mode": ("drop", "reset")},
+              expects_takeover=True, expects_stale_reject_beyond_ttl=True, invariants=("I1", "I4", "I6", "I3")),
+    FaultKind("F4", "etcd member loss", "etcd", ("etcd",), (1.0, 4.0),
+              {"members": (1, 2), "wipe": bool, "signal": ("KILL", "STOP")},
+              invariants=("I1", "I2", "I7")),
+    FaultKind("F5", "region loss", "region", ("region",), (6.0, 15.0),
+              {"variant": ("multi-region", "single-region")}, expects_takeover=True, outage=True,
+              invariants=("I1", "I2", "I3", "I7")),
+    FaultKind("F6", "clock skew", "planner", ("planner",), (3.0, 8.0),
+              {"offset": ("+30s", "-30s", "+1h", "-1h")}, invariants=("I1", "I2", "I3")),
+    FaultKind("F7", "worker crash mid-execution", "worker", ("worker",), (0.5, 2.0),
+              {"restart": bool}, invariants=("I1", "I2")),
+    FaultKind("F8", "slow workers", "worker", ("worker",), (2.0, 6.0),
+              {"hold_ms": int}, invariants=("I1", "I2", "I3")),
+    FaultKind("F9", "duplicate delivery", "link", ("link",), (2.0, 6.0),
+              {"probability": float, "delay_ms": int}, invariants=("I1",)),
+    FaultKind("F10", "flaky etcd link", "link", ("link", "planner"), (2.0, 8.0),
+              {"latency_ms": int, "jitter_ms": int, "drop": float}, invariants=("I4", "I6", "I3")),
+    FaultKind("F11", "watch compaction", "planner", ("planner",), (1.0, 3.0), {}, invariants=("I2",)),
+    FaultKind("F12", "etcd membership change", "etcd", ("etcd",), (1.0, 4.0),
+              {"action": ("replace", "remove-add")}, invariants=("I7",)),
+)}
+
+# F4 with both members gone (quorum lost) is an outage too; the checker asks this, not the table.
+QUORUM_LOSS_MEMBERS = 2
+
+
+def kind(fault_id: str) -> FaultKind:
+    try:
+        return CATALOGUE[fault_id]
+    except KeyError:
+        raise KeyError(f"unknown fault type {fault_id!r}; known: {', '.join(CATALOGUE)}") from None
+
+
+def is_outage(fault_id: str, params: dict[str, Any]) -> bool:
+    if fault_id == "F4":
+        return int(params.get("members", 1)) >= QUORUM_LOSS_MEMBERS
+    return kind(fault_id).outage
