@@ -1,0 +1,240 @@
+"""The effect sink: a small HTTP service outside every fault that drill workers call for each side effect.
+
+It plays the part of Jepsen's in-memory set (drills.md, C1): the one never-faulted witness of what the
+workers really did. Both built-in executors reach it:
+- the `http` executor POSTs to `<url>/effect?phase=once[&hold_ms=N]` (`http_payload`); its headers carry
+  the identity (scheduler/worker/executors/http.py): `Idempotency-Key` (execution id), `X-Fencing-Token`
+  (`<partition>:<revision>`), `X-Attempt`, `X-Scheduled-At`;
+- a `shell` command (`shell_command`) calls `phase=start`, sleeps, then `phase=end` with curl, the same
+  headers filled from the executor's `SCHED_*` environment, and `X-Worker` from `$CHAOS_WORKER` (the
+  runner sets it per worker process; the http executor cannot say who it is, so the peer address
+  stands in).
+
+Each start is checked against the highest fencing revision accepted so far for its partition: a lower
+one is REFUSED with HTTP 409 (the fencing check a real downstream would make, DESIGN.md "Ownership and
+fencing"); equal or higher is accepted and raises the bar. Every call, accepted or refused, is one JSON
+line in the effect log (`EffectRecord`), flushed at once: the log is the checker's source of truth for
+effects (I1, I3, I4a). `fence=False` turns the refusal off so meta-tests can show the checker catches
+what the sink would have stopped; it is refused outside test mode (`SCHED_TEST_MODE=1`), like the
+planner's `unsafe_*` switches.
+
+aiohttp.web, because aiohttp is already a runtime dependency (the http executor's client): no new
+package, and a maintained server with keep-alive and a clean asyncio lifecycle.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import shlex
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from aiohttp import web
+
+from scheduler.clock import SYSTEM_CLOCK, Clock
+from scheduler.config import TEST_MODE_ENV, test_mode
+from scheduler.errors import InvalidArgument
+from scheduler.ids import ExecutionId, FencingToken
+
+__all__ = ["EffectRecord", "EffectSink", "http_payload", "read_effects", "shell_command"]
+
+MAX_HOLD_MS = 600_000
+
+
+@dataclass(frozen=True)
+class EffectRecord:
+    """One line of the effect log. `phase` start|end; a refused start has accepted=False and a reason."""
+
+    seq: int
+    phase: str
+    exec_id: str
+    schedule_id: str
+    planned_ms: int
+    attempt: int
+    partition: int
+    revision: int
+    worker: str
+    t_ms: int  # when the sink handled the call (the harness's clock, never faulted)
+    accepted: bool
+    reason: str = ""
+    max_revision: int = 0  # the partition's highest accepted revision when this call arrived
+
+    @staticmethod
+    def from_json(d: dict[str, Any]) -> EffectRecord:
+        return EffectRecord(**{k: d[k] for k in EffectRecord.__dataclass_fields__ if k in d})
+
+
+def read_effects(path: Path) -> list[EffectRecord]:
+    """The effect log, in the order the sink wrote it. A torn last line (the sink killed mid-write) is skipped."""
+    out: list[EffectRecord] = []
+    if not path.exists():
+        return out
+    for line in path.read_text().splitlines():
+        try:
+            out.append(EffectRecord.from_json(json.loads(line)))
+        except (ValueError, TypeError, KeyError):
+            continue
+    return out
+
+
+def http_payload(sink_url: str, hold_ms: int = 0) -> dict[str, Any]:
+    """The `http` executor payload of a drill schedule."""
+    q = f"phase=once&hold_ms={hold_ms}" if hold_ms else "phase=once"
+    return {"url": f"{sink_url.rstrip('/')}/effect?{q}", "body": {}}
+
+
+def shell_command(sink_url: str, hold_ms: int = 0) -> str:
+    """A `shell` executor command: start, sleep `hold_ms`, end. A refusal (409) or an unreachable sink
+    exits 65 (EX_DATAERR: permanent, never retried), as a fenced-off job should stop."""
+    url = shlex.quote(sink_url.rstrip("/") + "/effect")
+    headers = ('-H "Idempotency-Key: $SCHED_EXECUTION_ID" -H "X-Fencing-Token: $SCHED_FENCING_TOKEN" '
+               '-H "X-Attempt: $SCHED_ATTEMPT" -H "X-Scheduled-At: $SCHED_PLANNED_AT" -H "X-Worker: ${CHAOS_WORKER:-}"')
+    def call(phase: str) -> str:
+        return f"curl -fsS -o /dev/null -X POST {headers} {url}?phase={phase} || exit 65"
+
+    parts = [call("start")]
+    if hold_ms:
+        parts.append(f"sleep {hold_ms / 1000:.3f}")
+    parts.append(call("end"))
+    return "; ".join(parts)
+
+
+class _BadRequest(Exception):
+    pass
+
+
+class EffectSink:
+    def __init__(self, log_path: Path, *, fence: bool = True, clock: Clock = SYSTEM_CLOCK) -> None:
+        if not fence and not test_mode():
+            raise InvalidArgument("fence", f"turning the sink's fencing check off is refused outside test mode "
+                                           f"({TEST_MODE_ENV}=1): it is for meta-tests of the checker only")
+        self.log_path = log_path
+        self.fence = fence
+        self.clock = clock
+        self.max_revision: dict[int, int] = {}  # partition -> highest accepted revision
+        self.accepted = self.refused = 0
+        self._seq = 0
+        self._log: IO[str] | None = None
+        self._runner: web.AppRunner | None = None
+        self.url = ""
+
+    # ---- lifecycle ---------------------------------------------------------------------------------
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
+        """Serve on host:port (0: a free port, read back) and return the base URL."""
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = self.log_path.open("a", buffering=1)  # line-buffered: each record reaches the file whole
+        app = web.Application()
+        app.router.add_post("/effect", self._effect)
+        app.router.add_get("/health", self._health)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, host, port)
+        await site.start()
+        bound = self._runner.addresses[0]
+        self.url = f"http://{bound[0]}:{bound[1]}"
+        return self.url
+
+    async def close(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    async def __aenter__(self) -> EffectSink:
+        if not self.url:
+            await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # ---- handlers ----------------------------------------------------------------------------------
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.json_response({"ok": True, "accepted": self.accepted, "refused": self.refused,
+                                  "fence": self.fence, "max_revision": self.max_revision})
+
+    async def _effect(self, request: web.Request) -> web.Response:
+        phase = request.query.get("phase", "once")
+        if phase not in ("once", "start", "end"):
+            return web.Response(status=400, text=f"phase {phase!r} must be once, start or end")
+        try:
+            eid, token, attempt, hold_ms = self._identity(request)
+        except _BadRequest as e:
+            return web.Response(status=400, text=str(e))
+        worker = request.headers.get("X-Worker", "") or (request.remote or "")
+        if phase == "end":
+            self._write("end", eid, token, attempt, worker, accepted=True)
+            return web.Response(text="ok")
+        prev = self.max_revision.get(token.partition, 0)
+        if self.fence and token.revision < prev:
+            self.refused += 1
+            self._write("start", eid, token, attempt, worker, accepted=False, max_revision=prev,
+                        reason=f"stale fencing token {token}: revision {prev} already accepted for partition "
+                               f"{token.partition}")
+            return web.Response(status=409, text=f"stale fencing token {token} (seen {token.partition}:{prev})")
+        self.max_revision[token.partition] = max(prev, token.revision)
+        self.accepted += 1
+        self._write("start", eid, token, attempt, worker, accepted=True, max_revision=prev)
+        if phase == "once":
+            if hold_ms:
+                await asyncio.sleep(hold_ms / 1000)
+            self._write("end", eid, token, attempt, worker, accepted=True)
+        return web.Response(text="ok")
+
+    @staticmethod
+    def _identity(request: web.Request) -> tuple[ExecutionId, FencingToken, int, int]:
+        h = request.headers
+        try:
+            eid = ExecutionId.parse(h.get("Idempotency-Key", ""), "Idempotency-Key")
+            token = FencingToken.parse(h.get("X-Fencing-Token", ""), "X-Fencing-Token")
+        except InvalidArgument as e:
+            raise _BadRequest(str(e)) from None
+        try:
+            attempt = int(h.get("X-Attempt", ""))
+            hold_ms = int(request.query.get("hold_ms", "0"))
+        except ValueError:
+            raise _BadRequest("X-Attempt and hold_ms must be integers") from None
+        if attempt < 1 or not 0 <= hold_ms <= MAX_HOLD_MS:
+            raise _BadRequest(f"X-Attempt must be >= 1 and hold_ms in 0..{MAX_HOLD_MS}")
+        return eid, token, attempt, hold_ms
+
+    def _write(self, phase: str, eid: ExecutionId, token: FencingToken, attempt: int, worker: str, *,
+               accepted: bool, reason: str = "", max_revision: int = 0) -> None:
+        self._seq += 1
+        rec = EffectRecord(self._seq, phase, str(eid), eid.schedule_id, eid.planned_ms, attempt, token.partition,
+                           token.revision, worker, self.clock.wall_ms(), accepted, reason, max_revision)
+        assert self._log is not None, "the sink is not started"
+        self._log.write(json.dumps(asdict(rec), separators=(",", ":")) + "\n")
+
+
+async def _serve(args: argparse.Namespace) -> None:
+    sink = EffectSink(Path(args.log), fence=not args.unsafe_no_fence)
+    url = await sink.start(args.host, args.port)
+    print(url, flush=True)  # the runner reads the URL from the first line
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await sink.close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m chaos.sink", description="Run the drill effect sink.")
+    ap.add_argument("--log", required=True, help="effect log (JSON lines, appended)")
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=0, help="0: a free port (printed)")
+    ap.add_argument("--unsafe-no-fence", action="store_true",
+                    help=f"accept stale tokens (meta-tests only; needs {TEST_MODE_ENV}=1)")
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(_serve(ap.parse_args(argv)))
+
+
+if __name__ == "__main__":
+    main()
