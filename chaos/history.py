@@ -12,6 +12,9 @@ partition as etcd had it at that revision, and reports:
 (iii) the watermark of each partition never decreases (and a checkpoint is never deleted).
 
 Violations come back as human-readable lines; an empty list means the run kept every invariant.
+`HistoryReport.findings` holds the same lines tagged with the invariant family they break (ownership,
+fencing, watermark, or the history itself), which the drill checker (chaos/check.py) files under
+I6, I4 and I5.
 Owner and checkpoint events never share a revision (each is its own txn or lease revocation), so
 "the claim current at r" is unambiguous.
 """
@@ -102,6 +105,10 @@ class HistoryReport:
     claims: list[Claim] = field(default_factory=list)
     writes: list[CheckpointWrite] = field(default_factory=list)
     violations: list[str] = field(default_factory=list)
+    # The same lines tagged with what they break: "ownership" (two owners: I6), "fencing" (a write not
+    # under the current claim: I4b), "watermark" (I5), "history" (the history itself is incomplete or
+    # unreadable), in the order found.
+    findings: list[tuple[str, str]] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -144,6 +151,11 @@ class HistoryReport:
         return "\n".join(lines)
 
 
+def _flag(report: HistoryReport, kind: str, text: str) -> None:
+    report.violations.append(text)
+    report.findings.append((kind, text))
+
+
 def _keyspace(prefix: str | Keyspace) -> Keyspace:
     return prefix if isinstance(prefix, Keyspace) else Keyspace(prefix)
 
@@ -166,15 +178,15 @@ def check_history(events: Iterable[Event], prefix: str | Keyspace, *, partitions
         report.events += 1
         report.first_revision = report.first_revision or ev.revision
         if ev.revision < last_rev:
-            report.violations.append(f"rev {ev.revision}: history out of order (after rev {last_rev})")
+            _flag(report, "history", f"rev {ev.revision}: history out of order (after rev {last_rev})")
         last_rev = max(last_rev, ev.revision)
         try:
             p = ks.partition_of(ev.key)
         except ValueError:
-            report.violations.append(f"rev {ev.revision}: unexpected key {ev.key!r}")
+            _flag(report, "history", f"rev {ev.revision}: unexpected key {ev.key!r}")
             continue
         if partitions is not None and not 0 <= p < partitions:
-            report.violations.append(f"rev {ev.revision}: {kind} key for partition {p} outside 0..{partitions - 1}")
+            _flag(report, "history", f"rev {ev.revision}: {kind} key for partition {p} outside 0..{partitions - 1}")
         if kind == "owner":
             _owner_event(report, owners, p, ev)
         else:
@@ -187,7 +199,7 @@ def _owner_event(report: HistoryReport, owners: dict[int, Claim], p: int, ev: Ev
     current = owners.get(p)
     if ev.type is EventType.DELETE:
         if current is None:
-            report.violations.append(f"rev {ev.revision}: partition {p}: owner key deleted while absent "
+            _flag(report, "history", f"rev {ev.revision}: partition {p}: owner key deleted while absent "
                                      "(history incomplete?)")
             return
         current.end = ev.revision
@@ -197,14 +209,14 @@ def _owner_event(report: HistoryReport, owners: dict[int, Claim], p: int, ev: Ev
         d = json.loads(ev.value)
         node, lease_hex = str(d["node"]), str(d["lease"])
     except (ValueError, KeyError, TypeError):
-        report.violations.append(f"rev {ev.revision}: partition {p}: undecodable owner value {ev.value!r}")
+        _flag(report, "history", f"rev {ev.revision}: partition {p}: undecodable owner value {ev.value!r}")
         return
     if int(lease_hex, 16) != ev.lease:
-        report.violations.append(f"rev {ev.revision}: partition {p}: {node}'s owner value names lease {lease_hex} "
+        _flag(report, "ownership", f"rev {ev.revision}: partition {p}: {node}'s owner value names lease {lease_hex} "
                                  f"but the key is attached to lease {ev.lease:x}")
     if current is None:
         if ev.create_revision != ev.revision:
-            report.violations.append(f"rev {ev.revision}: partition {p}: owner key of {node} was created at rev "
+            _flag(report, "history", f"rev {ev.revision}: partition {p}: owner key of {node} was created at rev "
                                      f"{ev.create_revision}, before the history shows it (history incomplete?)")
         claim = Claim(p, node, ev.create_revision, ev.lease)
         owners[p] = claim
@@ -212,10 +224,10 @@ def _owner_event(report: HistoryReport, owners: dict[int, Claim], p: int, ev: Ev
         return
     # (i) a put on a present owner key: only the same claim may touch it.
     if ev.create_revision == ev.revision:
-        report.violations.append(f"rev {ev.revision}: partition {p}: owner key created by {node} while "
+        _flag(report, "ownership", f"rev {ev.revision}: partition {p}: owner key created by {node} while "
                                  f"{current} held it")
     elif current.node != node or current.lease != ev.lease:
-        report.violations.append(f"rev {ev.revision}: partition {p}: two planners: {node} (lease {ev.lease:x}) "
+        _flag(report, "ownership", f"rev {ev.revision}: partition {p}: two planners: {node} (lease {ev.lease:x}) "
                                  f"overwrote the owner key held by {current}")
     else:
         return  # the owner refreshed its own key: same claim
@@ -233,24 +245,24 @@ def _checkpoint_event(
     ev: Event,
 ) -> None:
     if ev.type is EventType.DELETE:
-        report.violations.append(f"rev {ev.revision}: partition {p}: checkpoint deleted")
+        _flag(report, "watermark", f"rev {ev.revision}: partition {p}: checkpoint deleted")
         watermarks.pop(p, None)
         return
     try:
         d = json.loads(ev.value)
         wm, writer, token = int(d["watermark_ms"]), str(d.get("writer", "")), int(d.get("token", 0))
     except (ValueError, KeyError, TypeError):
-        report.violations.append(f"rev {ev.revision}: partition {p}: undecodable checkpoint {ev.value!r}")
+        _flag(report, "history", f"rev {ev.revision}: partition {p}: undecodable checkpoint {ev.value!r}")
         return
     owner = owners.get(p)
     write = CheckpointWrite(p, ev.revision, wm, writer, token, owner)
     report.writes.append(write)
     # (ii) the write is the current owner's, made under its token.
     if owner is None:
-        report.violations.append(f"rev {ev.revision}: partition {p}: stale write: checkpoint written by {writer} "
+        _flag(report, "fencing", f"rev {ev.revision}: partition {p}: stale write: checkpoint written by {writer} "
                                  f"(token {token}) while nobody owned the partition")
     elif not write.fenced_ok:
-        report.violations.append(f"rev {ev.revision}: partition {p}: stale write: checkpoint written by {writer} "
+        _flag(report, "fencing", f"rev {ev.revision}: partition {p}: stale write: checkpoint written by {writer} "
                                  f"(token {token}) while {owner} owned it")
     else:
         owner.writes += 1
@@ -258,7 +270,7 @@ def _checkpoint_event(
     # (iii) never backwards.
     prev = watermarks.get(p)
     if prev is not None and wm < prev[0]:
-        report.violations.append(f"rev {ev.revision}: partition {p}: watermark went back from {prev[0]} "
+        _flag(report, "watermark", f"rev {ev.revision}: partition {p}: watermark went back from {prev[0]} "
                                  f"(rev {prev[1]}) to {wm} (written by {writer}, token {token})")
     if prev is None or wm >= prev[0]:
         watermarks[p] = (wm, ev.revision)

@@ -1,0 +1,266 @@
+"""A recorded drill run: the files of its directory, how they are written and read back.
+
+The checker judges a run from these files alone, never from a planner's view of itself (issue 10,
+"Checker and validity"). Every time is the harness's wall clock in epoch milliseconds (`t_ms`): the
+harness, its effect sink and its etcd watcher live outside every fault, clock skew (F6) included, so
+their clock is one clock. A run that shifts the whole cluster's wall clock (`clock_offset_ms`, for a DST
+transition inside the window) records the offset, and the checker adds it to harness times before
+comparing them with planned times.
+
+    run.json          RunMeta: scenario, seed, plan fingerprint, versions, prefix, partitions, TTL, window
+    scenario.toml     the scenario as run (lag bounds, validity thresholds, allowed errors)
+    effects.jsonl     the effect sink's log (chaos/sink.py, EffectRecord)
+    etcd-watch.jsonl  every event under the prefix from the run's first revision (WatchRecord)
+    ops.jsonl         API operations as the harness made them (OpRecord)
+    faults.jsonl      fault windows as injected, with when health came back (FaultRecord)
+    logs/*.log        process logs (structured JSON lines), scanned by I8
+
+Reading is strict where a wrong guess would hide a bug (a watch line without a revision stops the
+load, naming file and line) and lenient where the writer may be killed mid-line (a torn last line of
+a JSONL file is dropped).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from chaos.history import Event
+from chaos.sink import EffectRecord, read_effects
+from scheduler.clock import SYSTEM_CLOCK, Clock
+from scheduler.store.etcd.types import EventType, WatchEvent
+from scheduler.store.kv import KV
+
+__all__ = [
+    "FaultRecord",
+    "OpRecord",
+    "Run",
+    "RunError",
+    "RunMeta",
+    "WatchRecord",
+    "load_run",
+    "record_watch",
+    "write_jsonl",
+    "write_run",
+]
+
+
+class RunError(ValueError):
+    """A run directory that cannot be judged: names the file (and line) to look at."""
+
+
+@dataclass(frozen=True)
+class RunMeta:
+    scenario: str
+    seed: int
+    prefix: str
+    partitions: int
+    lease_ttl_s: float
+    start_ms: int  # the run's window: load and faults happened in [start_ms, end_ms]
+    end_ms: int
+    plan_fingerprint: str = ""
+    versions: dict[str, str] = field(default_factory=dict)  # sched, python, etcd, ...
+    clock_offset_ms: int = 0
+    late_grace_ms: int = 2000  # the planners' settings the catch-up judgement depends on
+    lookahead_ms: int = 1000
+    nodes: dict[str, dict[str, str]] = field(default_factory=dict)  # name -> {"role", "region"}
+    steady_before: bool = True  # the steady-state checks held before the first fault
+    steady_after: bool = True  # ... and after the last (the cluster became healthy again)
+    target: str = "local"  # local (the harness started the cluster) | observed (staging: faults by others)
+
+    @staticmethod
+    def from_json(d: dict[str, Any]) -> RunMeta:
+        known = RunMeta.__dataclass_fields__
+        return RunMeta(**{k: v for k, v in d.items() if k in known})
+
+
+@dataclass(frozen=True)
+class WatchRecord:
+    rev: int
+    type: str  # PUT | DELETE
+    key: str
+    value: bytes = b""
+    create_rev: int = 0
+    mod_rev: int = 0
+    lease: int = 0
+    t_ms: int = 0  # when the watcher received it
+
+    def to_json(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"rev": self.rev, "type": self.type, "key": self.key, "t_ms": self.t_ms}
+        if self.type == "PUT":
+            try:
+                d["value"] = self.value.decode()
+            except UnicodeDecodeError:
+                d["value_b64"] = base64.b64encode(self.value).decode()
+            d.update(create_rev=self.create_rev, mod_rev=self.mod_rev, lease=self.lease)
+        return d
+
+    @staticmethod
+    def from_json(d: dict[str, Any]) -> WatchRecord:
+        value = d["value"].encode() if "value" in d else base64.b64decode(d.get("value_b64", ""))
+        return WatchRecord(int(d["rev"]), str(d["type"]), str(d["key"]), value, int(d.get("create_rev", 0)),
+                           int(d.get("mod_rev", 0)), int(d.get("lease", 0)), int(d.get("t_ms", 0)))
+
+    @staticmethod
+    def from_watch(ev: WatchEvent, t_ms: int) -> WatchRecord:
+        kv = ev.kv
+        if ev.type is EventType.DELETE:
+            return WatchRecord(ev.revision, "DELETE", kv.key.decode(errors="replace"), t_ms=t_ms)
+        return WatchRecord(ev.revision, "PUT", kv.key.decode(errors="replace"), kv.value, kv.create_revision,
+                           kv.mod_revision, kv.lease, t_ms)
+
+    def event(self) -> Event:
+        """The chaos.history form (ownership and checkpoint replay)."""
+        t = EventType.PUT if self.type == "PUT" else EventType.DELETE
+        return Event(self.rev, t, self.key.encode(), self.value, self.create_rev, self.lease)
+
+
+@dataclass(frozen=True)
+class OpRecord:
+    t_ms: int  # invoked
+    op: str
+    schedule_id: str
+    ok: bool
+    t_end_ms: int = 0  # returned (0: never: the harness died)
+    params: dict[str, Any] = field(default_factory=dict)
+    result: dict[str, Any] = field(default_factory=dict)  # e.g. {"execution_id": ...} of a rerun
+    error: str = ""
+
+    @staticmethod
+    def from_json(d: dict[str, Any]) -> OpRecord:
+        return OpRecord(**{k: v for k, v in d.items() if k in OpRecord.__dataclass_fields__})
+
+
+@dataclass(frozen=True)
+class FaultRecord:
+    index: int
+    type: str
+    target: str
+    start_ms: int
+    end_ms: int | None  # None: never healed by the harness (the run is invalid)
+    params: dict[str, Any] = field(default_factory=dict)
+    role: str = ""
+    name: str = ""
+    healthy_ms: int | None = None  # when the cluster was healthy again after it (None: never)
+    note: str = ""
+
+    @staticmethod
+    def from_json(d: dict[str, Any]) -> FaultRecord:
+        return FaultRecord(**{k: v for k, v in d.items() if k in FaultRecord.__dataclass_fields__})
+
+
+@dataclass
+class Run:
+    directory: Path
+    meta: RunMeta
+    effects: list[EffectRecord]
+    watch: list[WatchRecord]
+    ops: list[OpRecord]
+    faults: list[FaultRecord]
+    logs: list[Path]
+    scenario_toml: str = ""
+
+
+def _jsonl(path: Path, *, strict: bool) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    lines = path.read_text().splitlines()
+    out = []
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            d = json.loads(line)
+            if not isinstance(d, dict):
+                raise ValueError("not an object")
+        except ValueError as e:
+            if i == len(lines) - 1:
+                continue  # torn last line: the writer was killed mid-write
+            if strict:
+                raise RunError(f"{path}:{i + 1}: not a JSON object: {e}") from None
+            continue
+        out.append(d)
+    return out
+
+
+def load_run(directory: str | Path) -> Run:
+    d = Path(directory)
+    if not d.is_dir():
+        raise RunError(f"{d}: not a directory")
+    meta_path = d / "run.json"
+    try:
+        meta = RunMeta.from_json(json.loads(meta_path.read_text()))
+    except FileNotFoundError:
+        raise RunError(f"{meta_path}: missing (every recorded run has one)") from None
+    except (ValueError, TypeError) as e:
+        raise RunError(f"{meta_path}: {e}") from None
+    watch: list[WatchRecord] = []
+    for i, x in enumerate(_jsonl(d / "etcd-watch.jsonl", strict=True)):
+        try:
+            watch.append(WatchRecord.from_json(x))
+        except (KeyError, ValueError, TypeError) as e:
+            raise RunError(f"{d / 'etcd-watch.jsonl'}:{i + 1}: bad watch record ({e!r})") from None
+    watch.sort(key=lambda w: w.rev)  # one revision may hold several events; sort is stable
+    ops = [OpRecord.from_json(x) for x in _jsonl(d / "ops.jsonl", strict=True)]
+    faults = [FaultRecord.from_json(x) for x in _jsonl(d / "faults.jsonl", strict=True)]
+    logs = sorted((d / "logs").glob("*.log")) if (d / "logs").is_dir() else []
+    scen = d / "scenario.toml"
+    return Run(d, meta, read_effects(d / "effects.jsonl"), watch, sorted(ops, key=lambda o: o.t_ms),
+               sorted(faults, key=lambda f: f.start_ms), logs, scen.read_text() if scen.exists() else "")
+
+
+def write_jsonl(path: Path, rows: Iterable[dict[str, Any]]) -> None:
+    with path.open("w") as f:
+        for r in rows:
+            f.write(json.dumps(r, separators=(",", ":")) + "\n")
+
+
+def write_run(run: Run) -> None:
+    """Write `run` as a run directory (synthetic histories in tests; the runner writes as it goes)."""
+    d = run.directory
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "run.json").write_text(json.dumps(asdict(run.meta), indent=1))
+    if run.scenario_toml:
+        (d / "scenario.toml").write_text(run.scenario_toml)
+    write_jsonl(d / "effects.jsonl", (asdict(e) for e in run.effects))
+    write_jsonl(d / "etcd-watch.jsonl", (w.to_json() for w in run.watch))
+    write_jsonl(d / "ops.jsonl", (asdict(o) for o in run.ops))
+    write_jsonl(d / "faults.jsonl", (asdict(f) for f in run.faults))
+
+
+async def record_watch(kv: KV, prefix: str, out: IO[str], stop: asyncio.Event, *, start_revision: int = 1,
+                       clock: Clock = SYSTEM_CLOCK) -> int:
+    """The harness's etcd watcher: every event under `prefix` from `start_revision`, one JSON line each,
+    stamped with the harness's time, until `stop` is set. Returns the last revision written. Run it
+    against a member outside the faults; the run must not be compacted meanwhile (a compaction ends
+    the watch with an error, and the run cannot be judged)."""
+    root = (prefix.rstrip("/") + "/").encode()
+    last = 0
+    watcher = kv.watch(root, prefix=True, start_revision=start_revision)
+
+    async def pump() -> None:
+        nonlocal last
+        async for batch in watcher:
+            now = clock.wall_ms()
+            for ev in batch.events:
+                out.write(json.dumps(WatchRecord.from_watch(ev, now).to_json(), separators=(",", ":")) + "\n")
+                last = ev.revision
+            out.flush()
+
+    task = asyncio.create_task(pump())
+    stopper = asyncio.create_task(stop.wait())
+    try:
+        await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        if task.done():
+            task.result()  # re-raise a watch failure (Compacted, ...)
+    finally:
+        for t in (task, stopper):
+            t.cancel()
+        await asyncio.gather(task, stopper, return_exceptions=True)
+        await watcher.close()
+    return last

@@ -1,0 +1,210 @@
+"""The drill checker (chaos/check.py) on synthetic recorded runs: a clean run passes and is valid, and
+the meta-tests prove it can fail: a duplicated effect fails I1, dropped skip records fail I2, a
+decreasing accepted token fails I4, and runs whose faults exercised nothing are invalid, not passed."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from chaos.check import EXIT, check_run, fixed_period_ms, independent_times, planned_times
+from chaos.record import FaultRecord, Run, WatchRecord, load_run, write_run
+from scheduler.ids import FencingToken, execution_id
+from scheduler.store.keyspace import partition_for
+from scheduler.timeplan import parse_spec
+from tests.chaos.synth import KS, T0, P, Synth, clean_run
+
+
+def token_of(x: Synth, sid: str) -> FencingToken:
+    """The current claim's token of the schedule's partition (the highest so far: the sink accepts it)."""
+    p = partition_for(sid, P)
+    return FencingToken(p, x.owners[p][1])
+
+
+def judged(run: Run) -> tuple[str, dict[str, int], list[str]]:
+    """Write the run, read it back as the CLI would, judge it: (verdict, violations per invariant, invalid)."""
+    write_run(run)
+    v = check_run(load_run(run.directory))
+    return v.result, {k: i.count for k, i in v.invariants.items() if i.count}, v.invalid
+
+
+def test_clean_run_passes_and_is_valid(tmp_path: Path) -> None:
+    _, run = clean_run(tmp_path / "run")
+    write_run(run)
+    v = check_run(load_run(tmp_path / "run"))
+    assert (v.result, v.exit_code, v.invalid) == ("pass", 0, [])
+    assert all(i.status in ("pass", "n/a") for i in v.invariants.values())
+    assert v.invariants["I2"].checked > 600 and v.stats["outcomes"]["skipped_overlap_skip"] > 20
+    row = v.faults[0]
+    assert (row.takeovers, row.stale_rejected) == (2, 1)
+    assert row.rto_s is not None and 2.0 < row.rto_s < 3.0  # the caught-up runs started ~2.6 s late
+    assert v.stats["lag"]["during"]["max_s"] > v.stats["lag"]["before"]["max_s"]
+
+
+def test_meta_duplicated_effect_fails_i1(tmp_path: Path) -> None:
+    x, run = clean_run(tmp_path / "run")
+    eid = execution_id("s-003", T0 + 10_000)
+    tok = token_of(x, "s-003")
+    first = next(e for e in run.effects if e.exec_id == eid and e.phase == "start")
+    x.effect(eid, 1, tok, "r1-w2", first.t_ms + 5_000, first.t_ms + 5_100)  # the same run, again, elsewhere
+    verdict, fails, _ = judged(x.build(tmp_path / "run"))
+    assert verdict == "fail" and EXIT[verdict] == 1
+    assert fails.get("I1") == 1
+
+
+def test_a_rerun_the_operator_asked_for_is_not_a_duplicate(tmp_path: Path) -> None:
+    from chaos.record import OpRecord
+
+    x, _ = clean_run(tmp_path / "run")
+    eid = execution_id("s-003", T0 + 10_000)
+    tok = token_of(x, "s-003")
+    x.ops.append(OpRecord(T0 + 14_000, "rerun", "s-003", True, T0 + 14_010, result={"execution_id": eid}))
+    x.effect(eid, 2, tok, "r1-w2", T0 + 14_100, T0 + 14_200)
+    assert judged(x.build(tmp_path / "run"))[0] == "pass"
+
+
+def test_meta_two_attempts_at_once_fail_i1(tmp_path: Path) -> None:
+    x, _ = clean_run(tmp_path / "run")
+    eid = execution_id("s-004", T0 + 12_000)
+    tok = token_of(x, "s-004")
+    x.effect(eid, 2, tok, "r1-w1", T0 + 12_000, None)  # started, never ended, no crash explains it
+    verdict, fails, _ = judged(x.build(tmp_path / "run"))
+    assert verdict == "fail" and fails.get("I1", 0) >= 1
+
+
+def test_an_attempt_cut_short_by_a_worker_crash_is_not_counted(tmp_path: Path) -> None:
+    x, _ = clean_run(tmp_path / "run")
+    eid = execution_id("s-004", T0 + 40_000)
+    tok = token_of(x, "s-004")
+    x.effects = [e for e in x.effects if e.exec_id != eid]
+    x.effect(eid, 1, tok, "r1-w2", T0 + 40_040, None)  # r1-w2 killed mid-run (F7) ...
+    x.effect(eid, 2, tok, "r1-w1", T0 + 44_000, T0 + 44_100)  # ... and the retry ran it once
+    x.faults.append(FaultRecord(1, "F7", "r1-w2", T0 + 40_050, T0 + 41_000, {}, "worker", healthy_ms=T0 + 41_500))
+    _, fails, _ = judged(x.build(tmp_path / "run"))
+    assert "I1" not in fails, fails
+
+
+def test_meta_dropped_skip_records_fail_i2(tmp_path: Path) -> None:
+    x, _ = clean_run(tmp_path / "run")
+    x.watch = [w for w in x.watch if not ("/slow-000/" in w.key and b"overlap_skip" in w.value)]
+    verdict, fails, _ = judged(x.build(tmp_path / "run"))
+    assert verdict == "fail" and fails.get("I2", 0) >= 20  # every dropped one is a silent gap
+
+
+def test_meta_manufactured_overlap_skip_fails_i2(tmp_path: Path) -> None:
+    """Issue 9 item 3: an overlap skip while nothing of the schedule was running is not justified."""
+    x, _ = clean_run(tmp_path / "run")
+    x.effects = [e for e in x.effects if not e.schedule_id.startswith("slow-")]
+    x.watch = [w for w in x.watch if not ("/slow-000/" in w.key and b'"running"' in w.value)]
+    verdict, fails, _ = judged(x.build(tmp_path / "run"))
+    assert verdict == "fail" and fails.get("I2", 0) >= 20
+
+
+def test_meta_decreasing_token_fails_i4(tmp_path: Path) -> None:
+    """What the sink's fencing check (turned off, SCHED_TEST_MODE) would have refused: a stale planner's
+    dispatch accepted after its successor's."""
+    x, _ = clean_run(tmp_path / "run")
+    x.effects = [replace(e, accepted=True) if not e.accepted else e for e in x.effects]
+    verdict, fails, _ = judged(x.build(tmp_path / "run"))
+    assert verdict == "fail" and fails.get("I4") == 1
+
+
+def test_meta_stale_checkpoint_and_dispatch_fail_i4(tmp_path: Path) -> None:
+    x, _ = clean_run(tmp_path / "run")
+    import json
+
+    p = partition_for("s-000", P)
+    x.put(KS.checkpoint(p), json.dumps({"watermark_ms": T0 + 90_000, "writer": "r1-p1", "token": 2}).encode(),
+          T0 + 26_000)
+    verdict, fails, _ = judged(x.build(tmp_path / "run"))
+    assert verdict == "fail" and fails.get("I4") == 1
+
+
+def test_meta_watermark_going_back_fails_i5_and_overlapping_owners_fail_i6(tmp_path: Path) -> None:
+    import json
+
+    x, _ = clean_run(tmp_path / "run")
+    node, tok = x.owners[3]
+    x.put(KS.checkpoint(3), json.dumps({"watermark_ms": T0, "writer": node, "token": tok}).encode(), T0 + 58_000)
+    x.rev += 1
+    owner = json.dumps({"node": "r1-p1", "lease": "a1"}).encode()  # a put over r1-p2's live claim
+    x.watch.append(WatchRecord(x.rev, "PUT", KS.owner(3).decode(), owner, x.rev, x.rev, 0xA1, T0 + 58_500))
+    verdict, fails, _ = judged(x.build(tmp_path / "run"))
+    assert verdict == "fail" and fails.get("I5") == 1 and fails.get("I6") == 1
+
+
+def test_a_pause_with_no_takeover_and_no_refusal_is_invalid_not_passed(tmp_path: Path) -> None:
+    """The audit's lesson (issue 10): a paused planner that learns of the takeover before it writes
+    proves nothing. Without a refused stale write the run says so."""
+    x, _ = clean_run(tmp_path / "run")
+    x.effects = [e for e in x.effects if e.accepted]
+    verdict, fails, invalid = judged(x.build(tmp_path / "run"))
+    assert (verdict, fails) == ("invalid", {}) and EXIT[verdict] == 3
+    assert any("no stale write was refused" in r for r in invalid)
+
+
+def test_thin_load_and_an_unhealed_cluster_are_invalid(tmp_path: Path) -> None:
+    x, _ = clean_run(tmp_path / "run")
+    x.faults[0] = replace(x.faults[0], healthy_ms=None)
+    run = x.build(tmp_path / "run", steady_after=False)
+    run.scenario_toml = run.scenario_toml.replace("min_executions = 100", "min_executions = 100000")
+    verdict, _, invalid = judged(run)
+    assert verdict == "invalid"
+    assert len(invalid) == 3 and any("too little load" in r for r in invalid)
+
+
+def test_slow_recovery_fails_i3_and_i7(tmp_path: Path) -> None:
+    x, _ = clean_run(tmp_path / "run")
+    late = {execution_id(f"s-{i:03d}", T0 + 40_000) for i in range(12)}
+    x.effects = [replace(e, t_ms=e.t_ms + 15_000) if e.exec_id in late else e for e in x.effects]
+    verdict, fails, _ = judged(x.build(tmp_path / "run"))
+    assert verdict == "fail" and fails.get("I3", 0) >= 1 and fails.get("I7", 0) >= 1
+
+
+def test_error_logs_fail_i8_unless_allowed(tmp_path: Path) -> None:
+    x, _ = clean_run(tmp_path / "run")
+    run = x.build(tmp_path / "run")
+    write_run(run)
+    (tmp_path / "run" / "logs").mkdir()
+    (tmp_path / "run" / "logs" / "r1-p1.log").write_text(
+        '{"ts": "2026-12-01T12:00:01.000Z", "level": "info", "msg": "fine"}\n'
+        '{"ts": "2026-12-01T12:00:02.000Z", "level": "error", "msg": "restarting partition planner: boom"}\n')
+    v = check_run(load_run(tmp_path / "run"))
+    assert v.result == "fail" and v.invariants["I8"].count == 1
+    allowed = run.scenario_toml + '[checks]\nallowed_errors = ["restarting partition planner"]\n'
+    (tmp_path / "run" / "scenario.toml").write_text(allowed)
+    assert check_run(load_run(tmp_path / "run")).invariants["I8"].count == 0
+
+
+@pytest.mark.parametrize(("spec", "tz"), [("* * * * * *", "UTC"), ("*/5 * * * * *", "America/New_York"),
+                                          ("@every 3s phase 1s", "UTC"), ("*/2 * * * * *", "Europe/Berlin")])
+def test_the_two_computations_of_planned_times_agree(spec: str, tz: str) -> None:
+    """Fixed-period specs are recomputed twice (time engine, plain arithmetic) across a DST change."""
+    dst = 1_805_180_400_000 - 3_600_000  # around 2027-03-14 (US) / 2027-03-28 (EU) spring-forwards
+    for start in (dst, 1_806_392_000_000):
+        cross: list[str] = []
+        times = planned_times(parse_spec(spec, tz=tz, schedule_id="x"), spec, start, start + 7_200_000, cross)
+        assert not cross and times
+        fp = fixed_period_ms(spec)
+        assert fp is not None and times == independent_times(*fp, start, start + 7_200_000)
+
+
+def test_only_fixed_period_specs_get_the_second_computation() -> None:
+    assert fixed_period_ms("*/7 * * * * *") is None  # 7 does not divide 60: not a plain period
+    assert fixed_period_ms("0 0-59 2 * * *") is None
+    assert fixed_period_ms("@every 2s") == (2000, 0)
+
+
+def test_a_bad_run_directory_names_the_file(tmp_path: Path) -> None:
+    from chaos.record import RunError
+
+    with pytest.raises(RunError, match=r"run\.json: missing"):
+        load_run(tmp_path)
+    _, run = clean_run(tmp_path / "r")
+    write_run(run)
+    with (tmp_path / "r" / "etcd-watch.jsonl").open("a") as f:
+        f.write('{"rev": 1}\n{"rev": "x", "type": "PUT", "key": "k"}\n{"rev":')
+    with pytest.raises(RunError, match=r"etcd-watch.jsonl:\d+: bad watch record"):
+        load_run(tmp_path / "r")
