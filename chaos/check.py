@@ -676,6 +676,7 @@ class _Checker:
         lanes = [(c.partition, c.node, self.idx.time_of(c.token), None if c.end is None else self.idx.time_of(c.end))
                  for c in self.idx.claims()]
         meta = dict(self.meta.__dict__)
+        meta["lag_bounds"] = dict(self.s.lag.__dict__)
         return Verdict(result, self.meta.scenario, self.meta.seed, self.inv, list(dict.fromkeys(self.invalid)),
                        self.rows, stats, meta, sorted(self.lag_points), lanes)
 
