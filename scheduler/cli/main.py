@@ -9,7 +9,7 @@ import argparse
 import sys
 
 from scheduler import __version__
-from scheduler.cli import cluster, completion, dev, dlq, executions, planner, preview, schedule, worker
+from scheduler.cli import cluster, completion, dev, dlq, drill, executions, planner, preview, schedule, worker
 from scheduler.cli.output import fail_invalid
 from scheduler.errors import InvalidArgument
 
@@ -26,6 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     planner.register(sub)
     worker.register(sub)
     dev.register(sub)
+    drill.register(sub)
     completion.register(sub)
     return ap
 

@@ -1,0 +1,103 @@
+"""`schedctl drill ...`: list scenarios, show a plan, check a recorded run; the runner is not built yet.
+
+Exit codes (docs/drills.md): `check` returns the verdict's, 0 pass, 1 fail, 3 invalid; every command
+returns 2 for bad input (an unknown scenario, a TOML error, an unreadable run directory), naming the
+field or the file. `run` returns 2 after validating its input: the runner (real processes, network
+namespaces, the nemeses) lands next, and until then nothing pretends to have run a drill.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from chaos.plan import make_plan
+from chaos.record import RunError
+from chaos.scenario import ScenarioError, find, list_scenarios, load
+
+__all__ = ["check", "list_", "plan", "run"]
+
+BAD_INPUT = 2
+
+
+def _bad(err: Exception) -> int:
+    print(f"schedctl drill: {err}", file=sys.stderr)
+    return BAD_INPUT
+
+
+def list_(args: argparse.Namespace) -> int:
+    try:
+        scenarios = list_scenarios(Path(args.dir)) if args.dir else list_scenarios()
+    except ScenarioError as e:
+        return _bad(e)
+    if args.json:
+        rows = [{"name": s.name, "tier": s.tier, "duration_s": s.duration_s, "description": s.description,
+                 "regression": s.regression, "source": s.source} for s in scenarios]
+        json.dump(rows, sys.stdout, indent=1)
+        print()
+        return 0
+    width = max((len(s.name) for s in scenarios), default=4)
+    for s in scenarios:
+        print(f"{s.name:<{width}}  {s.tier:<10} {s.duration_s / 60:>5.1f} min  {s.description}")
+    return 0
+
+
+def plan(args: argparse.Namespace) -> int:
+    try:
+        scenario = load(find(args.scenario))
+        p = make_plan(scenario, args.seed)
+    except ScenarioError as e:
+        return _bad(e)
+    if args.json:
+        json.dump({"fingerprint": p.fingerprint, **p.to_json()}, sys.stdout, indent=1)
+        print()
+        return 0
+    print(f"{p.scenario} seed {p.seed}: plan {p.fingerprint}, {p.duration_s:g} s, {len(p.schedules)} schedules, "
+          f"{len(p.operations)} operations, {len(p.faults)} faults "
+          f"({', '.join(f'{k} {n}' for k, n in p.faults_per_type().items()) or 'none'})")
+    for f in p.faults[: args.limit]:
+        params = " ".join(f"{k}={v}" for k, v in sorted(f.params.items()))
+        print(f"  #{f.index:<3} {f.type:<4} at {f.start_s:>7.1f}s for {f.duration_s:>5.1f}s  {f.target:<10} "
+              f"{f.name}{'  ' + params if params else ''}")
+    if len(p.faults) > args.limit:
+        print(f"  ... {len(p.faults) - args.limit} more (--limit, or --json)")
+    return 0
+
+
+def check(args: argparse.Namespace) -> int:
+    # The checker and the report (matplotlib) load only when a run is judged.
+    from chaos.check import check_run
+    from chaos.record import load_run
+    from chaos.report import write_report
+
+    try:
+        run_ = load_run(args.history)
+        scenario = load(find(args.scenario)) if args.scenario else None
+        verdict = check_run(run_, scenario)
+    except (RunError, ScenarioError) as e:
+        return _bad(e)
+    out = write_report(verdict, args.report or args.history)
+    first = out["md"].read_text().splitlines()[0].lstrip("# ")
+    print(first)
+    for name in ("md", "json", "png"):
+        if name in out:
+            print(f"  {out[name]}")
+    return verdict.exit_code
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        scenario = load(find(args.scenario))
+        if args.duration is not None and args.duration <= 0:
+            raise ScenarioError("duration", f"{args.duration:g} must be > 0 seconds")
+        p = make_plan(scenario, args.seed)
+    except ScenarioError as e:
+        return _bad(e)
+    print(f"schedctl drill run: not built yet. The scenario {scenario.name!r} is valid and its plan "
+          f"(seed {p.seed}, fingerprint {p.fingerprint}: {len(p.faults)} faults, {len(p.schedules)} schedules) "
+          "is ready, but the runner that starts real planners, workers and etcd members, the nemeses F1-F12 and "
+          "the network-namespace topology land next (issue 10). Record a run and judge it with "
+          "`schedctl drill check --history DIR`; see docs/drills.md.", file=sys.stderr)
+    return BAD_INPUT

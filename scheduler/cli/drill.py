@@ -1,0 +1,52 @@
+"""`schedctl drill`: the chaos harness's commands (list, plan, check, run). The work is in chaos/cli.py,
+imported only when a drill command runs, so every other command starts without loading the harness
+(matplotlib included)."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("drill", help="chaos drills: list scenarios, show a plan, check a recorded run",
+                       description="Failover drills (docs/drills.md). `check` exits 0 pass, 1 fail, 3 invalid; "
+                       "every command exits 2 on bad input.")
+    dsub = p.add_subparsers(dest="drill_command", required=True, metavar="ACTION")
+
+    ls = dsub.add_parser("list", help="scenarios in chaos/scenarios with one-line descriptions")
+    ls.add_argument("--dir", help="another directory of scenario files")
+    ls.add_argument("--json", action="store_true", help="print JSON")
+    ls.set_defaults(func=_call("list_"))
+
+    pl = dsub.add_parser("plan", help="the fault windows and load a scenario's seed determines")
+    pl.add_argument("scenario", help="a scenario name (`smoke`) or a .toml path")
+    pl.add_argument("--seed", type=int, help="default: the scenario's own")
+    pl.add_argument("--limit", type=int, default=50, help="fault windows to print (default 50)")
+    pl.add_argument("--json", action="store_true", help="the whole plan as JSON")
+    pl.set_defaults(func=_call("plan"))
+
+    ck = dsub.add_parser("check", help="judge a recorded run directory and write its report",
+                         description="Check invariants I1-I8 and validity from a run directory's files (run.json, "
+                         "effects.jsonl, etcd-watch.jsonl, ops.jsonl, faults.jsonl, logs/) and write report.md, "
+                         "report.json and timeline.png. Exit 0 pass, 1 fail, 3 invalid, 2 bad input.")
+    ck.add_argument("--history", required=True, metavar="DIR", help="the recorded run directory")
+    ck.add_argument("--report", metavar="DIR", help="where to write the report (default: the run directory)")
+    ck.add_argument("--scenario", help="judge with this scenario's bounds instead of the run's scenario.toml")
+    ck.set_defaults(func=_call("check"))
+
+    rn = dsub.add_parser("run", help="run a drill (not built yet: exits 2 after validating the scenario)")
+    rn.add_argument("scenario", help="a scenario name (`smoke`) or a .toml path")
+    rn.add_argument("--seed", type=int, help="default: the scenario's own")
+    rn.add_argument("--duration", type=float, metavar="SECONDS", help="override the scenario's duration")
+    rn.add_argument("--report", metavar="DIR", help="where the run and its report go")
+    rn.set_defaults(func=_call("run"))
+
+
+def _call(name: str) -> Callable[[argparse.Namespace], int]:
+    def go(args: argparse.Namespace) -> int:
+        from chaos import cli  # lazy: see the module docstring
+
+        return int(getattr(cli, name)(args))
+
+    return go
