@@ -178,7 +178,8 @@ class _Checker:
         self.inv = {k: Invariant(k, v) for k, v in INVARIANTS.items()}
         self.invalid: list[str] = []
         self.ttl_ms = int(self.meta.lease_ttl_s * 1000)
-        self.faults = list(run.faults)
+        self.faults = sorted(run.faults, key=lambda f: f.start_ms)
+        self.fault_starts = [f.start_ms for f in self.faults]
         self.rows = [FaultRow(f.index, f.type, f.name or catalogue.kind(f.type).name, f.target,
                               (f.start_ms - self.meta.start_ms) / 1000,
                               None if f.end_ms is None else (f.end_ms - f.start_ms) / 1000,
@@ -195,6 +196,7 @@ class _Checker:
         self.window_from = self.idx.cluster_ms(self.meta.start_ms)
         self.counts: dict[str, int] = {}
         self.owed_list: list[tuple[str, int, Activation]] = []
+        self.owed_of: dict[str, list[int]] = {}
         self.phases: dict[str, list[int]] = {"before": [], "during": [], "after": []}
         self._exposures: dict[int, list[tuple[int, int]]] = {}
 
@@ -329,6 +331,8 @@ class _Checker:
     def i2(self) -> None:
         inv = self.inv["I2"]
         self.owed_list = list(self.owed())
+        for sid, t, _ in self.owed_list:
+            self.owed_of.setdefault(sid, []).append(t)
         for sid, t, act in self.owed_list:
             inv.checked += 1
             eid = execution_id(sid, t)
@@ -381,18 +385,17 @@ class _Checker:
         """Another run of `sid` was really in progress at that instant: an accepted effect spanning it,
         or a record the watch history shows RUNNING/DISPATCHED from before it until after it."""
         t = self.idx.harness_ms(t_cluster)
-        for other, atts in self.idx.attempts.items():
-            if other == eid or not other.startswith(sid + "@"):
+        for a in self.idx.attempts_of.get(sid, []):
+            if a.exec_id == eid:
                 continue
-            for a in atts:
-                end = a.end_ms if a.end_ms is not None else (self.crash_of(a) or self.meta.end_ms)
-                if a.start_ms - SLACK_MS <= t < end + SLACK_MS:
-                    return True
-        for other, recs in self.idx.records.items():
-            if other == eid or not other.startswith(sid + "@"):
+            end = a.end_ms if a.end_ms is not None else (self.crash_of(a) or self.meta.end_ms)
+            if a.start_ms - SLACK_MS <= t < end + SLACK_MS:
+                return True
+        for other in self.idx.records_of.get(sid, []):
+            if other == eid:
                 continue
             since = None
-            for _, seen, rec in recs:
+            for _, seen, rec in self.idx.records[other]:
                 busy = rec.state in (ExecState.DISPATCHED, ExecState.RUNNING, ExecState.CANCELLING)
                 if busy and since is None:
                     since = seen
@@ -470,7 +473,7 @@ class _Checker:
             if reason == "over_cap":
                 if pol.missed_runs is not MissedRuns.ALL:
                     return f"but over_cap applies to missed_runs=all, not {pol.missed_runs.value}"
-                later = [u for s2, u, _ in self.owed_list if s2 == sid and u > t and any(a < u <= b for a, b in spans)]
+                later = [u for u in self.owed_of.get(sid, []) if u > t and any(a < u <= b for a, b in spans)]
                 ran = sum(1 for u in later if self.idx.attempts.get(execution_id(sid, u)))
                 if ran < min(pol.catchup_cap, len(later)):
                     return (f"but only {ran} of the {len(later)} later missed times ran; the cap is "
@@ -485,11 +488,18 @@ class _Checker:
     # ---- I3 and RTO ---------------------------------------------------------------------------------
 
     def window_of(self, harness_t: int) -> FaultRecord | None:
+        """The fault whose window (plus the settle time) holds `harness_t`: the latest one started by then
+        (faults are one at a time; with allow_overlap the latest started is the one named)."""
         settle = int(self.s.lag.settle_s * 1000)
-        for f in self.faults:
+        i = bisect.bisect_right(self.fault_starts, harness_t) - 1
+        while i >= 0:
+            f = self.faults[i]
             end = f.end_ms if f.end_ms is not None else self.meta.end_ms
-            if f.start_ms <= harness_t <= end + settle:
+            if harness_t <= end + settle:
                 return f
+            if not self.s.faults.allow_overlap:
+                return None
+            i -= 1
         return None
 
     def i3_i7(self) -> None:
@@ -543,11 +553,12 @@ class _Checker:
                         f"{lag.steady_max_s:g}s late (worst {worst / 1000:.2f}s)")
         self.phases = phases
         bound = lag.steady_max_s * 1000
+        owed_times = sorted(t for _, t, _ in self.owed_list)
         for row, f in zip(self.rows, self.faults, strict=True):
             pts = per_fault.get(f.index, [])
             end = f.end_ms if f.end_ms is not None else self.meta.end_ms
-            row.planned_inside = sum(1 for sid, t, _ in self.owed_list
-                                     if f.start_ms <= self.idx.harness_ms(t) <= end)
+            row.planned_inside = (bisect.bisect_right(owed_times, self.idx.cluster_ms(end))
+                                  - bisect.bisect_left(owed_times, self.idx.cluster_ms(f.start_ms)))
             late = [(p, s) for p, s, lg in pts
                     if (s - max(p, end) if catalogue.is_outage(f.type, f.params) else lg) > bound]
             row.late_runs = len(late)
