@@ -1,0 +1,101 @@
+"""The state one check of a run shares between its parts (chaos/check.py composes them): the run,
+its scenario, the history index, the invariants being filled, and the helpers every part needs (which
+fault killed a worker, which window a planned time falls in, who a fault's target is)."""
+
+from __future__ import annotations
+
+import bisect
+
+from chaos import faults as catalogue
+from chaos.index import Activation, Attempt, HistoryIndex, build
+from chaos.record import FaultRecord, Run
+from chaos.scenario import Scenario
+from chaos.verdict import INVARIANTS, FaultRow, Invariant
+
+__all__ = ["SLACK_MS", "Context"]
+
+SLACK_MS = 300  # the watcher sees a revision a little after it committed; the sink a little after a start
+
+
+class Context:
+    """The shared state; each check module is a subclass adding its own methods (chaos/check.py joins them)."""
+
+    def __init__(self, run: Run, scenario: Scenario) -> None:
+        self.run, self.s, self.meta = run, scenario, run.meta
+        self.idx: HistoryIndex = build(run)
+        self.inv = {k: Invariant(k, v) for k, v in INVARIANTS.items()}
+        self.invalid: list[str] = []
+        self.ttl_ms = int(self.meta.lease_ttl_s * 1000)
+        self.faults = sorted(run.faults, key=lambda f: f.start_ms)
+        self.fault_starts = [f.start_ms for f in self.faults]
+        self.rows = [FaultRow(f.index, f.type, f.name or catalogue.kind(f.type).name, f.target,
+                              (f.start_ms - self.meta.start_ms) / 1000,
+                              None if f.end_ms is None else (f.end_ms - f.start_ms) / 1000,
+                              None if f.healthy_ms is None or f.end_ms is None else (f.healthy_ms - f.end_ms) / 1000)
+                     for f in self.faults]
+        self.reruns: dict[str, int] = {}
+        for o in run.ops:
+            if o.ok and o.op in ("rerun", "replay"):
+                eid = str(o.result.get("execution_id") or o.params.get("execution_id") or "")
+                if eid:
+                    self.reruns[eid] = self.reruns.get(eid, 0) + 1
+        self.lag_points: list[tuple[int, int]] = []
+        self.judged_until = self.idx.cluster_ms(self.meta.end_ms - int(self.s.lag.judge_grace_s * 1000))
+        self.window_from = self.idx.cluster_ms(self.meta.start_ms)
+        self.counts: dict[str, int] = {}
+        self.owed_list: list[tuple[str, int, Activation]] = []
+        self.owed_of: dict[str, list[int]] = {}
+        self.phases: dict[str, list[int]] = {"before": [], "during": [], "after": []}
+        self._exposures: dict[int, list[tuple[int, int]]] = {}
+
+    def bump(self, k: str, n: int = 1) -> None:
+        self.counts[k] = self.counts.get(k, 0) + n
+
+    def node_region(self, node: str) -> str:
+        info = self.meta.nodes.get(node, {})
+        return info.get("region", node.split("-", 1)[0])
+
+    def worker_name(self, worker: str) -> str:
+        for name, info in self.meta.nodes.items():
+            if info.get("address") == worker:
+                return name
+        return worker
+
+    def crash_of(self, a: Attempt) -> int | None:
+        """When the attempt's worker was killed by a fault after the attempt started (F7, F5), else None."""
+        w = self.worker_name(a.worker)
+        for f in self.faults:
+            if f.start_ms < a.start_ms:
+                continue
+            hit = (f.type == "F7" and f.target == w) or (f.type == "F5" and self.node_region(w) == f.target) or (
+                f.type in ("F7", "F5") and w not in self.meta.nodes and not w.startswith(f.target))
+            if hit:
+                return f.start_ms
+        return None
+
+    def in_flight_at_end(self, a: Attempt) -> bool:
+        return a.start_ms >= self.meta.end_ms - int(self.s.lag.judge_grace_s * 1000) - SLACK_MS
+
+    def rel(self, harness_ms: int) -> str:
+        return f"t+{(harness_ms - self.meta.start_ms) / 1000:.3f}s"
+
+    def window_of(self, harness_t: int) -> FaultRecord | None:
+        """The fault whose window (plus the settle time) holds `harness_t`: the latest one started by then
+        (faults are one at a time; with allow_overlap the latest started is the one named)."""
+        settle = int(self.s.lag.settle_s * 1000)
+        i = bisect.bisect_right(self.fault_starts, harness_t) - 1
+        while i >= 0:
+            f = self.faults[i]
+            end = f.end_ms if f.end_ms is not None else self.meta.end_ms
+            if harness_t <= end + settle:
+                return f
+            if not self.s.faults.allow_overlap:
+                return None
+            i -= 1
+        return None
+
+    def target_nodes(self, f: FaultRecord) -> set[str]:
+        if f.role == "region" or f.type == "F5":
+            nodes = {n for n, info in self.meta.nodes.items() if info.get("region") == f.target}
+            return nodes or {c.node for c in self.idx.claims() if c.node.startswith(f.target + "-")}
+        return {f.target.split("->", 1)[0]}

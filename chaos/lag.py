@@ -1,0 +1,108 @@
+"""I3 (start lag within the scenario's bounds, split before / during / after fault windows), I7
+(liveness after heal) and the RTO of each fault: from its start until start lag is back under its
+bound, the start of the last late run planned before the next fault (Temporal's failover measure)."""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Iterable
+
+from chaos import faults as catalogue
+from chaos.context import SLACK_MS, Context
+from scheduler.execution import Trigger
+from scheduler.ids import execution_id
+
+__all__ = ["LagChecks", "percentile"]
+
+
+def percentile(xs: Iterable[int], q: float) -> float:
+    """Nearest-rank percentile (0 for no values)."""
+    s = sorted(xs)
+    if not s:
+        return 0.0
+    return float(s[max(0, math.ceil(q / 100 * len(s)) - 1)])
+
+
+class LagChecks(Context):
+    def i3_i7(self) -> None:
+        i3, i7 = self.inv["I3"], self.inv["I7"]
+        lag = self.s.lag
+        phases: dict[str, list[int]] = {"before": [], "during": [], "after": []}
+        first_fault = self.faults[0].start_ms if self.faults else None
+        per_fault: dict[int, list[tuple[int, int, int]]] = {f.index: [] for f in self.faults}  # (planned, start, lag)
+        starts = sorted(self.faults, key=lambda f: f.start_ms)
+        fault_starts = [f.start_ms for f in starts]
+        for sid, t, _ in self.owed_list:
+            eid = execution_id(sid, t)
+            atts = self.idx.attempts.get(eid)
+            final = self.idx.final_record(eid)
+            if not atts or (final is not None and final[2].trigger is not Trigger.SCHEDULED):
+                continue
+            due = final[2].due_ms if final is not None else t
+            started = min(a.start_ms for a in atts)
+            planned_h = self.idx.harness_ms(due)
+            raw = started - planned_h
+            self.lag_points.append((planned_h, raw))
+            f = self.window_of(planned_h)
+            i3.checked += 1
+            if f is None:
+                phase = "before" if first_fault is None or planned_h < first_fault else "after"
+                phases[phase].append(raw)
+            else:
+                eff = raw
+                if catalogue.is_outage(f.type, f.params):
+                    eff = started - max(planned_h, f.end_ms if f.end_ms is not None else self.meta.end_ms)
+                phases["during"].append(eff)
+                if eff > lag.fault_max_s * 1000:
+                    i3.fail(f"[lag-during] {eid}: started {eff / 1000:.2f}s late in/after fault #{f.index} {f.type} "
+                            f"(bound {lag.fault_max_s:g}s)")
+            # Attribute to the fault whose span [start, next start) holds the planned time (for RTO/I7).
+            k = bisect.bisect_right(fault_starts, planned_h) - 1
+            if k >= 0:
+                per_fault[starts[k].index].append((planned_h, started, raw))
+        for phase in ("before", "after"):
+            xs = phases[phase]
+            if not xs:
+                continue
+            p99 = percentile(xs, 99)
+            if p99 > lag.steady_p99_s * 1000:
+                i3.fail(f"[lag-{phase}] p99 start lag {p99 / 1000:.2f}s outside fault windows ({phase}) exceeds "
+                        f"{lag.steady_p99_s:g}s")
+            worst = max(xs)
+            if worst > lag.steady_max_s * 1000:
+                n = sum(1 for x in xs if x > lag.steady_max_s * 1000)
+                i3.fail(f"[lag-{phase}] {n} runs outside fault windows ({phase}) started more than "
+                        f"{lag.steady_max_s:g}s late (worst {worst / 1000:.2f}s)")
+        self.phases = phases
+        bound = lag.steady_max_s * 1000
+        owed_times = sorted(t for _, t, _ in self.owed_list)
+        for row, f in zip(self.rows, self.faults, strict=True):
+            pts = per_fault.get(f.index, [])
+            end = f.end_ms if f.end_ms is not None else self.meta.end_ms
+            row.planned_inside = (bisect.bisect_right(owed_times, self.idx.cluster_ms(end))
+                                  - bisect.bisect_left(owed_times, self.idx.cluster_ms(f.start_ms)))
+            late = [(p, s) for p, s, lg in pts
+                    if (s - max(p, end) if catalogue.is_outage(f.type, f.params) else lg) > bound]
+            row.late_runs = len(late)
+            recovered = max((s for _, s in late), default=f.start_ms)
+            row.rto_s = (recovered - f.start_ms) / 1000
+            i7.checked += 1
+            if recovered > end + lag.liveness_s * 1000:
+                i7.fail(f"[slow-recovery] fault #{f.index} {f.type} on {f.target}: start lag back under "
+                        f"{lag.steady_max_s:g}s only {(recovered - end) / 1000:.1f}s after the fault ended "
+                        f"(allowed {lag.liveness_s:g}s)")
+            after_end = [s for p, s, _ in pts if p > end]
+            nxt = next((g.start_ms for g in starts if g.start_ms > f.start_ms), self.meta.end_ms)
+            if not after_end and nxt - end > lag.liveness_s * 1000 and f.end_ms is not None:
+                i7.fail(f"[no-progress] fault #{f.index} {f.type}: no run started in the "
+                        f"{(nxt - end) / 1000:.0f}s between its end and the next fault/the end of the run")
+        if self.faults:
+            last_end = max((f.end_ms or self.meta.end_ms) for f in self.faults)
+            probe = min(last_end + 3 * self.ttl_ms + SLACK_MS, self.meta.end_ms)
+            rev = self.idx.rev_at(probe)
+            owned = {c.partition for c in self.idx.claims() if c.held_at(rev)}
+            missing = sorted(set(range(self.meta.partitions)) - owned)
+            i7.checked += 1
+            if missing and rev:
+                i7.fail(f"[unowned] partitions {missing[:10]} had no owner 3 x TTL after the last fault ended")

@@ -1,0 +1,231 @@
+"""I2, no planned time missed silently: which planned times each activation owes (the production time
+engine, and for fixed-period specs a second, independent computation that must agree), and whether
+each ran, is accounted for by its record, or has a skip whose reason the schedule's policy justifies."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+from chaos.context import SLACK_MS, Context
+from chaos.index import Activation
+from chaos.verdict import Invariant
+from scheduler.execution import ExecState
+from scheduler.ids import execution_id
+from scheduler.timeplan import CronPlan, EveryPlan, MissedRuns, Overlap, Plan
+
+__all__ = ["OwedChecks", "fixed_period_ms", "independent_times", "planned_times"]
+
+IN_FLIGHT = (ExecState.SCHEDULED, ExecState.DISPATCHED, ExecState.RUNNING, ExecState.RETRY_WAIT)
+ENDED = (ExecState.DEAD_LETTER, ExecState.FAILED, ExecState.CANCELLED)
+MISSED_REASONS = ("policy_skip", "outside_catchup_window", "over_cap")
+
+
+def fixed_period_ms(spec: str) -> tuple[int, int] | None:
+    """(period, phase) of specs whose planned times are plain multiples: `@every Ns [phase Ms]` and
+    `*/k * * * * *` with k dividing 60 (and `* * * * * *`), in any zone (whole seconds are the same in
+    every zone). None for anything else: those are checked by the production engine only."""
+    s = " ".join(spec.split())
+    m = re.fullmatch(r"@every (\d+)s(?: phase (\d+)s)?", s)
+    if m:
+        return int(m[1]) * 1000, int(m[2] or 0) * 1000
+    m = re.fullmatch(r"(\*|\*/(\d+)) \* \* \* \* \*", s)
+    if m:
+        k = int(m[2] or 1)
+        return (k * 1000, 0) if 60 % k == 0 else None
+    return None
+
+
+def independent_times(period_ms: int, phase_ms: int, after: int, through: int) -> list[int]:
+    """phase + n * period in (after, through]: the second computation, sharing no code with timeplan."""
+    first = phase_ms + ((after - phase_ms) // period_ms + 1) * period_ms
+    return list(range(first, through + 1, period_ms))
+
+
+def planned_times(plan: Plan, spec: str, after: int, through: int, cross: list[str]) -> list[int]:
+    times = list(plan.between_ms(after, through))
+    fp = fixed_period_ms(spec)
+    if fp is not None and isinstance(plan, EveryPlan | CronPlan) and (plan.start_ms is None and plan.end_ms is None):
+        other = independent_times(fp[0], fp[1], after, through)
+        if other != times:
+            diff = sorted(set(times) ^ set(other))[:5]
+            cross.append(f"{spec!r} in ({after}, {through}]: the time engine and the independent computation "
+                         f"disagree on {len(set(times) ^ set(other))} planned times, e.g. {diff}")
+    return times
+
+
+class OwedChecks(Context):
+    def owed(self) -> Iterator[tuple[str, int, Activation]]:
+        """(schedule id, planned ms, its activation) for every planned time owed inside the judged window."""
+        cross: list[str] = []
+        for sid, acts in self.idx.activations.items():
+            for a in acts:
+                if a.state != "active" or a.schedule is None:
+                    continue
+                lo = max(a.activated_ms, self.window_from)
+                hi = min(a.until_ms if a.until_ms is not None else self.judged_until, self.judged_until)
+                if hi <= lo:
+                    continue
+                plan = a.plan()
+                assert plan is not None
+                for t in planned_times(plan, a.schedule.spec, lo, hi, cross):
+                    yield sid, t, a
+        for c in dict.fromkeys(cross):
+            self.inv["I2"].fail(f"[time-engine] {c}")
+
+    def i2(self) -> None:
+        inv = self.inv["I2"]
+        self.owed_list = list(self.owed())
+        for sid, t, _ in self.owed_list:
+            self.owed_of.setdefault(sid, []).append(t)
+        for sid, t, act in self.owed_list:
+            inv.checked += 1
+            eid = execution_id(sid, t)
+            atts = self.idx.attempts.get(eid, [])
+            final = self.idx.final_record(eid)
+            rec = final[2] if final else None
+            covering = self.idx.skip_covering(sid, t)
+            if atts:
+                self.bump("ran")
+                if rec is not None and rec.state is ExecState.SKIPPED:
+                    inv.fail(f"[ran-and-skipped] {eid}: an effect was accepted, yet its record says skipped "
+                             f"({rec.skip_reason})")
+                continue
+            if rec is not None and rec.state is ExecState.SKIPPED:
+                self.judge_skip(inv, sid, eid, t, rec.skip_reason, self.idx.time_of(final[0]) if final else 0)
+                continue
+            if rec is not None and rec.state is ExecState.SUCCEEDED:
+                inv.fail(f"[no-effect] {eid}: its record says succeeded but the sink accepted no effect for it")
+                continue
+            if rec is not None and rec.state in ENDED:
+                self.bump(f"ended_{rec.state.value}")
+                continue
+            if rec is not None and rec.state in IN_FLIGHT:
+                self.bump("pending")
+                if self.idx.harness_ms(rec.due_ms) < self.meta.end_ms - 3 * self.ttl_ms - 10_000:
+                    inv.fail(f"[stuck] {eid}: still {rec.state.value} (attempt {rec.attempt}) at the end of the "
+                             f"history, {(self.meta.end_ms - self.idx.harness_ms(t)) / 1000:.0f}s after it was due")
+                continue
+            if covering:
+                for sk in covering:
+                    self.judge_skip(inv, sid, eid, t, sk.reason, sk.seen_ms)
+                continue
+            if self.held(sid, t):
+                self.bump("held")
+                continue
+            p = self.idx.partition_of.get(sid, -1)
+            wm = self.idx.final_watermark(p)
+            if wm is not None and t > wm:
+                self.bump("beyond_watermark")
+                continue
+            self.bump("gaps")
+            inv.fail(f"[gap] {eid}: owed since the activation at {act.activated_ms} ({act.state}), no effect, no "
+                     f"execution record and no skip record (missed silently)")
+
+    def held(self, sid: str, t: int) -> bool:
+        """A hold (its pool had no worker with capacity) still in place at the end covers `t`."""
+        return any(frm < t and deleted is None for frm, _, deleted in self.idx.holds.get(sid, []))
+
+    def running_at(self, sid: str, eid: str, t_cluster: int) -> bool:
+        """Another run of `sid` was really in progress at that instant: an accepted effect spanning it,
+        or a record the watch history shows RUNNING/DISPATCHED from before it until after it."""
+        t = self.idx.harness_ms(t_cluster)
+        for a in self.idx.attempts_of.get(sid, []):
+            if a.exec_id == eid:
+                continue
+            end = a.end_ms if a.end_ms is not None else (self.crash_of(a) or self.meta.end_ms)
+            if a.start_ms - SLACK_MS <= t < end + SLACK_MS:
+                return True
+        for other in self.idx.records_of.get(sid, []):
+            if other == eid:
+                continue
+            since = None
+            for _, seen, rec in self.idx.records[other]:
+                busy = rec.state in (ExecState.DISPATCHED, ExecState.RUNNING, ExecState.CANCELLING)
+                if busy and since is None:
+                    since = seen
+                elif not busy and since is not None:
+                    if since - SLACK_MS <= t < seen + SLACK_MS:
+                        return True
+                    since = None
+            if since is not None and since - SLACK_MS <= t:
+                return True
+        return False
+
+    def exposures(self, sid: str) -> list[tuple[int, int]]:
+        """Cluster-time stretches in which planned times of `sid` may have been missed: behind every claim
+        of its partition (from the last watermark before it to the claim plus the late grace), around
+        every fault window, and under every hold."""
+        p = self.idx.partition_of.get(sid, -1)
+        if p in self._exposures:
+            return self._exposures[p] + self.hold_spans(sid)
+        out: list[tuple[int, int]] = []
+        grace = self.meta.late_grace_ms + SLACK_MS
+        for c in self.idx.claims():
+            if c.partition != p:
+                continue
+            at = self.idx.time_of(c.token)
+            wm = self.idx.watermark_before(p, at)
+            lo = wm if wm is not None else self.idx.cluster_ms(self.meta.start_ms) - 3_600_000
+            out.append((lo, self.idx.cluster_ms(at) + grace))
+        for f in self.faults:
+            end = f.end_ms if f.end_ms is not None else self.meta.end_ms
+            lo = self.idx.cluster_ms(f.start_ms) - self.meta.late_grace_ms - self.meta.lookahead_ms
+            out.append((lo, self.idx.cluster_ms(end) + self.ttl_ms + grace + int(self.s.lag.settle_s * 1000)))
+        self._exposures[p] = out
+        return out + self.hold_spans(sid)
+
+    def hold_spans(self, sid: str) -> list[tuple[int, int]]:
+        return [(frm, self.idx.cluster_ms(deleted if deleted is not None else self.meta.end_ms) + SLACK_MS)
+                for frm, _, deleted in self.idx.holds.get(sid, [])]
+
+    def judge_skip(self, inv: Invariant, sid: str, eid: str, t: int, reason: str, written_harness: int) -> None:
+        written = self.idx.cluster_ms(written_harness)
+        why = self.skip_unjustified(sid, eid, t, reason, written)
+        if why is None:
+            self.bump(f"skipped_{reason or 'unknown'}")
+        else:
+            inv.fail(f"[bad-skip] {eid}: skipped as {reason!r}, {why}")
+
+    def skip_unjustified(self, sid: str, eid: str, t: int, reason: str, written: int) -> str | None:
+        v_written = self.idx.version_at(sid, written + SLACK_MS)
+        v_t = self.idx.version_at(sid, t)
+        state_w = v_written.state if v_written else "none"
+        if reason == "paused":
+            ok = state_w in ("paused", "deleted") or (v_t is not None and v_t.state == "paused")
+            return None if ok else f"but it was {state_w} when the skip was written"
+        if reason in ("schedule_deleted", "deleted"):
+            return None if state_w == "deleted" else f"but it was {state_w} when the skip was written"
+        if reason == "schedule_changed":
+            changed = any(t - SLACK_MS <= a.activated_ms <= written + SLACK_MS
+                          for a in self.idx.activations.get(sid, []))
+            return None if changed else "but no spec change came between the planned time and the skip"
+        pol = v_written.schedule.policies if v_written and v_written.schedule else None
+        if pol is None:
+            return "and the schedule's policy at that time is unknown"
+        if reason in ("overlap_skip", "overlap"):
+            if pol.overlap not in (Overlap.SKIP, Overlap.BUFFER_ONE, Overlap.CANCEL_OTHER):
+                return f"but its overlap policy is {pol.overlap.value}, which never skips"
+            if not self.running_at(sid, eid, t):
+                return "but no other run of it was in progress at that planned time (a manufactured overlap)"
+            return None
+        if reason in MISSED_REASONS:
+            spans = [x for x in self.exposures(sid) if x[0] < t <= x[1]]
+            if not spans:
+                return "but nothing was missed then: no takeover, fault or hold around that planned time"
+            if reason == "policy_skip" and pol.missed_runs is MissedRuns.ALL:
+                return "but its missed-run policy is all, which runs missed times (over_cap beyond the cap)"
+            if reason == "over_cap":
+                if pol.missed_runs is not MissedRuns.ALL:
+                    return f"but over_cap applies to missed_runs=all, not {pol.missed_runs.value}"
+                later = [u for u in self.owed_of.get(sid, []) if u > t and any(a < u <= b for a, b in spans)]
+                ran = sum(1 for u in later if self.idx.attempts.get(execution_id(sid, u)))
+                if ran < min(pol.catchup_cap, len(later)):
+                    return (f"but only {ran} of the {len(later)} later missed times ran; the cap is "
+                            f"{pol.catchup_cap} (a catch-up cut short)")
+            if reason == "outside_catchup_window" and t > written - pol.catchup_window_ms + SLACK_MS + \
+                    self.meta.late_grace_ms:
+                return (f"but it was only {(written - t) / 1000:.1f}s old when skipped; the window is "
+                        f"{pol.catchup_window_ms / 1000:g}s")
+            return None
+        return "an unknown skip reason"

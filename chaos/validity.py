@@ -1,0 +1,91 @@
+"""Validity, apart from pass/fail (etcd robustness's rule): a run that could not have caught a bug
+says so. Too little load, a fault never healed or a cluster never healthy again, a kill/pause/cut with
+no ownership change, a pause or cut beyond the TTL with no refused stale write (I4c)."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+
+from chaos import faults as catalogue
+from chaos.context import Context
+from chaos.record import FaultRecord
+
+__all__ = ["ValidityChecks"]
+
+
+def _log_ms(line: str) -> int | None:
+    """The `ts` of a JSON log line, as epoch ms (None if the line has none)."""
+    try:
+        ts = json.loads(line).get("ts")
+        return int(datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp() * 1000)
+    except (ValueError, AttributeError, TypeError):
+        return None
+
+
+class ValidityChecks(Context):
+    def validity(self) -> None:
+        v, m = self.s.validity, self.meta
+        if not m.steady_before:
+            self.invalid.append("the steady-state checks never held before the first fault")
+        if not m.steady_after:
+            self.invalid.append("the cluster never became healthy again after the run (steady state after)")
+        accepted = self.counts.get("effects_accepted", 0)
+        if accepted < v.min_executions:
+            self.invalid.append(f"too little load: {accepted} effects accepted, the scenario asks for at least "
+                                f"{v.min_executions}")
+        if not self.run.watch:
+            self.invalid.append("no etcd watch history recorded: ownership, fencing and skips cannot be judged")
+        for row, f in zip(self.rows, self.faults, strict=True):
+            label = f"fault #{f.index} {f.type} on {f.target}"
+            if f.end_ms is None:
+                self.invalid.append(f"{label} was never healed")
+                continue
+            if f.healthy_ms is None:
+                self.invalid.append(f"{label}: the cluster never became healthy again")
+            if row.planned_inside < v.min_planned_per_fault:
+                self.invalid.append(f"{label}: only {row.planned_inside} planned times inside its window, "
+                                    f"fewer than {v.min_planned_per_fault}")
+            kind = catalogue.kind(f.type)
+            duration = f.end_ms - f.start_ms
+            row.takeovers = self.takeovers(f)
+            if v.require_takeover and kind.expects_takeover and (f.type in ("F1", "F5") or duration > self.ttl_ms):
+                if self.owned_by_target(f) == 0:
+                    self.invalid.append(f"{label}: its target owned no partition when it started: it exercised "
+                                        "nothing")
+                elif row.takeovers == 0:
+                    self.invalid.append(f"{label}: no ownership change followed it")
+            row.stale_rejected = self.stale_rejects(f)
+            if v.require_stale_reject and kind.expects_stale_reject_beyond_ttl and duration > self.ttl_ms \
+                    and row.stale_rejected == 0:
+                self.invalid.append(f"{label} lasted {duration / 1000:.1f}s > TTL, yet no stale write was refused "
+                                    "(sink 409 or a fenced_out in its log): fencing was not exercised (I4c)")
+
+    def owned_by_target(self, f: FaultRecord) -> int:
+        rev = self.idx.rev_at(f.start_ms)
+        nodes = self.target_nodes(f)
+        return sum(1 for c in self.idx.claims() if c.node in nodes and c.held_at(rev))
+
+    def takeovers(self, f: FaultRecord) -> int:
+        """Claims made after the fault started (until T + settle after it ended) on partitions its
+        target owned when it started."""
+        rev0 = self.idx.rev_at(f.start_ms)
+        nodes = self.target_nodes(f)
+        parts = {c.partition for c in self.idx.claims() if c.node in nodes and c.held_at(rev0)}
+        end = (f.end_ms or self.meta.end_ms) + self.ttl_ms * 3 + int(self.s.lag.settle_s * 1000)
+        return sum(1 for c in self.idx.claims() if c.partition in parts and c.token > rev0
+                   and self.idx.time_of(c.token) <= end)
+
+    def stale_rejects(self, f: FaultRecord) -> int:
+        end = (f.end_ms or self.meta.end_ms) + self.ttl_ms + int(self.s.lag.settle_s * 1000)
+        n = sum(1 for e in self.idx.refused if f.start_ms <= e.t_ms <= end)
+        for path in self.run.logs:
+            if path.stem not in self.target_nodes(f):
+                continue
+            for line in path.read_text(errors="replace").splitlines():
+                if '"fenced_out"' not in line:
+                    continue
+                ts = _log_ms(line)
+                if ts is not None and f.start_ms <= ts <= end:
+                    n += 1
+        return n
