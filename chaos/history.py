@@ -160,9 +160,14 @@ def _keyspace(prefix: str | Keyspace) -> Keyspace:
     return prefix if isinstance(prefix, Keyspace) else Keyspace(prefix)
 
 
-def check_history(events: Iterable[Event], prefix: str | Keyspace, *, partitions: int | None = None) -> HistoryReport:
+def check_history(events: Iterable[Event], prefix: str | Keyspace, *, partitions: int | None = None,
+                  since: int = 0) -> HistoryReport:
     """Replay `events` (every owners/ and checkpoints/ event since revision 1, in revision order)
-    and check invariants (i)-(iii). Events under other keys are ignored."""
+    and check invariants (i)-(iii). Events under other keys are ignored.
+
+    `since`: events at revisions up to it are a snapshot of the keys as they were then (a cluster
+    observed from the middle of its life, e.g. staging), not history: their keys may have been created
+    earlier, and a checkpoint in it may predate the current claim. They set the starting state only."""
     ks = _keyspace(prefix)
     report = HistoryReport()
     owners: dict[int, Claim] = {}  # partition -> current claim
@@ -188,14 +193,14 @@ def check_history(events: Iterable[Event], prefix: str | Keyspace, *, partitions
         if partitions is not None and not 0 <= p < partitions:
             _flag(report, "history", f"rev {ev.revision}: {kind} key for partition {p} outside 0..{partitions - 1}")
         if kind == "owner":
-            _owner_event(report, owners, p, ev)
+            _owner_event(report, owners, p, ev, snapshot=ev.revision <= since)
         else:
-            _checkpoint_event(report, owners, watermarks, p, ev)
+            _checkpoint_event(report, owners, watermarks, p, ev, snapshot=ev.revision <= since)
     report.last_revision = last_rev
     return report
 
 
-def _owner_event(report: HistoryReport, owners: dict[int, Claim], p: int, ev: Event) -> None:
+def _owner_event(report: HistoryReport, owners: dict[int, Claim], p: int, ev: Event, *, snapshot: bool = False) -> None:
     current = owners.get(p)
     if ev.type is EventType.DELETE:
         if current is None:
@@ -215,7 +220,7 @@ def _owner_event(report: HistoryReport, owners: dict[int, Claim], p: int, ev: Ev
         _flag(report, "ownership", f"rev {ev.revision}: partition {p}: {node}'s owner value names lease {lease_hex} "
                                  f"but the key is attached to lease {ev.lease:x}")
     if current is None:
-        if ev.create_revision != ev.revision:
+        if ev.create_revision != ev.revision and not snapshot:
             _flag(report, "history", f"rev {ev.revision}: partition {p}: owner key of {node} was created at rev "
                                      f"{ev.create_revision}, before the history shows it (history incomplete?)")
         claim = Claim(p, node, ev.create_revision, ev.lease)
@@ -243,6 +248,8 @@ def _checkpoint_event(
     watermarks: dict[int, tuple[int, int]],
     p: int,
     ev: Event,
+    *,
+    snapshot: bool = False,
 ) -> None:
     if ev.type is EventType.DELETE:
         _flag(report, "watermark", f"rev {ev.revision}: partition {p}: checkpoint deleted")
@@ -255,6 +262,9 @@ def _checkpoint_event(
         _flag(report, "history", f"rev {ev.revision}: partition {p}: undecodable checkpoint {ev.value!r}")
         return
     owner = owners.get(p)
+    if snapshot:  # the starting state: only its watermark counts (for (iii))
+        watermarks[p] = (wm, ev.revision)
+        return
     write = CheckpointWrite(p, ev.revision, wm, writer, token, owner)
     report.writes.append(write)
     # (ii) the write is the current owner's, made under its token.

@@ -158,12 +158,13 @@ def build(run: Run) -> HistoryIndex:
     seen: set[int] = set()
     owner_events = []
     tomb_ms: dict[tuple[str, int], int] = {}  # (sid, rev) -> deleted_ms of the delete's tombstone
-    for w in run.watch:  # first: a tombstone shares its revision with the delete, in either order
+    records = [*run.snapshot, *run.watch]  # an observed cluster's starting state, then its history
+    for w in records:  # first: a tombstone shares its revision with the delete, in either order
         parts = _parts(prefix, w.key)
         if parts and parts[0] == "tombstones" and w.type == "PUT" and len(parts) == 3:
             with contextlib.suppress(ValueError, KeyError, TypeError):
                 tomb_ms[(parts[2], w.rev)] = int(json.loads(w.value)["deleted_ms"])
-    for w in run.watch:
+    for w in records:
         if w.rev not in seen:
             seen.add(w.rev)
             idx.rev_times.append((w.rev, w.t_ms))
@@ -190,7 +191,8 @@ def build(run: Run) -> HistoryIndex:
         elif kind == "holds" and len(parts) == 3:
             _hold(idx, parts[2], w)
     idx.rev_times.sort()
-    idx.history = check_history(owner_events, prefix, partitions=run.meta.partitions)
+    since = run.meta.watch_from_rev - 1 if run.meta.watch_from_rev > 1 else 0
+    idx.history = check_history(owner_events, prefix, partitions=run.meta.partitions, since=since)
     for c in idx.history.claims:
         idx.claims_of.setdefault(c.partition, []).append(c)
     for p, cs in idx.claims_of.items():

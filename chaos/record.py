@@ -11,6 +11,8 @@ comparing them with planned times.
     scenario.toml     the scenario as run (lag bounds, validity thresholds, allowed errors)
     effects.jsonl     the effect sink's log (chaos/sink.py, EffectRecord)
     etcd-watch.jsonl  every event under the prefix from the run's first revision (WatchRecord)
+    etcd-start.jsonl  only when the watch did not start at revision 1 (a cluster observed mid-life,
+                      `watch_from_rev` in run.json): the keys as they were just before (record_snapshot)
     ops.jsonl         API operations as the harness made them (OpRecord)
     faults.jsonl      fault windows as injected, with when health came back (FaultRecord)
     logs/*.log        process logs (structured JSON lines), scanned by I8
@@ -44,6 +46,7 @@ __all__ = [
     "RunMeta",
     "WatchRecord",
     "load_run",
+    "record_snapshot",
     "record_watch",
     "write_jsonl",
     "write_run",
@@ -72,6 +75,7 @@ class RunMeta:
     steady_before: bool = True  # the steady-state checks held before the first fault
     steady_after: bool = True  # ... and after the last (the cluster became healthy again)
     target: str = "local"  # local (the harness started the cluster) | observed (staging: faults by others)
+    watch_from_rev: int = 1  # > 1: the history starts there, on top of etcd-start.jsonl's snapshot
 
     @staticmethod
     def from_json(d: dict[str, Any]) -> RunMeta:
@@ -164,6 +168,7 @@ class Run:
     faults: list[FaultRecord]
     logs: list[Path]
     scenario_toml: str = ""
+    snapshot: list[WatchRecord] = field(default_factory=list)  # etcd-start.jsonl (observed clusters)
 
 
 def _jsonl(path: Path, *, strict: bool) -> list[dict[str, Any]]:
@@ -206,12 +211,17 @@ def load_run(directory: str | Path) -> Run:
         except (KeyError, ValueError, TypeError) as e:
             raise RunError(f"{d / 'etcd-watch.jsonl'}:{i + 1}: bad watch record ({e!r})") from None
     watch.sort(key=lambda w: w.rev)  # one revision may hold several events; sort is stable
+    snapshot = [WatchRecord.from_json(x) for x in _jsonl(d / "etcd-start.jsonl", strict=True)]
+    if meta.watch_from_rev > 1 and not snapshot:
+        raise RunError(f"{d / 'etcd-start.jsonl'}: missing, but the watch started at revision "
+                       f"{meta.watch_from_rev}: the keys before it are needed to judge the run")
     ops = [OpRecord.from_json(x) for x in _jsonl(d / "ops.jsonl", strict=True)]
     faults = [FaultRecord.from_json(x) for x in _jsonl(d / "faults.jsonl", strict=True)]
     logs = sorted((d / "logs").glob("*.log")) if (d / "logs").is_dir() else []
     scen = d / "scenario.toml"
     return Run(d, meta, read_effects(d / "effects.jsonl"), watch, sorted(ops, key=lambda o: o.t_ms),
-               sorted(faults, key=lambda f: f.start_ms), logs, scen.read_text() if scen.exists() else "")
+               sorted(faults, key=lambda f: f.start_ms), logs, scen.read_text() if scen.exists() else "",
+               sorted(snapshot, key=lambda w: w.rev))
 
 
 def write_jsonl(path: Path, rows: Iterable[dict[str, Any]]) -> None:
@@ -231,6 +241,23 @@ def write_run(run: Run) -> None:
     write_jsonl(d / "etcd-watch.jsonl", (w.to_json() for w in run.watch))
     write_jsonl(d / "ops.jsonl", (asdict(o) for o in run.ops))
     write_jsonl(d / "faults.jsonl", (asdict(f) for f in run.faults))
+    if run.snapshot:
+        write_jsonl(d / "etcd-start.jsonl", (w.to_json() for w in run.snapshot))
+
+
+async def record_snapshot(kv: KV, prefix: str, out: IO[str], *, clock: Clock = SYSTEM_CLOCK) -> int:
+    """For a cluster the harness did not start (staging): every key under `prefix` as it is now, one
+    line each (as a PUT at its mod_revision), into etcd-start.jsonl. Returns the revision read at;
+    watch from the next one (`record_watch(..., start_revision=rev + 1)`, `watch_from_rev` in run.json)."""
+    root = (prefix.rstrip("/") + "/").encode()
+    r = await kv.range(root, prefix=True)
+    now = clock.wall_ms()
+    for kv_ in sorted(r.kvs, key=lambda x: x.mod_revision):
+        rec = WatchRecord(kv_.mod_revision, "PUT", kv_.key.decode(errors="replace"), kv_.value, kv_.create_revision,
+                          kv_.mod_revision, kv_.lease, now)
+        out.write(json.dumps(rec.to_json(), separators=(",", ":")) + "\n")
+    out.flush()
+    return r.revision
 
 
 async def record_watch(kv: KV, prefix: str, out: IO[str], stop: asyncio.Event, *, start_revision: int = 1,

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from chaos.index import build
-from chaos.record import Run, RunMeta, WatchRecord, record_watch
+from chaos.record import Run, RunError, RunMeta, WatchRecord, load_run, record_snapshot, record_watch, write_run
 from scheduler.model import Schedule
 from scheduler.store.etcd.errors import Compacted
 from scheduler.store.keyspace import Keyspace
@@ -67,3 +67,43 @@ async def test_a_compacted_history_cannot_be_recorded() -> None:
     with pytest.raises(Compacted):
         await record_watch(kv, KS.prefix, io.StringIO(), asyncio.Event())
     await kv.close()
+
+
+async def test_an_observed_cluster_is_judged_from_a_snapshot_plus_the_watch(tmp_path: Path) -> None:
+    """Staging: the harness did not start the cluster, so its history starts mid-life. The keys as
+    they were (etcd-start.jsonl) are the starting state, not violations of it."""
+
+    kv = MemoryKV()
+    lease = await kv.lease_grant(30)
+    old = await kv.put(KS.owner(0), json.dumps({"node": "a", "lease": f"{lease.id:x}"}).encode(), lease=lease.id)
+    cp = {"watermark_ms": 10, "writer": "a", "token": old.header.revision}
+    await kv.put(KS.checkpoint(0), json.dumps(cp).encode())
+    snap = io.StringIO()
+    rev = await record_snapshot(kv, KS.prefix, snap)
+    out, stop = io.StringIO(), asyncio.Event()
+    task = asyncio.create_task(record_watch(kv, KS.prefix, out, stop, start_revision=rev + 1))
+    await kv.delete(KS.owner(0))  # a takeover made by the operator's fault
+    lease2 = await kv.lease_grant(30)
+    new = await kv.put(KS.owner(0), json.dumps({"node": "b", "lease": f"{lease2.id:x}"}).encode(), lease=lease2.id)
+    cp = {"watermark_ms": 20, "writer": "b", "token": new.header.revision}
+    await kv.put(KS.checkpoint(0), json.dumps(cp).encode())
+    for _ in range(50):
+        if out.getvalue().count("\n") >= 3:
+            break
+        await asyncio.sleep(0.01)
+    stop.set()
+    await task
+    await kv.close()
+    lines = [WatchRecord.from_json(json.loads(x)) for x in out.getvalue().splitlines()]
+    start = [WatchRecord.from_json(json.loads(x)) for x in snap.getvalue().splitlines()]
+    meta = RunMeta("x", 1, KS.prefix, 1, 2.0, 0, 1, target="observed", watch_from_rev=rev + 1)
+    run = Run(tmp_path / "run", meta, [], lines, [], [], [], "", start)
+    write_run(run)
+    idx = build(load_run(tmp_path / "run"))
+    assert idx.history.ok, idx.history.violations
+    assert [(c.node, c.token) for c in idx.claims()] == [("a", old.header.revision), ("b", new.header.revision)]
+    assert len(idx.history.writes) == 1  # only the watched checkpoint is judged as a write
+    # Without its snapshot, such a run cannot be judged.
+    (tmp_path / "run" / "etcd-start.jsonl").unlink()
+    with pytest.raises(RunError, match=r"etcd-start\.jsonl: missing"):
+        load_run(tmp_path / "run")
