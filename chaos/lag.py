@@ -49,6 +49,9 @@ class LagChecks(Context):
             if f is None:
                 phase = "before" if first_fault is None or planned_h < first_fault else "after"
                 phases[phase].append(raw)
+                if raw < -lag.steady_max_s * 1000:  # a run long before its time is as wrong as a late one
+                    i3.fail(f"[early] {eid}: started {-raw / 1000:.2f}s before its planned time, outside any "
+                            f"fault window")
             else:
                 eff = raw
                 if catalogue.is_outage(f.type, f.params):

@@ -55,6 +55,9 @@ class ValidityChecks(Context):
                                         "nothing")
                 elif row.takeovers == 0:
                     self.invalid.append(f"{label}: no ownership change followed it")
+            if f.type == "F7" and not self.running_on(f.target, f.start_ms):
+                self.invalid.append(f"{label}: no attempt was running on {f.target} when it was killed, so it "
+                                    "crashed nothing mid-execution")
             row.stale_rejected = self.stale_rejects(f)
             if v.require_stale_reject and kind.expects_stale_reject_beyond_ttl and duration > self.ttl_ms \
                     and row.stale_rejected == 0:
@@ -89,3 +92,8 @@ class ValidityChecks(Context):
                 if ts is not None and f.start_ms <= ts <= end:
                     n += 1
         return n
+
+    def running_on(self, worker: str, t: int) -> bool:
+        """An accepted attempt of `worker` had started and not ended by harness time `t`."""
+        return any(self.worker_name(a.worker) == worker and a.start_ms <= t and (a.end_ms is None or a.end_ms > t)
+                   for atts in self.idx.attempts.values() for a in atts)

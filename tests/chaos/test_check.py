@@ -208,3 +208,20 @@ def test_a_bad_run_directory_names_the_file(tmp_path: Path) -> None:
         f.write('{"rev": 1}\n{"rev": "x", "type": "PUT", "key": "k"}\n{"rev":')
     with pytest.raises(RunError, match=r"etcd-watch.jsonl:\d+: bad watch record"):
         load_run(tmp_path / "r")
+
+
+def test_a_run_long_before_its_time_fails_i3(tmp_path: Path) -> None:
+    """A planner whose clock runs ahead (F6 left in place, say) must not fire planned times early."""
+    x, _ = clean_run(tmp_path / "run")
+    early = execution_id("s-002", T0 + 45_000)
+    x.effects = [replace(e, t_ms=e.t_ms - 30_000) if e.exec_id == early else e for e in x.effects]
+    verdict, fails, _ = judged(x.build(tmp_path / "run"))
+    assert verdict == "fail" and fails.get("I3") == 1
+
+
+def test_a_worker_crash_that_crashed_nothing_is_invalid(tmp_path: Path) -> None:
+    x, _ = clean_run(tmp_path / "run")
+    # r1-w2 is idle between its slow run's end (41.54 s) and its next start (42.04 s).
+    x.faults.append(FaultRecord(1, "F7", "r1-w2", T0 + 41_700, T0 + 41_900, {}, "worker", healthy_ms=T0 + 42_000))
+    verdict, _, invalid = judged(x.build(tmp_path / "run"))
+    assert verdict == "invalid" and any("crashed nothing mid-execution" in r for r in invalid), invalid
