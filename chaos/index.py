@@ -64,6 +64,7 @@ class Attempt:
     revision: int
     start_ms: int
     end_ms: int | None = None
+    aborted: bool = False  # ended by its caller going away (a killed worker), not completed
 
 
 @dataclass
@@ -272,7 +273,8 @@ def _effects(idx: HistoryIndex, effects: list[EffectRecord]) -> None:
             a = Attempt(e.exec_id, e.schedule_id, e.planned_ms, e.attempt, e.worker, e.partition, e.revision, e.t_ms)
             idx.attempts.setdefault(e.exec_id, []).append(a)
             open_[(e.exec_id, e.attempt, e.worker)] = a
-        elif e.phase == "end":
+        elif e.phase in ("end", "abort"):
             got = open_.pop((e.exec_id, e.attempt, e.worker), None)
             if got is not None:
                 got.end_ms = e.t_ms
+                got.aborted = e.phase == "abort"

@@ -1,6 +1,6 @@
 """I1, at most one effect per execution id, from the effect sink's log: accepted effects per id at most
-one plus the operator's reruns of it (an attempt cut short by a recorded worker crash, or started at
-the very end, is not counted), and no two attempts of one id running at once."""
+one plus the operator's reruns of it (an attempt cut short by a recorded worker crash or by its caller
+going away, or started at the very end, is not counted), and no two attempts of one id running at once."""
 
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ class OnceChecks(Context):
             counted, spans = [], []
             for a in atts:
                 crash = None if a.end_ms is not None else self.crash_of(a)
-                if a.end_ms is not None or (crash is None and not self.in_flight_at_end(a)):
+                completed = a.end_ms is not None and not a.aborted
+                if completed or (a.end_ms is None and crash is None and not self.in_flight_at_end(a)):
                     counted.append(a)
                 end = a.end_ms if a.end_ms is not None else crash
                 spans.append((a.start_ms, end, a))

@@ -29,6 +29,7 @@ import asyncio
 import contextlib
 import json
 import shlex
+import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -43,11 +44,13 @@ from scheduler.ids import ExecutionId, FencingToken
 __all__ = ["EffectRecord", "EffectSink", "http_payload", "read_effects", "shell_command"]
 
 MAX_HOLD_MS = 600_000
+_HOLD_POLL_S = 0.05  # how often a held effect looks whether its caller is still there
 
 
 @dataclass(frozen=True)
 class EffectRecord:
-    """One line of the effect log. `phase` start|end; a refused start has accepted=False and a reason."""
+    """One line of the effect log. `phase` start | end | abort (the caller went away mid-effect: cut short,
+    not completed); a refused start has accepted=False and a reason."""
 
     seq: int
     phase: str
@@ -170,7 +173,7 @@ class EffectSink:
         except _BadRequest as e:
             return web.Response(status=400, text=str(e))
         worker = request.headers.get("X-Worker", "") or (request.remote or "")
-        if phase == "end":
+        if phase == "end":  # the shell's second call; a job killed before it never sends it
             self._write("end", eid, token, attempt, worker, accepted=True)
             return web.Response(text="ok")
         prev = self.max_revision.get(token.partition, 0)
@@ -184,10 +187,25 @@ class EffectSink:
         self.accepted += 1
         self._write("start", eid, token, attempt, worker, accepted=True, max_revision=prev)
         if phase == "once":
-            if hold_ms:
-                await asyncio.sleep(hold_ms / 1000)
+            if hold_ms and not await self._hold(request, hold_ms):
+                # The caller went away mid-effect (its worker was killed, or it gave up): the effect was
+                # cut short, not completed. aiohttp does not cancel the handler, so we look.
+                self._write("abort", eid, token, attempt, worker, accepted=True, reason="caller disconnected")
+                return web.Response(status=499, text="caller went away")
             self._write("end", eid, token, attempt, worker, accepted=True)
         return web.Response(text="ok")
+
+    @staticmethod
+    async def _hold(request: web.Request, hold_ms: int) -> bool:
+        """Sleep `hold_ms` while the caller stays connected; False as soon as it is gone."""
+        left = hold_ms / 1000
+        while left > 0:
+            await asyncio.sleep(min(_HOLD_POLL_S, left))
+            left -= _HOLD_POLL_S
+            transport = request.transport
+            if transport is None or transport.is_closing():
+                return False
+        return True
 
     @staticmethod
     def _identity(request: web.Request) -> tuple[ExecutionId, FencingToken, int, int]:
@@ -232,8 +250,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--port", type=int, default=0, help="0: a free port (printed)")
     ap.add_argument("--unsafe-no-fence", action="store_true",
                     help=f"accept stale tokens (meta-tests only; needs {TEST_MODE_ENV}=1)")
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(_serve(ap.parse_args(argv)))
+    args = ap.parse_args(argv)
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            asyncio.run(_serve(args))
+    except InvalidArgument as e:
+        print(f"chaos.sink: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":

@@ -225,3 +225,16 @@ def test_a_worker_crash_that_crashed_nothing_is_invalid(tmp_path: Path) -> None:
     x.faults.append(FaultRecord(1, "F7", "r1-w2", T0 + 41_700, T0 + 41_900, {}, "worker", healthy_ms=T0 + 42_000))
     verdict, _, invalid = judged(x.build(tmp_path / "run"))
     assert verdict == "invalid" and any("crashed nothing mid-execution" in r for r in invalid), invalid
+
+
+def test_an_effect_cut_short_by_its_caller_then_retried_is_not_a_duplicate(tmp_path: Path) -> None:
+    x, _ = clean_run(tmp_path / "run")
+    eid = execution_id("s-006", T0 + 44_000)
+    tok = token_of(x, "s-006")
+    x.effects = [e for e in x.effects if e.exec_id != eid]
+    x.effect(eid, 1, tok, "r1-w2", T0 + 44_040, None)
+    x.seq += 1
+    x.effects.append(replace(x.effects[-1], seq=x.seq, phase="abort", t_ms=T0 + 44_300))  # the worker died
+    x.effect(eid, 2, tok, "r1-w1", T0 + 47_000, T0 + 47_100)
+    _, fails, _ = judged(x.build(tmp_path / "run"))
+    assert "I1" not in fails, fails

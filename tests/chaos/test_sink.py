@@ -3,7 +3,13 @@ executors as drill workers call it: it records every call and refuses a stale fe
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
+import signal
+import subprocess
+import sys
+import urllib.request
 from pathlib import Path
 
 import aiohttp
@@ -100,3 +106,41 @@ def test_a_torn_last_line_is_skipped(tmp_path: Path) -> None:
     log.write_text('{"seq":1,"phase":"start","exec_id":"a@x","schedule_id":"a","planned_ms":1,"attempt":1,'
                    '"partition":0,"revision":5,"worker":"w","t_ms":10,"accepted":true}\n{"seq":2,"pha')
     assert [r.seq for r in read_effects(log)] == [1]
+
+
+async def test_a_caller_that_goes_away_mid_effect_is_recorded_as_cut_short(tmp_path: Path) -> None:
+    """A worker killed during a held http effect (F7): the sink records an abort, not a completion,
+    so the retry that follows is not a duplicate."""
+    log = tmp_path / "effects.jsonl"
+    async with EffectSink(log) as sink:
+        headers = {"Idempotency-Key": EID, "X-Fencing-Token": "1:1", "X-Attempt": "1"}
+        async with aiohttp.ClientSession() as s:
+            with pytest.raises(TimeoutError):
+                async with s.post(f"{sink.url}/effect?phase=once&hold_ms=2000", headers=headers,
+                                  timeout=aiohttp.ClientTimeout(total=0.2)):
+                    pass
+        for _ in range(40):
+            if any(r.phase == "abort" for r in read_effects(log)):
+                break
+            await asyncio.sleep(0.05)
+    assert [r.phase for r in read_effects(log)] == ["start", "abort"]
+
+
+def test_the_sink_runs_as_a_process_and_prints_its_url(tmp_path: Path) -> None:
+    """How the runner starts it: `python -m chaos.sink`, URL on the first line; stopped by its pid."""
+    p = subprocess.Popen([sys.executable, "-m", "chaos.sink", "--log", str(tmp_path / "e.jsonl")],
+                         stdout=subprocess.PIPE, text=True, cwd=Path(__file__).parents[2])
+    try:
+        assert p.stdout is not None
+        url = p.stdout.readline().strip()
+        assert url.startswith("http://127.0.0.1:")
+        with urllib.request.urlopen(f"{url}/health", timeout=10) as r:
+            assert json.loads(r.read())["fence"] is True
+    finally:
+        os.kill(p.pid, signal.SIGTERM)
+        p.wait(10)
+    refused = subprocess.run([sys.executable, "-m", "chaos.sink", "--log", str(tmp_path / "e.jsonl"),
+                              "--unsafe-no-fence"], capture_output=True, text=True, timeout=30,
+                             env={k: v for k, v in os.environ.items() if k != TEST_MODE_ENV},
+                             cwd=Path(__file__).parents[2], check=False)
+    assert refused.returncode == 2 and "refused outside test mode" in refused.stderr
