@@ -103,9 +103,9 @@ def draw_timeline(v: Verdict, path: Path) -> bool:
     nodes = sorted({n for _, n, _, _ in v.lanes})
     fig, (ax, lanes) = plt.subplots(2, 1, sharex=True, figsize=(13, 3.2 + 0.45 * max(2, len(nodes))),
                                     gridspec_kw={"height_ratios": [3, max(1.2, 0.45 * len(nodes))]})
-    colours = plt.get_cmap("tab10")
     types = sorted({f.type for f in v.faults}, key=lambda k: int(k[1:]))
-    tcol = {t: colours(i % 10) for i, t in enumerate(types)}
+    colours = plt.get_cmap("tab10" if len(types) <= 10 else "tab20")
+    tcol = {t: colours(i % 20) for i, t in enumerate(types)}
     end_s = (m["end_ms"] - t0) / 1000
     for f in v.faults:
         x1 = f.start_s + (f.duration_s if f.duration_s is not None else end_s - f.start_s)
@@ -132,9 +132,11 @@ def draw_timeline(v: Verdict, path: Path) -> bool:
     for t in types:
         handles.append(mpatches.Patch(color=tcol[t], alpha=0.35))
         labels.append(f"{t} window")
-    ax.legend(handles, labels, loc="upper right", fontsize=8, ncol=min(4, len(labels)), framealpha=0.9)
+    # Above the plot, right of the title: inside it would cover the windows' labels and the points.
+    ax.legend(handles, labels, loc="lower right", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False,
+              ncol=min(6, len(labels)), handletextpad=0.4, columnspacing=1.0, borderaxespad=0.2)
     verdict = {"pass": "PASS", "fail": "FAIL", "invalid": "INVALID"}[v.result]
-    ax.set_title(f"{verdict}: drill {v.scenario}, seed {v.seed}: start lag and fault windows", loc="left", fontsize=11)
+    ax.set_title(f"{verdict}: drill {v.scenario}, seed {v.seed}", loc="left", fontsize=11)
     # Ownership lanes: one row per planner, partitions as thin bars within it (a takeover moves a bar).
     parts = max(1, int(m["partitions"]))
     pcol = plt.get_cmap("tab10" if parts <= 10 else "tab20")
@@ -147,6 +149,10 @@ def draw_timeline(v: Verdict, path: Path) -> bool:
             y = row + 0.1 + 0.8 * p / parts
             colour = pcol(p % (10 if parts <= 10 else 20))
             lanes.broken_barh([(x0, max(x1 - x0, 0.05))], (y, 0.8 / parts * 0.9), color=colour)
+    if parts <= 10:  # name the partitions' colours (more would not fit; the bars still show the moves)
+        keys = [mpatches.Patch(color=pcol(p)) for p in range(parts)]
+        lanes.legend(keys, [f"p{p}" for p in range(parts)], loc="lower right", bbox_to_anchor=(1.0, 1.0),
+                     fontsize=7, frameon=False, ncol=parts, handlelength=1.2, columnspacing=0.8, borderaxespad=0.1)
     lanes.set_yticks([r + 0.5 for r in range(len(nodes))], nodes)
     lanes.set_ylim(0, max(1, len(nodes)))
     lanes.set_xlim(left=min(0.0, min(xs, default=0.0)), right=end_s)

@@ -224,3 +224,114 @@ def clean_run(directory: Path) -> tuple[Synth, Run]:
     x.faults.append(FaultRecord(0, "F2", "r1-p1", pause_from, pause_to, {"ttl_multiple": 3.0}, "planner",
                                 "planner pause", healthy_ms=pause_to + 1500))
     return x, x.build(directory)
+
+
+# ---- a general small simulation: several planners and faults --------------------------------------
+
+
+@dataclass
+class Plan:
+    """What happens to ownership in a simulated run (times are seconds after T0)."""
+
+    nodes: tuple[str, ...] = ("r1-p1", "r1-p2", "r1-p3")
+    down: dict[str, list[tuple[float, float]]] = field(default_factory=dict)  # node -> stretches it serves nothing
+    moves: list[tuple[float, int, str]] = field(default_factory=list)  # (time, partition, new owner): expiry + claim
+    stale: list[tuple[float, str, int]] = field(default_factory=list)  # (time, node, partition): a refused write
+
+
+def simulate(directory: Path, plan: Plan, faults: list[FaultRecord], *, schedules: int = 16,
+             duration_s: int = 90, scenario: str = SCENARIO) -> Run:
+    """Every-second schedules served by the owner of their partition; while the owner serves nothing,
+    a planned time waits for the next claim of its partition or the owner's return, whichever is first."""
+    x = Synth(duration_ms=duration_s * 1000)
+    x.leases = {n: 0xA0 + i for i, n in enumerate(plan.nodes)}
+    ss = [sched(f"s-{i:03d}") for i in range(schedules)]
+    claims: dict[int, list[tuple[int, str]]] = {p: [(T0 - 6000, plan.nodes[p % len(plan.nodes)])] for p in range(P)}
+    for move_s, p, node in sorted(plan.moves):
+        claims[p].append((T0 + int(move_s * 1000), node))
+    down = {n: [(T0 + int(a * 1000), T0 + int(b * 1000)) for a, b in v] for n, v in plan.down.items()}
+
+    def is_down(node: str, t: int) -> bool:
+        return any(a <= t < b for a, b in down.get(node, []))
+
+    def owner_at(p: int, t: int) -> tuple[int, str]:
+        return [c for c in claims[p] if c[0] <= t][-1]
+
+    def served(p: int, t: int) -> tuple[str, int]:
+        """(node, when) that serves partition p's planned time t."""
+        _since, node = owner_at(p, t)
+        if not is_down(node, t):
+            return node, t
+        later = [c for c in claims[p] if c[0] > t]
+        back = min((b for a, b in down[node] if a <= t < b), default=None)
+        options = [(c[0] + 100, c[1]) for c in later[:1]]
+        if back is not None and (not later or later[0][0] > back):
+            options.append((back + 100, node))
+        when, who = min(options)
+        return who, when
+
+    events: list[tuple[int, int, Any]] = []  # (time, order, action)
+    n = 0
+
+    def at(t: int, action: Any) -> None:
+        nonlocal n
+        n += 1
+        events.append((t, n, action))
+
+    for p in range(P):
+        for i, (t_claim, node) in enumerate(claims[p]):
+            if i:
+                at(t_claim - 100, lambda p=p, t=t_claim: x.expire(p, t - 100))
+            at(t_claim, lambda p=p, node=node, t=t_claim: x.claim(p, node, t))
+    for s in ss:
+        at(T0 - 5000, lambda s=s: x.schedule(s, T0 - 5000, T0 - 5000))
+    for sec in range(-4, duration_s + 1):
+        t = T0 + sec * 1000
+        for s in ss:
+            p = partition_for(s.id, P)
+            node, when = served(p, t)
+            at(when, lambda s=s, t=t, node=node, when=when, w="r1-w1" if sec % 2 else "r1-w2":
+               run_one(x, s, t, (node, x.owners[partition_for(s.id, P)][1]), when, w))
+        for p in range(P):
+            _, node = owner_at(p, t)
+            if not is_down(node, t):
+                at(t + 50, lambda p=p, t=t: x.checkpoint(p, t + 1000, t + 50) if p in x.owners else None)
+    for stale_s, node, p in plan.stale:
+        t = T0 + int(stale_s * 1000)
+        old = next(c for c in claims[p] if c[1] == node)
+
+        def refused(p: int = p, t: int = t, old: tuple[int, str] = old) -> None:
+            token = next(w.create_rev for w in x.watch if w.key == KS.owner(p).decode() and w.t_ms == old[0] + 5)
+            x.effect(execution_id("s-000", t - 1000), 2, FencingToken(p, token), "r1-w1", t, None, accepted=False)
+
+        at(t, refused)
+    for _, _, action in sorted(events, key=lambda e: (e[0], e[1])):
+        action()
+    x.faults.extend(faults)
+    return x.build(directory, scenario=scenario, nodes={
+        **{nd: {"role": "planner", "region": "r1"} for nd in plan.nodes},
+        "r1-w1": {"role": "worker", "region": "r1"}, "r1-w2": {"role": "worker", "region": "r1"}})
+
+
+SHOWCASE_SCENARIO = SCENARIO.replace("duration_s = 60", "duration_s = 90").replace(
+    "planners_per_region = 2", "planners_per_region = 3")
+
+
+def showcase(directory: Path) -> Run:
+    """Three planners, 90 s: F1 kills r1-p1 (its partitions move to r1-p2 and r1-p3 a TTL later, it is
+    restarted and takes one back), F2 pauses r1-p2 beyond its lease (r1-p3 takes over, r1-p2's stale
+    write is refused when it wakes), F3 cuts r1-p3 off for 1.5 s (below the TTL: no takeover)."""
+    plan = Plan(
+        down={"r1-p1": [(15.0, 19.0)], "r1-p2": [(40.0, 46.0)], "r1-p3": [(65.0, 66.5)]},
+        moves=[(17.2, 0, "r1-p2"), (17.3, 3, "r1-p3"), (30.0, 3, "r1-p1"), (42.5, 1, "r1-p3"), (42.6, 0, "r1-p1")],
+        stale=[(46.05, "r1-p2", 1)],
+    )
+    faults = [
+        FaultRecord(0, "F1", "r1-p1", T0 + 15_000, T0 + 19_000, {"restart": True}, "planner", "planner crash",
+                    healthy_ms=T0 + 20_000),
+        FaultRecord(1, "F2", "r1-p2", T0 + 40_000, T0 + 46_000, {"ttl_multiple": 3.0}, "planner", "planner pause",
+                    healthy_ms=T0 + 47_000),
+        FaultRecord(2, "F3", "r1-p3", T0 + 65_000, T0 + 66_500, {"direction": "both"}, "link",
+                    "planner-etcd partition", healthy_ms=T0 + 67_000),
+    ]
+    return simulate(directory, plan, faults, scenario=SHOWCASE_SCENARIO)

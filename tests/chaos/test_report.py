@@ -49,3 +49,18 @@ def test_report_of_an_invalid_run_says_why_first(tmp_path: Path) -> None:
     first = md.splitlines()[0]
     assert first.startswith("# INVALID") and "no stale write was refused" in first
     assert "## Why the run is invalid" in md
+
+
+def test_the_showcase_run_three_planners_three_faults(tmp_path: Path) -> None:
+    """The picture in docs/drills.md comes from this run (regenerate it with the report it writes)."""
+    from tests.chaos.synth import showcase
+
+    run = showcase(tmp_path / "run")
+    write_run(run)
+    v = check_run(load_run(tmp_path / "run"))
+    assert (v.result, v.invalid) == ("pass", [])
+    assert set(v.stats["rto"]) == {"F1", "F2", "F3"} and v.stats["rto"]["F3"]["max_s"] == 0.0
+    f1, f2, f3 = v.faults
+    assert f1.takeovers == 2 and f2.takeovers == 2 and f2.stale_rejected == 1 and f3.takeovers == 0
+    out = write_report(v, tmp_path / "report")
+    assert out["png"].stat().st_size > 20_000
