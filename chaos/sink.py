@@ -65,6 +65,7 @@ class EffectRecord:
     accepted: bool
     reason: str = ""
     max_revision: int = 0  # the partition's highest accepted revision when this call arrived
+    t_start_ms: int = 0  # on end/abort lines: the matching start's t_ms, so the line is the whole effect
 
     @staticmethod
     def from_json(d: dict[str, Any]) -> EffectRecord:
@@ -121,6 +122,7 @@ class EffectSink:
         self.max_revision: dict[int, int] = {}  # partition -> highest accepted revision
         self.accepted = self.refused = 0
         self._seq = 0
+        self._started: dict[tuple[str, int, str], int] = {}  # (execution id, attempt, worker) -> start t_ms
         self._log: IO[str] | None = None
         self._runner: web.AppRunner | None = None
         self.url = ""
@@ -227,8 +229,16 @@ class EffectSink:
     def _write(self, phase: str, eid: ExecutionId, token: FencingToken, attempt: int, worker: str, *,
                accepted: bool, reason: str = "", max_revision: int = 0) -> None:
         self._seq += 1
+        now = self.clock.wall_ms()
+        key = (str(eid), attempt, worker)
+        if phase == "start":
+            if accepted:
+                self._started[key] = now
+            started = 0
+        else:
+            started = self._started.pop(key, 0)
         rec = EffectRecord(self._seq, phase, str(eid), eid.schedule_id, eid.planned_ms, attempt, token.partition,
-                           token.revision, worker, self.clock.wall_ms(), accepted, reason, max_revision)
+                           token.revision, worker, now, accepted, reason, max_revision, started)
         assert self._log is not None, "the sink is not started"
         self._log.write(json.dumps(asdict(rec), separators=(",", ":")) + "\n")
 

@@ -70,6 +70,7 @@ async def test_the_http_executor_reaches_it_and_a_refusal_is_permanent(tmp_path:
     assert (start.phase, start.exec_id, start.partition, start.revision, start.accepted) == (
         "start", EID, 12, 9001, True)
     assert end.phase == "end" and end.t_ms - start.t_ms >= 140  # the sink held the answer: the effect lasts
+    assert end.t_start_ms == start.t_ms  # an end line is the whole effect
     assert start.worker == "127.0.0.1"  # the http executor cannot say who it is: the peer stands in
     assert not refused.accepted and refused.revision == 9000
 
