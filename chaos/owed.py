@@ -19,6 +19,8 @@ __all__ = ["OwedChecks", "fixed_period_ms", "independent_times", "planned_times"
 IN_FLIGHT = (ExecState.SCHEDULED, ExecState.DISPATCHED, ExecState.RUNNING, ExecState.RETRY_WAIT)
 ENDED = (ExecState.DEAD_LETTER, ExecState.FAILED, ExecState.CANCELLED)
 MISSED_REASONS = ("policy_skip", "outside_catchup_window", "over_cap")
+SCHEDULE_OPS = ("create", "update", "pause", "resume", "delete")  # the ops that write the schedule's key
+OP_LANDED_MS = 2_000  # an acknowledged write is seen by the watcher within this long after the call returned
 
 
 def fixed_period_ms(spec: str) -> tuple[int, int] | None:
@@ -73,8 +75,24 @@ class OwedChecks(Context):
         for c in dict.fromkeys(cross):
             self.inv["I2"].fail(f"[time-engine] {c}")
 
+    def ops_landed(self, inv: Invariant) -> None:
+        """Every schedule change the API acknowledged is in etcd's history, seen while (or just after) the
+        call ran: the owed planned times are computed from that history, so an acknowledged pause,
+        resume, update, create or delete that never landed would silently change what is owed."""
+        landed_within = OP_LANDED_MS
+        for o in self.run.ops:
+            if not o.ok or o.op not in SCHEDULE_OPS:
+                continue
+            inv.checked += 1
+            end = (o.t_end_ms or o.t_ms) + landed_within
+            seen = [v.seen_ms for v in self.idx.versions.get(o.schedule_id, [])]
+            if not any(o.t_ms - SLACK_MS <= t <= end for t in seen):
+                inv.fail(f"[lost-op] {o.op} of {o.schedule_id} acknowledged at {self.rel(o.t_end_ms or o.t_ms)}, "
+                         f"but etcd's history shows no change of the schedule while it ran")
+
     def i2(self) -> None:
         inv = self.inv["I2"]
+        self.ops_landed(inv)
         self.owed_list = list(self.owed())
         for sid, t, _ in self.owed_list:
             self.owed_of.setdefault(sid, []).append(t)

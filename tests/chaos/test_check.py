@@ -238,3 +238,12 @@ def test_an_effect_cut_short_by_its_caller_then_retried_is_not_a_duplicate(tmp_p
     x.effect(eid, 2, tok, "r1-w1", T0 + 47_000, T0 + 47_100)
     _, fails, _ = judged(x.build(tmp_path / "run"))
     assert "I1" not in fails, fails
+
+
+def test_an_acknowledged_pause_missing_from_etcd_fails_i2(tmp_path: Path) -> None:
+    from chaos.record import OpRecord
+
+    x, _ = clean_run(tmp_path / "run")
+    x.ops.append(OpRecord(T0 + 50_000, "pause", "s-007", True, T0 + 50_020))  # said ok; never landed
+    verdict, fails, _ = judged(x.build(tmp_path / "run"))
+    assert verdict == "fail" and fails.get("I2") == 1
