@@ -44,6 +44,7 @@ __all__ = [
     "Run",
     "RunError",
     "RunMeta",
+    "RunWriter",
     "WatchRecord",
     "load_run",
     "record_snapshot",
@@ -243,6 +244,34 @@ def write_run(run: Run) -> None:
     write_jsonl(d / "faults.jsonl", (asdict(f) for f in run.faults))
     if run.snapshot:
         write_jsonl(d / "etcd-start.jsonl", (w.to_json() for w in run.snapshot))
+
+
+class RunWriter:
+    """Writes a run directory while the run goes (what the runner records with): the sink logs to
+    `effects_path`, the watcher to `watch`, operations and faults are appended as they happen (a
+    line each, flushed: a crash of the harness keeps what was done), and `finish` writes run.json."""
+
+    def __init__(self, directory: str | Path, scenario_toml: str = "") -> None:
+        self.directory = Path(directory)
+        self.logs = self.directory / "logs"
+        self.logs.mkdir(parents=True, exist_ok=True)
+        if scenario_toml:
+            (self.directory / "scenario.toml").write_text(scenario_toml)
+        self.effects_path = self.directory / "effects.jsonl"
+        self.watch: IO[str] = (self.directory / "etcd-watch.jsonl").open("a")
+        self._ops = (self.directory / "ops.jsonl").open("a", buffering=1)
+        self._faults = (self.directory / "faults.jsonl").open("a", buffering=1)
+
+    def op(self, rec: OpRecord) -> None:
+        self._ops.write(json.dumps(asdict(rec), separators=(",", ":")) + "\n")
+
+    def fault(self, rec: FaultRecord) -> None:
+        self._faults.write(json.dumps(asdict(rec), separators=(",", ":")) + "\n")
+
+    def finish(self, meta: RunMeta) -> None:
+        (self.directory / "run.json").write_text(json.dumps(asdict(meta), indent=1))
+        for f in (self.watch, self._ops, self._faults):
+            f.close()
 
 
 async def record_snapshot(kv: KV, prefix: str, out: IO[str], *, clock: Clock = SYSTEM_CLOCK) -> int:

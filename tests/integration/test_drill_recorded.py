@@ -1,8 +1,9 @@
 """A drill recorded from real processes and judged by the harness's checker: the first end-to-end use of
 chaos/ on the product's own output (the runner of issue 10 will do this from a scenario).
 
-One etcd, two `schedctl planner` processes, one effect-worker process; 12 every-second schedules over
-the http executor and 4 `@every 2s` ones over the shell executor, all reporting to the effect sink;
+One etcd, two `schedctl planner` processes, one effect-worker process; the scenario's plan made into
+schedules by chaos/load.py: 12 every-second ones over the http executor and 4 `@every 2s` ones over the
+shell executor, all reporting to the effect sink; chaos.record.RunWriter records the run;
 the harness's watcher records etcd's history; one planner is SIGKILLed (F1) and restarted. The run
 directory is written as the runner will write it, `check_run` judges it, and the report is written
 next to it. Safety (I1, I4, I5, I6) must hold; the whole verdict is printed.
@@ -11,25 +12,24 @@ next to it. Safety (I1, I4, I5, I6) must hold; the whole verdict is printed.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import sys
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 
 from chaos.check import check_run
-from chaos.record import FaultRecord, RunMeta, load_run, record_watch, write_jsonl
+from chaos.load import schedule_of
+from chaos.plan import make_plan
+from chaos.record import FaultRecord, RunMeta, RunWriter, load_run, record_watch
 from chaos.report import write_report
-from chaos.sink import EffectSink, http_payload, shell_command
+from chaos.scenario import loads
+from chaos.sink import EffectSink
 from scheduler.clock import SYSTEM_CLOCK
-from scheduler.model import Policies, RetryPolicy, Schedule
 from scheduler.store.etcd import EtcdClient, EtcdError
 from scheduler.store.keyspace import Keyspace
 from scheduler.store.schedules import ScheduleStore
-from scheduler.timeplan import MissedRuns, Overlap
 from tests.etcd_cluster import EtcdFactory
 from tests.integration.engine import WORKER, stop_process
 from tests.integration.planners import FAST, PlannerSet
@@ -64,6 +64,12 @@ min_planned_per_fault = 20
 name = "sec"
 count = 12
 spec = "* * * * * *"
+[[load.schedules]]
+name = "every2"
+count = 4
+spec = "@every 2s"
+executor = "shell"
+hold_ms = 300
 [faults]
 warmup_s = 5
 cooldown_s = 5
@@ -90,66 +96,55 @@ async def test_a_recorded_run_of_real_processes_is_judged(etcd_factory: EtcdFact
     etcd = etcd_factory()
     ks = Keyspace(PREFIX)
     run_dir = tmp_path / "run"
-    (run_dir / "logs").mkdir(parents=True)
-    sink = EffectSink(run_dir / "effects.jsonl")
+    rec = RunWriter(run_dir, SCENARIO)
+    sink = EffectSink(rec.effects_path)
     url = await sink.start()
-    policies = Policies(missed_runs=MissedRuns.ALL, catchup_cap=1000, catchup_window_ms=600_000,
-                        overlap=Overlap.ALLOW_ALL, execution_timeout_ms=20_000,
-                        retry=RetryPolicy(max_attempts=3, initial_backoff_ms=200, max_backoff_ms=1000))
-    schedules = [Schedule(id=f"sec-{i:03d}", tenant="t", spec="* * * * * *", worker_pool="pool", task_type="http",
-                          payload=json.dumps(http_payload(url)).encode(), policies=policies) for i in range(12)]
-    schedules += [Schedule(id=f"every2-{i:03d}", tenant="t", spec="@every 2s", worker_pool="pool", task_type="shell",
-                           payload=json.dumps({"command": shell_command(url, 300)}).encode(), policies=policies)
-                  for i in range(4)]
+    plan = make_plan(loads(SCENARIO))
+    schedules = [schedule_of(p, url, pool="pool") for p in plan.schedules]  # effect_worker serves "pool"
     planners = PlannerSet(tmp_path / "planners", etcd.endpoints, PREFIX, partitions=P,
                           settings={**FAST, "lookahead_ms": "1000", "late_grace_ms": "2000"})
     worker = None
-    faults: list[FaultRecord] = []
     async with EtcdClient(etcd.config(timeout=2.0)) as kv:
         stop = asyncio.Event()
-        with (run_dir / "etcd-watch.jsonl").open("w") as watch_out:
-            watcher = asyncio.create_task(record_watch(kv, PREFIX, watch_out, stop))
-            try:
-                _, a = await planners.serve("r1-p1")
-                _, b = await planners.serve("r1-p2")
-                env = {k: v for k, v in os.environ.items() if not k.startswith("SCHED_")} | {"CHAOS_WORKER": "r1-w1"}
-                worker = spawn([sys.executable, WORKER, "--id", "r1-w1", "--planners", f"{a},{b}", "--effects",
-                                str(tmp_path / "worker-effects.log")], run_dir / "logs" / "r1-w1.log", env=env)
-                await wait_owned(kv, ks)
-                store = ScheduleStore(kv, ks, P)
-                for s in schedules:
-                    await store.create(s, SYSTEM_CLOCK.wall_ms())
-                start_ms = SYSTEM_CLOCK.wall_ms()
-                await asyncio.sleep(STEADY_S)
-                t_kill = SYSTEM_CLOCK.wall_ms()
-                planners["r1-p1"].kill()  # F1
-                await asyncio.sleep(DOWN_S)
-                await planners.serve("r1-p1", settings={"api_port": a.rpartition(":")[2]})
-                t_back = SYSTEM_CLOCK.wall_ms()
-                healthy = await wait_owned(kv, ks)
-                faults.append(FaultRecord(0, "F1", "r1-p1", t_kill, t_back, {"restart": True}, "planner",
-                                          "planner crash", healthy_ms=healthy))
-                await asyncio.sleep(AFTER_S)
-                end_ms = SYSTEM_CLOCK.wall_ms()
-                await asyncio.sleep(6.0)  # the window's last runs finish
-            finally:
-                stop.set()
-                await asyncio.gather(watcher, return_exceptions=True)
-                if worker is not None:
-                    stop_process(worker)
-                planners.close()
-                await sink.close()
+        watcher = asyncio.create_task(record_watch(kv, PREFIX, rec.watch, stop))
+        try:
+            _, a = await planners.serve("r1-p1")
+            _, b = await planners.serve("r1-p2")
+            env = {k: v for k, v in os.environ.items() if not k.startswith("SCHED_")} | {"CHAOS_WORKER": "r1-w1"}
+            worker = spawn([sys.executable, WORKER, "--id", "r1-w1", "--planners", f"{a},{b}", "--effects",
+                            str(tmp_path / "worker-effects.log")], run_dir / "logs" / "r1-w1.log", env=env)
+            await wait_owned(kv, ks)
+            store = ScheduleStore(kv, ks, P)
+            for s in schedules:
+                await store.create(s, SYSTEM_CLOCK.wall_ms())
+            start_ms = SYSTEM_CLOCK.wall_ms()
+            await asyncio.sleep(STEADY_S)
+            t_kill = SYSTEM_CLOCK.wall_ms()
+            planners["r1-p1"].kill()  # F1
+            await asyncio.sleep(DOWN_S)
+            await planners.serve("r1-p1", settings={"api_port": a.rpartition(":")[2]})
+            t_back = SYSTEM_CLOCK.wall_ms()
+            healthy = await wait_owned(kv, ks)
+            rec.fault(FaultRecord(0, "F1", "r1-p1", t_kill, t_back, {"restart": True}, "planner",
+                                  "planner crash", healthy_ms=healthy))
+            await asyncio.sleep(AFTER_S)
+            end_ms = SYSTEM_CLOCK.wall_ms()
+            await asyncio.sleep(6.0)  # the window's last runs finish
+        finally:
+            stop.set()
+            await asyncio.gather(watcher, return_exceptions=True)
+            if worker is not None:
+                stop_process(worker)
+            planners.close()
+            await sink.close()
     for node in ("r1-p1", "r1-p2"):
         with (run_dir / "logs" / f"{node}.log").open("w") as log:
             for part in sorted((tmp_path / "planners").glob(f"{node}.*.log")):
                 log.write(part.read_text(errors="replace"))
-    meta = RunMeta("recorded-f1", 1, PREFIX, P, TTL_S, start_ms, end_ms, versions={"python": sys.version.split()[0]},
-                   nodes={"r1-p1": {"role": "planner", "region": "r1"}, "r1-p2": {"role": "planner", "region": "r1"},
-                          "r1-w1": {"role": "worker", "region": "r1", "address": "127.0.0.1"}})
-    (run_dir / "run.json").write_text(json.dumps(asdict(meta), indent=1))
-    (run_dir / "scenario.toml").write_text(SCENARIO)
-    write_jsonl(run_dir / "faults.jsonl", (asdict(f) for f in faults))
-    write_jsonl(run_dir / "ops.jsonl", [])
+    nodes = {"r1-p1": {"role": "planner", "region": "r1"}, "r1-p2": {"role": "planner", "region": "r1"},
+             "r1-w1": {"role": "worker", "region": "r1", "address": "127.0.0.1"}}
+    rec.finish(RunMeta("recorded-f1", plan.seed, PREFIX, P, TTL_S, start_ms, end_ms, plan_fingerprint=plan.fingerprint,
+                       versions={"python": sys.version.split()[0]}, nodes=nodes))
     verdict = check_run(load_run(run_dir))
     paths = write_report(verdict, run_dir)
     print("\n" + paths["md"].read_text()[:6000])

@@ -1,0 +1,33 @@
+"""A plan's load as the product's schedules (chaos/load.py): every shipped scenario's schedules pass the
+API's validation, and each executor's payload reports to the sink."""
+
+from __future__ import annotations
+
+import json
+
+from chaos.load import schedule_of
+from chaos.plan import make_plan
+from chaos.scenario import find, list_scenarios, load
+
+URL = "http://127.0.0.1:9999"
+
+
+def test_every_scenario_plans_valid_schedules() -> None:
+    for s in list_scenarios():
+        for p in make_plan(s).schedules:
+            sch = schedule_of(p, URL)  # validate_schedule raised if not
+            assert sch.id == p.id and sch.policies.overlap.value == p.overlap
+            assert sch.labels == {"drill": p.group}
+
+
+def test_payloads_report_to_the_sink() -> None:
+    plan = make_plan(load(find("smoke")))
+    http = schedule_of(next(p for p in plan.schedules if p.executor == "http" and p.hold_ms), URL)
+    assert http.task_type == "http"
+    assert json.loads(http.payload)["url"].startswith(f"{URL}/effect?phase=once&hold_ms=")
+    shell = schedule_of(next(p for p in plan.schedules if p.executor == "shell"), URL, pool="pool")
+    cmd = json.loads(shell.payload)["command"]
+    assert shell.task_type == "shell" and shell.worker_pool == "pool"
+    assert "phase=start" in cmd and "sleep 0.300" in cmd and "phase=end" in cmd
+    ny = schedule_of(next(p for p in plan.schedules if p.group == "ny"), URL)
+    assert ny.time_zone == "America/New_York"
