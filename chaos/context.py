@@ -67,8 +67,10 @@ class Context:
         for f in self.faults:
             if f.start_ms < a.start_ms:
                 continue
-            hit = (f.type == "F7" and f.target == w) or (f.type == "F5" and self.node_region(w) == f.target) or (
-                f.type in ("F7", "F5") and w not in self.meta.nodes and not w.startswith(f.target))
+            # A worker run.json does not name (no address mapping) could be any: any worker crash may be its.
+            unknown = w not in self.meta.nodes
+            hit = (f.type == "F7" and (f.target == w or unknown)) or (
+                f.type == "F5" and (unknown or self.node_region(w) == f.target))
             if hit:
                 return f.start_ms
         return None

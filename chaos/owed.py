@@ -45,10 +45,14 @@ def independent_times(period_ms: int, phase_ms: int, after: int, through: int) -
 
 
 def planned_times(plan: Plan, spec: str, after: int, through: int, cross: list[str]) -> list[int]:
+    """The planned instants of `plan` in (after, through] from the production engine; for fixed-period
+    specs also recomputed independently, within the plan's start/end bounds, and any disagreement
+    appended to `cross` (an I2 violation: the checker cannot trust either then)."""
     times = list(plan.between_ms(after, through))
     fp = fixed_period_ms(spec)
-    if fp is not None and isinstance(plan, EveryPlan | CronPlan) and (plan.start_ms is None and plan.end_ms is None):
-        other = independent_times(fp[0], fp[1], after, through)
+    if fp is not None and isinstance(plan, EveryPlan | CronPlan):
+        lo, hi = max(after, plan.start_ms - 1), min(through, plan.end_ms)  # bounds are inclusive
+        other = independent_times(fp[0], fp[1], lo, hi) if hi > lo else []
         if other != times:
             diff = sorted(set(times) ^ set(other))[:5]
             cross.append(f"{spec!r} in ({after}, {through}]: the time engine and the independent computation "

@@ -4,6 +4,7 @@ decreasing accepted token fails I4, and runs whose faults exercised nothing are 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -247,3 +248,24 @@ def test_an_acknowledged_pause_missing_from_etcd_fails_i2(tmp_path: Path) -> Non
     x.ops.append(OpRecord(T0 + 50_000, "pause", "s-007", True, T0 + 50_020))  # said ok; never landed
     verdict, fails, _ = judged(x.build(tmp_path / "run"))
     assert verdict == "fail" and fails.get("I2") == 1
+
+
+def test_the_cross_check_catches_a_time_engine_that_drops_a_time() -> None:
+    """The second computation is not decoration: a plan that loses one instant is reported."""
+    plan = parse_spec("* * * * * *", schedule_id="x")
+    real = plan.between_ms
+
+    def lossy(a: int, b: int) -> Iterator[int]:
+        return (t for t in real(a, b) if t != T0 + 3000)
+
+    plan.between_ms = lossy  # type: ignore[method-assign]
+    cross: list[str] = []
+    times = planned_times(plan, "* * * * * *", T0, T0 + 10_000, cross)
+    assert T0 + 3000 not in times and len(cross) == 1 and "disagree on 1 planned times" in cross[0]
+
+
+def test_the_cross_check_honours_the_schedules_bounds() -> None:
+    plan = parse_spec("@every 2s", schedule_id="x", start_ms=T0 + 4000, end_ms=T0 + 8000)
+    cross: list[str] = []
+    assert planned_times(plan, "@every 2s", T0, T0 + 20_000, cross) == [T0 + 4000, T0 + 6000, T0 + 8000]
+    assert not cross
