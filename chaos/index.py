@@ -264,17 +264,19 @@ def _hold(idx: HistoryIndex, sid: str, w: WatchRecord) -> None:
 
 
 def _effects(idx: HistoryIndex, effects: list[EffectRecord]) -> None:
-    open_: dict[tuple[str, int, str], Attempt] = {}
+    # (execution id, attempt, worker) -> starts not yet ended, oldest first: one attempt delivered twice
+    # to workers behind one address (F9) has two starts under one key, and each end closes the oldest.
+    open_: dict[tuple[str, int, str], list[Attempt]] = {}
     for e in sorted(effects, key=lambda r: r.seq):
+        key = (e.exec_id, e.attempt, e.worker)
         if e.phase == "start":
             if not e.accepted:
                 idx.refused.append(e)
                 continue
             a = Attempt(e.exec_id, e.schedule_id, e.planned_ms, e.attempt, e.worker, e.partition, e.revision, e.t_ms)
             idx.attempts.setdefault(e.exec_id, []).append(a)
-            open_[(e.exec_id, e.attempt, e.worker)] = a
-        elif e.phase in ("end", "abort"):
-            got = open_.pop((e.exec_id, e.attempt, e.worker), None)
-            if got is not None:
-                got.end_ms = e.t_ms
-                got.aborted = e.phase == "abort"
+            open_.setdefault(key, []).append(a)
+        elif e.phase in ("end", "abort") and open_.get(key):
+            got = open_[key].pop(0)
+            got.end_ms = e.t_ms
+            got.aborted = e.phase == "abort"
