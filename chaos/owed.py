@@ -123,6 +123,9 @@ class OwedChecks(Context):
                 self.bump(f"ended_{rec.state.value}")
                 continue
             if rec is not None and rec.state in IN_FLIGHT:
+                if not self.pool_served(rec.pool):
+                    self.bump("unserved_pool")  # waits for a worker of its pool: the load's choice, not a stall
+                    continue
                 self.bump("pending")
                 if self.idx.harness_ms(rec.due_ms) < self.meta.end_ms - 3 * self.ttl_ms - 10_000:
                     inv.fail(f"[stuck] {eid}: still {rec.state.value} (attempt {rec.attempt}) at the end of the "
@@ -143,6 +146,12 @@ class OwedChecks(Context):
             self.bump("gaps")
             inv.fail(f"[gap] {eid}: owed since the activation at {act.activated_ms} ({act.state}), no effect, no "
                      f"execution record and no skip record (missed silently)")
+
+    def pool_served(self, pool: str) -> bool:
+        """Some worker of the run serves `pool` (run.json names each worker's pool). When no worker
+        names one, every pool counts as served: the strict reading."""
+        pools = {info["pool"] for info in self.meta.nodes.values() if info.get("role") == "worker" and "pool" in info}
+        return not pools or pool in pools
 
     def held(self, sid: str, t: int) -> bool:
         """A hold (its pool had no worker with capacity) still in place at the end covers `t`."""
