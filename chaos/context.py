@@ -5,6 +5,7 @@ fault killed a worker, which window a planned time falls in, who a fault's targe
 from __future__ import annotations
 
 import bisect
+from pathlib import Path
 
 from chaos import faults as catalogue
 from chaos.index import Activation, Attempt, HistoryIndex, build
@@ -47,6 +48,7 @@ class Context:
         self.owed_of: dict[str, list[int]] = {}
         self.phases: dict[str, list[int]] = {"before": [], "during": [], "after": []}
         self._exposures: dict[int, list[tuple[int, int]]] = {}
+        self._fenced_out: dict[Path, list[int]] = {}  # log -> times of its fenced_out events
 
     def bump(self, k: str, n: int = 1) -> None:
         self.counts[k] = self.counts.get(k, 0) + n

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
+from pathlib import Path
 
 from chaos import faults as catalogue
 from chaos.context import Context
@@ -70,7 +71,7 @@ class ValidityChecks(Context):
         return sum(1 for c in self.idx.claims() if c.node in nodes and c.held_at(rev))
 
     def takeovers(self, f: FaultRecord) -> int:
-        """Claims made after the fault started (until T + settle after it ended) on partitions its
+        """Claims made after the fault started (until 3 x TTL + settle after it ended) on partitions its
         target owned when it started."""
         rev0 = self.idx.rev_at(f.start_ms)
         nodes = self.target_nodes(f)
@@ -83,15 +84,20 @@ class ValidityChecks(Context):
         end = (f.end_ms or self.meta.end_ms) + self.ttl_ms + int(self.s.lag.settle_s * 1000)
         n = sum(1 for e in self.idx.refused if f.start_ms <= e.t_ms <= end)
         for path in self.run.logs:
-            if path.stem not in self.target_nodes(f):
-                continue
-            for line in path.read_text(errors="replace").splitlines():
-                if '"fenced_out"' not in line:
-                    continue
-                ts = _log_ms(line)
-                if ts is not None and f.start_ms <= ts <= end:
-                    n += 1
+            if path.stem in self.target_nodes(f):
+                n += sum(1 for ts in self.fenced_out_times(path) if f.start_ms <= ts <= end)
         return n
+
+    def fenced_out_times(self, path: Path) -> list[int]:
+        """When a node's log says a fenced write of it was refused (`fenced_out` events), read once per log."""
+        cache = self._fenced_out
+        if path not in cache:
+            times = []
+            for line in path.read_text(errors="replace").splitlines():
+                if '"fenced_out"' in line and (ts := _log_ms(line)) is not None:
+                    times.append(ts)
+            cache[path] = times
+        return cache[path]
 
     def running_on(self, worker: str, t: int) -> bool:
         """An accepted attempt of `worker` had started and not ended by harness time `t`."""

@@ -269,3 +269,17 @@ def test_the_cross_check_honours_the_schedules_bounds() -> None:
     cross: list[str] = []
     assert planned_times(plan, "@every 2s", T0, T0 + 20_000, cross) == [T0 + 4000, T0 + 6000, T0 + 8000]
     assert not cross
+
+
+def test_a_fenced_out_in_the_paused_planners_log_is_evidence_enough(tmp_path: Path) -> None:
+    """I4c's evidence may come from etcd refusing the stale txn (the planner logs fenced_out) rather
+    than from the sink."""
+    x, _ = clean_run(tmp_path / "run")
+    x.effects = [e for e in x.effects if e.accepted]
+    run = x.build(tmp_path / "run")
+    write_run(run)
+    (tmp_path / "run" / "logs").mkdir()
+    (tmp_path / "run" / "logs" / "r1-p1.log").write_text(
+        '{"ts": "2026-12-01T12:00:26.100Z", "level": "warning", "msg": "fenced out", "event": "fenced_out"}\n')
+    v = check_run(load_run(tmp_path / "run"))
+    assert (v.result, v.invalid) == ("pass", []) and v.faults[0].stale_rejected == 1
