@@ -42,6 +42,7 @@ from chaos.record import Run, RunError
 from chaos.scenario import Scenario, loads
 from chaos.validity import ValidityChecks
 from chaos.verdict import EXIT, FaultRow, Invariant, Verdict
+from scheduler import __version__
 
 __all__ = ["EXIT", "FaultRow", "Invariant", "Verdict", "check_run", "fixed_period_ms", "independent_times",
            "planned_times"]
@@ -83,6 +84,7 @@ class _Checker(OnceChecks, FencingChecks, OwedChecks, LagChecks, ValidityChecks)
                  for c in self.idx.claims()]
         meta = dict(self.meta.__dict__)
         meta["lag_bounds"] = dict(self.s.lag.__dict__)
+        meta["checker"] = f"sched {__version__}"  # which checker judged it (the run's own versions are above)
         return Verdict(result, self.meta.scenario, self.meta.seed, self.inv, list(dict.fromkeys(self.invalid)),
                        self.rows, stats, meta, sorted(self.lag_points), lanes)
 

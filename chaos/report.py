@@ -39,7 +39,7 @@ def render_markdown(v: Verdict, picture: str | None) -> str:
     versions = ", ".join(f"{k} {x}" for k, x in sorted(m.get("versions", {}).items())) or "not recorded"
     window = (m["end_ms"] - m["start_ms"]) / 1000
     lines += [f"- seed **{v.seed}**, plan `{m.get('plan_fingerprint') or '-'}`, target {m.get('target', 'local')}",
-              f"- versions: {versions}",
+              f"- versions: {versions}; judged by {m.get('checker', 'an unknown checker')}",
               f"- window: {window:.0f} s, {m['partitions']} partitions, lease TTL {m['lease_ttl_s']:g} s"
               + (f", cluster clock offset {m['clock_offset_ms'] / 1000:g} s" if m.get("clock_offset_ms") else ""),
               f"- exit code {v.exit_code} (0 pass, 1 fail, 3 invalid)", ""]
