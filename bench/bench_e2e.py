@@ -35,6 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from chaos.infra.etcd import EtcdCluster, find_binary, free_port  # noqa: E402
 from scheduler.clock import SYSTEM_CLOCK  # noqa: E402
 from scheduler.model import Policies, Schedule  # noqa: E402
 from scheduler.store.etcd import EtcdClient  # noqa: E402
@@ -42,7 +43,6 @@ from scheduler.store.etcd.ops import put  # noqa: E402
 from scheduler.store.keyspace import Keyspace  # noqa: E402
 from scheduler.store.schedules import ScheduleStore  # noqa: E402
 from scheduler.timeplan import Overlap  # noqa: E402
-from tests.etcd_cluster import EtcdCluster, find_binary, free_port  # noqa: E402
 
 PARTITIONS = 32
 PREFIX = "/bench"

@@ -1,4 +1,4 @@
-"""Shared fixtures. The etcd ones start real etcd processes (tests/etcd_cluster.py).
+"""Shared fixtures. The etcd ones start real etcd processes (chaos/infra/etcd.py).
 
 - `etcd_server`: one member per test module, shared by that module's tests: use unique key
   prefixes (`key_prefix`), and do not kill, pause or compact it (use `etcd_factory` for that).
@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, settings
 
+from chaos.infra.etcd import ETCD_MISSING, EtcdCluster, EtcdFactory, find_binary
 from scheduler.store.etcd import EtcdClient
 from tests import hang_dump
-from tests.etcd_cluster import ETCD_MISSING, EtcdCluster, EtcdFactory, find_binary
 
 # Hypothesis' defaults assume an idle machine: a 200 ms deadline per example and a health check that
 # fails a test whose data generation is slow. On a loaded 2-core CI machine both fail tests whose

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from chaos.infra.procs import forget, spawn
 from scheduler.client import SchedulerClient
 from tests.client.fake_server import FakeApi, start_fake
-from tests.processes import forget, spawn
 
 
 @pytest.fixture

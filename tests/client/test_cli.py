@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
+from chaos.infra.ports import unused_port
 from scheduler._gen.scheduler.v1 import cluster_pb2 as cpb
 from scheduler._gen.scheduler.v1 import execution_pb2 as epb
 from scheduler._gen.scheduler.v1 import schedule_service_pb2 as sspb
 from scheduler.cli import planner as planner_cli
 from scheduler.cli.main import build_parser
 from tests.client.fake_server import FakeApi
-from tests.ports import unused_port
 
 SCHEDCTL = str(Path(sys.executable).parent / "schedctl")
 CLEAN_ENV = {k: v for k, v in os.environ.items() if not k.startswith("SCHED_")} | {"XDG_CONFIG_HOME": "/nonexistent"}
@@ -292,7 +292,7 @@ async def test_completion_scripts() -> None:
 
 
 def test_planner_keeps_running_as_before_and_drain_is_a_sub_action() -> None:
-    # tests/integration/planners.py invokes `schedctl planner --node-id ... --etcd-endpoints ...`.
+    # chaos/infra/planners.py invokes `schedctl planner --node-id ... --etcd-endpoints ...`.
     args = build_parser().parse_args(["planner", "--node-id", "p1", "--etcd-endpoints", "127.0.0.1:2379",
                                       "--lease-ttl", "2", "--log-level", "info"])
     assert args.func is planner_cli.run and args.node_id == "p1" and args.action is None

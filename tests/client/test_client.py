@@ -8,13 +8,13 @@ from datetime import UTC, datetime
 import grpc
 import pytest
 
+from chaos.infra.ports import unused_port
 from scheduler._gen.scheduler.v1 import cluster_pb2 as cpb
 from scheduler._gen.scheduler.v1 import execution_pb2 as epb
 from scheduler._gen.scheduler.v1 import schedule_pb2 as spb
 from scheduler._gen.scheduler.v1 import schedule_service_pb2 as sspb
 from scheduler.client import ClientError, FieldViolation, RetryPolicy, SchedulerClient, SyncSchedulerClient
 from tests.client.fake_server import FakeApi, start_fake
-from tests.ports import unused_port
 
 T0 = 1_780_000_000_000
 

@@ -1,7 +1,7 @@
 """A small real cluster for API contract tests: etcd, two planner processes serving the API on
 loopback ports of their own choosing (read back from their logs), and one worker process
 (tests/integration/effect_worker.py, pool `pool`, task type `effect`). Everything is started through
-tests/processes.py (backstops) and stopped by pid.
+chaos/infra/procs.py (backstops) and stopped by pid.
 """
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ from typing import TypeVar
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from chaos.infra.etcd import EtcdCluster
+from chaos.infra.planners import API, PlannerSet
+from chaos.infra.procs import forget, spawn
 from scheduler._gen.scheduler.v1 import admin_service_pb2 as apb
 from scheduler._gen.scheduler.v1 import admin_service_pb2_grpc as agrpc
 from scheduler._gen.scheduler.v1 import schedule_service_pb2_grpc as sgrpc
-from tests.etcd_cluster import EtcdCluster
-from tests.integration.planners import API, PlannerSet
-from tests.processes import forget, spawn
 
 P = 8
 PREFIX = "/api"

@@ -1,7 +1,7 @@
 """A small engine under test for the process-level proofs: one etcd, `schedctl planner` processes and
 effect-worker processes (tests/integration/effect_worker.py), and the etcd-side readers the checks use.
 
-Everything is started through tests/processes.py (backstops: atexit, parent-death signal) and stopped
+Everything is started through chaos/infra/procs.py (backstops: atexit, parent-death signal) and stopped
 by pid in `close()`; call it from a finalizer.
 """
 
@@ -19,6 +19,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from chaos.infra.etcd import EtcdCluster
+from chaos.infra.planners import FAST, PlannerProcess, PlannerSet
+from chaos.infra.procs import forget, spawn
 from scheduler.clock import SYSTEM_CLOCK
 from scheduler.execution import ExecState, Execution
 from scheduler.model import Policies, Schedule
@@ -26,9 +29,6 @@ from scheduler.store.etcd import EtcdClient, EtcdError
 from scheduler.store.keyspace import Keyspace, partition_for
 from scheduler.store.ledger import Ledger
 from scheduler.store.schedules import ScheduleStore
-from tests.etcd_cluster import EtcdCluster
-from tests.integration.planners import FAST, PlannerProcess, PlannerSet
-from tests.processes import forget, spawn
 
 WORKER = str(Path(__file__).with_name("effect_worker.py"))
 PLANNER_SETTINGS = {**FAST, "lookahead_ms": "1000", "late_grace_ms": "2000"}

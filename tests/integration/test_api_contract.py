@@ -29,6 +29,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 from grpc_status import rpc_status
 
+from chaos.infra.etcd import EtcdCluster
 from scheduler._gen.scheduler.v1 import admin_service_pb2 as apb
 from scheduler._gen.scheduler.v1 import cluster_pb2 as cpb
 from scheduler._gen.scheduler.v1 import execution_pb2 as epb
@@ -40,7 +41,6 @@ from scheduler.model import RetryPolicy
 from scheduler.store.etcd import EtcdClient
 from scheduler.store.keyspace import Keyspace, partition_for
 from scheduler.store.ledger import Ledger
-from tests.etcd_cluster import EtcdCluster
 from tests.integration.api_cluster import PREFIX, ApiCluster, P, start_api_cluster, wait_until
 
 pytestmark = pytest.mark.etcd

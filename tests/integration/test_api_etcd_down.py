@@ -8,14 +8,14 @@ from pathlib import Path
 import grpc
 import pytest
 
+from chaos.infra.etcd import EtcdFactory
+from chaos.infra.planners import PlannerSet
 from scheduler._gen.scheduler.v1 import admin_service_pb2 as apb
 from scheduler._gen.scheduler.v1 import admin_service_pb2_grpc as agrpc
 from scheduler._gen.scheduler.v1 import schedule_pb2 as pb
 from scheduler._gen.scheduler.v1 import schedule_service_pb2 as spb
 from scheduler._gen.scheduler.v1 import schedule_service_pb2_grpc as sgrpc
-from tests.etcd_cluster import EtcdFactory
 from tests.integration.api_cluster import wait_until
-from tests.integration.planners import PlannerSet
 
 pytestmark = pytest.mark.etcd
 

@@ -21,10 +21,10 @@ from pathlib import Path
 
 import pytest
 
+from chaos.infra.etcd import EtcdFactory
 from scheduler.execution import ExecState
 from scheduler.model import Policies, Schedule
 from scheduler.store.etcd import EtcdClient
-from tests.etcd_cluster import EtcdFactory
 from tests.integration.engine import Engine, lines
 
 pytestmark = pytest.mark.etcd

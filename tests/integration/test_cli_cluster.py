@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from tests.etcd_cluster import EtcdCluster
-from tests.integration.planners import API, PlannerSet
-from tests.processes import forget, spawn
+from chaos.infra.etcd import EtcdCluster
+from chaos.infra.planners import API, PlannerSet
+from chaos.infra.procs import forget, spawn
 
 SCHEDCTL = str(Path(sys.executable).parent / "schedctl")
 CLEAN_ENV = {k: v for k, v in os.environ.items() if not k.startswith("SCHED_")} | {"XDG_CONFIG_HOME": "/nonexistent"}

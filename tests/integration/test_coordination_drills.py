@@ -1,6 +1,6 @@
 """Coordination drills with real processes (issue 3, "Tests that break things").
 
-Real etcd (tests/etcd_cluster.py), real `schedctl planner` processes (tests/integration/planners.py),
+Real etcd (chaos/infra/etcd.py), real `schedctl planner` processes (chaos/infra/planners.py),
 real signals. Every drill ends by replaying etcd's history of the run (chaos/history.py): no two
 planners on one partition at any revision, every checkpoint write carried the token of the claim
 current at its revision, watermarks never went back.
@@ -33,10 +33,8 @@ from typing import Any
 import pytest
 
 from chaos.history import CheckpointWrite, HistoryReport, read_and_check
-from scheduler.store.etcd import EtcdClient
-from scheduler.store.keyspace import Keyspace
-from tests.etcd_cluster import EtcdCluster, EtcdFactory
-from tests.integration.planners import (
+from chaos.infra.etcd import EtcdCluster, EtcdFactory
+from chaos.infra.planners import (
     FAST,
     OwnersView,
     PlannerSet,
@@ -46,6 +44,8 @@ from tests.integration.planners import (
     none_owned_by,
     wait_checkpoints_advance,
 )
+from scheduler.store.etcd import EtcdClient
+from scheduler.store.keyspace import Keyspace
 
 pytestmark = [pytest.mark.etcd, pytest.mark.timeout(240)]
 

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
+from chaos.infra.etcd import free_port
+from chaos.infra.ports import is_bind_error
+from chaos.infra.procs import forget, spawn
 from scheduler.planner.settings import PlannerSettings
-from tests.etcd_cluster import free_port
-from tests.ports import is_bind_error
-from tests.processes import forget, spawn
 
 SCHEDCTL = str(Path(sys.executable).parent / "schedctl")
 CLEAN_ENV = {k: v for k, v in os.environ.items() if not k.startswith("SCHED_")} | {"XDG_CONFIG_HOME": "/nonexistent"}

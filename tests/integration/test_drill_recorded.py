@@ -20,6 +20,9 @@ from pathlib import Path
 import pytest
 
 from chaos.check import check_run
+from chaos.infra.etcd import EtcdFactory
+from chaos.infra.planners import FAST, PlannerSet
+from chaos.infra.procs import spawn
 from chaos.load import schedule_of
 from chaos.plan import make_plan
 from chaos.record import FaultRecord, RunMeta, RunWriter, load_run, record_watch
@@ -30,10 +33,7 @@ from scheduler.clock import SYSTEM_CLOCK
 from scheduler.store.etcd import EtcdClient, EtcdError
 from scheduler.store.keyspace import Keyspace
 from scheduler.store.schedules import ScheduleStore
-from tests.etcd_cluster import EtcdFactory
 from tests.integration.engine import WORKER, stop_process
-from tests.integration.planners import FAST, PlannerSet
-from tests.processes import spawn
 
 pytestmark = [pytest.mark.etcd, pytest.mark.slow]
 

@@ -19,6 +19,9 @@ from pathlib import Path
 import pytest
 
 from chaos.history import read_and_check
+from chaos.infra.etcd import EtcdFactory
+from chaos.infra.planners import PlannerSet
+from chaos.infra.procs import spawn
 from scheduler.clock import SYSTEM_CLOCK
 from scheduler.execution import ExecState, Execution
 from scheduler.ids import execution_id
@@ -28,10 +31,7 @@ from scheduler.store.keyspace import Keyspace
 from scheduler.store.ledger import Ledger
 from scheduler.store.schedules import ScheduleStore
 from scheduler.timeplan import MissedRuns, Overlap, parse_spec
-from tests.etcd_cluster import EtcdFactory
 from tests.integration.engine import effects_once, stop_process
-from tests.integration.planners import PlannerSet
-from tests.processes import spawn
 
 pytestmark = pytest.mark.etcd
 

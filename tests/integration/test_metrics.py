@@ -19,15 +19,15 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from chaos.infra.etcd import EtcdCluster
+from chaos.infra.planners import PlannerSet, schedctl_binary
+from chaos.infra.procs import forget, spawn
 from scheduler.clock import SYSTEM_CLOCK
 from scheduler.metrics.core import OTHER
 from scheduler.model import Policies, RetryPolicy, Schedule
 from scheduler.store.etcd import EtcdClient
 from scheduler.store.keyspace import Keyspace
 from scheduler.store.schedules import ScheduleStore
-from tests.etcd_cluster import EtcdCluster
-from tests.integration.planners import PlannerSet, schedctl_binary
-from tests.processes import forget, spawn
 
 P = 4
 CLEAN_ENV = {k: v for k, v in os.environ.items() if not k.startswith("SCHED_")}

@@ -31,6 +31,8 @@ from pathlib import Path
 
 import pytest
 
+from chaos.infra.etcd import EtcdFactory
+from chaos.infra.planners import PlannerSet, wait_checkpoints_advance
 from scheduler.api.operations import Operations
 from scheduler.clock import SYSTEM_CLOCK
 from scheduler.execution import ExecState, Execution
@@ -41,9 +43,7 @@ from scheduler.store.keyspace import Keyspace
 from scheduler.store.ledger import Ledger
 from scheduler.store.schedules import ScheduleStore, StoredSchedule
 from scheduler.timeplan import MissedRuns, Overlap
-from tests.etcd_cluster import EtcdFactory
 from tests.integration.engine import effects_once, stop_process
-from tests.integration.planners import PlannerSet, wait_checkpoints_advance
 from tests.integration.test_engine_drill import start_worker
 
 pytestmark = pytest.mark.etcd

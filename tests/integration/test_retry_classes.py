@@ -22,11 +22,11 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
+from chaos.infra.etcd import EtcdCluster
 from scheduler.execution import ErrorClass, ExecState, Execution, backoff_ms
 from scheduler.ids import execution_id
 from scheduler.model import Policies, RetryPolicy, Schedule
 from scheduler.store.etcd import EtcdClient
-from tests.etcd_cluster import EtcdCluster
 from tests.integration.engine import Engine, connected, lines, next_second_ms, wait_until
 
 pytestmark = pytest.mark.etcd

@@ -12,13 +12,13 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from chaos.infra.etcd import EtcdCluster, free_port
+from chaos.infra.planners import OwnersView, all_owned_by
 from scheduler.execution import ExecState, Execution
 from scheduler.ids import execution_id
 from scheduler.model import Policies, RetryPolicy
 from scheduler.store.etcd import EtcdClient
-from tests.etcd_cluster import EtcdCluster, free_port
 from tests.integration.engine import Engine, connected, lines, next_second_ms, once, wait_until
-from tests.integration.planners import OwnersView, all_owned_by
 
 pytestmark = pytest.mark.etcd
 
@@ -62,7 +62,7 @@ async def test_a_planner_frozen_after_its_dispatch_commit_delays_them_seconds_an
     eng.planners["p1"].pause()  # SIGSTOP right after the commit: the assignments may or may not be out
     frozen_at = time.monotonic()
     try:
-        # On the address the worker already dials: a fixed port (tests/ports.py), retried should
+        # On the address the worker already dials: a fixed port (chaos/infra/ports.py), retried should
         # another process hold it for a moment.
         await eng.planners.serve("p2", settings={"api_port": str(port2)})
 

@@ -22,11 +22,12 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from chaos.infra.etcd import EtcdCluster
+from chaos.infra.procs import forget
 from scheduler.execution import ErrorClass, ExecState
 from scheduler.ids import execution_id
 from scheduler.model import Policies, RetryPolicy
 from scheduler.store.etcd import EtcdClient
-from tests.etcd_cluster import EtcdCluster
 from tests.integration.engine import (
     Engine,
     connected,
@@ -37,7 +38,6 @@ from tests.integration.engine import (
     once,
     started,
 )
-from tests.processes import forget
 
 pytestmark = pytest.mark.etcd
 

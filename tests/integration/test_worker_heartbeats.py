@@ -22,12 +22,12 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from chaos.infra.etcd import EtcdCluster
 from scheduler.execution import ErrorClass, Execution
 from scheduler.ids import execution_id
 from scheduler.model import Policies, RetryPolicy
 from scheduler.planner.partition import LOST_MESSAGE
 from scheduler.store.etcd import EtcdClient
-from tests.etcd_cluster import EtcdCluster
 from tests.integration.engine import (
     Engine,
     connected,

@@ -10,6 +10,7 @@ from dataclasses import replace
 
 import pytest
 
+from chaos.infra.etcd import EtcdCluster, EtcdFactory
 from scheduler.clock import FakeClock
 from scheduler.config import CoordinationSettings
 from scheduler.errors import FencedOut
@@ -21,7 +22,6 @@ from scheduler.store.etcd.ops import Compare, PutOp, delete, put
 from scheduler.store.fenced import CompareFailed, Fence, FenceStats, fenced_txn, split_ops
 from scheduler.store.keyspace import Keyspace
 from scheduler.store.session import Session
-from tests.etcd_cluster import EtcdCluster, EtcdFactory
 
 pytestmark = pytest.mark.etcd
 

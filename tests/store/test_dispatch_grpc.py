@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 import grpc
 import pytest
 
+from chaos.infra.etcd import EtcdCluster
 from scheduler._gen.scheduler.v1 import execution_pb2
 from scheduler._gen.scheduler.v1 import worker_service_pb2 as wpb
 from scheduler._gen.scheduler.v1 import worker_service_pb2_grpc as wgrpc
@@ -20,7 +21,6 @@ from scheduler.planner.settings import PlannerSettings
 from scheduler.server import start_server
 from scheduler.store.etcd import EtcdClient
 from scheduler.store.keyspace import Keyspace
-from tests.etcd_cluster import EtcdCluster
 
 pytestmark = pytest.mark.etcd
 

@@ -8,6 +8,7 @@ from typing import Any
 import grpc
 import pytest
 
+from chaos.infra.etcd import EtcdCluster, EtcdFactory
 from scheduler.store.etcd import (
     Compacted,
     Compare,
@@ -25,7 +26,6 @@ from scheduler.store.etcd import (
 from scheduler.store.etcd._pb import txn_request
 from scheduler.store.etcd.connection import Connection, grpc_target
 from scheduler.store.etcd.errors import Malformed, from_rpc_error
-from tests.etcd_cluster import EtcdCluster, EtcdFactory
 
 _S = grpc.StatusCode
 

@@ -6,6 +6,7 @@ import asyncio
 
 import pytest
 
+from chaos.infra.etcd import EtcdCluster, EtcdFactory
 from scheduler.store.etcd import (
     Compacted,
     Compare,
@@ -19,7 +20,6 @@ from scheduler.store.etcd import (
     SortTarget,
     ops,
 )
-from tests.etcd_cluster import EtcdCluster, EtcdFactory
 
 pytestmark = pytest.mark.etcd
 

@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from chaos.infra.etcd import EtcdFactory
 from scheduler.store.etcd import (
     EtcdClient,
     EtcdConfig,
@@ -17,7 +18,6 @@ from scheduler.store.etcd import (
     LeaseNotFound,
 )
 from scheduler.store.etcd.connection import Connection
-from tests.etcd_cluster import EtcdFactory
 
 
 @pytest.mark.etcd

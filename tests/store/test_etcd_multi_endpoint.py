@@ -7,9 +7,9 @@ import time
 
 import pytest
 
+from chaos.infra.etcd import EtcdCluster
+from chaos.infra.ports import unused_port
 from scheduler.store.etcd import EtcdClient, EtcdError
-from tests.etcd_cluster import EtcdCluster
-from tests.ports import unused_port
 
 pytestmark = pytest.mark.etcd
 

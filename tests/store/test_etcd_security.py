@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from chaos.infra.etcd import EtcdCluster, EtcdFactory, TlsFiles, make_tls_files
 from scheduler.store.etcd import EtcdClient, PermissionDenied, Unauthenticated, Unavailable
-from tests.etcd_cluster import EtcdCluster, EtcdFactory, TlsFiles, make_tls_files
 
 pytestmark = pytest.mark.etcd
 

@@ -6,6 +6,7 @@ import asyncio
 
 import pytest
 
+from chaos.infra.etcd import EtcdFactory
 from scheduler.store.etcd import (
     Compacted,
     EtcdClient,
@@ -15,7 +16,6 @@ from scheduler.store.etcd import (
     WatchEvent,
     WatchFilter,
 )
-from tests.etcd_cluster import EtcdFactory
 
 pytestmark = pytest.mark.etcd
 

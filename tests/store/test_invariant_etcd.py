@@ -10,12 +10,12 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from chaos.infra.etcd import EtcdCluster
 from scheduler.clock import FakeClock
 from scheduler.execution import ExecState, Execution
 from scheduler.store.etcd import EtcdClient
 from scheduler.store.keyspace import Keyspace
 from scheduler.timeplan import MissedRuns, Overlap
-from tests.etcd_cluster import EtcdCluster
 from tests.invariant import POOLS, START_TIMEOUT_CHECK, T0, Behaviour, World, default_policies, describe
 
 pytestmark = pytest.mark.etcd

@@ -9,9 +9,9 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from chaos.infra.etcd import EtcdFactory
 from scheduler.metrics.planner import PlannerMetrics
 from scheduler.store.etcd import EtcdClient, LeaseLostReason
-from tests.etcd_cluster import EtcdFactory
 
 
 @pytest.mark.etcd

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 
 import pytest
 
+from chaos.infra.etcd import EtcdCluster
 from scheduler._gen.scheduler.v1 import execution_pb2
 from scheduler._gen.scheduler.v1 import worker_service_pb2 as wpb
 from scheduler.api.operations import BackfillCounts, Operations
@@ -31,7 +32,6 @@ from scheduler.store.etcd import EtcdClient
 from scheduler.store.keyspace import Keyspace, partition_for
 from scheduler.timeplan import Overlap
 from scheduler.worker import ExecutionContext, PermanentError, Worker, WorkerSettings
-from tests.etcd_cluster import EtcdCluster
 
 pytestmark = pytest.mark.etcd
 

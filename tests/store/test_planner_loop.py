@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import pytest
 
+from chaos.infra.etcd import EtcdCluster
 from scheduler.clock import SYSTEM_CLOCK
 from scheduler.config import CoordinationSettings
 from scheduler.dispatch.results import record_result
@@ -19,7 +20,6 @@ from scheduler.planner.settings import PlannerSettings
 from scheduler.store.etcd import EtcdClient
 from scheduler.store.keyspace import Keyspace
 from scheduler.timeplan import MissedRuns, Overlap
-from tests.etcd_cluster import EtcdCluster
 
 pytestmark = pytest.mark.etcd
 

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from chaos.infra.etcd import EtcdCluster
 from scheduler.clock import SYSTEM_CLOCK
 from scheduler.execution import IN_FLIGHT, ErrorClass, ExecState, Execution
 from scheduler.model import Policies, RetryPolicy
@@ -20,7 +21,6 @@ from scheduler.node import PlannerNode
 from scheduler.store.etcd import EtcdClient
 from scheduler.store.keyspace import Keyspace
 from scheduler.timeplan import MissedRuns, Overlap, parse_spec
-from tests.etcd_cluster import EtcdCluster
 from tests.store.test_planner_loop import COORD, FAST, FakeDispatcher, executions, run_node, sched
 
 pytestmark = pytest.mark.etcd

@@ -11,6 +11,7 @@ from dataclasses import replace
 
 import pytest
 
+from chaos.infra.etcd import EtcdCluster
 from scheduler.clock import SYSTEM_CLOCK
 from scheduler.config import CoordinationSettings
 from scheduler.execution import ExecState
@@ -21,7 +22,6 @@ from scheduler.server import start_server
 from scheduler.store.etcd import EtcdClient
 from scheduler.store.keyspace import Keyspace
 from scheduler.worker import ExecutionContext, Worker, WorkerSettings
-from tests.etcd_cluster import EtcdCluster
 
 pytestmark = pytest.mark.etcd
 

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from chaos.infra.ports import unused_port
 from scheduler.clock import FakeClock
 from scheduler.worker import PermanentError, TransientError
 from scheduler.worker.executors.http import HttpExecutor, retry_after_s
-from tests.ports import unused_port
 from tests.worker.conftest import make_ctx
 
 

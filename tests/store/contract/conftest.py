@@ -13,10 +13,10 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
+from chaos.infra.etcd import EtcdCluster
 from scheduler.store.etcd import EtcdClient
 from scheduler.store.kv import KV
 from scheduler.store.memory import MemoryKV
-from tests.etcd_cluster import EtcdCluster
 
 # Both backends send periodic progress notifications this often (etcd's default is 10 minutes).
 PROGRESS_INTERVAL = 0.5

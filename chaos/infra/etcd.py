@@ -1,7 +1,7 @@
 """Real etcd processes for tests: one member or an N-member cluster on free loopback ports.
 
 etcd cannot listen on port 0 and report the port (its peer and client URLs are part of the cluster's
-membership), so members get ports from tests/ports.py's `pick_port()` (outside the kernel's
+membership), so members get ports from chaos/infra/ports.py's `pick_port()` (outside the kernel's
 ephemeral range), and a member that exits because a port was taken meanwhile is started again: a
 new cluster on new ports, or a restarted member on its own ports (they are in its stored
 membership) after a pause, a bounded number of times.
@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from chaos.infra.ports import is_bind_error, pick_port
+from chaos.infra.procs import forget, spawn
 from scheduler.store.etcd import EtcdConfig
-from tests.ports import is_bind_error, pick_port
-from tests.processes import forget, spawn
 
 ETCD_MISSING = (
     "etcd binary not found: set SCHED_ETCD_BIN to an etcd 3.5 binary, or run scripts/setup.sh "
@@ -60,7 +60,7 @@ def find_binary(name: str = "etcd") -> str | None:
 
 
 def free_port() -> int:
-    """A port to tell a server to listen on (tests/ports.py); a server that can bind port 0 and report
+    """A port to tell a server to listen on (chaos/infra/ports.py); a server that can bind port 0 and report
     it should do that instead, and "nothing listens here" is `unused_port()`."""
     return pick_port()
 

@@ -32,12 +32,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from chaos.infra.ports import is_bind_error
+from chaos.infra.procs import forget, spawn
 from scheduler.store.etcd.errors import EtcdError
 from scheduler.store.etcd.types import EventType
 from scheduler.store.keyspace import Keyspace
 from scheduler.store.kv import KV
-from tests.ports import is_bind_error
-from tests.processes import forget, spawn
 
 # Fast timings for drills: renew + 2 x rpc_timeout (1.3) <= lease_ttl - safety_margin (1.7); a
 # planner round (which advances the partition's checkpoint) every 50 ms.
@@ -195,7 +195,7 @@ class PlannerProcess:
             if self.paused:
                 self.resume()
             deadline = time.monotonic() + timeout
-            while self.process.poll() is None and time.monotonic() < deadline:
+            while self.process.poll() is None and time.monotonic() < deadline:  # noqa: ASYNC110 (polls a child's exit: nothing to wait on)
                 await asyncio.sleep(0.02)
         return self.terminate(0.1)
 

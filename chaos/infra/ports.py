@@ -7,7 +7,7 @@ other engineers' test runs), and a gRPC server binds with SO_REUSEPORT, so two o
 not even fail: they split the connections. So:
 
 - a server that can bind port 0 and report what it bound (our planner: the `serving` log event)
-  is started on port 0 and the port is read back (tests/integration/planners.py);
+  is started on port 0 and the port is read back (chaos/infra/planners.py);
 - a server that must be told its port (etcd's peer and client URLs, a planner restarted on the
   address its workers dial) gets one from `pick_port()`: below the kernel's ephemeral range, where no
   outgoing connection ever lands, not handed out before by this process, and free when picked; the
