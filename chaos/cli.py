@@ -1,9 +1,8 @@
-"""`schedctl drill ...`: list scenarios, show a plan, check a recorded run; the runner is not built yet.
+"""`schedctl drill ...`: list scenarios, show a plan, run a drill (chaos/runner.py), check a recorded run.
 
-Exit codes (docs/drills.md): `check` returns the verdict's, 0 pass, 1 fail, 3 invalid; every command
-returns 2 for bad input (an unknown scenario, a TOML error, an unreadable run directory), naming the
-field or the file. `run` returns 2 after validating its input: the runner (real processes, network
-namespaces, the nemeses) lands next, and until then nothing pretends to have run a drill.
+Exit codes (docs/drills.md): `run` and `check` return the verdict's, 0 pass, 1 fail, 3 invalid; every
+command returns 2 for bad input (an unknown scenario, a TOML error, an unreadable run directory, a
+fault this machine cannot make), naming the field or the file.
 """
 
 from __future__ import annotations
@@ -88,16 +87,35 @@ def check(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    import asyncio
+    import time
+
+    from chaos.runner import RunOptions, run_drill
+
     try:
         scenario = load(find(args.scenario))
         if args.duration is not None and args.duration <= 0:
             raise ScenarioError("duration", f"{args.duration:g} must be > 0 seconds")
-        p = make_plan(scenario, args.seed)
+        make_plan(scenario, args.seed)  # a scenario that cannot be planned is refused before anything starts
     except ScenarioError as e:
         return _bad(e)
-    print(f"schedctl drill run: not built yet. The scenario {scenario.name!r} is valid and its plan "
-          f"(seed {p.seed}, fingerprint {p.fingerprint}: {len(p.faults)} faults, {len(p.schedules)} schedules) "
-          "is ready, but the runner that starts real planners, workers and etcd members, the nemeses F1-F12 and "
-          "the network-namespace topology land next (issue 10). Record a run and judge it with "
-          "`schedctl drill check --history DIR`; see docs/drills.md.", file=sys.stderr)
-    return BAD_INPUT
+    directory = Path(args.report) if args.report else Path("drill-runs") / time.strftime(
+        f"{scenario.name}-%Y%m%d-%H%M%S")
+    if directory.exists() and any(directory.iterdir()):
+        return _bad(ScenarioError("report", f"{directory} is not empty: a run directory holds one run"))
+    t0 = time.monotonic()
+
+    def say(line: str) -> None:
+        print(f"[{time.monotonic() - t0:7.1f}s] {line}", flush=True)
+
+    opts = RunOptions(directory, seed=args.seed, duration_s=args.duration, links=args.links, progress=say)
+    try:
+        result = asyncio.run(run_drill(scenario, opts))
+    except ScenarioError as e:
+        return _bad(e)
+    out = result.report
+    print(out["md"].read_text().splitlines()[0].lstrip("# "))
+    for name in ("md", "json", "png"):
+        if name in out:
+            print(f"  {out[name]}")
+    return result.verdict.exit_code

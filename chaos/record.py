@@ -217,7 +217,9 @@ def load_run(directory: str | Path) -> Run:
         raise RunError(f"{d / 'etcd-start.jsonl'}: missing, but the watch started at revision "
                        f"{meta.watch_from_rev}: the keys before it are needed to judge the run")
     ops = [OpRecord.from_json(x) for x in _jsonl(d / "ops.jsonl", strict=True)]
-    faults = [FaultRecord.from_json(x) for x in _jsonl(d / "faults.jsonl", strict=True)]
+    # A window is written when it is healed and again when health came back: the last line per index wins.
+    faults = list({f.index: f for f in (FaultRecord.from_json(x) for x in _jsonl(d / "faults.jsonl", strict=True))}
+                  .values())
     logs = sorted((d / "logs").glob("*.log")) if (d / "logs").is_dir() else []
     scen = d / "scenario.toml"
     return Run(d, meta, read_effects(d / "effects.jsonl"), watch, sorted(ops, key=lambda o: o.t_ms),

@@ -123,6 +123,8 @@ class EffectSink:
         self.accepted = self.refused = 0
         self._seq = 0
         self._started: dict[tuple[str, int, str], int] = {}  # (execution id, attempt, worker) -> start t_ms
+        # F8 (slow workers): every effect is held this much longer (the runner sets it for a window).
+        self.extra_hold_ms = 0
         self._log: IO[str] | None = None
         self._runner: web.AppRunner | None = None
         self.url = ""
@@ -189,13 +191,20 @@ class EffectSink:
         self.accepted += 1
         self._write("start", eid, token, attempt, worker, accepted=True, max_revision=prev)
         if phase == "once":
+            hold_ms += self.extra_hold_ms
             if hold_ms and not await self._hold(request, hold_ms):
                 # The caller went away mid-effect (its worker was killed, or it gave up): the effect was
                 # cut short, not completed. aiohttp does not cancel the handler, so we look.
                 self._write("abort", eid, token, attempt, worker, accepted=True, reason="caller disconnected")
                 return web.Response(status=499, text="caller went away")
             self._write("end", eid, token, attempt, worker, accepted=True)
+        elif self.extra_hold_ms:  # a shell job's start: the job is slower by the hold (F8)
+            await self._hold(request, self.extra_hold_ms)
         return web.Response(text="ok")
+
+    def running(self, worker: str) -> int:
+        """Effects of `worker` started and not yet ended (the F7 nemesis waits for one to crash)."""
+        return sum(1 for (_, _, w) in self._started if w == worker)
 
     @staticmethod
     async def _hold(request: web.Request, hold_ms: int) -> bool:

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("drill", help="chaos drills: list scenarios, show a plan, check a recorded run",
+    p = sub.add_parser("drill", help="chaos drills: list scenarios, show a plan, run a drill, check a recorded run",
                        description="Failover drills (docs/drills.md). `check` exits 0 pass, 1 fail, 3 invalid; "
                        "every command exits 2 on bad input.")
     dsub = p.add_subparsers(dest="drill_command", required=True, metavar="ACTION")
@@ -35,11 +35,18 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     ck.add_argument("--scenario", help="judge with this scenario's bounds instead of the run's scenario.toml")
     ck.set_defaults(func=_call("check"))
 
-    rn = dsub.add_parser("run", help="run a drill (not built yet: exits 2 after validating the scenario)")
+    rn = dsub.add_parser("run", help="run a drill on real processes, then judge it and write its report",
+                         description="Start etcd, planners, workers and the effect sink, put the scenario's load "
+                         "on them, inject its faults one at a time, record everything in the run directory, then "
+                         "judge it (as `drill check`). Exit 0 pass, 1 fail, 3 invalid, 2 bad input (also: a fault "
+                         "this machine cannot make).")
     rn.add_argument("scenario", help="a scenario name (`smoke`) or a .toml path")
     rn.add_argument("--seed", type=int, help="default: the scenario's own")
     rn.add_argument("--duration", type=float, metavar="SECONDS", help="override the scenario's duration")
-    rn.add_argument("--report", metavar="DIR", help="where the run and its report go")
+    rn.add_argument("--report", metavar="DIR", help="where the run and its report go (default: a new directory "
+                    "under ./drill-runs/)")
+    rn.add_argument("--links", choices=("auto", "proxy", "direct"), default="auto",
+                    help="planner<->etcd links: a fault proxy per planner (auto, when available) or direct")
     rn.set_defaults(func=_call("run"))
 
 

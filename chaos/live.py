@@ -1,0 +1,254 @@
+"""A drill's cluster as real processes: etcd members, `schedctl planner`s, `schedctl worker`s, and the
+harness's own parts that no fault touches (the effect sink, the etcd watcher, an etcd client).
+
+`LiveCluster` starts and stops everything (by pid), knows each node's current process and address,
+and answers the health questions the runner asks between faults (`health()`): etcd healthy, every
+partition owned by a planner that is running and not frozen, every checkpoint fresh, the workers
+connected. Health gates the faults; it is not the verdict: the checker judges the recorded files only.
+
+Links (planner <-> etcd) go through `links` (chaos/links.py): on loopback each planner dials etcd
+through its own fault proxy, so that a partition, a flaky link or a held txn affects that planner alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from chaos.infra.etcd import EtcdCluster
+from chaos.infra.planners import PlannerProcess, PlannerSet
+from chaos.infra.workers import WorkerProcess
+from chaos.links import Links
+from chaos.record import RunWriter, record_watch
+from chaos.scenario import Scenario
+from chaos.sink import EffectSink
+from scheduler.clock import SYSTEM_CLOCK
+from scheduler.store.etcd import EtcdClient, EtcdError
+from scheduler.store.keyspace import Keyspace
+
+__all__ = ["Health", "LiveCluster", "PlannerClocks", "planner_settings"]
+
+
+class PlannerClocks(Protocol):
+    """Per-planner wall-clock offsets (libfaketime, chaos/clock.py): the environment a planner starts
+    with, and the offset changed while it runs (F6). Monotonic time is never faked."""
+
+    def env_for(self, planner: str) -> dict[str, str]: ...
+
+    def set_offset(self, planner: str, seconds: float) -> None: ...
+
+PREFIX = "/drill"
+
+
+def planner_settings(s: Scenario) -> dict[str, str]:
+    """The planners' timing flags from the scenario's TTL: the drills' FAST ratios (renew 1/4, rpc 1/5,
+    margin 3/20 of the TTL), so renew + 2 x rpc_timeout <= TTL - margin holds at any TTL."""
+    ttl = s.cluster.lease_ttl_s
+    out = {
+        "lease_ttl": f"{ttl:g}",
+        "renew_interval": f"{s.cluster.renew_interval_s:g}",
+        "rpc_timeout": f"{ttl / 5:g}",
+        "safety_margin": f"{ttl * 0.15:g}",
+        "loop_interval": "0.05",
+        "api_port": "0",
+        "metrics_address": "127.0.0.1:0",
+    }
+    out.update({k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in s.cluster.planner.items()})
+    return out
+
+
+def _owner_node(value: bytes) -> str:
+    """The node named by an owner key's value (`{"node": ..., "lease": ...}`, planner/ownership.py)."""
+    try:
+        return str(json.loads(value)["node"])
+    except (ValueError, KeyError, TypeError):
+        return value.decode(errors="replace")
+
+
+@dataclass
+class Health:
+    ok: bool
+    problems: list[str] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        return "healthy" if self.ok else "; ".join(self.problems)
+
+
+@dataclass
+class LiveCluster:
+    scenario: Scenario
+    directory: Path
+    rec: RunWriter
+    links: Links
+    unsafe_fencing_off: bool = False  # meta-tests only (SCHED_TEST_MODE=1): planners write without fence
+    env: dict[str, str] = field(default_factory=dict)  # extra environment for planners
+    clock: PlannerClocks | None = None  # F6: None when libfaketime is not available
+    etcd: EtcdCluster | None = None
+    planners: PlannerSet | None = None
+    workers: dict[str, WorkerProcess] = field(default_factory=dict)
+    addresses: dict[str, str] = field(default_factory=dict)  # planner -> API address (last bound)
+    sink: EffectSink | None = None
+    sink_url: str = ""
+    kv: EtcdClient | None = None
+    ks: Keyspace = field(default_factory=lambda: Keyspace(PREFIX))
+    _watch_stop: asyncio.Event = field(default_factory=asyncio.Event)
+    _watcher: asyncio.Task[int] | None = None
+
+    # ---- start --------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        c = self.scenario.cluster
+        members = max(1, len(c.etcd_members()))
+        self.etcd = await asyncio.to_thread(EtcdCluster(self.directory / "etcd", size=members).start)
+        self.sink = EffectSink(self.rec.effects_path)
+        self.sink_url = await self.sink.start()
+        self.kv = EtcdClient(self.etcd.config(timeout=3.0))
+        await self.kv.__aenter__()
+        # The watcher reads every event from revision 1, through no proxy: it is outside every fault.
+        self._watcher = asyncio.create_task(record_watch(self.kv, PREFIX, self.rec.watch, self._watch_stop))
+        await self.links.start(self.etcd.endpoints, c.planners())
+        self.planners = PlannerSet(self.directory / "planner-logs", self.etcd.endpoints, PREFIX,
+                                   partitions=c.partitions, settings=planner_settings(self.scenario))
+        await asyncio.gather(*(self.start_planner(p) for p in c.planners()))
+        for w in c.workers():
+            self.start_worker(w)
+
+    def region_of(self, node: str) -> str:
+        return node.split("-", 1)[0]
+
+    async def start_planner(self, node: str) -> str:
+        assert self.planners is not None
+        env = {**self.env, **(self.clock.env_for(node) if self.clock is not None else {})}
+        settings = {"etcd_endpoints": ",".join(self.links.endpoints_for(node)), "region": self.region_of(node)}
+        if self.unsafe_fencing_off:
+            env["SCHED_TEST_MODE"] = "1"
+            settings["unsafe_disable_fencing"] = "true"
+        old = self.addresses.get(node)
+        if old:  # back on the address its workers dial (the start retries a port taken meanwhile)
+            settings["api_port"] = old.rpartition(":")[2]
+        _, address = await self.planners.serve(node, settings=settings, env=env)
+        self.addresses[node] = address
+        return address
+
+    def start_worker(self, name: str) -> WorkerProcess:
+        w = self.workers.get(name)
+        if w is None:
+            w = WorkerProcess(name, self.region_of(name), list(self.addresses.values()),
+                              self.rec.logs / f"{name}.log", settings={"concurrency": "16"})
+            self.workers[name] = w
+        else:
+            w.planners = list(self.addresses.values())
+        return w.start()
+
+    def planner(self, node: str) -> PlannerProcess:
+        assert self.planners is not None
+        return self.planners[node]
+
+    def live_planners(self) -> list[str]:
+        assert self.planners is not None
+        return sorted(self.planners.running_ids())
+
+    def api_address(self, rng: random.Random | None = None) -> str:
+        """A running, unfrozen planner's API address (any answers for any schedule)."""
+        live = [self.addresses[p] for p in self.live_planners() if p in self.addresses]
+        if not live:
+            raise RuntimeError("no planner is running")
+        return (rng or random).choice(live)
+
+    # ---- health -------------------------------------------------------------------------------
+
+    async def health(self, *, fresh_s: float = 3.0) -> Health:
+        """Etcd healthy, every partition owned by a running unfrozen planner, every checkpoint within
+        `fresh_s` of now (planning is moving), every worker process running."""
+        assert self.etcd is not None and self.kv is not None
+        problems: list[str] = []
+        for i, m in enumerate(self.etcd.members):
+            if not m.running or m.paused or not await asyncio.to_thread(self.etcd.healthy, i):
+                problems.append(f"etcd member {m.name} not healthy")
+        try:
+            owners = await self.kv.range(self.ks.owners, prefix=True, timeout=2.0)
+            marks = await self.kv.range(self.ks.checkpoints, prefix=True, timeout=2.0)
+        except EtcdError as e:
+            return Health(False, [*problems, f"etcd unreadable: {e}"])
+        live = set(self.live_planners())
+        owned = {self.ks.partition_of(x.key): _owner_node(x.value) for x in owners.kvs}
+        parts = self.scenario.cluster.partitions
+        missing = [p for p in range(parts) if p not in owned]
+        if missing:
+            problems.append(f"partitions without an owner: {missing[:8]}")
+        stale_owner = sorted({n for n in owned.values() if n not in live})
+        if stale_owner:
+            problems.append(f"partitions owned by planners that are down or frozen: {stale_owner}")
+        now = SYSTEM_CLOCK.wall_ms()
+        old = [self.ks.partition_of(x.key) for x in marks.kvs
+               if int(json.loads(x.value)["watermark_ms"]) < now - fresh_s * 1000]
+        if old or len(marks.kvs) < parts:
+            problems.append(f"checkpoints not fresh: {sorted(old)[:8]} ({len(marks.kvs)}/{parts} written)")
+        down = [n for n, w in self.workers.items() if not w.running or w.paused]
+        if down:
+            problems.append(f"workers down: {down}")
+        return Health(not problems, problems)
+
+    async def wait_healthy(self, timeout: float) -> tuple[int | None, Health]:
+        """Poll health until it holds (returns the wall ms it first held) or `timeout` passes (None)."""
+        deadline = time.monotonic() + timeout
+        h = Health(False, ["not checked"])
+        while time.monotonic() < deadline:
+            h = await self.health()
+            if h.ok:
+                return SYSTEM_CLOCK.wall_ms(), h
+            await asyncio.sleep(0.25)
+        return None, h
+
+    # ---- stop ---------------------------------------------------------------------------------
+
+    async def close(self) -> None:
+        """Workers first (they report their last results to planners that still serve), then planners
+        (SIGTERM: each drains), then the harness parts, then etcd. Everything by pid."""
+        await asyncio.gather(*(w.stop() for w in self.workers.values()), return_exceptions=True)
+        if self.planners is not None:
+            for p in self.planners.running():
+                if p.paused:
+                    p.resume()
+            await asyncio.gather(*(p.stop() for p in self.planners.running()), return_exceptions=True)
+            self.planners.close()
+        await self.links.close()
+        self._watch_stop.set()
+        if self._watcher is not None:
+            with contextlib.suppress(Exception):
+                await self._watcher
+        if self.kv is not None:
+            await self.kv.__aexit__(None, None, None)
+        if self.sink is not None:
+            await self.sink.close()
+        if self.etcd is not None:
+            await asyncio.to_thread(self.etcd.close)
+        self._collect_logs()
+
+    def _collect_logs(self) -> None:
+        """logs/<planner>.log: every process of that node, in start order (I8 reads logs/)."""
+        if self.planners is None:
+            return
+        for node in self.planners.planners:
+            parts = sorted(self.planners.base_dir.glob(f"{node}.*.log"),
+                           key=lambda p: int(p.suffixes[-2][1:]) if len(p.suffixes) > 1 else 0)
+            with (self.rec.logs / f"{node}.log").open("w") as out:
+                for part in parts:
+                    out.write(part.read_text(errors="replace"))
+
+    def nodes(self) -> dict[str, dict[str, str]]:
+        """run.json's `nodes`: role and region of each. Workers share 127.0.0.1, so no address is given
+        (an http effect is then any worker's; shell effects name theirs)."""
+        out: dict[str, dict[str, str]] = {}
+        for p in self.scenario.cluster.planners():
+            out[p] = {"role": "planner", "region": self.region_of(p), "address": self.addresses.get(p, "")}
+        for w in self.scenario.cluster.workers():
+            out[w] = {"role": "worker", "region": self.region_of(w)}
+        return out
+

@@ -1,0 +1,260 @@
+"""The nemeses: each fault type of the catalogue (chaos/faults.py) made real on a `LiveCluster`.
+
+`inject(window)` starts a fault and returns an `Active` whose `heal()` ends it. Both are quick: the
+runner sleeps the window's duration in between and records the window as it really happened (start
+when the fault took hold, end when the heal did). `supported()` says up front which fault types this
+cluster can make, so a scenario that needs a missing one is refused before anything starts, rather
+than passing with a fault silently skipped.
+
+F2 beyond the lease (docs/drills.md, I4c): a planner frozen at an arbitrary instant nearly always
+wakes up, sees its lease deadline passed and fences itself before it writes again: correct, but no
+stale write ever reaches etcd, so etcd's fence compare is never exercised. With a proxy on its etcd
+link, the nemesis first *holds* the planner's outgoing bytes, waits until a write is caught in the
+proxy, then freezes the planner; the heal releases the held bytes first (the write reaches etcd after
+the takeover, where the fence compare must refuse it) and then thaws the planner.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from chaos.links import LinkFaultUnsupported
+from chaos.live import LiveCluster
+from chaos.plan import FaultWindow
+
+__all__ = ["Active", "Nemesis", "Unsupported"]
+
+Heal = Callable[[], Awaitable[str]]
+
+
+class Unsupported(RuntimeError):
+    """This cluster cannot make that fault (names the type and why)."""
+
+
+@dataclass
+class Active:
+    window: FaultWindow
+    heal: Heal
+    note: str = ""
+
+
+async def _nothing() -> str:
+    return ""
+
+
+class Nemesis:
+    def __init__(self, live: LiveCluster) -> None:
+        self.live = live
+
+    def supported(self, fault_type: str) -> str | None:
+        """None if this cluster can make `fault_type`, else why not."""
+        links = self.live.links.kind != "direct"
+        members = len(self.live.scenario.cluster.etcd_members())
+        why = {
+            "F3": None if links else "needs a proxy or namespaces on the planner<->etcd links",
+            "F10": None if links else "needs a proxy on the planner<->etcd links",
+            "F11": None if links else "needs the planner's etcd link cut while etcd is compacted",
+            "F6": None if self.live.clock is not None else "needs libfaketime (scripts/setup.sh installs it)",
+            "F9": "duplicate delivery cannot be made below gRPC (HTTP/2 framing) and has no nemesis yet",
+            "F12": None if members >= 3 else "a membership change needs at least 3 etcd members",
+        }
+        if fault_type == "F4" and members < 1:
+            return "no etcd member"
+        if fault_type == "F5" and len(self.live.scenario.cluster.regions) > 1:
+            return "multi-region loss needs the regions of issue 11 (planning moves to a standby region)"
+        return why.get(fault_type)
+
+    async def inject(self, w: FaultWindow) -> Active:
+        fn: Callable[[FaultWindow], Awaitable[Active]] | None = getattr(self, f"_{w.type.lower()}", None)
+        if fn is None or (why := self.supported(w.type)) is not None:
+            raise Unsupported(f"{w.type} ({w.name}): {why or 'no nemesis'}")
+        return await fn(w)
+
+    # ---- processes -----------------------------------------------------------------------------
+
+    async def _f1(self, w: FaultWindow) -> Active:
+        self.live.planner(w.target).kill()
+
+        async def heal() -> str:
+            if w.params.get("restart", True):
+                address = await self.live.start_planner(w.target)
+                return f"restarted on {address}"
+            return "not restarted"
+
+        return Active(w, heal)
+
+    async def _f2(self, w: FaultWindow) -> Active:
+        p = self.live.planner(w.target)
+        ttl = self.live.scenario.cluster.lease_ttl_s
+        note = ""
+        held = False
+        if w.duration_s > ttl and self.live.links.kind != "direct":
+            await self.live.links.hold(w.target)
+            held = await self._wait_held(w.target, timeout=2.0)
+            note = "froze with a write held in its etcd link" if held else "no write was caught within 2 s"
+        p.pause()
+
+        async def heal() -> str:
+            if self.live.links.kind != "direct":
+                await self.live.links.heal(w.target)  # the held write reaches etcd after the takeover
+                if held:
+                    await asyncio.sleep(0.2)  # ... and is answered before the planner runs again
+            p.resume()
+            return ""
+
+        return Active(w, heal, note)
+
+    async def _wait_held(self, planner: str, timeout: float) -> bool:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while loop.time() < deadline:
+            if await self.live.links.held_bytes(planner) > 0:
+                return True
+            await asyncio.sleep(0.005)
+        return False
+
+    async def _f5(self, w: FaultWindow) -> Active:
+        """Single-region variant: every planner and worker of the region dies (etcd stays); after the
+        window they come back, a site loss recovered from etcd alone."""
+        region = w.target
+        planners = [p for p in self.live.scenario.cluster.planners() if self.live.region_of(p) == region]
+        workers = [x for x in self.live.scenario.cluster.workers() if self.live.region_of(x) == region]
+        for x in workers:
+            self.live.workers[x].crash()
+        for p in planners:
+            self.live.planner(p).kill()
+
+        async def heal() -> str:
+            await asyncio.gather(*(self.live.start_planner(p) for p in planners))
+            for x in workers:
+                self.live.start_worker(x)
+            return f"restarted {len(planners)} planners and {len(workers)} workers"
+
+        return Active(w, heal, f"killed {len(planners)} planners and {len(workers)} workers of {region}")
+
+    async def _f7(self, w: FaultWindow) -> Active:
+        """A worker crash mid-execution: waits (up to 3 s) until the worker has an effect under way, so
+        that the crash really cuts a run short (validity checks it), then kills it and its jobs."""
+        assert self.live.sink is not None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 3.0
+        while self.live.sink.running(w.target) == 0 and loop.time() < deadline:  # noqa: ASYNC110 (polls the sink)
+            await asyncio.sleep(0.02)
+        running = self.live.sink.running(w.target)
+        jobs = self.live.workers[w.target].crash()
+
+        async def heal() -> str:
+            if w.params.get("restart", True):
+                self.live.start_worker(w.target)
+                return "restarted"
+            return "not restarted"
+
+        return Active(w, heal, f"{running} effect(s) under way, {jobs} job process(es) killed with it")
+
+    async def _f8(self, w: FaultWindow) -> Active:
+        """Slow workers: every effect takes `hold_ms` longer (the sink holds its answer), so runs overlap
+        their successors and the overlap policies decide. Made at the sink because the http executor's
+        work *is* the call: a slow webhook is a slow job."""
+        assert self.live.sink is not None
+        sink = self.live.sink
+        sink.extra_hold_ms = int(w.params.get("hold_ms", 2000))
+
+        async def heal() -> str:
+            sink.extra_hold_ms = 0
+            return ""
+
+        return Active(w, heal, f"every effect held {sink.extra_hold_ms} ms longer (all workers, at the sink)")
+
+    # ---- etcd ----------------------------------------------------------------------------------
+
+    def _member(self, target: str) -> int:
+        names = self.live.scenario.cluster.etcd_members()
+        return names.index(target) if target in names else 0
+
+    async def _f4(self, w: FaultWindow) -> Active:
+        etcd = self.live.etcd
+        assert etcd is not None
+        n = int(w.params.get("members", 1))
+        first = self._member(w.target)
+        idx = [(first + i) % etcd.size for i in range(min(n, etcd.size))]
+        how = str(w.params.get("signal", "KILL"))
+        for i in idx:
+            etcd.pause(i) if how == "STOP" else etcd.kill(i)
+
+        async def heal() -> str:
+            for i in idx:
+                if how == "STOP":
+                    etcd.resume(i)
+                else:
+                    await asyncio.to_thread(etcd.restart, i)
+            return ""
+
+        return Active(w, heal, f"{how} of member(s) {[etcd.members[i].name for i in idx]}")
+
+    # ---- links ---------------------------------------------------------------------------------
+
+    async def _link_target(self, w: FaultWindow) -> str:
+        return w.target.split("->", 1)[0]
+
+    async def _f3(self, w: FaultWindow) -> Active:
+        planner = await self._link_target(w)
+        try:
+            note = await self.live.links.cut(planner, str(w.params.get("direction", "both")),
+                                             str(w.params.get("mode", "drop")))
+        except LinkFaultUnsupported as e:
+            raise Unsupported(f"F3: {e}") from None
+
+        async def heal() -> str:
+            return await self.live.links.heal(planner)
+
+        return Active(w, heal, note)
+
+    async def _f10(self, w: FaultWindow) -> Active:
+        planner = await self._link_target(w)
+        p: dict[str, Any] = dict(w.params)
+        note = await self.live.links.flaky(planner, int(p.get("latency_ms", 200)), int(p.get("jitter_ms", 100)),
+                                           float(p.get("drop", 0.0)))
+
+        async def heal() -> str:
+            return await self.live.links.heal(planner)
+
+        return Active(w, heal, note)
+
+    async def _f11(self, w: FaultWindow) -> Active:
+        """Watch compaction during a disconnect: cut the planner's etcd link, let the cluster write on
+        (the other planners' rounds), compact etcd to its current revision, heal: the planner's watches
+        resume from a compacted revision and must reload, not miss what changed meanwhile."""
+        planner = await self._link_target(w)
+        await self.live.links.cut(planner, "both", "drop")
+        kv = self.live.kv
+        assert kv is not None
+
+        async def heal() -> str:
+            r = await kv.range(self.live.ks.owners, prefix=True, keys_only=True, timeout=3.0)
+            await kv.compact(r.revision)
+            await self.live.links.heal(planner)
+            return f"compacted at revision {r.revision}"
+
+        return Active(w, heal)
+
+    async def _f6(self, w: FaultWindow) -> Active:
+        clock = self.live.clock
+        assert clock is not None
+        offset = _offset_s(str(w.params.get("offset", "+30s")))
+        clock.set_offset(w.target, offset)
+
+        async def heal() -> str:
+            clock.set_offset(w.target, 0.0)
+            return ""
+
+        return Active(w, heal, f"wall clock {offset:+g} s")
+
+
+def _offset_s(text: str) -> float:
+    sign = -1.0 if text.startswith("-") else 1.0
+    body = text.lstrip("+-")
+    unit = {"s": 1.0, "m": 60.0, "h": 3600.0}[body[-1]]
+    return sign * float(body[:-1]) * unit

@@ -1,0 +1,141 @@
+"""The plan's API operations made through the product's gRPC API, each recorded in ops.jsonl.
+
+Operations are part of the load: they happen at their offsets whatever the faults are doing, and go
+to any running planner (any answers for any schedule); a call refused as UNAVAILABLE by one (it is
+frozen or cut off) is tried on another until the op's deadline. Every call is recorded with when it
+was invoked and when it returned, and whether it was acknowledged: the checker holds the cluster to
+every acknowledged change (`[lost-op]`), and to nothing about a failed one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import random
+from collections.abc import Sequence
+from typing import Any
+
+import grpc
+
+from chaos.live import LiveCluster
+from chaos.load import schedule_of
+from chaos.plan import PlannedOp, PlannedSchedule
+from chaos.record import OpRecord, RunWriter
+from scheduler._gen.scheduler.v1 import execution_pb2 as epb
+from scheduler._gen.scheduler.v1 import schedule_pb2 as spb
+from scheduler.api.convert import schedule_to_pb
+from scheduler.client import SchedulerClient
+from scheduler.client.errors import ClientError
+from scheduler.clock import SYSTEM_CLOCK
+from scheduler.timeplan import Overlap
+
+__all__ = ["OpRunner"]
+
+OP_DEADLINE_S = 10.0
+_RETRY_ON = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+_OVERLAP_PB = {o: getattr(spb, f"OVERLAP_POLICY_{o.name}") for o in Overlap}
+_FINISHED = (epb.EXECUTION_STATE_SUCCEEDED, epb.EXECUTION_STATE_FAILED)
+
+
+class OpRunner:
+    def __init__(self, live: LiveCluster, rec: RunWriter, schedules: Sequence[PlannedSchedule], seed: int) -> None:
+        self.live, self.rec = live, rec
+        self.schedules = {p.id: p for p in schedules}
+        self.rng = random.Random(f"ops-routing\x00{seed}")  # which planner answers: not part of the plan
+        self.start_ms = 0
+
+    async def create_all(self, schedules: Sequence[PlannedSchedule]) -> None:
+        """The load's schedules, created before the window opens (recorded like any create)."""
+        sem = asyncio.Semaphore(8)
+
+        async def one(p: PlannedSchedule) -> None:
+            async with sem:
+                await self._do(PlannedOp(0.0, "create", p.id, {}, "load"), p)
+
+        await asyncio.gather(*(one(p) for p in schedules))
+
+    async def run(self, ops: Sequence[PlannedOp], start_ms: int) -> None:
+        self.start_ms = start_ms
+        for op in ops:
+            delay = (start_ms + op.at_s * 1000 - SYSTEM_CLOCK.wall_ms()) / 1000
+            if delay > 0:
+                await asyncio.sleep(delay)
+            like = None
+            if op.op == "create":
+                base = self._group(str(op.params.get("like", "")))
+                like = dataclasses.replace(base, id=op.schedule_id)
+                self.schedules[op.schedule_id] = like
+            await self._do(op, like)
+
+    def _group(self, group: str) -> PlannedSchedule:
+        for p in self.schedules.values():
+            if p.group == group:
+                return p
+        raise ValueError(f"create: no load group {group!r} to copy")
+
+    async def _do(self, op: PlannedOp, planned: PlannedSchedule | None = None) -> None:
+        t0 = SYSTEM_CLOCK.wall_ms()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + OP_DEADLINE_S
+        error = ""
+        while True:
+            address = self.live.api_address(self.rng)
+            try:
+                async with SchedulerClient(address, timeout=max(0.5, deadline - loop.time())) as c:
+                    result = await self._call(c, op, planned)
+                self.rec.op(OpRecord(t0, op.op, op.schedule_id, True, SYSTEM_CLOCK.wall_ms(), dict(op.params), result))
+                return
+            except ClientError as e:
+                error = f"{e.code.name}: {e}"
+                if e.code not in _RETRY_ON or loop.time() + 0.3 >= deadline:
+                    break
+            except RuntimeError as e:  # no planner running right now (a region loss)
+                error = str(e)
+                if loop.time() + 0.3 >= deadline:
+                    break
+            await asyncio.sleep(0.3)
+        self.rec.op(OpRecord(t0, op.op, op.schedule_id, False, SYSTEM_CLOCK.wall_ms(), dict(op.params), {}, error))
+
+    async def _call(self, c: SchedulerClient, op: PlannedOp, planned: PlannedSchedule | None) -> dict[str, Any]:
+        sid = op.schedule_id
+        if op.op == "create":
+            assert planned is not None and self.live.sink_url
+            s = schedule_to_pb(schedule_of(planned, self.live.sink_url))
+            await c.create_schedule(s, request_id=f"drill-create-{sid}")
+            return {}
+        if op.op == "pause":
+            await c.pause_schedule(sid, reason="drill")
+            return {}
+        if op.op == "resume":
+            await c.resume_schedule(sid)
+            return {}
+        if op.op == "delete":
+            await c.delete_schedule(sid, allow_missing=True)
+            return {}
+        if op.op == "update":
+            cur = await c.get_schedule(sid)
+            if "overlap" in op.params:
+                cur.policies.overlap = _OVERLAP_PB[Overlap(str(op.params["overlap"]))]
+            await c.update_schedule(cur, update_mask=["policies"])
+            return {}
+        if op.op == "trigger":
+            e = await c.trigger_schedule(sid)
+            return {"execution_id": e.execution_id}
+        if op.op == "backfill":
+            lo = self.start_ms + int(float(op.params.get("from_s", 0)) * 1000)
+            hi = self.start_ms + int(float(op.params.get("until_s", 0)) * 1000)
+            hi = min(hi, SYSTEM_CLOCK.wall_ms() - 1000)
+            if hi <= lo:
+                return {"skipped": "range not yet in the past"}
+            last = None
+            async for progress in c.backfill(sid, lo, hi, timeout=OP_DEADLINE_S):
+                last = progress
+            return {} if last is None else {"created": last.created, "existing": last.existing, "planned": last.planned}
+        if op.op == "rerun":
+            page = await c.list_executions(schedule_id=sid, states=list(_FINISHED), newest_first=True, page_size=1)
+            if not page.executions:
+                return {"skipped": "nothing finished yet"}
+            e = page.executions[0]
+            again = await c.rerun_execution(sid, e.planned_at.ToMilliseconds())
+            return {"execution_id": again.execution_id}
+        raise ValueError(f"unknown operation {op.op!r}")

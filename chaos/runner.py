@@ -1,0 +1,227 @@
+"""`schedctl drill run`: a scenario made real, recorded and judged.
+
+1. Plan (chaos/plan.py): scenario + seed -> faults, load, operations (reproducible, fingerprinted).
+2. Refuse what this machine cannot make (a fault type without a nemesis here) before starting anything.
+3. Start the cluster (chaos/live.py): etcd, the effect sink and the etcd watcher (outside every fault),
+   planners dialling etcd through their links (chaos/links.py), workers.
+4. Steady state before: healthy within `steady_state.timeout_s`, then the load's schedules are created.
+5. The window: operations at their offsets (chaos/ops.py) and, one at a time, the faults
+   (chaos/nemesis.py): wait until the fault's earliest start, wait for health, inject, hold for its
+   duration, heal, wait for health again; each window recorded as it really happened.
+6. After the window: a tail so the last runs finish, the steady state after, everything stopped.
+7. run.json, then the verdict from the files alone (chaos/check.py) and the report (chaos/report.py).
+
+A run whose cluster was never healthy before, or never again after a fault, is recorded as such and
+judged *invalid* by the checker; the runner never turns a failure to heal into a pass.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import platform
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from chaos import faults as catalogue
+from chaos.check import check_run
+from chaos.links import DirectLinks, Links
+from chaos.live import PREFIX, LiveCluster, PlannerClocks
+from chaos.nemesis import Nemesis, Unsupported
+from chaos.ops import OpRunner
+from chaos.plan import FaultWindow, Plan, make_plan
+from chaos.record import FaultRecord, RunMeta, RunWriter, load_run
+from chaos.report import write_report
+from chaos.scenario import Scenario, ScenarioError
+from chaos.verdict import Verdict
+from scheduler import __version__
+from scheduler.clock import SYSTEM_CLOCK
+
+__all__ = ["DrillResult", "RunOptions", "run_drill", "unsupported_faults"]
+
+log = logging.getLogger("chaos.runner")
+
+LOAD_SETTLE_S = 3.0
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    directory: Path
+    seed: int | None = None
+    duration_s: float | None = None
+    links: str = "auto"  # auto | proxy | direct
+    unsafe_fencing_off: bool = False  # meta-tests (SCHED_TEST_MODE=1): planners write without the fence
+    progress: Callable[[str], None] | None = None  # a line per step (the CLI prints them)
+
+
+@dataclass
+class DrillResult:
+    verdict: Verdict
+    report: dict[str, Path]
+    plan: Plan
+    directory: Path
+
+
+def _links(kind: str) -> Links:
+    if kind in ("auto", "proxy"):
+        try:
+            from chaos.proxy_links import ProxyLinks
+        except ImportError:
+            if kind == "proxy":
+                raise
+        else:
+            return ProxyLinks()
+    return DirectLinks()
+
+
+def _clocks(directory: Path, plan: Plan) -> PlannerClocks | None:
+    if not any(f.type == "F6" for f in plan.faults):
+        return None
+    try:
+        from chaos.clock import PlannerClockSet
+    except ImportError:
+        return None
+    return PlannerClockSet.create(directory / "clocks")
+
+
+def unsupported_faults(plan: Plan, nemesis: Nemesis) -> list[str]:
+    out = {}
+    for f in plan.faults:
+        why = nemesis.supported(f.type)
+        if why is not None:
+            out[f.type] = f"{f.type} ({f.name}): {why}"
+    return [out[k] for k in sorted(out, key=lambda k: int(k[1:]))]
+
+
+def scenario_with(s: Scenario, duration_s: float | None) -> Scenario:
+    return s if duration_s is None else dataclasses.replace(s, duration_s=duration_s)
+
+
+async def run_drill(scenario: Scenario, opts: RunOptions) -> DrillResult:
+    s = scenario_with(scenario, opts.duration_s)
+    plan = make_plan(s, opts.seed)
+    say = opts.progress or (lambda _m: None)
+    toml = _source_text(s)
+    rec = RunWriter(opts.directory, toml)
+    live = LiveCluster(s, opts.directory, rec, _links(opts.links), unsafe_fencing_off=opts.unsafe_fencing_off,
+                       clock=_clocks(opts.directory, plan))
+    nemesis = Nemesis(live)
+    missing = unsupported_faults(plan, nemesis)
+    if missing:
+        raise ScenarioError("faults", "this machine cannot make: " + "; ".join(missing), s.source)
+    say(f"plan {plan.fingerprint}: {len(plan.faults)} faults {plan.faults_per_type()}, "
+        f"{len(plan.schedules)} schedules, {len(plan.operations)} operations, links: {live.links.kind}")
+    start_ms = end_ms = SYSTEM_CLOCK.wall_ms()
+    steady_before = steady_after = False
+    try:
+        await live.start()
+        say(f"cluster up: {len(live.live_planners())} planners, {len(live.workers)} workers, "
+            f"sink {live.sink_url}")
+        healthy, h = await live.wait_healthy(s.steady_state.timeout_s)
+        steady_before = healthy is not None
+        if not steady_before:
+            say(f"never healthy before the first fault: {h}")
+        ops = OpRunner(live, rec, plan.schedules, plan.seed)
+        await ops.create_all(plan.schedules)
+        # The window opens once the new schedules' first runs are under way: a schedule's first run after
+        # its create is planned from the watch event, and lags by that much (I2 judges it; I3 should not).
+        await asyncio.sleep(LOAD_SETTLE_S)
+        start_ms = SYSTEM_CLOCK.wall_ms()
+        say(f"window open for {s.duration_s:g} s")
+        op_task = asyncio.create_task(ops.run(plan.operations, start_ms))
+        fault_task = asyncio.create_task(_faults(plan, s, start_ms, live, nemesis, rec, say))
+        await asyncio.sleep(max(0.0, (start_ms + s.duration_s * 1000 - SYSTEM_CLOCK.wall_ms()) / 1000))
+        end_ms = SYSTEM_CLOCK.wall_ms()
+        for t in (fault_task, op_task):  # a fault still under way is healed by its task's cancellation
+            if not t.done():
+                t.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        say("window closed; waiting for the last runs")
+        await asyncio.sleep(_tail_s(s))
+        healthy, h = await live.wait_healthy(s.steady_state.timeout_s)
+        steady_after = healthy is not None
+        if not steady_after:
+            say(f"never healthy again after the window: {h}")
+    finally:
+        await live.close()
+    meta = RunMeta(
+        scenario=s.name, seed=plan.seed, prefix=PREFIX, partitions=s.cluster.partitions,
+        lease_ttl_s=s.cluster.lease_ttl_s, start_ms=start_ms, end_ms=end_ms, plan_fingerprint=plan.fingerprint,
+        versions=_versions(), late_grace_ms=int(s.cluster.planner.get("late_grace_ms", 2000)),
+        lookahead_ms=int(s.cluster.planner.get("lookahead_ms", 1000)), nodes=live.nodes(),
+        steady_before=steady_before, steady_after=steady_after, target="local",
+    )
+    rec.finish(meta)
+    verdict = check_run(load_run(opts.directory))
+    report = write_report(verdict, opts.directory)
+    return DrillResult(verdict, report, plan, opts.directory)
+
+
+def _source_text(s: Scenario) -> str:
+    """The scenario file as run (scenario.toml in the run directory: bounds and thresholds to judge by)."""
+    p = Path(s.source) if s.source else None
+    return p.read_text() if p is not None and p.exists() else ""
+
+
+def _tail_s(s: Scenario) -> float:
+    hold = max((g.hold_ms for g in s.load), default=0) / 1000
+    return max(s.lag.judge_grace_s, hold + 1.0)
+
+
+async def _faults(plan: Plan, s: Scenario, start_ms: int, live: LiveCluster, nemesis: Nemesis, rec: RunWriter,
+                  say: Callable[[str], None]) -> None:
+    for w in plan.faults:
+        delay = (start_ms + w.start_s * 1000 - SYSTEM_CLOCK.wall_ms()) / 1000
+        if delay > 0:
+            await asyncio.sleep(delay)
+        ok, h = await live.wait_healthy(s.faults.health_timeout_s)
+        if ok is None:
+            # The cluster did not recover from the previous fault: no more faults (the run is invalid: the
+            # previous window's healthy_ms is None), and nothing is injected into a sick cluster.
+            say(f"fault #{w.index} {w.type} not injected: the cluster is not healthy ({h})")
+            return
+        await _one(w, live, nemesis, rec, s, say)
+
+
+async def _one(w: FaultWindow, live: LiveCluster, nemesis: Nemesis, rec: RunWriter, s: Scenario,
+               say: Callable[[str], None]) -> None:
+    kind = catalogue.kind(w.type)
+    try:
+        active = await nemesis.inject(w)
+    except Unsupported as e:
+        say(f"fault #{w.index} {w.type} on {w.target} could not be made: {e}")
+        return
+    t_start = SYSTEM_CLOCK.wall_ms()
+    say(f"fault #{w.index} {w.type} ({kind.name}) on {w.target} for {w.duration_s:g} s"
+        + (f": {active.note}" if active.note else ""))
+    end: int | None = None
+    healthy: int | None = None
+    notes = [active.note]
+    try:
+        await asyncio.sleep(w.duration_s)
+    finally:
+        # Healed even when the run is cut short (cancelled at the window's end): the window's end is
+        # when the heal took effect, and it is recorded either way.
+        try:
+            notes.append(await active.heal())
+            end = SYSTEM_CLOCK.wall_ms()
+        except Exception as e:  # recorded as never healed: the run is invalid, not passed
+            notes.append(f"heal failed: {e!r}")
+        rec.fault(FaultRecord(w.index, w.type, w.target, t_start, end, dict(w.params), w.role, kind.name,
+                              None, "; ".join(n for n in notes if n)))
+    ok, h = await live.wait_healthy(s.faults.health_timeout_s)
+    healthy = ok
+    # The window's record is written again with its health time: the reader keeps the last line per index.
+    rec.fault(FaultRecord(w.index, w.type, w.target, t_start, end, dict(w.params), w.role, kind.name, healthy,
+                          "; ".join(n for n in notes if n)))
+    say(f"  healed; healthy again after {((healthy or 0) - (end or 0)) / 1000:.1f} s" if healthy
+        else f"  never healthy again: {h}")
+
+
+def _versions() -> dict[str, str]:
+    return {"sched": __version__, "python": sys.version.split()[0], "platform": platform.platform()}
