@@ -109,6 +109,7 @@ class _Checker(OnceChecks, FencingChecks, OwedChecks, LagChecks, ValidityChecks)
             "duplicates": self.counts.get("duplicates", 0),
             "silent_misses": self.counts.get("gaps", 0),
             "stale_writes_rejected": len(self.idx.refused),
+            "stale_txns_refused_by_etcd": sum(1 for t in self.run.wire if t.refused_by_fence),
             "claims": len(self.idx.claims()),
             "faults_per_type": per_type,
             "lag": {k: summary(v) for k, v in self.phases.items()},

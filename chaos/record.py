@@ -14,6 +14,7 @@ comparing them with planned times.
     etcd-start.jsonl  only when the watch did not start at revision 1 (a cluster observed mid-life,
                       `watch_from_rev` in run.json): the keys as they were just before (record_snapshot)
     ops.jsonl         API operations as the harness made them (OpRecord)
+    wire.jsonl        fenced txns etcd refused, seen on the planners' etcd links (chaos/wire.py; proxy links only)
     faults.jsonl      fault windows as injected, with when health came back (FaultRecord)
     logs/*.log        process logs (structured JSON lines), scanned by I8
 
@@ -34,6 +35,7 @@ from typing import IO, Any
 
 from chaos.history import Event
 from chaos.sink import EffectRecord, read_effects
+from chaos.wire import FencedTxn, read_wire
 from scheduler.clock import SYSTEM_CLOCK, Clock
 from scheduler.store.etcd.types import EventType, WatchEvent
 from scheduler.store.kv import KV
@@ -170,6 +172,7 @@ class Run:
     logs: list[Path]
     scenario_toml: str = ""
     snapshot: list[WatchRecord] = field(default_factory=list)  # etcd-start.jsonl (observed clusters)
+    wire: list[FencedTxn] = field(default_factory=list)  # wire.jsonl: fenced txns etcd refused (chaos/wire.py)
 
 
 def _jsonl(path: Path, *, strict: bool) -> list[dict[str, Any]]:
@@ -222,9 +225,13 @@ def load_run(directory: str | Path) -> Run:
                   .values())
     logs = sorted((d / "logs").glob("*.log")) if (d / "logs").is_dir() else []
     scen = d / "scenario.toml"
+    try:
+        wire = read_wire(_jsonl(d / "wire.jsonl", strict=True))
+    except TypeError as e:
+        raise RunError(f"{d / 'wire.jsonl'}: bad line ({e})") from None
     return Run(d, meta, read_effects(d / "effects.jsonl"), watch, sorted(ops, key=lambda o: o.t_ms),
                sorted(faults, key=lambda f: f.start_ms), logs, scen.read_text() if scen.exists() else "",
-               sorted(snapshot, key=lambda w: w.rev))
+               sorted(snapshot, key=lambda w: w.rev), sorted(wire, key=lambda t: t.answered_ms))
 
 
 def write_jsonl(path: Path, rows: Iterable[dict[str, Any]]) -> None:
@@ -263,6 +270,7 @@ class RunWriter:
         self.watch: IO[str] = (self.directory / "etcd-watch.jsonl").open("a")
         self._ops = (self.directory / "ops.jsonl").open("a", buffering=1)
         self._faults = (self.directory / "faults.jsonl").open("a", buffering=1)
+        self.wire: IO[str] = (self.directory / "wire.jsonl").open("a", buffering=1)
 
     def op(self, rec: OpRecord) -> None:
         self._ops.write(json.dumps(asdict(rec), separators=(",", ":")) + "\n")
@@ -272,7 +280,7 @@ class RunWriter:
 
     def finish(self, meta: RunMeta) -> None:
         (self.directory / "run.json").write_text(json.dumps(asdict(meta), indent=1))
-        for f in (self.watch, self._ops, self._faults):
+        for f in (self.watch, self._ops, self._faults, self.wire):
             f.close()
 
 

@@ -55,7 +55,8 @@ def render_markdown(v: Verdict, picture: str | None) -> str:
               f"justified reason {sum(n for k, n in out.items() if k.startswith('skipped_'))}, held "
               f"{out.get('held', 0)}, pending {out.get('pending', 0)})",
               f"- effects accepted {out.get('effects_accepted', 0)}, duplicates {st['duplicates']}, silent misses "
-              f"{st['silent_misses']}, stale writes refused by the sink {st['stale_writes_rejected']}",
+              f"{st['silent_misses']}, stale writes refused by the sink {st['stale_writes_rejected']} "
+              f"and by etcd's fence {st.get('stale_txns_refused_by_etcd', 0)}",
               f"- claims {st['claims']}, API operations {st['operations']} ({st['operations_failed']} failed)",
               f"- faults per type: {', '.join(f'{k} {n}' for k, n in st['faults_per_type'].items()) or 'none'}", ""]
     lines += ["Start lag (first accepted start - planned time; during = inside a fault window or its settle time):",

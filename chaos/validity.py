@@ -63,7 +63,8 @@ class ValidityChecks(Context):
             if v.require_stale_reject and kind.expects_stale_reject_beyond_ttl and duration > self.ttl_ms \
                     and row.stale_rejected == 0:
                 self.invalid.append(f"{label} lasted {duration / 1000:.1f}s > TTL, yet no stale write was refused "
-                                    "(sink 409 or a fenced_out in its log): fencing was not exercised (I4c)")
+                                    "(sink 409, etcd's refusal on the wire, or a fenced_out in its log): fencing was "
+                                    "not exercised (I4c)")
 
     def owned_by_target(self, f: FaultRecord) -> int:
         rev = self.idx.rev_at(f.start_ms)
@@ -83,8 +84,11 @@ class ValidityChecks(Context):
     def stale_rejects(self, f: FaultRecord) -> int:
         end = (f.end_ms or self.meta.end_ms) + self.ttl_ms + int(self.s.lag.settle_s * 1000)
         n = sum(1 for e in self.idx.refused if f.start_ms <= e.t_ms <= end)
+        nodes = self.target_nodes(f)
+        n += sum(1 for t in self.run.wire
+                 if t.refused_by_fence and t.planner in nodes and f.start_ms <= t.answered_ms <= end)
         for path in self.run.logs:
-            if path.stem in self.target_nodes(f):
+            if path.stem in nodes:
                 n += sum(1 for ts in self.fenced_out_times(path) if f.start_ms <= ts <= end)
         return n
 

@@ -69,7 +69,17 @@ def test_bad_input_exits_2_naming_what_to_fix(tmp_path: Path) -> None:
     assert r.returncode == 2 and "not a directory" in r.stderr
 
 
-def test_run_is_a_clear_stub() -> None:
-    r = drill("run", "smoke", "--seed", "5")
-    assert r.returncode == 2
-    assert "not built yet" in r.stderr and "seed 5" in r.stderr and not r.stdout
+def test_run_refuses_bad_input_before_starting_anything(tmp_path: Path) -> None:
+    r = drill("run", "no-such-scenario")
+    assert r.returncode == 2 and "neither a file nor a scenario name" in r.stderr
+    r = drill("run", "smoke", "--duration", "-5")
+    assert r.returncode == 2 and "duration" in r.stderr
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    (busy / "x").write_text("")
+    r = drill("run", "smoke", "--report", str(busy))
+    assert r.returncode == 2 and "not empty" in r.stderr
+    # A fault this machine cannot make (here: direct links cannot cut a planner's etcd link) is refused up front.
+    r = drill("run", "smoke", "--links", "direct", "--report", str(tmp_path / "run"))
+    assert r.returncode == 2 and "cannot make" in r.stderr and "F3" in r.stderr
+    assert not (tmp_path / "run" / "run.json").exists()
