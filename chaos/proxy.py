@@ -55,6 +55,24 @@ in epoch ms and monotonic seconds, the action, the directions, the parameters an
 state) so the runner can write fault windows from what was really done.
 
 `close()` closes the listener and every connection and awaits every task it started.
+
+For the runner (measured in tests/chaos/test_proxy.py with the project's etcd client, real etcd):
+
+- The planner is the client: F3 `direction=outbound` is `up`, `inbound` is `down`. F3 `mode=drop`
+  (iptables DROP: TCP retransmits, the connection resumes if it outlived the fault) is `stall()`;
+  `blackhole()` is the harsher loss of bytes (the connection is reset on heal). `mode=reset` is
+  `reset()`. F10 is `set_latency(latency_ms / 1000, jitter_ms / 1000)` + `set_loss(drop)`.
+- The project's client calls with `wait_for_ready`, so during `reset()`/`refuse()` a unary call
+  waits for a connection and fails at its **deadline** (`Unavailable` "DEADLINE_EXCEEDED" for a
+  read, `OutcomeUnknown` for a write), not at once; an open stream (watch, lease keepalive) ends
+  with UNAVAILABLE at once (< 2 s measured). After `heal()` it reconnects within its backoff
+  (100 ms, growing to `reconnect_backoff_max`).
+- A stalled link keeps its connection (gRPC's keepalive, 10 s + 5 s by default, ends it if the stall
+  lasts longer); a blackholed one is reset at heal, so the client always reconnects after it.
+- Every byte of a link passes through the event loop the proxy runs in: run proxies in a loop that
+  is not blocked by other work, or latency grows by the loop's stalls (it is not for etcd's traffic
+  of a few planners). The proxy itself is never faulted by the other faults: it belongs to the
+  harness (like the sink), so it must not run inside a skewed or paused process.
 """
 
 from __future__ import annotations

@@ -314,6 +314,16 @@ async def test_etcd_client_through_the_proxy(etcd_server: EtcdCluster, key_prefi
             # The write sent into the blackhole never reached etcd (its bytes were swallowed).
             assert await eventually(lambda: value(etcd, key, timeout=1.0)) == big
 
+            # Stall (a partition TCP survives): the read times out, and after heal the very same
+            # connection carries on: nothing was lost, nothing is reset.
+            accepted = proxy.stats.accepted
+            proxy.stall()
+            with pytest.raises(Unavailable):
+                await etcd.get(key, timeout=0.5)
+            assert proxy.heal() == 0
+            assert await value(etcd, key, timeout=2.0) == big
+            assert proxy.stats.accepted == accepted
+
             # Reset and refuse. The project's client calls with wait_for_ready (it rides out a
             # reconnect within its deadline), so a unary call sees the deadline, not UNAVAILABLE.
             proxy.reset()
