@@ -47,6 +47,10 @@ Caveats, each found on this machine (libfaketime 0.9.10, Debian 12) and tested:
 - **What is not faked.** Only the one process tree: etcd's lease TTLs run on etcd's own clock, and the
   client's lease deadline is monotonic, so a skewed planner keeps its lease (tested with a real etcd
   and the project's LeaseKeeper across +1 h and -1 h jumps).
+- **Event loops.** asyncio's loop runs on `time.monotonic()`, so timers and `sleep`s are unaffected
+  (tested: a child with a running loop, a gRPC channel and two threads). uvloop is not a dependency
+  of this project and is not installed here, so it is untested; libuv's timers read
+  `CLOCK_MONOTONIC` too, which is not faked.
 - The `FAKETIME` variable, if the parent had one, is removed from the env: it would take precedence
   over the file and the offset could not change.
 """
