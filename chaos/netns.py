@@ -51,6 +51,11 @@ new connections, so established connections are hit at once. What each direction
   deciding). A planner's keepalives can therefore still renew its lease for a few intervals after an
   inbound cut starts, and a txn sent just after it may commit unseen.
 - `both`: neither; in-flight requests may or may not have landed before the cut.
+- A packet dropped in OUTPUT is dropped before it leaves src, and the kernel tells the sender: a UDP
+  sendto() fails with EPERM; TCP treats it as a lost segment and retransmits (connect and requests time
+  out, as over a real partition: no error shows at once).
+- `probability` < 1: each packet is refused independently with that chance (F10's lossy link; this
+  kernel has no sch_netem, so latency and jitter need the TCP fault proxy instead).
 - mode `reset` instead of `drop`: the refused packet is answered with a TCP RST (REJECT tcp-reset; other
   protocols: ICMP port unreachable). The RST goes to the refused packet's sender: outbound-reset fails
   src's own sockets at once (ECONNREFUSED / ECONNRESET) and tells dst nothing; inbound-reset resets dst's
@@ -327,6 +332,7 @@ class Cut:
     port: int | None
     direction: Direction
     mode: Mode
+    probability: float  # 1.0: every packet
     rules: tuple[tuple[str, str], ...]
 
 
@@ -557,17 +563,21 @@ class NetTopology:
         return tuple(out)
 
     def cut(self, src: str, dst: str | Sequence[str], dst_port: int | None = None, *,
-            direction: Direction = "both", mode: Mode = "drop") -> Cut:
+            direction: Direction = "both", mode: Mode = "drop", probability: float = 1.0) -> Cut:
         """Cut `src` (a node, or a region: each of its nodes) off from `dst` (node, region, `HARNESS`,
         address, a list of those, or `*`: every other node). `dst_port` is dst's service port (TCP only);
         None: all traffic. `direction` is seen from src: outbound = src->dst packets refused, inbound =
-        dst->src refused (see the module docstring for what that does to TCP). In force when this returns."""
+        dst->src refused (see the module docstring for what that does to TCP). `probability` < 1 refuses
+        each packet independently with that chance (F10's lossy link; TCP retransmits, so it shows as
+        latency spikes and, at high rates, timeouts). In force when this returns."""
         if direction not in ("both", "inbound", "outbound"):
             raise ValueError(f"direction {direction!r}: both, inbound or outbound")
         if mode not in ("drop", "reset"):
             raise ValueError(f"mode {mode!r}: drop or reset")
         if dst_port is not None and not 0 < dst_port < 65536:
             raise ValueError(f"dst_port {dst_port}: 1-65535")
+        if not 0.0 < probability <= 1.0:
+            raise ValueError(f"probability {probability}: in (0, 1]")
         sources = self._sources(src)
         targets = self._targets(dst, sources)
         if not targets:
@@ -575,9 +585,9 @@ class NetTopology:
         with self._lock:
             self._next_cut += 1
             cut_id = f"{self.run_name}:{self._next_cut}"
-        specs = _rule_specs(cut_id, targets, dst_port, direction, mode)
+        specs = _rule_specs(cut_id, targets, dst_port, direction, mode, probability)
         rules = tuple((self.netns(s), spec) for s in sources for spec in specs)
-        cut = Cut(cut_id, sources, targets, dst_port, direction, mode, rules)
+        cut = Cut(cut_id, sources, targets, dst_port, direction, mode, probability, rules)
         self._apply(rules, "-A")
         with self._lock:
             self._cuts[cut_id] = cut
@@ -602,9 +612,10 @@ class NetTopology:
             return tuple(self._cuts.values())
 
     async def acut(self, src: str, dst: str | Sequence[str], dst_port: int | None = None, *,
-                   direction: Direction = "both", mode: Mode = "drop") -> Cut:
+                   direction: Direction = "both", mode: Mode = "drop", probability: float = 1.0) -> Cut:
         """cut() off the event loop (it runs one iptables-restore per namespace, a few ms each)."""
-        return await asyncio.to_thread(self.cut, src, dst, dst_port, direction=direction, mode=mode)
+        return await asyncio.to_thread(self.cut, src, dst, dst_port, direction=direction, mode=mode,
+                                       probability=probability)
 
     async def aheal(self, cut: Cut) -> None:
         await asyncio.to_thread(self.heal, cut)
@@ -627,8 +638,11 @@ class NetTopology:
 
 
 def _rule_specs(cut_id: str, targets: Sequence[str], port: int | None, direction: Direction,
-                mode: Mode) -> list[str]:
-    tag = f'-m comment --comment "{cut_id}"'
+                mode: Mode, probability: float = 1.0) -> list[str]:
+    # iptables prints the probability back rounded (0.3 -> 0.29999999981); deletion matches by value,
+    # so the text we add and the text we delete are the same string either way.
+    chance = f"-m statistic --mode random --probability {probability:.6f} " if probability < 1.0 else ""
+    tag = f'{chance}-m comment --comment "{cut_id}"'
     specs: list[str] = []
     for chain, peer, port_opt in (("OUTPUT", "-d", "--dport"), ("INPUT", "-s", "--sport")):
         if direction == ("inbound" if chain == "OUTPUT" else "outbound"):

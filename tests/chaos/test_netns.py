@@ -13,9 +13,11 @@ etcd listens on fixed ports 2379/2380 at its node's address: nothing can take th
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -256,6 +258,31 @@ async def test_portal_reaches_etcd_from_the_host_with_the_product_client(healed:
             await client.put(b"/netns/portal", b"v")
             got = await client.get(b"/netns/portal")
             assert got is not None and got.value == b"v"
+
+
+def test_a_lossy_cut_drops_about_its_share_and_heals_exactly(healed: NetTopology) -> None:
+    net = healed
+    rx = net.open_socket(HARNESS, socket.AF_INET, socket.SOCK_DGRAM)
+    tx = net.open_socket("a-p1", socket.AF_INET, socket.SOCK_DGRAM)
+    with rx, tx:
+        rx.bind((net.harness_addr, 0))
+        rx.settimeout(0.3)
+        cut = net.cut("a-p1", HARNESS, direction="outbound", probability=0.5)
+        assert all("--probability 0.5" in r for r in net.rules("a-p1"))
+        refused = 0
+        for i in range(200):
+            try:
+                tx.sendto(b"%d" % i, rx.getsockname())
+            except PermissionError:  # a datagram dropped in OUTPUT is reported to its local sender
+                refused += 1
+        got = 0
+        with contextlib.suppress(TimeoutError):
+            while rx.recv(64):
+                got += 1
+        assert 40 <= got <= 160, got  # binomial(200, 0.5): outside this is > 8 standard deviations
+        assert got + refused == 200
+        net.heal(cut)
+        assert net.rules("a-p1") == []
 
 
 def test_listen_sees_each_node_by_its_own_address(net: NetTopology) -> None:
