@@ -43,13 +43,17 @@ new connections, so established connections are hit at once. What each direction
   from src fail (SYN lost: connect timeout). On an established connection NOTHING src sends arrives (no
   request lands at dst) and dst's data goes unacknowledged, so dst retransmits and stalls too: a one-way
   drop is a two-way outage for any TCP conversation. The lease is not renewed; dst notices only by its
-  own timeouts (etcd: the lease TTL; gRPC keepalive).
+  own timeouts (etcd: the lease TTL; gRPC keepalive). What src sent stays in its send queue: after the
+  heal TCP delivers it, so a request whose RPC timed out during the cut can still be applied LATE
+  (unless its connection was closed or reset first); fencing, not the cut, must make that harmless.
 - `inbound` (dst -> src dropped): src's segments DO arrive, dst's answers and ACKs do not. New
-  connections fail (the SYN-ACK is lost). On an established connection the requests src sends before its
-  congestion window fills (about 10 segments, Linux's initial window, then only retransmissions of the
-  oldest) reach dst and are APPLIED, while src sees a timeout: outcome unknown (DESIGN.md: re-read before
-  deciding). A planner's keepalives can therefore still renew its lease for a few intervals after an
-  inbound cut starts, and a txn sent just after it may commit unseen.
+  connections fail (the SYN-ACK is lost). On an established connection, what src sends before its first
+  retransmission timeout (Linux: 200 ms at least) reaches dst and is APPLIED while src sees a timeout:
+  outcome unknown (DESIGN.md: re-read before deciding). After that, src only resends its oldest
+  unacknowledged segment (congestion window 1) and nothing new leaves it. Measured here: of puts sent
+  0, 100, 150, 400, 800 ms after the cut, the first three landed; the product's LeaseKeeper (TTL 3 s,
+  renew 0.5 s) lost its lease one TTL after the cut, renewed at most once more. So a txn sent right after
+  the cut may commit unseen, and the lease is not kept alive by an inbound cut.
 - `both`: neither; in-flight requests may or may not have landed before the cut.
 - A packet dropped in OUTPUT is dropped before it leaves src, and the kernel tells the sender: a UDP
   sendto() fails with EPERM; TCP treats it as a lost segment and retransmits (connect and requests time

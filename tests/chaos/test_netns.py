@@ -227,6 +227,12 @@ def test_inbound_cut_lets_requests_land_and_loses_the_answers(healed: NetTopolog
         while harness.value("/netns/in") != "during":  # ...but etcd applied it: outcome unknown
             assert time.monotonic() < deadline, "the request sent under an inbound cut never landed"
             time.sleep(0.05)
+        # A second of unacknowledged data later the sender is in retransmission (cwnd 1, resending only
+        # the oldest segment): a new request no longer leaves it.
+        with pytest.raises(TimeoutError):
+            client.put("/netns/in", "later")
+        time.sleep(0.3)
+        assert harness.value("/netns/in") == "during"
     with pytest.raises(TimeoutError):  # a new connection fails: the SYN-ACK is lost
         Http(net, "b-p1", etcd_in_a)
 
