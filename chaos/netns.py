@@ -348,6 +348,8 @@ def _teardown_live() -> None:
     with _LIVE_LOCK:
         live = list(_LIVE)
     for net in live:
+        if net._owner_pid != os.getpid():  # a forked child exiting must not take its parent's run down
+            continue
         try:
             net.teardown()
         except Exception as e:  # atexit: report and go on with the others
@@ -376,6 +378,7 @@ class NetTopology:
         self._next_cut = 0
         self._lock = threading.Lock()
         self._created = False
+        self._owner_pid = os.getpid()
 
     # ---- names and addresses ----------------------------------------------------------------------
 
@@ -438,7 +441,7 @@ class NetTopology:
             return self
         STATE_DIR.mkdir(parents=True, exist_ok=True)
         state = STATE_DIR / f"{self.run_name}.json"
-        me = os.getpid()
+        me = self._owner_pid = os.getpid()
         # The ownership record first: from here on a concurrent cleanup_stale asks whether we are alive.
         if not _claim(state, json.dumps({"pid": me, "start_time": _start_time(me), "run": self.run_name})):
             raise NetError(f"run id {self.run_id} is taken ({state} exists): pick another")
