@@ -21,6 +21,7 @@ from typing import Any
 
 from scheduler.errors import InvalidArgument
 from scheduler.timeplan import MissedRuns, Overlap
+from scheduler.topology import Topology
 
 __all__ = [
     "SCENARIO_DIR",
@@ -79,14 +80,20 @@ class Cluster:
     wall_clock_start: str | None = None
     planner: Mapping[str, str | int | float | bool] = field(default_factory=dict)  # passed to `schedctl planner`
 
+    def topology(self) -> Topology:
+        """The nodes this cluster runs (scheduler/topology.py: one description shared with the regions
+        feature); one etcd member per region until scenarios can say otherwise."""
+        return Topology.from_counts(self.regions, etcd_per_region=1, planners_per_region=self.planners_per_region,
+                                    workers_per_region=self.workers_per_region)
+
     def planners(self) -> list[str]:
-        return [f"{r}-p{i + 1}" for r in self.regions for i in range(self.planners_per_region)]
+        return [n.name for n in self.topology().planners]
 
     def workers(self) -> list[str]:
-        return [f"{r}-w{i + 1}" for r in self.regions for i in range(self.workers_per_region)]
+        return [n.name for n in self.topology().workers]
 
     def etcd_members(self) -> list[str]:
-        return [f"{r}-etcd" for r in self.regions]
+        return [n.name for n in self.topology().etcd_members]
 
     def links(self) -> list[str]:
         return [f"{p}->etcd" for p in self.planners()]

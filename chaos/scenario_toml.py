@@ -165,6 +165,10 @@ def _cluster(t: _Table) -> Cluster:
         wall_clock_start=t.opt("wall_clock_start", str),
         planner=dict(t.get("planner", dict, {})),
     )
+    try:
+        c.topology()  # region names become node, process and network-namespace names: refuse odd ones here
+    except InvalidArgument as e:
+        raise t.err(e.field, e.reason) from None
     if c.renew_interval_s >= c.lease_ttl_s:
         raise t.err("renew_interval_s", f"{c.renew_interval_s:g} must be below lease_ttl_s {c.lease_ttl_s:g}")
     if c.wall_clock_start is not None:
