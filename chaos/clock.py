@@ -62,7 +62,7 @@ import os
 import re
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -70,6 +70,7 @@ __all__ = [
     "FAKETIME_DIRS",
     "ClockChange",
     "FaketimeMissing",
+    "PlannerClockSet",
     "SkewedClock",
     "library",
     "parse_offset",
@@ -218,3 +219,29 @@ class SkewedClock:
     def clear(self) -> None:
         """Back to real time. The file stays (the processes still read it), holding +0."""
         self.set_offset(0.0)
+
+
+class PlannerClockSet:
+    """One SkewedClock per planner that a drill skews (F6), under `directory`: what the runner starts those
+    planners with (`env_for`) and turns while they run (`set_offset`). Planners no F6 targets get no
+    preload at all, so they pay nothing for the file read behind every wall-clock call."""
+
+    def __init__(self, directory: Path, planners: Iterable[str]) -> None:
+        self.directory = directory
+        self.clocks = {p: SkewedClock(directory / f"{p}.offset") for p in planners}
+
+    @classmethod
+    def create(cls, directory: Path, planners: Iterable[str]) -> PlannerClockSet | None:
+        """None when libfaketime is not installed (F6 is then refused before the run)."""
+        try:
+            library()
+        except FaketimeMissing:
+            return None
+        return cls(directory, planners)
+
+    def env_for(self, planner: str) -> dict[str, str]:
+        c = self.clocks.get(planner)
+        return c.env() if c is not None else {}  # merged into the planner's environment by PlannerSet
+
+    def set_offset(self, planner: str, seconds: float) -> None:
+        self.clocks[planner].set_offset(seconds)

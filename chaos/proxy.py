@@ -85,7 +85,7 @@ import random
 import socket
 import struct
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -123,6 +123,7 @@ class DirectionFaults:
     retransmit_s: float = DEFAULT_RETRANSMIT_S
     drop: bool = False
     stall: bool = False
+    hold: bool = False  # read on, forward nothing: the bytes wait in the proxy (counted) until heal
 
     def delay(self, rng: random.Random) -> float:
         d = self.latency_s
@@ -224,7 +225,11 @@ class _Link:
             while True:
                 await p._flowing[d].wait()  # stall: leave the bytes in the kernel (the sender blocks)
                 data = await src.read(CHUNK)
+                if data and p.tap is not None:
+                    p.tap(self.cid, d, data)
                 f = p.faults[d]
+                if f.hold and data:
+                    p.held[d] += len(data)
                 if f.drop:
                     self.damaged = True
                     if not data:
@@ -249,6 +254,7 @@ class _Link:
                 if (wait := due - loop.time()) > 0:
                     await asyncio.sleep(wait)
                 await p._flowing[d].wait()
+                await p._forwarding[d].wait()  # hold: the chunk waits here until heal
                 if data is None:
                     if dst.can_write_eof():
                         dst.write_eof()
@@ -315,6 +321,11 @@ class FaultProxy:
         self.events: list[FaultEvent] = []
         self._rng = random.Random(seed)
         self._flowing: dict[Direction, asyncio.Event] = {}
+        self._forwarding: dict[Direction, asyncio.Event] = {}  # cleared by hold(): read, do not send
+        self.held: dict[Direction, int] = {d: 0 for d in Direction}  # bytes read and waiting behind a hold
+        # Called with (connection id, direction, bytes) for every chunk read, before any fault applies: the
+        # wire witness (chaos/wire.py) reads the traffic this way. Must be quick and must not raise.
+        self.tap: Callable[[int, Direction, bytes], None] | None = None
         self._server: asyncio.Server | None = None
         self._links: dict[int, _Link] = {}
         self._tasks: set[asyncio.Task[Any]] = set()  # every task started for a connection, handlers included
@@ -336,6 +347,7 @@ class FaultProxy:
         if self._server is not None:
             raise RuntimeError("a FaultProxy is started once")
         self._flowing = {d: asyncio.Event() for d in Direction}
+        self._forwarding = {d: asyncio.Event() for d in Direction}
         self._sync_flow()  # a stall() set before start() holds from the first connection
         # Port 0: the kernel's choice, read back; a port picked beforehand could be taken meanwhile.
         self._server = await asyncio.start_server(self._on_client, self.listen_host, 0)
@@ -413,6 +425,8 @@ class FaultProxy:
     def _sync_flow(self) -> None:
         for d, ev in self._flowing.items():
             ev.clear() if self.faults[d].stall else ev.set()
+        for d, ev in self._forwarding.items():
+            ev.clear() if self.faults[d].hold else ev.set()
 
     def set_latency(self, latency_s: float, jitter_s: float = 0.0, *, direction: Direction | str = "both") -> None:
         """Hold each chunk `latency_s +- jitter_s` (0 turns latency off)."""
@@ -447,6 +461,17 @@ class FaultProxy:
             self.faults[d].stall = True
         self._sync_flow()
         self._record("stall", dirs)
+
+    def hold(self, direction: Direction | str = "up") -> None:
+        """Read on but forward nothing: the bytes wait in the proxy (`held`) and flow, in order, on
+        heal. Unlike stall() the proxy sees them, so a caller can wait until a request is caught in
+        flight (the F2 nemesis freezes a planner with its write held here)."""
+        dirs = _directions(direction)
+        for d in dirs:
+            self.faults[d].hold = True
+            self.held[d] = 0
+        self._sync_flow()
+        self._record("hold", dirs)
 
     def refuse(self, on: bool = True) -> None:
         """Reset new connections on arrival (open ones are left alone)."""

@@ -29,17 +29,21 @@ from pathlib import Path
 
 from chaos import faults as catalogue
 from chaos.check import check_run
+from chaos.clock import PlannerClockSet
 from chaos.links import DirectLinks, Links
 from chaos.live import PREFIX, LiveCluster, PlannerClocks
 from chaos.nemesis import Nemesis, Unsupported
 from chaos.ops import OpRunner
 from chaos.plan import FaultWindow, Plan, make_plan
+from chaos.proxy_links import ProxyLinks
 from chaos.record import FaultRecord, RunMeta, RunWriter, load_run
 from chaos.report import write_report
 from chaos.scenario import Scenario, ScenarioError
 from chaos.verdict import Verdict
+from chaos.wire import writer
 from scheduler import __version__
 from scheduler.clock import SYSTEM_CLOCK
+from scheduler.store.keyspace import Keyspace
 
 __all__ = ["DrillResult", "RunOptions", "run_drill", "unsupported_faults"]
 
@@ -53,7 +57,7 @@ class RunOptions:
     directory: Path
     seed: int | None = None
     duration_s: float | None = None
-    links: str = "auto"  # auto | proxy | direct
+    links: str = "proxy"  # proxy | direct
     unsafe_fencing_off: bool = False  # meta-tests (SCHED_TEST_MODE=1): planners write without the fence
     progress: Callable[[str], None] | None = None  # a line per step (the CLI prints them)
 
@@ -66,26 +70,19 @@ class DrillResult:
     directory: Path
 
 
-def _links(kind: str) -> Links:
-    if kind in ("auto", "proxy"):
-        try:
-            from chaos.proxy_links import ProxyLinks
-        except ImportError:
-            if kind == "proxy":
-                raise
-        else:
-            return ProxyLinks()
-    return DirectLinks()
+def _links(kind: str, rec: RunWriter) -> Links:
+    """Proxy links unless asked otherwise: every link fault needs them, and their wire witness
+    records the stale writes etcd refused (I4c)."""
+    if kind == "direct":
+        return DirectLinks()
+    return ProxyLinks(writer(rec.wire), Keyspace(PREFIX).owners)
 
 
 def _clocks(directory: Path, plan: Plan) -> PlannerClocks | None:
-    if not any(f.type == "F6" for f in plan.faults):
+    skewed = sorted({f.target for f in plan.faults if f.type == "F6"})
+    if not skewed:
         return None
-    try:
-        from chaos.clock import PlannerClockSet
-    except ImportError:
-        return None
-    return PlannerClockSet.create(directory / "clocks")
+    return PlannerClockSet.create(directory / "clocks", skewed)
 
 
 def unsupported_faults(plan: Plan, nemesis: Nemesis) -> list[str]:
@@ -107,7 +104,7 @@ async def run_drill(scenario: Scenario, opts: RunOptions) -> DrillResult:
     say = opts.progress or (lambda _m: None)
     toml = _source_text(s)
     rec = RunWriter(opts.directory, toml)
-    live = LiveCluster(s, opts.directory, rec, _links(opts.links), unsafe_fencing_off=opts.unsafe_fencing_off,
+    live = LiveCluster(s, opts.directory, rec, _links(opts.links, rec), unsafe_fencing_off=opts.unsafe_fencing_off,
                        clock=_clocks(opts.directory, plan))
     nemesis = Nemesis(live)
     missing = unsupported_faults(plan, nemesis)

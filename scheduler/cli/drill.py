@@ -45,8 +45,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     rn.add_argument("--duration", type=float, metavar="SECONDS", help="override the scenario's duration")
     rn.add_argument("--report", metavar="DIR", help="where the run and its report go (default: a new directory "
                     "under ./drill-runs/)")
-    rn.add_argument("--links", choices=("auto", "proxy", "direct"), default="auto",
-                    help="planner<->etcd links: a fault proxy per planner (auto, when available) or direct")
+    rn.add_argument("--links", choices=("proxy", "direct"), default="proxy",
+                    help="planner<->etcd links: through a fault proxy per planner (default; needed by every "
+                    "link fault) or direct")
     rn.set_defaults(func=_call("run"))
 
 

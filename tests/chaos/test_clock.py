@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 
 from chaos.clock import FaketimeMissing, SkewedClock, library, parse_offset
-from tests.etcd_cluster import EtcdCluster
-from tests.integration.planners import PlannerSet
+from chaos.infra.etcd import EtcdCluster
+from chaos.infra.planners import PlannerSet
 
 try:
     LIB: Path | None = library()

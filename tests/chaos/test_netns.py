@@ -27,11 +27,11 @@ from pathlib import Path
 import pytest
 
 from chaos import netns
+from chaos.infra.etcd import find_binary
+from chaos.infra.procs import forget, spawn
 from chaos.netns import HARNESS, NetTopology, available, cleanup_stale, list_namespaces
 from scheduler.store.etcd import EtcdClient, EtcdConfig
 from scheduler.topology import Topology
-from tests.etcd_cluster import find_binary
-from tests.processes import forget, spawn
 
 OK, WHY = available()
 needs_netns = pytest.mark.skipif(not OK, reason=f"network namespaces unavailable: {WHY}")

@@ -14,10 +14,10 @@ from typing import TypeVar
 import grpc
 import pytest
 
+from chaos.infra.etcd import EtcdCluster
+from chaos.infra.ports import unused_port
 from chaos.proxy import FaultProxy
 from scheduler.store.etcd import EtcdClient, OutcomeUnknown, Unavailable, _pb
-from tests.etcd_cluster import EtcdCluster
-from tests.ports import unused_port
 
 T = TypeVar("T")
 

@@ -13,9 +13,10 @@ import pytest
 from chaos.infra.etcd import EtcdFactory
 from chaos.wire import FencedTxn, WireWitness
 from scheduler.clock import SYSTEM_CLOCK
+from scheduler.errors import FencedOut
 from scheduler.store.etcd import EtcdClient
 from scheduler.store.etcd.ops import put
-from scheduler.store.fenced import Fence, FencedOut, fenced_txn
+from scheduler.store.fenced import Fence, fenced_txn
 
 pytestmark = pytest.mark.etcd
 

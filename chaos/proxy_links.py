@@ -1,0 +1,91 @@
+"""Planner <-> etcd links through fault proxies on loopback (chaos/proxy.py): one proxy per planner
+and etcd member, so a fault on one planner's link leaves every other's alone, and a wire witness
+(chaos/wire.py) on every connection, recording the fenced txns etcd refused.
+
+How the catalogue's link faults map (the planner is the client; `up` is planner -> etcd):
+- F3 `drop`: stall (nothing read or forwarded; TCP survives, so whatever the planner sent before its
+  lease ran out reaches etcd *after* the heal, late: exactly the stale write the fence must refuse);
+  `outbound` stalls `up`, `inbound` stalls `down`, `both` both. `reset`: every connection RST and new
+  ones refused until the heal.
+- F10: latency +- jitter on both directions, and `drop` as the share of chunks that arrive one
+  retransmission timeout late (a TCP stream cannot lose bytes and stay valid).
+- hold (F2 beyond the TTL): the planner's outgoing bytes are read but not forwarded, so the nemesis
+  can see a write caught in flight before it freezes the planner.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+
+from chaos.proxy import Direction, FaultProxy
+from chaos.wire import FencedTxn, WireWitness
+from scheduler.clock import SYSTEM_CLOCK
+
+__all__ = ["ProxyLinks"]
+
+_DIRECTIONS = {"both": "both", "outbound": "up", "inbound": "down"}
+
+
+class ProxyLinks:
+    kind = "proxy"
+
+    def __init__(self, on_txn: Callable[[FencedTxn], None], owners_prefix: bytes) -> None:
+        self.on_txn = on_txn
+        self.owners = owners_prefix
+        self.proxies: dict[str, list[FaultProxy]] = {}
+        self._witnesses: dict[tuple[str, int, int], WireWitness] = {}
+
+    async def start(self, etcd_endpoints: Sequence[str], planners: Sequence[str]) -> None:
+        for p in planners:
+            out = []
+            for i, ep in enumerate(etcd_endpoints):
+                host, _, port = ep.rpartition(":")
+                proxy = FaultProxy(host, int(port), name=f"{p}->etcd{i}")
+                proxy.tap = self._tap(p, i)
+                out.append(await proxy.start())
+            self.proxies[p] = out
+
+    def _tap(self, planner: str, member: int) -> Callable[[int, Direction, bytes], None]:
+        def tap(cid: int, d: Direction, data: bytes) -> None:
+            key = (planner, member, cid)
+            w = self._witnesses.get(key)
+            if w is None:
+                w = self._witnesses[key] = WireWitness(planner, self.owners, self.on_txn, SYSTEM_CLOCK.wall_ms)
+            (w.client_bytes if d is Direction.UP else w.server_bytes)(data)
+
+        return tap
+
+    def endpoints_for(self, planner: str) -> list[str]:
+        return [x.address for x in self.proxies[planner]]
+
+    async def cut(self, planner: str, direction: str, mode: str) -> str:
+        for x in self.proxies[planner]:
+            if mode == "reset":
+                x.reset(refuse=True)
+            else:
+                x.stall(_DIRECTIONS[direction])
+        return f"{mode} {direction} on {len(self.proxies[planner])} link(s)"
+
+    async def flaky(self, planner: str, latency_ms: int, jitter_ms: int, drop: float) -> str:
+        for x in self.proxies[planner]:
+            x.set_latency(latency_ms / 1000, min(jitter_ms, latency_ms) / 1000)
+            if drop:
+                x.set_loss(drop)
+        return f"latency {latency_ms}+-{jitter_ms} ms, {drop:.0%} of chunks late"
+
+    async def hold(self, planner: str) -> str:
+        for x in self.proxies[planner]:
+            x.hold("up")
+        return "outgoing bytes held"
+
+    async def held_bytes(self, planner: str) -> int:
+        return sum(x.held[Direction.UP] for x in self.proxies.get(planner, []))
+
+    async def heal(self, planner: str) -> str:
+        reset = sum(x.heal() for x in self.proxies[planner])
+        return f"{reset} damaged connection(s) reset" if reset else ""
+
+    async def close(self) -> None:
+        await asyncio.gather(*(x.close() for xs in self.proxies.values() for x in xs), return_exceptions=True)
+        self._witnesses.clear()
