@@ -79,8 +79,8 @@ class OpRunner:
         deadline = loop.time() + OP_DEADLINE_S
         error = ""
         while True:
-            address = self.live.api_address(self.rng)
             try:
+                address = self.live.api_address(self.rng)
                 async with SchedulerClient(address, timeout=max(0.5, deadline - loop.time())) as c:
                     result = await self._call(c, op, planned)
                 self.rec.op(OpRecord(t0, op.op, op.schedule_id, True, SYSTEM_CLOCK.wall_ms(), dict(op.params), result))

@@ -79,6 +79,7 @@ class RunMeta:
     steady_after: bool = True  # ... and after the last (the cluster became healthy again)
     target: str = "local"  # local (the harness started the cluster) | observed (staging: faults by others)
     watch_from_rev: int = 1  # > 1: the history starts there, on top of etcd-start.jsonl's snapshot
+    harness_errors: list[str] = field(default_factory=list)  # the runner's own failures: the run is invalid
 
     @staticmethod
     def from_json(d: dict[str, Any]) -> RunMeta:

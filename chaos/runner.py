@@ -18,7 +18,6 @@ judged *invalid* by the checker; the runner never turns a failure to heal into a
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
 import platform
@@ -114,6 +113,7 @@ async def run_drill(scenario: Scenario, opts: RunOptions) -> DrillResult:
         f"{len(plan.schedules)} schedules, {len(plan.operations)} operations, links: {live.links.kind}")
     start_ms = end_ms = SYSTEM_CLOCK.wall_ms()
     steady_before = steady_after = False
+    errors: list[str] = []
     try:
         await live.start()
         say(f"cluster up: {len(live.live_planners())} planners, {len(live.workers)} workers, "
@@ -129,15 +129,21 @@ async def run_drill(scenario: Scenario, opts: RunOptions) -> DrillResult:
         await asyncio.sleep(LOAD_SETTLE_S)
         start_ms = SYSTEM_CLOCK.wall_ms()
         say(f"window open for {s.duration_s:g} s")
-        op_task = asyncio.create_task(ops.run(plan.operations, start_ms))
-        fault_task = asyncio.create_task(_faults(plan, s, start_ms, live, nemesis, rec, say))
+        op_task = asyncio.create_task(ops.run(plan.operations, start_ms), name="operations")
+        fault_task = asyncio.create_task(_faults(plan, s, start_ms, live, nemesis, rec, say), name="faults")
         await asyncio.sleep(max(0.0, (start_ms + s.duration_s * 1000 - SYSTEM_CLOCK.wall_ms()) / 1000))
         end_ms = SYSTEM_CLOCK.wall_ms()
         for t in (fault_task, op_task):  # a fault still under way is healed by its task's cancellation
             if not t.done():
                 t.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
+            try:
                 await t
+            except asyncio.CancelledError:
+                pass
+            except Exception as e:  # a harness bug: said loudly, and the run is judged on what was recorded
+                log.exception("drill task failed")
+                errors.append(f"{t.get_name()}: {e!r}")
+                say(f"harness error in {t.get_name()}: {e!r} (the run will be invalid)")
         say("window closed; waiting for the last runs")
         await asyncio.sleep(_tail_s(s))
         healthy, h = await live.wait_healthy(s.steady_state.timeout_s)
@@ -151,7 +157,7 @@ async def run_drill(scenario: Scenario, opts: RunOptions) -> DrillResult:
         lease_ttl_s=s.cluster.lease_ttl_s, start_ms=start_ms, end_ms=end_ms, plan_fingerprint=plan.fingerprint,
         versions=_versions(), late_grace_ms=int(s.cluster.planner.get("late_grace_ms", 2000)),
         lookahead_ms=int(s.cluster.planner.get("lookahead_ms", 1000)), nodes=live.nodes(),
-        steady_before=steady_before, steady_after=steady_after, target="local",
+        steady_before=steady_before, steady_after=steady_after, target="local", harness_errors=errors,
     )
     rec.finish(meta)
     verdict = check_run(load_run(opts.directory))
