@@ -128,6 +128,11 @@ class Attempt:
     stderr_tail: str = ""
     exit_code: int | None = None
     stop_requested_ms: int = 0  # when a cancel of this attempt was recorded (CANCELLING)
+    # How long the handler ran by the worker's own clock (its result's finished_at - started_at; 0: not
+    # reported). `finished_ms` is when the result was recorded, which a result in transit delays; the
+    # handler cannot have started before `dispatched_ms`, so it surely ran until dispatched_ms + ran_ms
+    # (docs/time.md, "What counts as overlap").
+    ran_ms: int = 0
 
 
 @dataclass(frozen=True)
@@ -276,6 +281,7 @@ def result(
     not_started: bool = False,
     cancelled: bool = False,
     output: tuple[str, str, int | None] | None = None,
+    ran_ms: int = 0,
 ) -> tuple[Execution, Disposition]:
     """Record attempt `attempt`'s outcome; a late or repeated report changes nothing. `worker` (the id of the
     worker that reported it) fills the attempt's worker, unknown when it was dispatched: the record is
@@ -284,7 +290,8 @@ def result(
     `started_ms`: the worker's handler start, kept if no start was recorded. `not_started`: the handler
     never ran (start refused or unconfirmed, handed back): re-dispatched at once, not counted by the retry
     policy. `cancelled`: the worker stopped it on a Cancel (outcome CANCELLED: no error class).
-    `output`: (stdout tail, stderr tail, exit code) from the executor. A result of a CANCELLING attempt
+    `output`: (stdout tail, stderr tail, exit code) from the executor. `ran_ms`: how long the handler ran,
+    as the worker measured it (kept for overlap decisions on the final record). A result of a CANCELLING attempt
     is the worker's stop confirmation: the execution ends CANCELLED (SUCCEEDED if it finished anyway)."""
     if e.attempt != attempt or e.state not in IN_FLIGHT:
         cur = e.current
@@ -296,7 +303,8 @@ def result(
     ec = None if succeeded or cancelled else (error_class or ErrorClass.UNKNOWN)
     done = _evolve(cur, finished_ms=now_ms, succeeded=succeeded, error_class=ec, message=message[:2000],
                    worker=worker or cur.worker, started_ms=0 if not_started else cur.started_ms or started_ms,
-                   never_started=not_started or cur.never_started)  # a start recorded but never acted on: none
+                   never_started=not_started or cur.never_started,  # a start recorded but never acted on: none
+                   ran_ms=0 if not_started else max(0, ran_ms))
     if output is not None:
         done = _evolve(done, stdout_tail=output[0], stderr_tail=output[1], exit_code=output[2])
     attempts = (*e.attempts[:-1], done)

@@ -144,6 +144,11 @@ class Effect:
     outcome: str = ""  # succeeded / failed / crashed / cancelled / lost
     result_ms: int | None = None  # its result reached a planner (later than end_ms when an ack was lost)
 
+    @property
+    def ran_ms(self) -> int:
+        """How long it ran, as a worker reports it with its result (finished_at - started_at)."""
+        return 0 if self.end_ms is None else self.end_ms - self.start_ms
+
 
 @dataclass
 class Log:
@@ -277,7 +282,7 @@ class Workers:
                 eff.end_ms = eff.busy_end_ms = now
                 if kind == "cancelled":
                     eff.outcome = "cancelled"
-                    await self.world.deliver(job.e, False, ErrorClass.TRANSIENT, "cancelled")
+                    await self.world.deliver(job.e, False, ErrorClass.TRANSIENT, "cancelled", eff.ran_ms)
                     continue
                 ok = job.behaviour in ("ok", "slow", "lost_ack")
                 eff.outcome = "succeeded" if ok else "failed"
@@ -288,13 +293,13 @@ class Workers:
                     self.timer(late, "late_result", key)
                     continue
                 eff.result_ms = now
-                await self.world.deliver(job.e, ok, self._error_class(job), "")
+                await self.world.deliver(job.e, ok, self._error_class(job), "", eff.ran_ms)
             elif kind == "start":
                 await self.world.confirm_start(job.e)
             elif kind == "late_result":
                 eff.result_ms = now
                 ok = job.behaviour in ("ok", "slow", "lost_ack")
-                await self.world.deliver(job.e, ok, self._error_class(job), "")
+                await self.world.deliver(job.e, ok, self._error_class(job), "", eff.ran_ms)
             elif kind == "crash":
                 if eff.end_ms is not None:
                     continue
@@ -633,15 +638,16 @@ class World:
                                    f"t={self.clock.wall_ms() - T0}: {self.restarts_this_advance} planner restarts "
                                    f"within {ms} ms: a restart loop")
 
-    async def deliver(self, e: Execution, ok: bool, ec: ErrorClass | None, message: str) -> None:
-        """A worker's result, through the real result path of the node it reaches."""
+    async def deliver(self, e: Execution, ok: bool, ec: ErrorClass | None, message: str, ran_ms: int = 0) -> None:
+        """A worker's result, through the real result path of the node it reaches (with the run's duration
+        by the worker's clock, as a real worker's started_at/finished_at say)."""
         live = self.live is not None
         extra = [] if live else [notice_op(self.ks, 1, e.schedule_id, e.planned_ms)]
         try:
             new, disposition = await record_result(
                 self.kv, self.node.ledger, e.schedule_id, e.planned_ms, e.attempt, succeeded=ok, error_class=ec,
                 message=message, now_ms=self.clock.wall_ms(), worker="w", payload_of=self.node.payload_of,
-                extra=extra)
+                extra=extra, ran_ms=ran_ms)
         except NotFound:
             return
         if disposition is Disposition.RECORDED:

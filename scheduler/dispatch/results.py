@@ -112,9 +112,12 @@ def outcome(r: wpb.Result) -> tuple[bool, ErrorClass | None]:
 
 
 def details(r: wpb.Result) -> dict[str, Any]:
-    """What a result says beyond its outcome, for `execution.result`: when the handler started, whether
-    it never ran, whether a Cancel stopped it, and the executor's output."""
-    return {"started_ms": r.started_at.ToMilliseconds() if r.HasField("started_at") else 0,
+    """What a result says beyond its outcome, for `execution.result`: when the handler started, how long
+    it ran (by the worker's clock, whatever its offset), whether it never ran, whether a Cancel stopped it,
+    and the executor's output."""
+    ran = (r.finished_at.ToMilliseconds() - r.started_at.ToMilliseconds()
+           if r.HasField("started_at") and r.HasField("finished_at") and not r.not_started else 0)
+    return {"started_ms": r.started_at.ToMilliseconds() if r.HasField("started_at") else 0, "ran_ms": max(0, ran),
             "not_started": r.not_started, "cancelled": r.outcome == execution_pb2.ATTEMPT_OUTCOME_CANCELLED,
             "output": (r.stdout_tail, r.stderr_tail, r.exit_code if r.HasField("exit_code") else None)
             if r.stdout_tail or r.stderr_tail or r.HasField("exit_code") else None}

@@ -10,6 +10,13 @@ really in progress at X's due time: dispatched at or before it, not finished, an
 (late by design). A run that started after X's due time queues X behind it instead. A lossy
 decision (skip, cancel) rests only on records re-read after X's due time; until then X waits and
 the plan asks for the read (`confirm`).
+
+A run that has left flight since is judged on its final record instead (`RoundInput.ended`,
+`overlapped_by_ended`): it counts against x if it started at or before x's due time and its record
+proves it still ran after it. That record was read from etcd or written by this owner, so it needs no
+settle time; but its recorded end is when the result was recorded, which a result in transit delays,
+so the proof is the worker's own measure of the run (dispatch + the time its handler ran) or the record
+having stayed in flight `overlap_settle_ms` past x's due time, never the recorded end alone.
 """
 
 from __future__ import annotations
@@ -48,6 +55,9 @@ class RoundInput:
     # schedule id -> ids of its runs parked behind a run in flight (DispatchPlan.behind), not in `due`;
     # those the policy buffered (True) count for BUFFER_ONE, and later runs wait behind all of them.
     behind: Mapping[str, Mapping[str, bool]] = field(default_factory=dict)
+    # schedule id -> final records of its runs that left flight while some of its due runs waited
+    # (PendingIndex.ended): a run decided after the one before it landed is judged on that one's history.
+    ended: Mapping[str, Sequence[Execution]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -78,6 +88,13 @@ class DispatchPlan:
     started: dict[str, int] = field(default_factory=dict)  # pool -> dispatches planned (capacity to reserve)
 
 
+def came_due_ms(x: Execution, catchup: Set[str]) -> int:
+    """The instant overlap is judged at for x: its due time; for a catch-up run, which is due when the new
+    owner created it, the planned time it was owed at (docs/time.md: nothing a new owner starts as it
+    takes over overlaps a missed time, and such a run would otherwise count for having started "by" it)."""
+    return x.planned_ms if x.id in catchup else x.due_ms
+
+
 def overlapping(in_flight: Sequence[Execution], x: Execution, catchup: Set[str],
                 confirmed: Mapping[str, tuple[int, int]], read_after_ms: int) -> tuple[list[Execution], list[str]]:
     """The runs really in progress at x's due time, and which of them are not yet confirmed in flight
@@ -89,15 +106,49 @@ def overlapping(in_flight: Sequence[Execution], x: Execution, catchup: Set[str],
     real: list[Execution] = []
     unconfirmed: list[str] = []
     explicit = x.overlap is not None
+    at = came_due_ms(x, catchup)
     for r in in_flight:
         cur = r.current
-        if cur is None or (not explicit and (r.id in catchup or (cur.started_ms or cur.dispatched_ms) > x.due_ms)):
+        if cur is None or (not explicit and (r.id in catchup or (cur.started_ms or cur.dispatched_ms) > at)):
             continue
         real.append(r)
         c = confirmed.get(r.id)
         if c is None or c[0] != r.mod_revision or c[1] < read_after_ms:
             unconfirmed.append(r.id)
     return real, unconfirmed
+
+
+def ran_until_ms(r: Execution, settle_ms: int) -> int:
+    """Until when the final record `r` proves its last attempt was still running (0: it proves nothing).
+
+    Not its recorded end (`finished_ms`): that is when its result was recorded, and a result in transit (a
+    worker reconnecting, a result re-sent through another planner) lands long after the work stopped.
+    Either the worker's own measure (the handler ran `ran_ms`, and cannot have started before its
+    dispatch), or the record having stayed in flight up to `settle_ms` before its end: the margin the
+    in-flight rule gives a result in transit, so that a run that ended is judged as one still in flight
+    would have been. Never later than the recorded end."""
+    cur = r.current
+    if cur is None or not cur.finished_ms or cur.never_started:
+        return 0
+    by_worker = cur.dispatched_ms + cur.ran_ms if cur.ran_ms else 0
+    return min(cur.finished_ms, max(by_worker, cur.finished_ms - settle_ms))
+
+
+def overlapped_by_ended(ended: Sequence[Execution], x: Execution, catchup: Set[str], settle_ms: int) -> list[Execution]:
+    """The runs that left flight and were really in progress at x's due time, by their final records:
+    started (dispatched) at or before it, still running after it (`ran_until_ms`), not catch-up runs.
+    None for a run with its own overlap policy: it counts the runs in flight when it comes up."""
+    if x.overlap is not None:
+        return []
+    out = []
+    at = came_due_ms(x, catchup)
+    for r in ended:
+        cur = r.current
+        if cur is None or r.id == x.id or r.id in catchup:
+            continue
+        if (cur.started_ms or cur.dispatched_ms) <= at < ran_until_ms(r, settle_ms):
+            out.append(r)
+    return out
 
 
 def plan_dispatch(inp: RoundInput) -> DispatchPlan:
@@ -118,7 +169,8 @@ def plan_dispatch(inp: RoundInput) -> DispatchPlan:
                 else:
                     plan.park.append(x)  # a retry of a paused schedule waits for the resume
             continue
-        _plan_schedule(inp, plan, budget, view, list(inp.in_flight.get(sid, ())), waiting, inp.behind.get(sid, {}))
+        _plan_schedule(inp, plan, budget, view, list(inp.in_flight.get(sid, ())), waiting, inp.behind.get(sid, {}),
+                       inp.ended.get(sid, ()))
     for pool, left in budget.items():
         if left <= 0:
             plan.starved_pools.add(pool)
@@ -126,7 +178,8 @@ def plan_dispatch(inp: RoundInput) -> DispatchPlan:
 
 
 def _plan_schedule(inp: RoundInput, plan: DispatchPlan, budget: dict[str, int], view: ScheduleView,
-                   in_flight: list[Execution], waiting: Sequence[Execution], parked: Mapping[str, bool]) -> None:
+                   in_flight: list[Execution], waiting: Sequence[Execution], parked: Mapping[str, bool],
+                   ended: Sequence[Execution] = ()) -> None:
     cas = plan.transitions
     # Parked runs earlier than x wait for a run in flight: x waits behind them, in order. (Later ones
     # are parked behind x's predecessors and come back one by one: they hold nothing back.)
@@ -134,6 +187,7 @@ def _plan_schedule(inp: RoundInput, plan: DispatchPlan, budget: dict[str, int], 
     held = held_behind = False  # an earlier run of this schedule waits (for a run in flight): later ones too
     # held by the policy behind a run really in progress (BUFFER_ONE counts them)
     buffered: list[str] = [eid for eid, by_policy in parked.items() if by_policy]
+    waited: list[int] = []  # BUFFER_ONE: planned times of runs that waited behind a run that has left flight
     for x in waiting:
         if x.id in cas:
             continue
@@ -151,7 +205,17 @@ def _plan_schedule(inp: RoundInput, plan: DispatchPlan, budget: dict[str, int], 
             # A cancel loses nothing that is not running: it rests on a read sent after x's due time.
             skip_after = x.due_ms + inp.overlap_settle_ms
             real, unconfirmed = overlapping(in_flight, x, inp.catchup, inp.confirmed, x.due_ms)
-            if real:  # parked runs count as buffered only behind a run in progress at x's due time
+            # Runs that have left flight and were in progress at x's due time, on their final records.
+            # Only skip and buffer_one lose a run to them; for the others x starts (in order) as it would
+            # have once they ended, so they change nothing.
+            gone = (overlapped_by_ended(ended, x, inp.catchup, inp.overlap_settle_ms)
+                    if ended and policy in (Overlap.SKIP, Overlap.BUFFER_ONE) else [])
+            if gone and (policy is Overlap.SKIP or (waited and waited[0] < x.planned_ms)
+                         or any(ExecutionId.parse(b).planned_ms < x.planned_ms for b in buffered)):
+                # Skip: a run was really in progress at x's due time. Buffer one: and an earlier one was
+                # waiting then (buffered behind a run, or itself waiting behind the one that ended).
+                action = OverlapAction.SKIP
+            elif real:  # parked runs count as buffered only behind a run in progress at x's due time
                 action = decide_overlap(policy, tuple(r.id for r in real), tuple(buffered)).action
                 if action is OverlapAction.SKIP and real:
                     if inp.now_ms < skip_after:
@@ -176,6 +240,8 @@ def _plan_schedule(inp: RoundInput, plan: DispatchPlan, budget: dict[str, int], 
                 behind = bool(in_flight) or held_behind
             else:
                 action = OverlapAction.START
+            if gone and action is not OverlapAction.SKIP:
+                waited.append(x.planned_ms)  # buffer one: x is the one run that waited behind the one that ended
         if action is OverlapAction.SKIP:
             cas[x.id] = (x, skip(x, SkipReason.OVERLAP_SKIP.value))
             continue

@@ -584,7 +584,8 @@ class PartitionPlanner:
             now_ms=now_ms, due=due, schedules=views, in_flight=in_flight, budget=limits, catchup=self._catchup,
             confirmed=self._confirmed, node_id=self.node_id, token=fence.fencing_token,
             start_timeout_ms=self.s.start_timeout_ms, overlap_settle_ms=self.s.overlap_settle_ms,
-            transitions=withdrawn, behind={sid: w for sid in due if (w := self.pending.behind(sid))}))
+            transitions=withdrawn, behind={sid: w for sid in due if (w := self.pending.behind(sid))},
+            ended={sid: gone for sid in due if (gone := self.pending.ended(sid))}))
         for x in plan.defer:
             self.pending.defer(x)
         for b in plan.behind:
@@ -784,7 +785,8 @@ class PartitionPlanner:
     async def sweep(self, now_ms: int) -> int:
         """Retention (planner/retention.py), fenced like every owner write. Returns how many were deleted."""
         recent = self.ck.watermark_ms - self.m.replan_ms
-        self._catchup &= {e.id for e in self.pending.values()}
+        # Runs that ended but may still be judged as overlap (PendingIndex.ended) stay known as catch-ups.
+        self._catchup &= {e.id for e in self.pending.values()} | self.pending.ended_ids()
 
         def keep_after(schedule_id: str) -> int | None:
             # Never a record a new owner may plan again (materialize.REPLAN_MARGIN_MS): created anew, it runs twice.

@@ -8,6 +8,11 @@ Executions that wait for something other than time (a retry of a paused schedule
 run buffered behind a run of its own schedule in flight: until none is) are parked outside the heaps,
 so that no round picks them up and puts them back for ever, in front of the rest of their pool.
 
+Runs that left flight are kept (their final records) only while a run of their schedule waits that
+they may have overlapped (`ended`): a waiting run decided after the run before it landed can still be
+skipped on that run's recorded history (dispatch_round.overlapped_by_ended). Nothing else is kept per
+schedule once its runs are finished.
+
 Heaps hold (time, seq, id) and are cleaned lazily: an entry is acted on only if the execution is still
 in the state and at the time that put it there.
 """
@@ -40,6 +45,9 @@ class PendingIndex:
         # id -> instant a run waiting behind is decided again regardless (its heap entry has this time)
         self._wake: dict[str, int] = {}
         self._ordered: set[str] = set()  # ids waiting in order behind the runs before them (DispatchPlan)
+        # schedule id -> {(id, attempt): final record} of runs that left flight, while a scheduled run of
+        # the schedule waits that came due between their start and their recorded end (see `ended`)
+        self._ended: dict[str, dict[tuple[str, int], Execution]] = {}
         self._deadlines: list[tuple[int, int, str]] = []
         self._start_bys: list[tuple[int, int, str]] = []  # dispatched attempts waiting for their start
         self._seq = itertools.count()
@@ -63,9 +71,15 @@ class PendingIndex:
         return tuple(e.id for e in self.of_schedule(schedule_id) if e.state in IN_FLIGHT)
 
     def put(self, e: Execution) -> None:
+        old = self._by_id.get(e.id)
         if e.terminal:
             self.remove(e.id)
-            return
+        else:
+            self._put(e)
+        if old is not None and old.state in IN_FLIGHT and e.state not in IN_FLIGHT:
+            self._keep_ended(e)
+
+    def _put(self, e: Execution) -> None:
         self._by_id[e.id] = e
         self._by_schedule.setdefault(e.schedule_id, {})[e.id] = e
         ready = _ready_ms(e)
@@ -78,6 +92,8 @@ class PendingIndex:
                 heapq.heappush(self._start_bys, (cur.start_by_ms, next(self._seq), e.id))
         elif e.schedule_id in self._behind:
             self._release_behind(e.schedule_id)
+        if e.schedule_id in self._ended:
+            self._prune_ended(e.schedule_id)
 
     def remove(self, execution_id: str) -> None:
         e = self._by_id.pop(execution_id, None)
@@ -96,6 +112,8 @@ class PendingIndex:
             if behind is not None:
                 behind.pop(execution_id, None)
                 self._release_behind(e.schedule_id)
+            if e.schedule_id in self._ended:
+                self._prune_ended(e.schedule_id)
 
     def clear(self) -> None:
         self._by_id.clear()
@@ -105,6 +123,7 @@ class PendingIndex:
         self._behind.clear()
         self._wake.clear()
         self._ordered.clear()
+        self._ended.clear()
         self._deadlines.clear()
         self._start_bys.clear()
 
@@ -191,6 +210,39 @@ class PendingIndex:
             self._wake[e.id] = until_ms
             heapq.heappush(self._ready.setdefault(e.pool, []), (until_ms, next(self._seq), e.id))
         self._release_behind(e.schedule_id)  # nothing in flight any more: straight back
+
+    def ended(self, schedule_id: str) -> list[Execution]:
+        """Final records of the schedule's runs that left flight while one of its scheduled runs waits that
+        came due after they started and before their result was recorded: what the dispatch round needs
+        to tell whether they overlapped it (`RoundInput.ended`). Dropped as soon as no such run waits."""
+        return list(self._ended.get(schedule_id, {}).values())
+
+    def ended_ids(self) -> set[str]:
+        return {eid for runs in self._ended.values() for eid, _ in runs}
+
+    @staticmethod
+    def _overlaps(r: Execution, x: Execution) -> bool:
+        """Whether waiting run `x` may have come due while `r`'s last attempt was out: an over-estimate of the
+        round's rule (which judges at x's due time, or a catch-up's planned time, and ends no later than the
+        recorded end)."""
+        cur = r.current
+        return (cur is not None and x.id != r.id and x.state is ExecState.SCHEDULED
+                and (cur.started_ms or cur.dispatched_ms) <= x.due_ms and x.planned_ms < cur.finished_ms)
+
+    def _keep_ended(self, r: Execution) -> None:
+        cur = r.current
+        if cur is None or not cur.finished_ms or cur.never_started:
+            return  # no attempt ran: it overlapped nothing
+        if any(self._overlaps(r, x) for x in self._by_schedule.get(r.schedule_id, {}).values()):
+            self._ended.setdefault(r.schedule_id, {})[(r.id, cur.attempt)] = r
+
+    def _prune_ended(self, schedule_id: str) -> None:
+        runs = self._ended[schedule_id]
+        waiting = [x for x in self._by_schedule.get(schedule_id, {}).values() if x.state is ExecState.SCHEDULED]
+        for key in [k for k, r in runs.items() if not any(self._overlaps(r, x) for x in waiting)]:
+            del runs[key]
+        if not runs:
+            del self._ended[schedule_id]
 
     def behind(self, schedule_id: str) -> dict[str, bool]:
         """The runs of a schedule waiting behind one in flight: {id: buffered by the policy}."""

@@ -158,6 +158,8 @@ def _attempt_to(a: Attempt) -> dict[str, Any]:
         d["x"] = a.exit_code
     if a.stop_requested_ms:
         d["sr"] = a.stop_requested_ms
+    if a.ran_ms:
+        d["rn"] = a.ran_ms
     return d
 
 
@@ -166,7 +168,8 @@ def _attempt_from(d: dict[str, Any]) -> Attempt:
                    int(d.get("s", 0)), int(d.get("f", 0)), ErrorClass(d["ec"]) if d.get("ec") else None, d.get("m", ""),
                    bool(d.get("ok", False)), Trigger(d["tr"]) if d.get("tr") else None, int(d.get("sb", 0)),
                    bool(d.get("ns", 0)), d.get("so", ""), d.get("se", ""),
-                   int(d["x"]) if d.get("x") is not None else None, int(d.get("sr", 0)))
+                   int(d["x"]) if d.get("x") is not None else None, int(d.get("sr", 0)),
+                   int(d.get("rn", 0)))
 
 
 def _encode_execution_slow(e: Execution) -> bytes:

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from scheduler.execution import ExecState, Execution, Trigger, dispatch, skip
+from scheduler.execution import ErrorClass, ExecState, Execution, Trigger, dispatch, result, skip
 from scheduler.ids import FencingToken, execution_id
 from scheduler.model import RetryPolicy
 from scheduler.planner.dispatch_round import DispatchPlan, RoundInput, ScheduleView, plan_dispatch
@@ -178,3 +178,111 @@ def test_a_run_with_its_own_policy_counts_every_run_in_flight() -> None:
     buffered = replace(ex(91_000), overlap=Overlap.BUFFER_ALL)
     plan = round_([buffered], in_flight=[first], confirmed_at=NOW)
     assert states(plan) == {} and behind(plan) == [(91_000, True)]
+
+
+# ---- runs that left flight: judged on their final records (RoundInput.ended) -------------------------
+
+SETTLE = 4_000
+
+
+def landed(t: int, started: int, ran: int, recorded: int, *, ok: bool = True, not_started: bool = False) -> Execution:
+    """A run planned at t, dispatched at `started`, whose handler ran `ran` ms by the worker's clock and
+    whose result was recorded at `recorded` (later than started + ran when it was in transit)."""
+    r, _ = result(running(t, started), 1, succeeded=ok, error_class=None if ok else ErrorClass.PERMANENT,
+                  message="", now_ms=recorded, ran_ms=ran, not_started=not_started)
+    return r
+
+
+def after_landing(due: Sequence[Execution], ended: Sequence[Execution], *, in_flight: Sequence[Execution] = (),
+                  policy: Overlap = Overlap.SKIP, catchup: frozenset[str] = frozenset(),
+                  parked: dict[str, bool] | None = None, now: int = NOW) -> DispatchPlan:
+    return plan_dispatch(RoundInput(now_ms=now, due={"s": list(due)}, schedules={"s": ScheduleView(policy, False)},
+                                    in_flight={"s": list(in_flight)}, budget={"p": 10}, catchup=catchup,
+                                    confirmed={}, node_id="n", token=FencingToken(0, 7), overlap_settle_ms=SETTLE,
+                                    behind={"s": parked} if parked else {}, ended={"s": list(ended)}))
+
+
+def test_runs_due_while_a_run_that_has_landed_was_in_progress_are_skipped_on_its_record() -> None:
+    """docs/time.md's example: runs of 6 s, one a second. R0 (94 s .. 100 s) has landed; the runs due at
+    95..99 s, released when it left flight, are skipped at once: no settle wait (its record is final),
+    and no run left to start late and queue the next ones behind it."""
+    r0 = landed(94_000, started=94_000, ran=6_000, recorded=100_050)
+    plan = after_landing([ex(t) for t in range(95_000, 101_000, 1_000)], [r0], now=100_060)
+    assert states(plan) == {**{t: "skipped:overlap_skip" for t in range(95_000, 100_000, 1_000)},
+                            100_000: "dispatched"}  # due as R0 ended (94 s + 6 s): no overlap
+    assert not plan.behind and not plan.defer and not plan.confirm
+
+
+def test_without_the_landed_run_the_released_runs_queue_behind_a_late_start() -> None:
+    """The bug this closes: the same round without `ended` starts 95 s late and queues 96..99 s behind it."""
+    plan = after_landing([ex(t) for t in range(95_000, 100_000, 1_000)], [], now=100_060)
+    assert states(plan) == {95_000: "dispatched"} and [b.x.planned_ms for b in plan.behind] == [96_000, 97_000,
+                                                                                                   98_000, 99_000]
+
+
+def test_a_result_in_transit_never_costs_a_run() -> None:
+    """The worker finished at 95 s (ran 1 s) but its result reached a planner only at 100 s (a reconnect, a
+    resend through another planner). Its recorded end proves nothing: only what the worker measured, or the
+    record having stayed in flight the settle time past a due time (as the in-flight rule would skip)."""
+    r0 = landed(94_000, started=94_000, ran=1_000, recorded=100_000)
+    plan = after_landing([ex(t) for t in range(95_000, 100_000, 1_000)], [r0], now=100_010)
+    # 95 s: the record was still in flight at 95 + 4 s (a read then would have skipped it, as the in-flight
+    # rule does); 96..99 s: nothing proves a run was in progress, so they run, in order.
+    assert states(plan) == {95_000: "skipped:overlap_skip", 96_000: "dispatched"}
+    assert [b.x.planned_ms for b in plan.behind] == [97_000, 98_000, 99_000]
+    unmeasured = landed(94_000, started=94_000, ran=0, recorded=100_000)  # an older worker: no duration
+    plan = after_landing([ex(t) for t in range(95_000, 98_000, 1_000)], [unmeasured], now=100_010)
+    assert states(plan) == {95_000: "skipped:overlap_skip", 96_000: "dispatched"}
+
+
+def test_a_landed_run_counts_only_if_it_started_by_the_due_time_and_was_no_catch_up() -> None:
+    late = landed(90_000, started=95_500, ran=4_000, recorded=99_600)  # dispatched after 95 s came due
+    plan = after_landing([ex(95_000), ex(97_000)], [late])
+    assert states(plan) == {95_000: "dispatched", 97_000: "skipped:overlap_skip"}
+    catch_up = landed(90_000, started=94_000, ran=6_000, recorded=100_000)
+    plan = after_landing([ex(95_000), ex(96_000)], [catch_up], catchup=frozenset({catch_up.id}))
+    assert states(plan) == {95_000: "dispatched"} and [b.x.planned_ms for b in plan.behind] == [96_000]
+    never_ran = landed(94_000, started=94_000, ran=0, recorded=100_000, not_started=True)
+    assert states(after_landing([ex(95_000)], [never_ran])) == {95_000: "dispatched"}
+
+
+def test_a_run_with_its_own_policy_ignores_landed_runs() -> None:
+    r0 = landed(94_000, started=94_000, ran=6_000, recorded=100_000)
+    assert states(after_landing([replace(ex(95_000), overlap=Overlap.SKIP)], [r0])) == {95_000: "dispatched"}
+
+
+def test_buffer_one_after_landing_starts_the_first_and_skips_the_others() -> None:
+    """Buffer one: the run buffered behind R0 (parked by the policy, released as R0 landed) starts; the
+    others came due while R0 ran and one already waited: skipped."""
+    r0 = landed(94_000, started=94_000, ran=6_000, recorded=100_000)
+    plan = after_landing([ex(t) for t in range(95_000, 99_000, 1_000)], [r0], policy=Overlap.BUFFER_ONE)
+    assert states(plan) == {95_000: "dispatched", **{t: "skipped:overlap_skip" for t in (96_000, 97_000, 98_000)}}
+    # One still parked by the policy (behind another run in flight): it waited when 97 s came due.
+    other = running(93_500, started=96_500)
+    plan = after_landing([ex(97_000)], [r0], in_flight=[other], policy=Overlap.BUFFER_ONE,
+                         parked={ex(96_000).id: True})
+    assert states(plan) == {97_000: "skipped:overlap_skip"}
+    # ... but one due after it did not: 95 s is buffered behind the late run, not skipped.
+    plan = after_landing([ex(95_000)], [r0], in_flight=[other], policy=Overlap.BUFFER_ONE,
+                         parked={ex(96_000).id: True})
+    assert states(plan) == {} and behind(plan) == [(95_000, False)]
+
+
+@pytest.mark.parametrize("policy", [Overlap.BUFFER_ALL, Overlap.CANCEL_OTHER, Overlap.ALLOW_ALL])
+def test_other_policies_run_what_waited_behind_a_landed_run(policy: Overlap) -> None:
+    r0 = landed(94_000, started=94_000, ran=6_000, recorded=100_000)
+    plan = after_landing([ex(95_000), ex(96_000)], [r0], policy=policy)
+    if policy is Overlap.ALLOW_ALL:
+        assert states(plan) == {95_000: "dispatched", 96_000: "dispatched"}
+    else:  # in order, one after the other; nothing to cancel: the run they would cancel has ended
+        assert states(plan) == {95_000: "dispatched"} and behind(plan) == [(96_000, False)] and not plan.stop
+
+
+def test_a_landed_run_and_a_run_still_in_flight_together() -> None:
+    """A failed attempt that landed and its retry now in flight: the attempt that ran at the due time counts."""
+    failed = landed(94_000, started=94_000, ran=3_000, recorded=97_000, ok=False)
+    retry = dispatch(replace(failed, state=ExecState.RETRY_WAIT), worker="w", planner="n", token=FencingToken(0, 1),
+                     now_ms=98_000)
+    plan = after_landing([ex(95_000), ex(99_000)], [failed], in_flight=[retry])
+    assert states(plan)[95_000] == "skipped:overlap_skip"  # 99 s: the retry is in flight, settle not passed
+    assert [(b.x.planned_ms, b.until_ms) for b in plan.behind] == [(99_000, 103_000)]

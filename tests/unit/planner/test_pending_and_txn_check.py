@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from scheduler.execution import ExecState, Execution, Trigger
-from scheduler.ids import execution_id
+from scheduler.execution import Attempt, ExecState, Execution, Trigger
+from scheduler.ids import FencingToken, execution_id
 from scheduler.model import RetryPolicy
 from scheduler.planner.pending import PendingIndex
 from scheduler.store.etcd.ops import Compare, delete, get, put, txn
@@ -111,3 +111,50 @@ def test_a_run_waiting_behind_with_a_deadline_comes_back_at_it_if_the_run_is_sti
     assert idx.ready(4_999, {"a": 5}) == {}
     assert [e.id for es in idx.ready(5_000, {"a": 5}).values() for e in es] == [x.id]
     assert idx.behind("s") == {}, "decided again at its deadline: no longer waiting behind"
+
+
+def _ran(e: Execution, dispatched: int, finished: int) -> Execution:
+    cur = Attempt(1, "w", "n", FencingToken(0, 1), dispatched, dispatched + 60_000, finished_ms=finished,
+                  succeeded=True, ran_ms=finished - dispatched)
+    return replace(e, state=ExecState.SUCCEEDED, attempt=1, attempts=(cur,))
+
+
+def test_a_run_that_leaves_flight_is_kept_only_while_a_run_it_may_have_overlapped_waits() -> None:
+    """`ended` is what the round needs to skip runs due while a run that has since landed was in progress;
+    it is kept no longer than one of those waits, so a million schedules whose runs end before the next is
+    due keep nothing."""
+    idx = PendingIndex()
+    r0 = replace(ex("s", 0), state=ExecState.RUNNING)
+    idx.put(r0)
+    waiting = [ex("s", t) for t in (1_000, 2_000, 3_000)]
+    for x in waiting:
+        idx.put(x)
+    assert [e.id for es in idx.ready(3_000, {"a": 5}).values() for e in es] == [x.id for x in waiting]
+    for x in waiting:
+        idx.wait_behind(x, False, until_ms=x.due_ms + 4_000, ordered=False)  # overlap skips waiting to settle
+    done = _ran(r0, 0, 6_000)
+    idx.put(done)  # it lands: they all come back, and its final record is kept for the round deciding them
+    assert idx.behind("s") == {} and [e.id for e in idx.ended("s")] == [r0.id] and idx.ended_ids() == {r0.id}
+    idx.put(replace(waiting[0], state=ExecState.SKIPPED))
+    assert [e.id for e in idx.ended("s")] == [r0.id], "two of the runs it overlapped still wait"
+    idx.put(replace(waiting[1], state=ExecState.SKIPPED))
+    idx.put(replace(waiting[2], state=ExecState.DISPATCHED, attempt=1))  # decided: in flight, no longer waiting
+    assert idx.ended("s") == [] and idx.ended_ids() == set()
+
+    quick = PendingIndex()  # the common case: the run ends before the next is due
+    quick.put(replace(ex("q", 0), state=ExecState.RUNNING))
+    quick.put(ex("q", 1_000))
+    quick.put(_ran(ex("q", 0), 0, 300))
+    assert quick.ended("q") == [] and quick.ended_ids() == set()
+    quick.clear()
+    assert not quick.ended_ids()
+
+
+def test_a_run_that_never_started_is_not_kept() -> None:
+    idx = PendingIndex()
+    r0 = replace(ex("s", 0), state=ExecState.DISPATCHED)
+    idx.put(r0)
+    idx.put(ex("s", 1_000))
+    gone = _ran(r0, 0, 6_000)
+    idx.put(replace(gone, state=ExecState.CANCELLED, attempts=(replace(gone.attempts[0], never_started=True),)))
+    assert idx.ended("s") == []
