@@ -43,9 +43,14 @@ CATALOGUE: dict[str, FaultKind] = {k.id: k for k in (
     FaultKind("F2", "planner pause", "planner", ("planner",), (0.5, 3.0),
               {"ttl_multiple": float}, expects_takeover=True, expects_stale_reject_beyond_ttl=True,
               invariants=("I4", "I1", "I6")),
+    # A cut cannot land a stale write from a live planner: the gRPC client cancels its own call when
+    # the deadline passes (RST_STREAM), and the cancel travels behind the held request, so etcd neither
+    # answers nor applies it (measured through the proxy: a txn held past its 0.3 s deadline and then
+    # released was never applied). Only a frozen writer (F2) delivers a stale write; F3 proves the
+    # takeover and that every write landed under its writer's claim (I4b).
     FaultKind("F3", "planner-etcd partition", "planner", ("planner", "link"), (0.5, 5.0),
               {"direction": ("both", "inbound", "outbound"), "mode": ("drop", "reset")},
-              expects_takeover=True, expects_stale_reject_beyond_ttl=True, invariants=("I1", "I4", "I6", "I3")),
+              expects_takeover=True, invariants=("I1", "I4", "I6", "I3")),
     FaultKind("F4", "etcd member loss", "etcd", ("etcd",), (1.0, 4.0),
               {"members": (1, 2), "wipe": bool, "signal": ("KILL", "STOP")},
               invariants=("I1", "I2", "I7")),

@@ -33,6 +33,8 @@ class Links(Protocol):
 
     async def held_bytes(self, planner: str) -> int: ...
 
+    async def fenced_requests(self, planner: str) -> int: ...
+
     async def heal(self, planner: str) -> str: ...
 
     async def close(self) -> None: ...
@@ -60,6 +62,9 @@ class DirectLinks:
         raise LinkFaultUnsupported("direct links: no proxy to hold a txn in")
 
     async def held_bytes(self, planner: str) -> int:
+        return 0
+
+    async def fenced_requests(self, planner: str) -> int:
         return 0
 
     async def heal(self, planner: str) -> str:

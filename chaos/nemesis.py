@@ -92,9 +92,11 @@ class Nemesis:
         note = ""
         held = False
         if w.duration_s > ttl and self.live.links.kind != "direct":
+            before = await self.live.links.fenced_requests(w.target)
             await self.live.links.hold(w.target)
-            held = await self._wait_held(w.target, timeout=2.0)
-            note = "froze with a write held in its etcd link" if held else "no write was caught within 2 s"
+            held = await self._wait_fenced(w.target, before, timeout=3.0)
+            note = ("froze with a fenced write held in its etcd link" if held
+                    else "no fenced write was caught within 3 s")
         p.pause()
 
         async def heal() -> str:
@@ -107,11 +109,12 @@ class Nemesis:
 
         return Active(w, heal, note)
 
-    async def _wait_held(self, planner: str, timeout: float) -> bool:
+    async def _wait_fenced(self, planner: str, before: int, timeout: float) -> bool:
+        """Until the planner has sent a fenced write since the hold began (it is caught in the proxy)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while loop.time() < deadline:
-            if await self.live.links.held_bytes(planner) > 0:
+            if await self.live.links.fenced_requests(planner) > before:
                 return True
             await asyncio.sleep(0.005)
         return False

@@ -82,6 +82,10 @@ class ProxyLinks:
     async def held_bytes(self, planner: str) -> int:
         return sum(x.held[Direction.UP] for x in self.proxies.get(planner, []))
 
+    async def fenced_requests(self, planner: str) -> int:
+        """Fenced txns this planner has sent so far (its wire witnesses' count), held ones included."""
+        return sum(w.requests for (p, _, _), w in self._witnesses.items() if p == planner)
+
     async def heal(self, planner: str) -> str:
         reset = sum(x.heal() for x in self.proxies[planner])
         return f"{reset} damaged connection(s) reset" if reset else ""

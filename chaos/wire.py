@@ -111,7 +111,8 @@ class WireWitness:
         self._up = _Direction(expect_preface=True)
         self._down = _Direction(expect_preface=False)
         self._pending: dict[int, tuple[bytes, int, int, int]] = {}  # stream -> (owner key, token, writes, t)
-        self.seen = 0
+        self.seen = 0  # fenced txns answered
+        self.requests = 0  # fenced txns sent
 
     def client_bytes(self, data: bytes) -> None:
         try:
@@ -135,10 +136,12 @@ class WireWitness:
         if not req.compare:
             return
         c = req.compare[0]
-        if c.target != _CREATE or not c.key.startswith(self.owners):
+        # create_revision == 0 is a claim ("the owner key is absent"), not a write under a fence.
+        if c.target != _CREATE or not c.key.startswith(self.owners) or c.create_revision <= 0:
             return
         writes = sum(1 for op in req.success if op.HasField("request_put") or op.HasField("request_delete_range"))
         self._pending[stream] = (bytes(c.key), int(c.create_revision), writes, self.clock())
+        self.requests += 1
 
     def _response(self, stream: int, msg: bytes) -> None:
         pending = self._pending.pop(stream, None)

@@ -119,6 +119,11 @@ class PlannerNode:
         self.restarts = 0  # partition planners restarted from etcd's state (a lost CAS, an unknown outcome)
         self.restart_reasons: dict[str, int] = {}  # the same, by reason (metrics)
         self._loops: dict[int, asyncio.Task[None]] = {}
+        # Every partition task still running, including those cancelled on a loss or a re-claim and no
+        # longer in _loops: shutdown waits for all of them before the etcd channel closes (a drill's
+        # planner logged "unhandled exception during asyncio.run() shutdown ... Channel is closed" from a
+        # partition task that had been dropped from _loops but was still unwinding).
+        self._all_loops: set[asyncio.Task[None]] = set()
 
     def advertise(self, api_address: str) -> None:
         """Set the address registered with our membership (known once the server is bound)."""
@@ -246,7 +251,10 @@ class PlannerNode:
         old = self._loops.pop(fence.partition, None)
         if old is not None:
             old.cancel()
-        self._loops[fence.partition] = asyncio.create_task(self._partition(fence.partition, fence.token))
+        task = asyncio.create_task(self._partition(fence.partition, fence.token))
+        self._loops[fence.partition] = task
+        self._all_loops.add(task)
+        task.add_done_callback(self._all_loops.discard)
 
     def on_lost(self, partition: int, reason: LostReason) -> None:
         log.warning("lost", extra={"event": "lost", "partition": partition, "reason": reason.value})
@@ -385,7 +393,8 @@ class PlannerNode:
         finally:
             for w in watchers:
                 w.cancel()
-            for t in self._loops.values():
+            loops = list(self._all_loops)
+            for t in loops:
                 t.cancel()
             with contextlib.suppress(Exception):
-                await asyncio.gather(*watchers, *self._loops.values(), return_exceptions=True)
+                await asyncio.gather(*watchers, *loops, return_exceptions=True)

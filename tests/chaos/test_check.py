@@ -87,6 +87,24 @@ def test_an_attempt_cut_short_by_a_worker_crash_is_not_counted(tmp_path: Path) -
     assert "I1" not in fails, fails
 
 
+def test_a_completed_effect_whose_result_died_with_its_worker_is_not_a_duplicate(tmp_path: Path) -> None:
+    """The effect ended, then the worker was killed before its result landed (F5 here): the retry under the
+    same idempotency key is at-least-once, not a duplicate. Without the crash it is one."""
+    x, _ = clean_run(tmp_path / "run")
+    eid = execution_id("s-004", T0 + 40_000)
+    tok = token_of(x, "s-004")
+    x.effects = [e for e in x.effects if e.exec_id != eid]
+    key = KS.execution(partition_for("s-004", P), "s-004", T0 + 40_000).decode()
+    x.watch = [w for w in x.watch if w.key != key]  # its result never landed (no success recorded)
+    x.effect(eid, 1, tok, "r1-w2", T0 + 40_040, T0 + 40_045)  # done, result not yet sent ...
+    x.effect(eid, 2, tok, "r1-w1", T0 + 44_000, T0 + 44_100)  # ... the retry after the crash
+    plain = x.build(tmp_path / "dup")
+    assert judged(plain)[1].get("I1", 0) == 1, "without a crash two completed effects are a duplicate"
+    x.faults.append(FaultRecord(1, "F5", "r1", T0 + 40_050, T0 + 41_000, {}, "region", healthy_ms=T0 + 41_500))
+    _, fails, _ = judged(x.build(tmp_path / "run"))
+    assert "I1" not in fails, fails
+
+
 def test_meta_dropped_skip_records_fail_i2(tmp_path: Path) -> None:
     x, _ = clean_run(tmp_path / "run")
     x.watch = [w for w in x.watch if not ("/slow-000/" in w.key and b"overlap_skip" in w.value)]
