@@ -222,26 +222,32 @@ class SkewedClock:
 
 
 class PlannerClockSet:
-    """One SkewedClock per planner that a drill skews (F6), under `directory`: what the runner starts those
-    planners with (`env_for`) and turns while they run (`set_offset`). Planners no F6 targets get no
-    preload at all, so they pay nothing for the file read behind every wall-clock call."""
+    """One SkewedClock per node whose wall clock a drill moves, under `directory`: what the runner starts
+    those processes with (`env_for`) and turns while they run (`set_offset`, for F6).
 
-    def __init__(self, directory: Path, planners: Iterable[str]) -> None:
+    `base_offset` is the whole cluster's shift (`cluster.wall_clock_start`, to put a DST transition in
+    the window): every planner and worker gets it, and an F6 skew is added on top. Without it only the
+    planners F6 targets get a preload, so the others pay nothing for the file read behind every
+    wall-clock call. etcd and the harness are never shifted."""
+
+    def __init__(self, directory: Path, nodes: Iterable[str], base_offset: float = 0.0) -> None:
         self.directory = directory
-        self.clocks = {p: SkewedClock(directory / f"{p}.offset") for p in planners}
+        self.base_offset = base_offset
+        self.clocks = {n: SkewedClock(directory / f"{n}.offset", base_offset) for n in nodes}
 
     @classmethod
-    def create(cls, directory: Path, planners: Iterable[str]) -> PlannerClockSet | None:
-        """None when libfaketime is not installed (F6 is then refused before the run)."""
+    def create(cls, directory: Path, nodes: Iterable[str], base_offset: float = 0.0) -> PlannerClockSet | None:
+        """None when libfaketime is not installed (F6 and wall_clock_start are then refused before the run)."""
         try:
             library()
         except FaketimeMissing:
             return None
-        return cls(directory, planners)
+        return cls(directory, nodes, base_offset)
 
-    def env_for(self, planner: str) -> dict[str, str]:
-        c = self.clocks.get(planner)
-        return c.env() if c is not None else {}  # merged into the planner's environment by PlannerSet
+    def env_for(self, node: str) -> dict[str, str]:
+        c = self.clocks.get(node)
+        return c.env() if c is not None else {}  # merged into the process's environment by its starter
 
-    def set_offset(self, planner: str, seconds: float) -> None:
-        self.clocks[planner].set_offset(seconds)
+    def set_offset(self, node: str, seconds: float) -> None:
+        """The node's skew on top of the cluster's shift (0: back to the cluster's clock)."""
+        self.clocks[node].set_offset(self.base_offset + seconds)

@@ -67,7 +67,9 @@ class Context:
         """When the attempt's worker was killed by a fault after the attempt started (F7, F5), else None."""
         w = self.worker_name(a.worker)
         for f in self.faults:
-            if f.start_ms < a.start_ms:
+            # A start the sink logged just after the kill was sent before it (a killed job's request still in
+            # flight): the crash still cut that attempt short.
+            if f.start_ms < a.start_ms - SLACK_MS:
                 continue
             # A worker run.json does not name (no address mapping) could be any: any worker crash may be its.
             unknown = w not in self.meta.nodes

@@ -36,12 +36,12 @@ __all__ = ["Health", "LiveCluster", "PlannerClocks", "planner_settings"]
 
 
 class PlannerClocks(Protocol):
-    """Per-planner wall-clock offsets (libfaketime, chaos/clock.py): the environment a planner starts
-    with, and the offset changed while it runs (F6). Monotonic time is never faked."""
+    """Per-node wall-clock offsets (libfaketime, chaos/clock.py): the environment a planner or worker
+    starts with, and the offset changed while it runs (F6). Monotonic time is never faked."""
 
-    def env_for(self, planner: str) -> dict[str, str]: ...
+    def env_for(self, node: str) -> dict[str, str]: ...
 
-    def set_offset(self, planner: str, seconds: float) -> None: ...
+    def set_offset(self, node: str, seconds: float) -> None: ...
 
 PREFIX = "/drill"
 
@@ -139,8 +139,9 @@ class LiveCluster:
     def start_worker(self, name: str) -> WorkerProcess:
         w = self.workers.get(name)
         if w is None:
+            env = self.clock.env_for(name) if self.clock is not None else {}
             w = WorkerProcess(name, self.region_of(name), list(self.addresses.values()),
-                              self.rec.logs / f"{name}.log", settings={"concurrency": "16"})
+                              self.rec.logs / f"{name}.log", settings={"concurrency": "16"}, env=env)
             self.workers[name] = w
         else:
             w.planners = list(self.addresses.values())

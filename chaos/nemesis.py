@@ -24,6 +24,7 @@ from typing import Any
 from chaos.links import LinkFaultUnsupported
 from chaos.live import LiveCluster
 from chaos.plan import FaultWindow
+from scheduler.clock import SYSTEM_CLOCK
 
 __all__ = ["Active", "Nemesis", "Unsupported"]
 
@@ -39,6 +40,7 @@ class Active:
     window: FaultWindow
     heal: Heal
     note: str = ""
+    started_ms: int | None = None  # when the fault took hold, if the nemesis waited before it (F7)
 
 
 async def _nothing() -> str:
@@ -63,8 +65,6 @@ class Nemesis:
         }
         if fault_type == "F4" and members < 1:
             return "no etcd member"
-        if fault_type == "F5" and len(self.live.scenario.cluster.regions) > 1:
-            return "multi-region loss needs the regions of issue 11 (planning moves to a standby region)"
         return why.get(fault_type)
 
     async def inject(self, w: FaultWindow) -> Active:
@@ -120,23 +120,37 @@ class Nemesis:
         return False
 
     async def _f5(self, w: FaultWindow) -> Active:
-        """Single-region variant: every planner and worker of the region dies (etcd stays); after the
-        window they come back, a site loss recovered from etcd alone."""
+        """Region loss. `single-region`: every planner and worker of the one region dies (etcd stays);
+        after the window they come back, a site loss recovered from etcd alone. `multi-region`: the
+        region's planners, workers *and* etcd members die together (SIGKILL), the other regions keep
+        quorum and take its partitions over. Until the regions issue (11) lands every planner plans
+        wherever it runs, so this is the loss of one active region of an active-active cluster, not yet
+        a primary's failover to a standby."""
         region = w.target
-        planners = [p for p in self.live.scenario.cluster.planners() if self.live.region_of(p) == region]
-        workers = [x for x in self.live.scenario.cluster.workers() if self.live.region_of(x) == region]
+        c = self.live.scenario.cluster
+        planners = [p for p in c.planners() if self.live.region_of(p) == region]
+        workers = [x for x in c.workers() if self.live.region_of(x) == region]
+        members = [i for i, name in enumerate(c.etcd_members()) if self.live.region_of(name) == region] \
+            if w.params.get("variant") == "multi-region" else []
+        etcd = self.live.etcd
+        assert etcd is not None
         for x in workers:
             self.live.workers[x].crash()
         for p in planners:
             self.live.planner(p).kill()
+        for i in members:
+            etcd.kill(i)
 
         async def heal() -> str:
+            for i in members:
+                await asyncio.to_thread(etcd.restart, i)
             await asyncio.gather(*(self.live.start_planner(p) for p in planners))
             for x in workers:
                 self.live.start_worker(x)
-            return f"restarted {len(planners)} planners and {len(workers)} workers"
+            return f"restarted {len(members)} etcd member(s), {len(planners)} planners and {len(workers)} workers"
 
-        return Active(w, heal, f"killed {len(planners)} planners and {len(workers)} workers of {region}")
+        return Active(w, heal, f"killed {len(members)} etcd member(s), {len(planners)} planners and {len(workers)} "
+                               f"workers of {region}")
 
     async def _f7(self, w: FaultWindow) -> Active:
         """A worker crash mid-execution: waits (up to 3 s) until the worker has an effect under way, so
@@ -147,6 +161,7 @@ class Nemesis:
         while self.live.sink.running(w.target) == 0 and loop.time() < deadline:  # noqa: ASYNC110 (polls the sink)
             await asyncio.sleep(0.02)
         running = self.live.sink.running(w.target)
+        at = SYSTEM_CLOCK.wall_ms()
         jobs = self.live.workers[w.target].crash()
 
         async def heal() -> str:
@@ -155,7 +170,7 @@ class Nemesis:
                 return "restarted"
             return "not restarted"
 
-        return Active(w, heal, f"{running} effect(s) under way, {jobs} job process(es) killed with it")
+        return Active(w, heal, f"{running} effect(s) under way, {jobs} job process(es) killed with it", at)
 
     async def _f8(self, w: FaultWindow) -> Active:
         """Slow workers: every effect takes `hold_ms` longer (the sink holds its answer), so runs overlap

@@ -22,8 +22,10 @@ import dataclasses
 import logging
 import platform
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 from chaos import faults as catalogue
@@ -59,6 +61,7 @@ class RunOptions:
     links: str = "proxy"  # proxy | direct
     unsafe_fencing_off: bool = False  # meta-tests (SCHED_TEST_MODE=1): planners write without the fence
     progress: Callable[[str], None] | None = None  # a line per step (the CLI prints them)
+    scenario_text: str = ""  # the TOML, when the scenario was not read from a file (scenario.toml in the run)
 
 
 @dataclass
@@ -77,11 +80,19 @@ def _links(kind: str, rec: RunWriter) -> Links:
     return ProxyLinks(writer(rec.wire), Keyspace(PREFIX).owners)
 
 
-def _clocks(directory: Path, plan: Plan) -> PlannerClocks | None:
+def _clocks(directory: Path, s: Scenario, plan: Plan) -> tuple[PlannerClocks | None, int]:
+    """Per-node clocks for F6 and for `cluster.wall_clock_start` (every planner and worker shifted to
+    start there), and the cluster's offset in ms (run.json `clock_offset_ms`)."""
     skewed = sorted({f.target for f in plan.faults if f.type == "F6"})
-    if not skewed:
-        return None
-    return PlannerClockSet.create(directory / "clocks", skewed)
+    base = 0.0
+    nodes = skewed
+    if s.cluster.wall_clock_start is not None:
+        start = datetime.fromisoformat(s.cluster.wall_clock_start.replace("Z", "+00:00"))
+        base = start.timestamp() - time.time()
+        nodes = [*s.cluster.planners(), *s.cluster.workers()]
+    if not nodes:
+        return None, 0
+    return PlannerClockSet.create(directory / "clocks", nodes, base), round(base * 1000)
 
 
 def unsupported_faults(plan: Plan, nemesis: Nemesis) -> list[str]:
@@ -101,10 +112,16 @@ async def run_drill(scenario: Scenario, opts: RunOptions) -> DrillResult:
     s = scenario_with(scenario, opts.duration_s)
     plan = make_plan(s, opts.seed)
     say = opts.progress or (lambda _m: None)
-    toml = _source_text(s)
+    toml = opts.scenario_text or _source_text(s)
+    if not toml:
+        raise ScenarioError("scenario", "its TOML is needed in the run directory (scenario.toml): read it from a "
+                                        "file or pass RunOptions.scenario_text", s.source)
     rec = RunWriter(opts.directory, toml)
+    clocks, offset_ms = _clocks(opts.directory, s, plan)
+    if s.cluster.wall_clock_start is not None and clocks is None:
+        raise ScenarioError("cluster.wall_clock_start", "needs libfaketime (scripts/setup.sh installs it)", s.source)
     live = LiveCluster(s, opts.directory, rec, _links(opts.links, rec), unsafe_fencing_off=opts.unsafe_fencing_off,
-                       clock=_clocks(opts.directory, plan))
+                       clock=clocks)
     nemesis = Nemesis(live)
     missing = unsupported_faults(plan, nemesis)
     if missing:
@@ -158,6 +175,7 @@ async def run_drill(scenario: Scenario, opts: RunOptions) -> DrillResult:
         versions=_versions(), late_grace_ms=int(s.cluster.planner.get("late_grace_ms", 2000)),
         lookahead_ms=int(s.cluster.planner.get("lookahead_ms", 1000)), nodes=live.nodes(),
         steady_before=steady_before, steady_after=steady_after, target="local", harness_errors=errors,
+        clock_offset_ms=offset_ms,
     )
     rec.finish(meta)
     verdict = check_run(load_run(opts.directory))
@@ -199,7 +217,7 @@ async def _one(w: FaultWindow, live: LiveCluster, nemesis: Nemesis, rec: RunWrit
     except Unsupported as e:
         say(f"fault #{w.index} {w.type} on {w.target} could not be made: {e}")
         return
-    t_start = SYSTEM_CLOCK.wall_ms()
+    t_start = SYSTEM_CLOCK.wall_ms() if active.started_ms is None else active.started_ms
     say(f"fault #{w.index} {w.type} ({kind.name}) on {w.target} for {w.duration_s:g} s"
         + (f": {active.note}" if active.note else ""))
     end: int | None = None

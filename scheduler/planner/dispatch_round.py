@@ -6,8 +6,8 @@ applies the plan: it commits every transition in one fenced batch *before* it su
 tells a worker to stop (a cancel whose CAS lost must not reach a worker). Tests assert on the plan.
 
 Overlap (docs/time.md, "What counts as overlap"): a run R counts against a due run X only if R was
-really in progress at X's due time: dispatched at or before it, not finished, and not a catch-up run
-(late by design). A run that started after X's due time queues X behind it instead. A lossy
+really in progress at X's due time: dispatched at or before it and not finished (a catch-up run too:
+it overlaps the runs that come due while it runs, never the missed times due before it began). A run that started after X's due time queues X behind it instead. A lossy
 decision (skip, cancel) rests only on records re-read after X's due time; until then X waits and
 the plan asks for the read (`confirm`).
 
@@ -109,7 +109,11 @@ def overlapping(in_flight: Sequence[Execution], x: Execution, catchup: Set[str],
     at = came_due_ms(x, catchup)
     for r in in_flight:
         cur = r.current
-        if cur is None or (not explicit and (r.id in catchup or (cur.started_ms or cur.dispatched_ms) > at)):
+        # A catch-up run counts like any other, by when it started: it overlaps nothing that was due
+        # before it began (the other missed times of its catch-up queue behind it, in order), but it does
+        # overlap a run that comes due while it is running (a drill found on-time runs queued behind
+        # catch-ups for ever when the work took longer than the period, 147 s behind after 4 minutes).
+        if cur is None or (not explicit and (cur.started_ms or cur.dispatched_ms) > at):
             continue
         real.append(r)
         c = confirmed.get(r.id)
@@ -136,7 +140,7 @@ def ran_until_ms(r: Execution, settle_ms: int) -> int:
 
 def overlapped_by_ended(ended: Sequence[Execution], x: Execution, catchup: Set[str], settle_ms: int) -> list[Execution]:
     """The runs that left flight and were really in progress at x's due time, by their final records:
-    started (dispatched) at or before it, still running after it (`ran_until_ms`), not catch-up runs.
+    started (dispatched) at or before it, still running after it (`ran_until_ms`), catch-up runs too.
     None for a run with its own overlap policy: it counts the runs in flight when it comes up."""
     if x.overlap is not None:
         return []
@@ -144,7 +148,7 @@ def overlapped_by_ended(ended: Sequence[Execution], x: Execution, catchup: Set[s
     at = came_due_ms(x, catchup)
     for r in ended:
         cur = r.current
-        if cur is None or r.id == x.id or r.id in catchup:
+        if cur is None or r.id == x.id:
             continue
         if (cur.started_ms or cur.dispatched_ms) <= at < ran_until_ms(r, settle_ms):
             out.append(r)

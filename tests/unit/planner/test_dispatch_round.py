@@ -101,10 +101,20 @@ def test_a_run_that_started_after_the_due_time_is_no_overlap_the_next_waits_for_
     assert states(plan) == {} and behind(plan) == [(99_000, False)] and not plan.defer and not plan.confirm
 
 
-def test_catch_up_runs_never_count_as_overlap() -> None:
+def test_a_catch_up_run_overlaps_a_run_that_comes_due_while_it_runs() -> None:
+    """A catch-up run is late by design, but while it runs it is a real run in progress: the on-time run
+    that comes due meanwhile is judged by its policy (skip here). Before, catch-ups never counted, and a
+    drill's on-time runs queued behind them for ever when the work took longer than the period."""
     r = running(90_000, started=95_000)
     plan = round_([ex(99_000)], in_flight=[r], catchup=frozenset({r.id}), confirmed_at=NOW)
-    assert states(plan) == {} and behind(plan) == [(99_000, False)]
+    assert states(plan) == {99_000: "skipped:overlap_skip"}
+
+
+def test_a_catch_up_run_does_not_overlap_the_missed_times_due_before_it_started() -> None:
+    r = running(90_000, started=95_000)
+    missed = ex(93_000)
+    plan = round_([missed], in_flight=[r], catchup=frozenset({r.id, missed.id}), confirmed_at=NOW)
+    assert states(plan) == {} and behind(plan) == [(93_000, False)]
 
 
 def test_a_catch_up_backlog_runs_in_order_one_at_a_time() -> None:
@@ -235,13 +245,18 @@ def test_a_result_in_transit_never_costs_a_run() -> None:
     assert states(plan) == {95_000: "skipped:overlap_skip", 96_000: "dispatched"}
 
 
-def test_a_landed_run_counts_only_if_it_started_by_the_due_time_and_was_no_catch_up() -> None:
+def test_a_landed_run_counts_only_if_it_started_by_the_due_time() -> None:
     late = landed(90_000, started=95_500, ran=4_000, recorded=99_600)  # dispatched after 95 s came due
     plan = after_landing([ex(95_000), ex(97_000)], [late])
     assert states(plan) == {95_000: "dispatched", 97_000: "skipped:overlap_skip"}
+    # A catch-up run counts too, by when it ran: 95 s and 96 s came due while it was running.
     catch_up = landed(90_000, started=94_000, ran=6_000, recorded=100_000)
     plan = after_landing([ex(95_000), ex(96_000)], [catch_up], catchup=frozenset({catch_up.id}))
-    assert states(plan) == {95_000: "dispatched"} and [b.x.planned_ms for b in plan.behind] == [96_000]
+    assert states(plan) == {95_000: "skipped:overlap_skip", 96_000: "skipped:overlap_skip"}
+    # ... but not for a missed time of its own catch-up, due before it began: that one queues, in order.
+    missed = ex(93_000)
+    plan = after_landing([missed], [catch_up], catchup=frozenset({catch_up.id, missed.id}))
+    assert states(plan) == {93_000: "dispatched"}
     never_ran = landed(94_000, started=94_000, ran=0, recorded=100_000, not_started=True)
     assert states(after_landing([ex(95_000)], [never_ran])) == {95_000: "dispatched"}
 
