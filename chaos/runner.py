@@ -29,12 +29,12 @@ from pathlib import Path
 from chaos import faults as catalogue
 from chaos.check import check_run
 from chaos.clock import PlannerClockSet
-from chaos.links import DirectLinks, Links
+from chaos.links import Links
 from chaos.live import PREFIX, LiveCluster, PlannerClocks
 from chaos.nemesis import Nemesis, Unsupported
+from chaos.netns_cluster import ClusterNetwork, choose_network, make_network
 from chaos.ops import OpRunner
 from chaos.plan import FaultWindow, Plan, make_plan
-from chaos.proxy_links import ProxyLinks
 from chaos.record import FaultRecord, RunMeta, RunWriter, load_run
 from chaos.report import write_report
 from chaos.scenario import Scenario, ScenarioError
@@ -57,6 +57,7 @@ class RunOptions:
     seed: int | None = None
     duration_s: float | None = None
     links: str = "proxy"  # proxy | direct
+    network: str = "loopback"  # loopback | netns (a namespace per node, chaos/netns_cluster.py) | auto
     unsafe_fencing_off: bool = False  # meta-tests (SCHED_TEST_MODE=1): planners write without the fence
     progress: Callable[[str], None] | None = None  # a line per step (the CLI prints them)
 
@@ -69,12 +70,18 @@ class DrillResult:
     directory: Path
 
 
-def _links(kind: str, rec: RunWriter) -> Links:
+def _links(kind: str, rec: RunWriter, network: ClusterNetwork) -> Links:
     """Proxy links unless asked otherwise: every link fault needs them, and their wire witness
     records the stale writes etcd refused (I4c)."""
-    if kind == "direct":
-        return DirectLinks()
-    return ProxyLinks(writer(rec.wire), Keyspace(PREFIX).owners)
+    return network.links(kind, writer(rec.wire), Keyspace(PREFIX).owners)
+
+
+def _network(choice: str, source: str) -> ClusterNetwork:
+    try:
+        kind, _ = choose_network(choice)
+    except ValueError as e:
+        raise ScenarioError("network", str(e), source) from None
+    return make_network(kind)
 
 
 def _clocks(directory: Path, plan: Plan) -> PlannerClocks | None:
@@ -102,15 +109,17 @@ async def run_drill(scenario: Scenario, opts: RunOptions) -> DrillResult:
     plan = make_plan(s, opts.seed)
     say = opts.progress or (lambda _m: None)
     toml = _source_text(s)
+    network = _network(opts.network, s.source)
     rec = RunWriter(opts.directory, toml)
-    live = LiveCluster(s, opts.directory, rec, _links(opts.links, rec), unsafe_fencing_off=opts.unsafe_fencing_off,
-                       clock=_clocks(opts.directory, plan))
+    live = LiveCluster(s, opts.directory, rec, _links(opts.links, rec, network),
+                       unsafe_fencing_off=opts.unsafe_fencing_off, clock=_clocks(opts.directory, plan), network=network)
     nemesis = Nemesis(live)
     missing = unsupported_faults(plan, nemesis)
     if missing:
         raise ScenarioError("faults", "this machine cannot make: " + "; ".join(missing), s.source)
     say(f"plan {plan.fingerprint}: {len(plan.faults)} faults {plan.faults_per_type()}, "
-        f"{len(plan.schedules)} schedules, {len(plan.operations)} operations, links: {live.links.kind}")
+        f"{len(plan.schedules)} schedules, {len(plan.operations)} operations, links: {live.links.kind}, "
+        f"network: {network.kind}")
     start_ms = end_ms = SYSTEM_CLOCK.wall_ms()
     steady_before = steady_after = False
     errors: list[str] = []
