@@ -49,6 +49,7 @@ node's and stalls the proxies of the planner<->etcd links that cross the region'
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import json
 import logging
@@ -57,6 +58,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -200,6 +202,8 @@ class NetnsEtcdCluster(EtcdCluster):
 
     net: NetTopology | None = None
     nodes: Sequence[str] = ()
+    # The loop (on the main thread) that members are spawned on; see _spawn.
+    loop: asyncio.AbstractEventLoop | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -244,6 +248,27 @@ class NetnsEtcdCluster(EtcdCluster):
         if self.unsafe_no_fsync:
             args.append("--unsafe-no-fsync")
         return [*args, *self.extra_args]
+
+    def _spawn(self, m: Member) -> None:
+        """Spawn on the event loop's thread when called from another (LiveCluster starts and restarts
+        members with asyncio.to_thread): chaos/infra/procs.py gives a process its parent-death signal only
+        when the main thread forks it, and an etcd without one outlives a SIGKILLed runner, running on in
+        a namespace that cleanup_stale() then deletes around it."""
+        loop = self.loop
+        if loop is None or threading.current_thread() is threading.main_thread() or not loop.is_running():
+            super()._spawn(m)
+            return
+        done: concurrent.futures.Future[None] = concurrent.futures.Future()
+
+        def run() -> None:
+            try:
+                EtcdCluster._spawn(self, m)
+                done.set_result(None)
+            except BaseException as e:
+                done.set_exception(e)
+
+        loop.call_soon_threadsafe(run)
+        done.result(timeout=30)
 
     def _start_over(self) -> None:
         # Fixed ports in our own namespaces: nobody else can hold them, so there is nothing to move to.
@@ -333,7 +358,8 @@ class NetnsNetwork:
     def etcd_cluster(self, base_dir: Path, size: int) -> EtcdCluster:
         assert self.topology is not None
         nodes = [n.name for n in self.topology.etcd_members]
-        return NetnsEtcdCluster(base_dir, size=len(nodes), net=self._net(), nodes=nodes)
+        return NetnsEtcdCluster(base_dir, size=len(nodes), net=self._net(), nodes=nodes,
+                                loop=asyncio.get_running_loop())
 
     def harness_endpoints(self, etcd: EtcdCluster) -> tuple[str, ...]:
         return tuple(self.portals[(m.name, m.client_port)].endpoint for m in etcd.members)

@@ -10,21 +10,24 @@ harness; heal must bring everything back, and a connection open across the cut s
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
+from chaos import cli, netns_cluster
 from chaos.netns import HARNESS, NetTopology, available
 from chaos.netns_cluster import NetnsNetwork, choose_network, partition_region
 from chaos.proxy_links import ProxyLinks
 from scheduler.topology import Topology
 
 OK, WHY = available()
-pytestmark = pytest.mark.skipif(not OK, reason=f"network namespaces unavailable: {WHY}")
+needs_netns = pytest.mark.skipif(not OK, reason=f"network namespaces unavailable: {WHY}")
 
 PORT = 9000
 T = 0.5  # a cut path counts as cut when nothing answers within this
@@ -90,6 +93,7 @@ async def via_proxy(w: World, planner: str, member: str) -> bool:
     return await asyncio.to_thread(_talk, w.net, planner, proxy.listen_host, proxy.port)
 
 
+@needs_netns
 async def test_a_region_partition_cuts_the_region_off_from_everything_but_the_harness(world: World) -> None:
     w, net = world, world.net
     assert await reach(net, "a-w1", "b-p1") and await via_proxy(w, "a-p1", "b-e1")
@@ -126,6 +130,7 @@ async def test_a_region_partition_cuts_the_region_off_from_everything_but_the_ha
     held.close()
 
 
+@needs_netns
 async def test_reset_mode_refuses_at_once_and_a_partition_of_the_whole_run_is_refused(world: World) -> None:
     w, net = world, world.net
     part = await partition_region(net, "b", w.links, w.etcd_nodes, mode="reset")
@@ -150,14 +155,28 @@ async def test_reset_mode_refuses_at_once_and_a_partition_of_the_whole_run_is_re
         one.teardown()
 
 
-def test_auto_picks_netns_here_and_loopback_is_always_possible() -> None:
-    assert choose_network("auto") == ("netns", "")
+def test_auto_falls_back_to_loopback_and_netns_says_why_it_cannot(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert choose_network("auto") == (("netns", "") if OK else ("loopback", WHY))
     assert choose_network("loopback") == ("loopback", "")
-    assert choose_network("netns") == ("netns", "")
     with pytest.raises(ValueError, match="auto, loopback or netns"):
         choose_network("bridge")
+    monkeypatch.setattr(netns_cluster, "available", lambda: (False, "network namespaces and iptables need root"))
+    assert choose_network("auto") == ("loopback", "network namespaces and iptables need root")
+    with pytest.raises(ValueError, match="unavailable: network namespaces and iptables need root"):
+        choose_network("netns")
 
 
+def test_drill_run_network_netns_where_it_cannot_be_made_is_bad_input(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    monkeypatch.setattr(netns_cluster, "available", lambda: (False, "no root here"))
+    args = argparse.Namespace(scenario="smoke", seed=None, duration=None, report=str(tmp_path / "run"),
+                              links="proxy", network="netns")
+    assert cli.run(args) == 2
+    assert "network: network namespaces unavailable: no root here" in capsys.readouterr().err
+    assert not (tmp_path / "run" / "run.json").exists()
+
+
+@needs_netns
 def test_proxy_listens_in_the_harness_namespace(world: World) -> None:
     for proxies in world.links.proxies.values():
         for p in proxies:
