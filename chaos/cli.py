@@ -108,7 +108,16 @@ def run(args: argparse.Namespace) -> int:
     def say(line: str) -> None:
         print(f"[{time.monotonic() - t0:7.1f}s] {line}", flush=True)
 
-    opts = RunOptions(directory, seed=args.seed, duration_s=args.duration, links=args.links, progress=say)
+    from chaos.netns_cluster import choose_network
+
+    try:
+        network, why = choose_network(getattr(args, "network", "loopback"))
+    except ValueError as e:
+        return _bad(ScenarioError("network", str(e)))
+    if why:
+        say(f"network: loopback ({why})")
+    opts = RunOptions(directory, seed=args.seed, duration_s=args.duration, links=args.links, network=network,
+                      progress=say)
     try:
         result = asyncio.run(run_drill(scenario, opts))
     except ScenarioError as e:

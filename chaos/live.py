@@ -8,6 +8,9 @@ connected. Health gates the faults; it is not the verdict: the checker judges th
 
 Links (planner <-> etcd) go through `links` (chaos/links.py): on loopback each planner dials etcd
 through its own fault proxy, so that a partition, a flaky link or a held txn affects that planner alone.
+
+Where processes run and how the harness reaches them is `network` (chaos/netns_cluster.py): loopback
+(the default), or a network namespace per node with the harness's parts outside them.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from chaos.infra.etcd import EtcdCluster
 from chaos.infra.planners import PlannerProcess, PlannerSet
 from chaos.infra.workers import WorkerProcess
 from chaos.links import Links
+from chaos.netns_cluster import ClusterNetwork, LoopbackNetwork
 from chaos.record import RunWriter, record_watch
 from chaos.scenario import Scenario
 from chaos.sink import EffectSink
@@ -89,6 +93,7 @@ class LiveCluster:
     unsafe_fencing_off: bool = False  # meta-tests only (SCHED_TEST_MODE=1): planners write without fence
     env: dict[str, str] = field(default_factory=dict)  # extra environment for planners
     clock: PlannerClocks | None = None  # F6: None when libfaketime is not available
+    network: ClusterNetwork = field(default_factory=LoopbackNetwork)  # loopback | netns
     etcd: EtcdCluster | None = None
     planners: PlannerSet | None = None
     workers: dict[str, WorkerProcess] = field(default_factory=dict)
@@ -105,16 +110,18 @@ class LiveCluster:
     async def start(self) -> None:
         c = self.scenario.cluster
         members = max(1, len(c.etcd_members()))
-        self.etcd = await asyncio.to_thread(EtcdCluster(self.directory / "etcd", size=members).start)
+        await self.network.start(c.topology())
+        self.etcd = await asyncio.to_thread(self.network.etcd_cluster(self.directory / "etcd", members).start)
         self.sink = EffectSink(self.rec.effects_path)
-        self.sink_url = await self.sink.start()
-        self.kv = EtcdClient(self.etcd.config(timeout=3.0))
+        self.sink_url = await self.network.serve_sink(self.sink)
+        self.kv = EtcdClient(self.etcd.config(endpoints=self.network.harness_endpoints(self.etcd), timeout=3.0))
         await self.kv.__aenter__()
         # The watcher reads every event from revision 1, through no proxy: it is outside every fault.
         self._watcher = asyncio.create_task(record_watch(self.kv, PREFIX, self.rec.watch, self._watch_stop))
         await self.links.start(self.etcd.endpoints, c.planners())
         self.planners = PlannerSet(self.directory / "planner-logs", self.etcd.endpoints, PREFIX,
-                                   partitions=c.partitions, settings=planner_settings(self.scenario))
+                                   partitions=c.partitions, settings=planner_settings(self.scenario),
+                                   prefix_for=self.network.prefix)
         await asyncio.gather(*(self.start_planner(p) for p in c.planners()))
         for w in c.workers():
             self.start_worker(w)
@@ -125,7 +132,8 @@ class LiveCluster:
     async def start_planner(self, node: str) -> str:
         assert self.planners is not None
         env = {**self.env, **(self.clock.env_for(node) if self.clock is not None else {})}
-        settings = {"etcd_endpoints": ",".join(self.links.endpoints_for(node)), "region": self.region_of(node)}
+        settings = {"etcd_endpoints": ",".join(self.links.endpoints_for(node)), "region": self.region_of(node),
+                    **self.network.planner_settings(node)}
         if self.unsafe_fencing_off:
             env["SCHED_TEST_MODE"] = "1"
             settings["unsafe_disable_fencing"] = "true"
@@ -141,7 +149,8 @@ class LiveCluster:
         if w is None:
             env = self.clock.env_for(name) if self.clock is not None else {}
             w = WorkerProcess(name, self.region_of(name), list(self.addresses.values()),
-                              self.rec.logs / f"{name}.log", settings={"concurrency": "16"}, env=env)
+                              self.rec.logs / f"{name}.log", settings={"concurrency": "16"}, env=env,
+                              prefix=self.network.prefix(name))
             self.workers[name] = w
         else:
             w.planners = list(self.addresses.values())
@@ -157,7 +166,7 @@ class LiveCluster:
 
     def api_address(self, rng: random.Random | None = None) -> str:
         """A running, unfrozen planner's API address (any answers for any schedule)."""
-        live = [self.addresses[p] for p in self.live_planners() if p in self.addresses]
+        live = [self.network.reach(self.addresses[p]) for p in self.live_planners() if p in self.addresses]
         if not live:
             raise RuntimeError("no planner is running")
         return (rng or random).choice(live)
@@ -211,7 +220,14 @@ class LiveCluster:
 
     async def close(self) -> None:
         """Workers first (they report their last results to planners that still serve), then planners
-        (SIGTERM: each drains), then the harness parts, then etcd. Everything by pid."""
+        (SIGTERM: each drains), then the harness parts, then etcd. Everything by pid. The network last,
+        whatever failed before it (namespaces deleted)."""
+        try:
+            await self._close()
+        finally:
+            await self.network.close()
+
+    async def _close(self) -> None:
         await asyncio.gather(*(w.stop() for w in self.workers.values()), return_exceptions=True)
         if self.planners is not None:
             for p in self.planners.running():
@@ -244,12 +260,13 @@ class LiveCluster:
                     out.write(part.read_text(errors="replace"))
 
     def nodes(self) -> dict[str, dict[str, str]]:
-        """run.json's `nodes`: role and region of each. Workers share 127.0.0.1, so no address is given
-        (an http effect is then any worker's; shell effects name theirs)."""
+        """run.json's `nodes`: role and region of each. On loopback workers share 127.0.0.1, so no address is
+        given (an http effect is then any worker's; shell effects name theirs); in namespaces each worker's
+        address names it (the sink logs the peer address of an http effect)."""
         out: dict[str, dict[str, str]] = {}
         for p in self.scenario.cluster.planners():
             out[p] = {"role": "planner", "region": self.region_of(p), "address": self.addresses.get(p, "")}
         for w in self.scenario.cluster.workers():
-            out[w] = {"role": "worker", "region": self.region_of(w)}
+            out[w] = {"role": "worker", "region": self.region_of(w), **self.network.node_info(w)}
         return out
 

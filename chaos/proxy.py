@@ -85,11 +85,15 @@ import random
 import socket
 import struct
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["DEFAULT_RETRANSMIT_S", "Direction", "DirectionFaults", "FaultEvent", "FaultProxy", "ProxyStats"]
+__all__ = ["DEFAULT_RETRANSMIT_S", "Dialer", "Direction", "DirectionFaults", "FaultEvent", "FaultProxy", "ProxyStats"]
+
+# Opens the upstream connection of one client connection: (host, port) -> streams. The default is
+# asyncio.open_connection; a network-namespace run dials from the harness namespace instead (chaos/netns.py).
+Dialer = Callable[[str, int], Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]
 
 log = logging.getLogger(__name__)
 
@@ -195,8 +199,7 @@ class _Link:
     async def run(self) -> None:
         p = self.proxy
         try:
-            self.upstream = await asyncio.wait_for(
-                asyncio.open_connection(p.upstream_host, p.upstream_port), p.connect_timeout)
+            self.upstream = await asyncio.wait_for(p.dial(p.upstream_host, p.upstream_port), p.connect_timeout)
         except (OSError, TimeoutError) as e:
             p.stats.upstream_failed += 1
             log.info("proxy %s: upstream %s:%d unreachable: %s", p.name, p.upstream_host, p.upstream_port, e)
@@ -308,8 +311,9 @@ class FaultProxy:
     """A loopback TCP proxy to `upstream_host:upstream_port` with runtime faults (module docstring)."""
 
     def __init__(self, upstream_host: str, upstream_port: int, *, name: str = "", seed: int = 0,
-                 listen_host: str = "127.0.0.1", connect_timeout: float = 5.0) -> None:
+                 listen_host: str = "127.0.0.1", connect_timeout: float = 5.0, dial: Dialer | None = None) -> None:
         self.upstream_host = upstream_host
+        self.dial: Dialer = dial or asyncio.open_connection
         self.upstream_port = upstream_port
         self.name = name or f"proxy->{upstream_host}:{upstream_port}"
         self.listen_host = listen_host
@@ -343,15 +347,21 @@ class FaultProxy:
     def open_connections(self) -> int:
         return len(self._links)
 
-    async def start(self) -> FaultProxy:
+    async def start(self, sock: socket.socket | None = None) -> FaultProxy:
+        """Listen on listen_host, port 0 (the kernel's choice, read back: a port picked beforehand could be
+        taken meanwhile), or on `sock`, a listening socket made elsewhere (chaos/netns.py `listen()`: a
+        socket in the harness namespace); the proxy owns it from here on."""
         if self._server is not None:
             raise RuntimeError("a FaultProxy is started once")
         self._flowing = {d: asyncio.Event() for d in Direction}
         self._forwarding = {d: asyncio.Event() for d in Direction}
         self._sync_flow()  # a stall() set before start() holds from the first connection
-        # Port 0: the kernel's choice, read back; a port picked beforehand could be taken meanwhile.
-        self._server = await asyncio.start_server(self._on_client, self.listen_host, 0)
-        self.port = int(self._server.sockets[0].getsockname()[1])
+        if sock is None:
+            self._server = await asyncio.start_server(self._on_client, self.listen_host, 0)
+        else:
+            self._server = await asyncio.start_server(self._on_client, sock=sock)
+        self.listen_host, port = self._server.sockets[0].getsockname()[:2]
+        self.port = int(port)
         return self
 
     async def close(self) -> None:

@@ -16,9 +16,10 @@ How the catalogue's link faults map (the planner is the client; `up` is planner 
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import Callable, Sequence
 
-from chaos.proxy import Direction, FaultProxy
+from chaos.proxy import Dialer, Direction, FaultProxy
 from chaos.wire import FencedTxn, WireWitness
 from scheduler.clock import SYSTEM_CLOCK
 
@@ -30,9 +31,15 @@ _DIRECTIONS = {"both": "both", "outbound": "up", "inbound": "down"}
 class ProxyLinks:
     kind = "proxy"
 
-    def __init__(self, on_txn: Callable[[FencedTxn], None], owners_prefix: bytes) -> None:
+    def __init__(self, on_txn: Callable[[FencedTxn], None], owners_prefix: bytes, *,
+                 listen: Callable[[], socket.socket] | None = None, dial: Dialer | None = None) -> None:
+        """`listen` makes each proxy's listening socket and `dial` its upstream connections (default:
+        loopback port 0, asyncio.open_connection); a namespace run makes both in the harness namespace
+        (chaos/netns_cluster.py), so the proxies stay outside every fault there too."""
         self.on_txn = on_txn
         self.owners = owners_prefix
+        self.listen = listen
+        self.dial = dial
         self.proxies: dict[str, list[FaultProxy]] = {}
         self._witnesses: dict[tuple[str, int, int], WireWitness] = {}
 
@@ -41,9 +48,9 @@ class ProxyLinks:
             out = []
             for i, ep in enumerate(etcd_endpoints):
                 host, _, port = ep.rpartition(":")
-                proxy = FaultProxy(host, int(port), name=f"{p}->etcd{i}")
+                proxy = FaultProxy(host, int(port), name=f"{p}->etcd{i}", dial=self.dial)
                 proxy.tap = self._tap(p, i)
-                out.append(await proxy.start())
+                out.append(await proxy.start(sock=None if self.listen is None else self.listen()))
             self.proxies[p] = out
 
     def _tap(self, planner: str, member: int) -> Callable[[int, Direction, bytes], None]:

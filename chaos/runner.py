@@ -31,12 +31,12 @@ from pathlib import Path
 from chaos import faults as catalogue
 from chaos.check import check_run
 from chaos.clock import PlannerClockSet
-from chaos.links import DirectLinks, Links
+from chaos.links import Links
 from chaos.live import PREFIX, LiveCluster, PlannerClocks
 from chaos.nemesis import Nemesis, Unsupported
+from chaos.netns_cluster import ClusterNetwork, choose_network, make_network
 from chaos.ops import OpRunner
 from chaos.plan import FaultWindow, Plan, make_plan
-from chaos.proxy_links import ProxyLinks
 from chaos.record import FaultRecord, RunMeta, RunWriter, load_run
 from chaos.report import write_report
 from chaos.scenario import Scenario, ScenarioError
@@ -59,6 +59,7 @@ class RunOptions:
     seed: int | None = None
     duration_s: float | None = None
     links: str = "proxy"  # proxy | direct
+    network: str = "loopback"  # loopback | netns (a namespace per node, chaos/netns_cluster.py) | auto
     unsafe_fencing_off: bool = False  # meta-tests (SCHED_TEST_MODE=1): planners write without the fence
     progress: Callable[[str], None] | None = None  # a line per step (the CLI prints them)
     scenario_text: str = ""  # the TOML, when the scenario was not read from a file (scenario.toml in the run)
@@ -72,12 +73,18 @@ class DrillResult:
     directory: Path
 
 
-def _links(kind: str, rec: RunWriter) -> Links:
+def _links(kind: str, rec: RunWriter, network: ClusterNetwork) -> Links:
     """Proxy links unless asked otherwise: every link fault needs them, and their wire witness
     records the stale writes etcd refused (I4c)."""
-    if kind == "direct":
-        return DirectLinks()
-    return ProxyLinks(writer(rec.wire), Keyspace(PREFIX).owners)
+    return network.links(kind, writer(rec.wire), Keyspace(PREFIX).owners)
+
+
+def _network(choice: str, source: str) -> ClusterNetwork:
+    try:
+        kind, _ = choose_network(choice)
+    except ValueError as e:
+        raise ScenarioError("network", str(e), source) from None
+    return make_network(kind)
 
 
 def _clocks(directory: Path, s: Scenario, plan: Plan) -> tuple[PlannerClocks | None, int]:
@@ -116,18 +123,20 @@ async def run_drill(scenario: Scenario, opts: RunOptions) -> DrillResult:
     if not toml:
         raise ScenarioError("scenario", "its TOML is needed in the run directory (scenario.toml): read it from a "
                                         "file or pass RunOptions.scenario_text", s.source)
+    network = _network(opts.network, s.source)
     rec = RunWriter(opts.directory, toml)
     clocks, offset_ms = _clocks(opts.directory, s, plan)
     if s.cluster.wall_clock_start is not None and clocks is None:
         raise ScenarioError("cluster.wall_clock_start", "needs libfaketime (scripts/setup.sh installs it)", s.source)
-    live = LiveCluster(s, opts.directory, rec, _links(opts.links, rec), unsafe_fencing_off=opts.unsafe_fencing_off,
-                       clock=clocks)
+    live = LiveCluster(s, opts.directory, rec, _links(opts.links, rec, network),
+                       unsafe_fencing_off=opts.unsafe_fencing_off, clock=clocks, network=network)
     nemesis = Nemesis(live)
     missing = unsupported_faults(plan, nemesis)
     if missing:
         raise ScenarioError("faults", "this machine cannot make: " + "; ".join(missing), s.source)
     say(f"plan {plan.fingerprint}: {len(plan.faults)} faults {plan.faults_per_type()}, "
-        f"{len(plan.schedules)} schedules, {len(plan.operations)} operations, links: {live.links.kind}")
+        f"{len(plan.schedules)} schedules, {len(plan.operations)} operations, links: {live.links.kind}, "
+        f"network: {network.kind}")
     start_ms = end_ms = SYSTEM_CLOCK.wall_ms()
     steady_before = steady_after = False
     errors: list[str] = []

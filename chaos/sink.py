@@ -29,6 +29,7 @@ import asyncio
 import contextlib
 import json
 import shlex
+import socket
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -128,11 +129,16 @@ class EffectSink:
         self._log: IO[str] | None = None
         self._runner: web.AppRunner | None = None
         self.url = ""
+        # Peer address -> worker name, for running(): an http effect names its worker by the peer address
+        # only (a namespace run gives each worker its own; chaos/netns_cluster.py fills this in).
+        self.peer_names: dict[str, str] = {}
 
     # ---- lifecycle ---------------------------------------------------------------------------------
 
-    async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
-        """Serve on host:port (0: a free port, read back) and return the base URL."""
+    async def start(self, host: str = "127.0.0.1", port: int = 0, *, sock: socket.socket | None = None) -> str:
+        """Serve on host:port (0: a free port, read back), or on `sock`, a listening socket made elsewhere
+        (chaos/netns.py `listen()`: in the harness namespace, where workers in their own namespaces reach
+        it with their own addresses as peers), and return the base URL."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = self.log_path.open("a", buffering=1)  # line-buffered: each record reaches the file whole
         app = web.Application()
@@ -140,7 +146,7 @@ class EffectSink:
         app.router.add_get("/health", self._health)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port)
+        site: web.BaseSite = web.TCPSite(self._runner, host, port) if sock is None else web.SockSite(self._runner, sock)
         await site.start()
         bound = self._runner.addresses[0]
         self.url = f"http://{bound[0]}:{bound[1]}"
@@ -204,7 +210,7 @@ class EffectSink:
 
     def running(self, worker: str) -> int:
         """Effects of `worker` started and not yet ended (the F7 nemesis waits for one to crash)."""
-        return sum(1 for (_, _, w) in self._started if w == worker)
+        return sum(1 for (_, _, w) in self._started if w == worker or self.peer_names.get(w) == worker)
 
     @staticmethod
     async def _hold(request: web.Request, hold_ms: int) -> bool:

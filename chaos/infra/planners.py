@@ -251,6 +251,9 @@ class PlannerSet:
     partitions: int = 32
     settings: Mapping[str, str] = field(default_factory=lambda: dict(FAST))
     planners: dict[str, PlannerProcess] = field(default_factory=dict)
+    # argv put in front of a node's command (chaos/netns.py `prefix(node)`: run it inside the node's network
+    # namespace); None: run here. The pid stays the planner's own (`ip netns exec` execs).
+    prefix_for: Callable[[str], Sequence[str]] | None = None
 
     def __post_init__(self) -> None:
         self.base_dir.mkdir(parents=True, exist_ok=True)
@@ -267,6 +270,7 @@ class PlannerSet:
         flag value). A node id used before gets a fresh process and log file."""
         merged = {**self.settings, **(settings or {})}
         argv = [
+            *(self.prefix_for(node_id) if self.prefix_for is not None else ()),
             schedctl_binary(), "planner",
             "--node-id", node_id,
             "--etcd-endpoints", ",".join(self.endpoints),

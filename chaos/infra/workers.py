@@ -83,6 +83,7 @@ class WorkerProcess:
     pool: str = "default"
     settings: Mapping[str, str] = field(default_factory=dict)  # flag name (underscores) -> value
     env: Mapping[str, str] = field(default_factory=dict)
+    prefix: Sequence[str] = ()  # argv in front (chaos/netns.py `prefix(node)`: inside its namespace; it execs)
     process: subprocess.Popen[bytes] | None = None
     paused: bool = False
     started_at: float = 0.0
@@ -97,8 +98,8 @@ class WorkerProcess:
         return self.process.pid
 
     def argv(self) -> list[str]:
-        args = [schedctl_binary(), "worker", "--worker-id", self.name, "--pool", self.pool, "--region", self.region,
-                "--planners", ",".join(self.planners), "--metrics-address", "127.0.0.1:0"]
+        args = [*self.prefix, schedctl_binary(), "worker", "--worker-id", self.name, "--pool", self.pool,
+                "--region", self.region, "--planners", ",".join(self.planners), "--metrics-address", "127.0.0.1:0"]
         for k, v in self.settings.items():
             args += ["--" + k.replace("_", "-"), v]
         return args

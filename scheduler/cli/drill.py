@@ -48,6 +48,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     rn.add_argument("--links", choices=("proxy", "direct"), default="proxy",
                     help="planner<->etcd links: through a fault proxy per planner (default; needed by every "
                     "link fault) or direct")
+    rn.add_argument("--network", choices=("auto", "loopback", "netns"), default="auto",
+                    help="where nodes run: a Linux network namespace per node (netns: root, iproute2, iptables), "
+                    "or everything on 127.0.0.1 (loopback); auto (default): netns where it can be made, else "
+                    "loopback")
     rn.set_defaults(func=_call("run"))
 
 
