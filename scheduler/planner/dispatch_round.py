@@ -8,8 +8,9 @@ tells a worker to stop (a cancel whose CAS lost must not reach a worker). Tests 
 Overlap (docs/time.md, "What counts as overlap"): a run R counts against a due run X only if R was
 really in progress at X's due time: dispatched at or before it and not finished (a catch-up run too:
 it overlaps the runs that come due while it runs, never the missed times due before it began). A
-run that started after X's due time queues X behind it instead. A lossy decision (skip, cancel) rests only on records re-read after X's due time; until then X waits and
-the plan asks for the read (`confirm`).
+run that started after X's due time queues X behind it instead. A lossy decision (skip, cancel)
+rests only on records re-read after X's due time; until then X waits and the plan asks for the read
+(`confirm`).
 
 A run that has left flight since is judged on its final record instead (`RoundInput.ended`,
 `overlapped_by_ended`): it counts against x if it started at or before x's due time and its record
