@@ -8,7 +8,7 @@ member on loopback, so a fault on one planner's link leaves every other planner'
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 __all__ = ["DirectLinks", "LinkFaultUnsupported", "Links"]
@@ -28,6 +28,10 @@ class Links(Protocol):
     async def cut(self, planner: str, direction: str, mode: str) -> str: ...
 
     async def flaky(self, planner: str, latency_ms: int, jitter_ms: int, drop: float) -> str: ...
+
+    def arm_freeze(self, planner: str, freeze: Callable[[], None]) -> None: ...
+
+    def disarm(self, planner: str) -> None: ...
 
     async def hold(self, planner: str) -> str: ...
 
@@ -57,6 +61,12 @@ class DirectLinks:
 
     async def flaky(self, planner: str, latency_ms: int, jitter_ms: int, drop: float) -> str:
         raise LinkFaultUnsupported("direct links: no proxy to slow down")
+
+    def arm_freeze(self, planner: str, freeze: Callable[[], None]) -> None:
+        raise LinkFaultUnsupported("direct links: no proxy to catch a write in")
+
+    def disarm(self, planner: str) -> None:
+        return None
 
     async def hold(self, planner: str) -> str:
         raise LinkFaultUnsupported("direct links: no proxy to hold a txn in")

@@ -92,12 +92,25 @@ class Nemesis:
         note = ""
         held = False
         if w.duration_s > ttl and self.live.links.kind != "direct":
-            before = await self.live.links.fenced_requests(w.target)
-            await self.live.links.hold(w.target)
-            held = await self._wait_fenced(w.target, before, timeout=3.0)
-            note = ("froze with a fenced write held in its etcd link" if held
-                    else "no fenced write was caught within 3 s")
-        p.pause()
+            # Freeze the planner the instant its next write is read by its link's proxy, with that write
+            # held there (not forwarded): chaos/proxy_links.py calls `freeze` from inside the read, so the
+            # planner cannot learn of anything before it is stopped. A hold started *before* the write
+            # catches nothing: the planner's reads are held too and its rounds wait on them.
+            caught = asyncio.Event()
+
+            def freeze() -> None:
+                p.pause()
+                caught.set()
+
+            self.live.links.arm_freeze(w.target, freeze)
+            try:
+                await asyncio.wait_for(caught.wait(), timeout=5.0)
+                held = True
+            except TimeoutError:
+                self.live.links.disarm(w.target)
+            note = "froze with a write held in its etcd link" if held else "no write within 5 s: frozen anyway"
+        if not held:
+            p.pause()
 
         async def heal() -> str:
             if self.live.links.kind != "direct":
@@ -107,17 +120,7 @@ class Nemesis:
             p.resume()
             return ""
 
-        return Active(w, heal, note)
-
-    async def _wait_fenced(self, planner: str, before: int, timeout: float) -> bool:
-        """Until the planner has sent a fenced write since the hold began (it is caught in the proxy)."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while loop.time() < deadline:
-            if await self.live.links.fenced_requests(planner) > before:
-                return True
-            await asyncio.sleep(0.005)
-        return False
+        return Active(w, heal, note, SYSTEM_CLOCK.wall_ms() if held else None)
 
     async def _f5(self, w: FaultWindow) -> Active:
         """Region loss. `single-region`: every planner and worker of the one region dies (etcd stays);

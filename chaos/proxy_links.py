@@ -42,6 +42,7 @@ class ProxyLinks:
         self.dial = dial
         self.proxies: dict[str, list[FaultProxy]] = {}
         self._witnesses: dict[tuple[str, int, int], WireWitness] = {}
+        self._armed: dict[str, Callable[[], None]] = {}  # planner -> called as its next write is read
 
     async def start(self, etcd_endpoints: Sequence[str], planners: Sequence[str]) -> None:
         for p in planners:
@@ -59,7 +60,18 @@ class ProxyLinks:
             w = self._witnesses.get(key)
             if w is None:
                 w = self._witnesses[key] = WireWitness(planner, self.owners, self.on_txn, SYSTEM_CLOCK.wall_ms)
-            (w.client_bytes if d is Direction.UP else w.server_bytes)(data)
+            if d is not Direction.UP:
+                w.server_bytes(data)
+                return
+            before = w.writes
+            w.client_bytes(data)
+            if w.writes > before and planner in self._armed:
+                # The planner's next write was just read and is not forwarded yet: hold it (and everything
+                # after it) in every link of the planner, and let the nemesis freeze the planner, all before
+                # the proxy's sender runs again (one event loop: nothing interleaves with this callback).
+                for x in self.proxies[planner]:
+                    x.hold("up")
+                self._armed.pop(planner)()
 
         return tap
 
@@ -81,6 +93,13 @@ class ProxyLinks:
                 x.set_loss(drop)
         return f"latency {latency_ms}+-{jitter_ms} ms, {drop:.0%} of chunks late"
 
+    def arm_freeze(self, planner: str, freeze: Callable[[], None]) -> None:
+        """On the planner's next write: hold it in the link (not forwarded) and call `freeze` at once."""
+        self._armed[planner] = freeze
+
+    def disarm(self, planner: str) -> None:
+        self._armed.pop(planner, None)
+
     async def hold(self, planner: str) -> str:
         for x in self.proxies[planner]:
             x.hold("up")
@@ -90,8 +109,9 @@ class ProxyLinks:
         return sum(x.held[Direction.UP] for x in self.proxies.get(planner, []))
 
     async def fenced_requests(self, planner: str) -> int:
-        """Fenced txns this planner has sent so far (its wire witnesses' count), held ones included."""
-        return sum(w.requests for (p, _, _), w in self._witnesses.items() if p == planner)
+        """Txns that write the cluster's keys this planner has sent so far (its wire witnesses' count),
+        held ones included: fenced ones, and unfenced ones from a planner whose fence is switched off."""
+        return sum(w.writes for (p, _, _), w in self._witnesses.items() if p == planner)
 
     async def heal(self, planner: str) -> str:
         reset = sum(x.heal() for x in self.proxies[planner])

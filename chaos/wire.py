@@ -48,10 +48,11 @@ class FencedTxn:
     succeeded: bool
     owner_revision: int  # create_revision of the owner key in etcd's answer (0: no owner)
     writes: int  # puts and deletes in the success branch
+    fenced: bool = True  # False: a write without the fence compare (a planner with its fence switched off)
 
     @property
     def refused_by_fence(self) -> bool:
-        return not self.succeeded and self.owner_revision != self.token
+        return self.fenced and not self.succeeded and self.owner_revision != self.token
 
 
 class _Direction:
@@ -110,9 +111,12 @@ class WireWitness:
         self.clock = clock
         self._up = _Direction(expect_preface=True)
         self._down = _Direction(expect_preface=False)
-        self._pending: dict[int, tuple[bytes, int, int, int]] = {}  # stream -> (owner key, token, writes, t)
+        # stream -> (owner key or first written key, token, writes, t, fenced)
+        self._pending: dict[int, tuple[bytes, int, int, int, bool]] = {}
         self.seen = 0  # fenced txns answered
         self.requests = 0  # fenced txns sent
+        self.writes = 0  # txns that put a key under the cluster's prefix (fenced or not)
+        self.root = owners_prefix.rstrip(b"/").rsplit(b"/", 1)[0] + b"/"  # <prefix>/owners/ -> <prefix>/
 
     def client_bytes(self, data: bytes) -> None:
         try:
@@ -133,15 +137,21 @@ class WireWitness:
             req = rpc_pb2.TxnRequest.FromString(msg)
         except Exception:  # not a txn
             return
-        if not req.compare:
-            return
-        c = req.compare[0]
-        # create_revision == 0 is a claim ("the owner key is absent"), not a write under a fence.
-        if c.target != _CREATE or not c.key.startswith(self.owners) or c.create_revision <= 0:
-            return
+        puts = [op.request_put.key for op in req.success
+                if op.HasField("request_put") and op.request_put.key.startswith(self.root)]
+        if puts:
+            self.writes += 1  # any write of the cluster's keys, fenced or not (the F2 nemesis waits for one)
         writes = sum(1 for op in req.success if op.HasField("request_put") or op.HasField("request_delete_range"))
-        self._pending[stream] = (bytes(c.key), int(c.create_revision), writes, self.clock())
-        self.requests += 1
+        c = req.compare[0] if req.compare else None
+        # create_revision == 0 is a claim ("the owner key is absent"), not a write under a fence.
+        if c is not None and c.target == _CREATE and c.key.startswith(self.owners) and c.create_revision > 0:
+            self._pending[stream] = (bytes(c.key), int(c.create_revision), writes, self.clock(), True)
+            self.requests += 1
+        elif puts and not any(x.key.startswith(self.owners) for x in req.compare) \
+                and not any(k.startswith(self.owners) for k in puts):
+            # A write of the cluster's keys without any fence (a planner with unsafe_disable_fencing): its
+            # answer says whether the keys' own compares refused it. Claims and releases are left out.
+            self._pending[stream] = (bytes(puts[0]), 0, writes, self.clock(), False)
 
     def _response(self, stream: int, msg: bytes) -> None:
         pending = self._pending.pop(stream, None)
@@ -151,7 +161,7 @@ class WireWitness:
             resp = rpc_pb2.TxnResponse.FromString(msg)
         except Exception:  # unparsable: ignored
             return
-        key, token, writes, sent = pending
+        key, token, writes, sent, fenced = pending
         owner_rev = 0
         for r in resp.responses:
             if r.HasField("response_range"):
@@ -162,7 +172,7 @@ class WireWitness:
             owner_rev = token  # the fence held: the owner key is the writer's
         self.seen += 1
         self.on_txn(FencedTxn(self.planner, stream, key.decode(errors="replace"), token, sent, self.clock(),
-                              bool(resp.succeeded), owner_rev, writes))
+                              bool(resp.succeeded), owner_rev, writes, fenced))
 
 
 def writer(out: IO[str]) -> Callable[[FencedTxn], None]:
