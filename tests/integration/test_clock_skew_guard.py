@@ -25,6 +25,8 @@ import pytest
 from chaos.clock import FaketimeMissing, SkewedClock
 from chaos.infra.etcd import EtcdFactory
 from chaos.infra.planners import OwnersView, balanced, none_owned_by
+from scheduler._gen.scheduler.v1 import cluster_pb2 as cpb
+from scheduler.client import SchedulerClient
 from scheduler.clock import SYSTEM_CLOCK
 from scheduler.execution import ExecState
 from scheduler.ids import ExecutionId, execution_id
@@ -86,6 +88,8 @@ async def test_skewed_planner_stands_down_never_runs_early_and_comes_back(skew_s
                     takeover_s = t - t_skew
                 except AssertionError as e:
                     print(f"\nno stand-down: {e}")
+                async with SchedulerClient(eng.addresses[0]) as client:  # `cluster status` as p1 answers it
+                    status = {p.planner.node_id: p for p in (await client.cluster_status()).planners}
                 try:
                     await view.wait_for(lambda o: "p3" in o.values(), HOLD_S, "p3 to own something while skewed")
                     p3_back_while_skewed = detect_s is not None
@@ -136,6 +140,11 @@ async def test_skewed_planner_stands_down_never_runs_early_and_comes_back(skew_s
         assert abs(skew_events[0]["consensus_offset_ms"] - skew_s * 1000) < 500, skew_events[0]
         # Back in bounds for 3 probe rounds (3 s at the default 1 s interval) before it is eligible again.
         assert recover_s is not None and 2.5 <= recover_s <= 15, recover_s
+
+        p3 = status["p3"]
+        assert p3.planner.liveness == cpb.PLANNER_LIVENESS_SUSPENDED and p3.partitions_owned == 0, p3
+        assert abs(p3.clock_offset.ToMilliseconds() - skew_s * 1000) < 500, p3  # its clock minus p1's
+        assert status["p2"].planner.liveness == cpb.PLANNER_LIVENESS_ALIVE
 
         # --- the others keep every planned time: each ran once, none skipped, none very late ----------------
         ids = effects_once(eng.effects)
