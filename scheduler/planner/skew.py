@@ -14,7 +14,9 @@ turns one round of those into a verdict, `Hysteresis` turns verdicts into eligib
   planning. Three planners with three different clocks likewise: nobody stands down.
 - **Hysteresis.** One out-of-bounds verdict makes the planner ineligible at once (standing down is the
   safe direction). It becomes eligible again only after `stable_rounds` verdicts in a row that are not
-  out of bounds (in bounds, or unjudged) spanning at least `stable_s` seconds of monotonic time.
+  out of bounds, spanning at least `stable_s` seconds of monotonic time. An unjudged verdict counts
+  towards that when every live peer answered (there really is no majority: the planner keeps planning);
+  one with unanswered probes changes nothing (a skewed planner whose peers are slow to answer stays out).
 """
 
 from __future__ import annotations
@@ -81,6 +83,8 @@ class Hysteresis:
             return False
         if self.eligible:
             return False
+        if not v.judged and v.answered < v.peers:
+            return False  # peers that did not answer: no information, neither towards coming back nor against
         self._good += 1
         if self._good_since is None:
             self._good_since = mono

@@ -102,8 +102,24 @@ def test_hysteresis_unjudged_rounds_count_towards_coming_back() -> None:
     h = Hysteresis(stable_s=0.0)
     h.feed(_v(False), 0.0)
     for t in range(1, STABLE_ROUNDS + 1):
-        h.feed(Verdict(False, True, None, 0, 0, 1), float(t))
+        h.feed(Verdict(False, True, None, 0, 0, 1), float(t))  # no live peer left
     assert h.eligible
+    h.feed(_v(False), 10.0)
+    for t in range(11, 11 + STABLE_ROUNDS):
+        h.feed(Verdict(False, True, None, 1, 1, 1), float(t))  # one peer left, which disagrees: no majority
+    assert h.eligible
+
+
+def test_hysteresis_unanswered_probes_neither_bring_back_nor_reset() -> None:
+    h = Hysteresis(stable_s=0.0)
+    h.feed(_v(False), 0.0)
+    h.feed(_v(True), 1.0)
+    for t in range(2, 12):  # the peers are too slow to answer: no information
+        assert not h.feed(Verdict(False, True, None, 2, 0, 1), float(t))
+    assert not h.eligible
+    for t in range(12, 12 + STABLE_ROUNDS - 1):
+        h.feed(_v(True), float(t))
+    assert h.eligible, "the good round before the silence still counts"
 
 
 def test_bounded_now_holds_a_jumped_clock_near_the_majority() -> None:
