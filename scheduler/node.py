@@ -27,6 +27,7 @@ from scheduler.errors import FencedOut, NotFound, OutcomeUnknown
 from scheduler.execution import ExecState, Execution, log_fields
 from scheduler.ids import FencingToken, execution_id, schedule_of
 from scheduler.metrics.planner import PlannerMetrics
+from scheduler.planner.clock_guard import ClockGuard, GuardedClock
 from scheduler.planner.ownership import LostReason, MemberInfo, NotOwner, Ownership
 from scheduler.planner.partition import DispatchSink, PartitionPlanner, Restart
 from scheduler.planner.settings import PlannerSettings
@@ -104,7 +105,13 @@ class PlannerNode:
         self.kv, self.ks, self.s, self.clock = kv, ks, settings, clock
         self.planner_settings = planner or PlannerSettings()
         self.dispatcher: DispatchSink = dispatcher or NullDispatcher()
-        self.ownership = Ownership(kv, ks, settings, clock, listener=self)
+        self.ownership = Ownership(kv, ks, settings, clock, listener=self, eligible=self._eligible)
+        # The clock-skew guard: probes the peers, suspends ownership while this clock is out of bounds,
+        # and bounds the wall time the partition loops plan with (`plan_clock`). The API's GetTime and
+        # the guard's own probes keep the raw clock: peers must measure the real skew.
+        self.clock_guard = ClockGuard(node_id=settings.node_id, clock=clock, ownership=self.ownership,
+                                      settings=self.planner_settings)
+        self.plan_clock = GuardedClock(clock, self.clock_guard)
         # Always kept (plain ints): served over HTTP only when metrics_address is set (cli/planner.py).
         self.metrics = metrics or PlannerMetrics(schedule_limit=self.planner_settings.metrics_schedule_limit)
         self.metrics.observe(self.status)
@@ -124,6 +131,10 @@ class PlannerNode:
         # planner logged "unhandled exception during asyncio.run() shutdown ... Channel is closed" from a
         # partition task that had been dropped from _loops but was still unwinding).
         self._all_loops: set[asyncio.Task[None]] = set()
+
+    def _eligible(self, m: MemberInfo) -> bool:
+        """The ownership layer's `eligible` hook: this planner only while its clock is in bounds."""
+        return self.clock_guard.eligible(m)
 
     def advertise(self, api_address: str) -> None:
         """Set the address registered with our membership (known once the server is bound)."""
@@ -173,7 +184,8 @@ class PlannerNode:
                             for c in d.conns.values())
         return NodeStatus(now_ms=self.clock.wall_ms(), owned=parts, queue_depth=depth, workers=workers,
                           fenced_txns=self.fence_stats.txns, fencing_rejections=self.fence_stats.fenced_out,
-                          restarts=dict(self.restart_reasons))
+                          restarts=dict(self.restart_reasons),
+                          clock=self.clock_guard.state())
 
     def planner_infos(self) -> list[cluster_pb2.PlannerInfo]:
         out = []
@@ -272,7 +284,7 @@ class PlannerNode:
         while True:
             planner = PartitionPlanner(
                 partition, kv=self.kv, ks=self.ks, ownership=self.ownership, store=self.store, ledger=self.ledger,
-                dispatcher=self.dispatcher, settings=self.planner_settings, clock=self.clock,
+                dispatcher=self.dispatcher, settings=self.planner_settings, clock=self.plan_clock,
                 node_id=self.s.node_id, rpc_timeout=self.s.rpc_timeout,
                 disable_fencing=self.s.unsafe_disable_fencing, fence_stats=self.fence_stats,
                 max_ops=self.s.max_txn_ops, combiner=self.combiner, metrics=self.metrics,
@@ -387,7 +399,8 @@ class PlannerNode:
         # the watch was still starting could be in neither the listing nor the watch).
         start_rev = await self._current_revision()
         watchers = [asyncio.create_task(self._watch_schedules(start_rev)),
-                    asyncio.create_task(self._watch_notices(start_rev))]
+                    asyncio.create_task(self._watch_notices(start_rev)),
+                    asyncio.create_task(self.clock_guard.run(), name="clock-guard")]
         try:
             await self.ownership.run()
         finally:

@@ -35,6 +35,16 @@ class WorkerStatus:
 
 
 @dataclass(frozen=True)
+class ClockStatus:
+    """The clock-skew guard (scheduler/planner/clock_guard.py)."""
+
+    eligible: bool = True  # False: out of bounds (or not yet judged), owning no partitions
+    offset_ms: int | None = None  # this clock minus the peers' majority's; None: no majority last round
+    peer_offsets_ms: dict[str, int | None] = field(default_factory=dict)  # this clock minus each peer's
+    trips: int = 0  # times this planner stood down for skew
+
+
+@dataclass(frozen=True)
 class NodeStatus:
     now_ms: int
     owned: tuple[PartitionStatus, ...]  # partitions this node owns, with their loop's view
@@ -43,6 +53,7 @@ class NodeStatus:
     fenced_txns: int = 0
     fencing_rejections: int = 0
     restarts: dict[str, int] = field(default_factory=dict)  # partition loop reloads by reason
+    clock: ClockStatus = field(default_factory=ClockStatus)
 
     def connected_workers(self) -> dict[str, int]:
         out: dict[str, int] = {}

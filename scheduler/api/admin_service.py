@@ -91,7 +91,7 @@ class AdminService:
         me = members.get(self.node_id)
         info = cpb.PlannerInfo(node_id=self.node_id, region=self.region,
                                api_address=me.api_address if me else "",
-                               liveness=self._liveness(self.node_id, alive=True),
+                               liveness=self._liveness(self.node_id, alive=True, suspended=self.own.suspended),
                                last_seen=ms_to_timestamp(self.clock.wall_ms()))
         return apb.PlannerStatus(planner=info, partitions_owned=len(self.own.owned_partitions()),
                                  dispatch_queue_depth=self.local.queue_depth(),
@@ -102,21 +102,25 @@ class AdminService:
         return [apb.PartitionStatus(partition=p, oldest_waiting=ms_to_duration(max(0, now - t)))
                 for p, t in sorted(self.local.waiting().items())]
 
-    def _liveness(self, node_id: str, *, alive: bool) -> cpb.PlannerLiveness:
+    def _liveness(self, node_id: str, *, alive: bool, suspended: str = "") -> cpb.PlannerLiveness:
+        """DOWN, DRAINING (asked to hand over), SUSPENDED (standing down on its own: clock skew), ALIVE."""
         if not alive:
             return cpb.PLANNER_LIVENESS_DOWN
-        return cpb.PLANNER_LIVENESS_DRAINING if node_id in self.own.drained() else cpb.PLANNER_LIVENESS_ALIVE
+        if node_id in self.own.drained():
+            return cpb.PLANNER_LIVENESS_DRAINING
+        return cpb.PLANNER_LIVENESS_SUSPENDED if suspended else cpb.PLANNER_LIVENESS_ALIVE
 
     async def _peer(self, m: MemberInfo) -> tuple[apb.GetClusterStatusResponse | None, Duration | None]:
         if not m.api_address:
             return None, None
         try:
             async with grpc.aio.insecure_channel(m.api_address) as ch:
-                t0 = self.clock.wall_ms()
+                # The midpoint on the monotonic clock: a wall-clock step during the call moves nothing.
+                w0, t0 = self.clock.wall_ms(), self.clock.monotonic()
                 r: apb.GetClusterStatusResponse = await agrpc.AdminServiceStub(ch).GetClusterStatus(
                     apb.GetClusterStatusRequest(), timeout=PEER_TIMEOUT, metadata=((LOCAL_ONLY, "1"),))
-                t1 = self.clock.wall_ms()
-            return r, ms_to_duration(r.server_time.ToMilliseconds() - (t0 + t1) // 2)
+                t1 = self.clock.monotonic()
+            return r, ms_to_duration(r.server_time.ToMilliseconds() - (w0 + round((t1 - t0) * 500)))
         except (TimeoutError, grpc.RpcError, OSError) as e:
             log.info("peer %s did not report its status: %s", m.node_id, e)
             return None, None
@@ -149,8 +153,7 @@ class AdminService:
         for m, (resp, offset) in zip(peers, answers, strict=True):
             ps = apb.PlannerStatus(planner=cpb.PlannerInfo(
                 node_id=m.node_id, region=m.region, api_address=m.api_address,
-                liveness=cpb.PLANNER_LIVENESS_DRAINING if m.node_id in drained else cpb.PLANNER_LIVENESS_ALIVE,
-                last_seen=ms_to_timestamp(now)))
+                liveness=self._liveness(m.node_id, alive=True, suspended=m.suspended), last_seen=ms_to_timestamp(now)))
             if resp is not None and resp.planners:
                 theirs = resp.planners[0]
                 ps.partitions_owned, ps.dispatch_queue_depth = theirs.partitions_owned, theirs.dispatch_queue_depth

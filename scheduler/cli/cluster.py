@@ -51,11 +51,14 @@ def _status(args: argparse.Namespace) -> int:
         out.write(f"partitions: {len(owned)}/{st.partition_count} owned; max watermark lag "
                   f"{duration_text(max(lags)) if lags else '-'}; oldest run waiting for a worker "
                   f"{duration_text(max(waits)) if waits else '-'}; dispatch queue depth {st.dispatch_queue_depth}\n\n")
-        table(["PLANNER", "REGION", "LIVENESS", "PARTITIONS", "QUEUE", "WORKERS", "ADDRESS", "LAST_SEEN"],
+        table(["PLANNER", "REGION", "LIVENESS", "PARTITIONS", "QUEUE", "WORKERS", "CLOCK", "ADDRESS", "LAST_SEEN"],
               [(p.planner.node_id, p.planner.region,
                 enum_name(cpb.PlannerLiveness, p.planner.liveness, "PLANNER_LIVENESS_"), p.partitions_owned,
-                p.dispatch_queue_depth, p.connected_workers, p.planner.api_address or "-",
+                p.dispatch_queue_depth, p.connected_workers, _clock(p, st.answered_by), p.planner.api_address or "-",
                 opt_ts(p.planner, "last_seen")) for p in st.planners])
+        if any(p.planner.liveness == cpb.PLANNER_LIVENESS_SUSPENDED for p in st.planners):
+            out.write("\nSUSPENDED: the planner's clock is further than max_clock_skew from the majority of the "
+                      "planners; it owns no partitions until it is back in bounds (docs/time.md, Clock skew)\n")
         out.write("\n")
         table(["POOL", "REGION", "WORKERS", "CAPACITY", "RUNNING"],
               [(w.pool, w.region, w.connected_workers, w.capacity, w.running) for w in st.worker_pools])
@@ -69,6 +72,15 @@ def _status(args: argparse.Namespace) -> int:
                    for p in st.partitions])
         return Exit.OK
     return run_call(args, body)
+
+
+def _clock(p: Any, answered_by: str) -> str:
+    """Its clock minus the answering node's (CLOCK column): `+30.012s`; `0` for the answering node."""
+    if p.planner.node_id == answered_by:
+        return "0"
+    if not p.HasField("clock_offset"):
+        return "-"
+    return f"{p.clock_offset.ToMilliseconds() / 1000:+.3f}s"
 
 
 def _switchover(args: argparse.Namespace) -> int:

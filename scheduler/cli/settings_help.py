@@ -52,6 +52,12 @@ HELP: dict[str, str] = {
                          "(keep it above lease_ttl + takeover time)",
     "start_timeout_ms": "ms; a dispatched attempt whose worker has not had its start recorded by then is "
                         "dispatched again (same id) and the worker drops it unrun",
+    "max_clock_skew": "seconds; a planner whose clock is further than this from the majority of the planners "
+                      "owns no partitions (and never plans with a time further than this from theirs)",
+    "clock_probe_interval": "seconds between probes of the peers' clocks (back in bounds for 3 probes: eligible "
+                            "again)",
+    "unsafe_disable_clock_guard": "true/false; probe and report clock skew, but neither stand down nor bound the "
+                                  "planning time",
     # worker
     "worker_id": "this worker's unique name",
     "pool": "worker pool this worker serves",

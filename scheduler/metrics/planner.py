@@ -160,3 +160,24 @@ def _node_gauges(st: NodeStatus) -> Iterable[Metric]:
     yield depth
     yield workers
     yield credits
+    yield from _clock_gauges(st)
+
+
+def _clock_gauges(st: NodeStatus) -> Iterable[Metric]:
+    c = st.clock
+    offset = GaugeMetricFamily("scheduler_clock_offset_seconds",
+                               "This node's wall clock minus the majority of the planners' (absent: no majority).")
+    if c.offset_ms is not None:
+        offset.add_metric([], c.offset_ms / 1000)
+    yield offset
+    peers = GaugeMetricFamily("scheduler_clock_peer_offset_seconds",
+                              "This node's wall clock minus each live peer's, as last probed.", labels=["peer"])
+    for peer, ms in sorted(c.peer_offsets_ms.items()):
+        if ms is not None:
+            peers.add_metric([peer], ms / 1000)
+    yield peers
+    yield GaugeMetricFamily("scheduler_clock_skew_ineligible",
+                            "1 while this node owns no partitions because its clock is out of bounds.",
+                            value=0 if c.eligible else 1)
+    yield CounterMetricFamily("scheduler_clock_skew_trips", "Times this node stood down for clock skew.",
+                              value=c.trips)

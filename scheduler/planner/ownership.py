@@ -70,6 +70,9 @@ class MemberInfo:
     region: str
     api_address: str
     started_at_ms: int
+    # Why the planner refuses to own partitions on its own (e.g. "clock_skew"); "": it does not. Every
+    # planner leaves a suspended member out of the eligible set, so the others take its share.
+    suspended: str = ""
 
     def encode(self) -> bytes:
         return json.dumps(self.__dict__, separators=(",", ":")).encode()
@@ -77,7 +80,8 @@ class MemberInfo:
     @staticmethod
     def decode(value: bytes) -> MemberInfo:
         d = json.loads(value)
-        return MemberInfo(str(d["node_id"]), str(d["region"]), str(d["api_address"]), int(d["started_at_ms"]))
+        return MemberInfo(str(d["node_id"]), str(d["region"]), str(d["api_address"]), int(d["started_at_ms"]),
+                          str(d.get("suspended", "")))
 
 
 class Ownership:
@@ -102,10 +106,14 @@ class Ownership:
         # of the eligible set so that the others take its share.
         self.drains = PrefixCache(kv, ks.drains, timeout=settings.rpc_timeout)
         self.draining = False
+        # Why this planner suspends itself (ClockGuard: "clock_skew"); published in its member record.
+        self.suspended = ""
+        self._published_suspended = ""
         self.claims = 0
         self.sessions = 0
         self.last_decision: RebalanceDecision | None = None
         self.lease_observer: LeaseObserver | None = None  # metrics of the sessions' keepalives
+        self._member_started: dict[int, int] = {}  # session lease -> started_at_ms of its member record
         self._wake = asyncio.Event()
         self._changed_owned = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -145,6 +153,39 @@ class Ownership:
             o.inflight -= 1
             if o.inflight == 0:
                 o.idle.set()
+
+    def wake(self) -> None:
+        """Reconcile now: the `eligible` hook's answer may have changed."""
+        self._wake.set()
+
+    async def set_suspended(self, reason: str) -> bool:
+        """Publish in the member record that this planner suspends ("clock_skew") or resumes ("")
+        ownership on its own judgment, so that the others leave it out of (or take it back into) their
+        shares. Locally the `eligible` hook says so already (and this wakes the reconcile that acts on
+        it: a suspended planner releases every partition, fenced). Returns whether the record is up to
+        date (False: no session yet, or etcd refused; call again)."""
+        if reason != self.suspended:
+            self.suspended = reason
+            self._wake.set()
+        session = self.session
+        if reason == self._published_suspended:
+            return True
+        if session is None:
+            return False
+        try:
+            await self._kv.put(self._ks.member(self._s.node_id), self._member_info(session).encode(),
+                               lease=session.lease_id, timeout=self._s.rpc_timeout)
+        except (EtcdError, OutcomeUnknown) as e:
+            log.warning("publishing suspended=%r: %s", reason, e)
+            return False
+        self._published_suspended = reason
+        return True
+
+    def _member_info(self, session: Session) -> MemberInfo:
+        started = self._member_started.get(session.lease_id)
+        if started is None:
+            started = self._member_started[session.lease_id] = self._clock.wall_ms()
+        return MemberInfo(self._s.node_id, self._s.region, self._s.api_address, started, self.suspended)
 
     def drained(self) -> frozenset[str]:
         """Node ids with a drain request."""
@@ -227,9 +268,11 @@ class Ownership:
         self.session = session
         self.sessions += 1
         try:
-            info = MemberInfo(self._s.node_id, self._s.region, self._s.api_address, self._clock.wall_ms())
+            self._member_started = {}
+            info = self._member_info(session)
             await self._kv.put(self._ks.member(self._s.node_id), info.encode(), lease=session.lease_id,
                                timeout=self._s.rpc_timeout)
+            self._published_suspended = info.suspended
             lost = asyncio.create_task(session.keeper.wait_lost())
             try:
                 while not session.fenced():
@@ -280,6 +323,8 @@ class Ownership:
             info = MemberInfo.decode(kv.value)
             if info.node_id in drained:
                 continue
+            if info.suspended and info.node_id != self._s.node_id:
+                continue  # a peer that stood down on its own (its clock is out of bounds); our own say is the hook's
             if self._eligible(info) and not (self.draining and info.node_id == self._s.node_id):
                 eligible.append(info.node_id)
         return OwnershipSnapshot(self._s.partitions, self._s.node_id, tuple(sorted(eligible)), owners)

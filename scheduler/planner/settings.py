@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from scheduler.config import Settings, parse_listen_address
+from scheduler.config import TEST_MODE_ENV, Settings, parse_listen_address, test_mode
 from scheduler.errors import InvalidArgument
 
 
@@ -39,6 +39,17 @@ class PlannerSettings(Settings):
     # worker, which waits as long for its StartAck, drops it unrun. Keep it above a few etcd round
     # trips plus a worker's round trip (a stuck dispatch costs at most this much delay).
     start_timeout_ms: int = 3_000
+    # Clock-skew guard (docs/time.md, "Clock skew"): peers' clocks are probed every clock_probe_interval;
+    # a planner more than max_clock_skew from the majority of the cluster owns no partitions until it has
+    # been back in bounds for 3 rounds, and never plans with a wall time further than that from theirs.
+    max_clock_skew: float = 1.0
+    clock_probe_interval: float = 1.0
+    unsafe_disable_clock_guard: bool = False  # tests only: probe and report, but neither stand down nor bound
+
+    @property
+    def probe_rtt_bound(self) -> float:
+        """Seconds: a probe answer that took longer is not used (Cristian's error is up to half of it)."""
+        return min(0.5, self.max_clock_skew)
 
     def validate(self) -> None:
         if not 0 <= self.lookahead_ms <= 60_000:
@@ -66,3 +77,10 @@ class PlannerSettings(Settings):
             raise InvalidArgument("start_timeout_ms", "must be at least 4 loop intervals")
         if not 0 <= self.metrics_schedule_limit <= 10_000:
             raise InvalidArgument("metrics_schedule_limit", "must be in 0-10000")
+        if not 0.05 <= self.max_clock_skew <= 600:
+            raise InvalidArgument("max_clock_skew", f"{self.max_clock_skew:g} s is outside 0.05-600 seconds")
+        if not 0.05 <= self.clock_probe_interval <= 60:
+            raise InvalidArgument("clock_probe_interval", "must be in 0.05-60 seconds")
+        if self.unsafe_disable_clock_guard and not test_mode():
+            raise InvalidArgument("unsafe_disable_clock_guard",
+                                  f"is refused outside test mode ({TEST_MODE_ENV}=1): it breaks safety")

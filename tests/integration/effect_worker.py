@@ -8,8 +8,10 @@ Task type `effect` does what its payload (JSON, optional) says, so one process s
   long task to kill or drain the worker under); every start is logged to `--starts` first;
 - `{"fail": "transient" | "permanent" | "unknown", "fail_attempts": 2}`: raise the SDK's
   TransientError / PermanentError / a plain exception on attempts <= fail_attempts (default: all).
-An empty payload (the main drill) just records the effect. Effect lines are `<id> <attempt> <worker>`,
-written only when the handler succeeds. The built-in `shell` and `http` executors are registered too.
+An empty payload (the main drill) just records the effect. `--times FILE` logs `<id> <attempt> <wall ms>`
+at every handler start, by this worker's (unskewed) clock: when each run really started. Effect lines
+are `<id> <attempt> <worker>`, written only when the handler succeeds. The built-in `shell` and `http`
+executors are registered too.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import asyncio
 import json
 import os
 import signal
+import time
 
 from scheduler import logs
 from scheduler.worker import ExecutionContext, PermanentError, TransientError, Worker, WorkerSettings
@@ -35,9 +38,12 @@ async def main(args: argparse.Namespace) -> None:
     register_builtin(worker, settings)
     fd = os.open(args.effects, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     starts = os.open(args.starts, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644) if args.starts else None
+    times = os.open(args.times, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644) if args.times else None
 
     @worker.task("effect")
     async def effect(ctx: ExecutionContext, payload: bytes) -> None:
+        if times is not None:
+            os.write(times, f"{ctx.execution_id} {ctx.attempt} {time.time_ns() // 1_000_000}\n".encode())
         spec = json.loads(payload) if payload else {}
         if starts is not None:
             os.write(starts, f"{ctx.execution_id} {ctx.attempt} {args.id}\n".encode())
@@ -69,6 +75,7 @@ if __name__ == "__main__":
     ap.add_argument("--planners", required=True)
     ap.add_argument("--effects", required=True)
     ap.add_argument("--starts", default="", help="also log every handler start here")
+    ap.add_argument("--times", default="", help="also log every handler start with its wall time (ms) here")
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--drain-grace", type=float, default=5.0)
     logs.setup("info")

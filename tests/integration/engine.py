@@ -104,6 +104,7 @@ class Engine:
         self.ledger = Ledger(self.ks, self.partitions)
         self.effects = self.base / "effects.log"
         self.starts = self.base / "starts.log"
+        self.times = self.base / "times.log"  # `<id> <attempt> <wall ms>` per handler start (worker's clock)
 
     # ---- processes ------------------------------------------------------------------------------
 
@@ -119,7 +120,8 @@ class Engine:
         """An effect worker dialling `planners` (default: every planner started)."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("SCHED_")}
         argv = [sys.executable, WORKER, "--id", wid, "--planners", ",".join(planners or self.addresses),
-                "--effects", str(self.effects), "--starts", str(self.starts), "--drain-grace", str(drain_grace)]
+                "--effects", str(self.effects), "--starts", str(self.starts), "--times", str(self.times),
+                "--drain-grace", str(drain_grace)]
         p = spawn(argv, self.base / f"{wid}.log", env=env)
         self.workers[wid] = p
         return p

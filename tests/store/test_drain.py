@@ -47,3 +47,34 @@ async def test_drain_hands_everything_over_and_restart_undrains(fast_client: Etc
             if t is not None:
                 t.cancel()
         await asyncio.gather(*(t for t in (ta, tb, tb2) if t is not None), return_exceptions=True)
+
+
+async def test_suspended_planner_releases_and_the_others_take_its_share(fast_client: EtcdClient,
+                                                                         key_prefix: str) -> None:
+    """The clock-skew guard's path through the ownership layer: the `eligible` hook says no for this
+    planner (it releases at once, fenced), `set_suspended` publishes it (the other takes the whole share),
+    and both undo it."""
+    ks = Keyspace(key_prefix.rstrip("/"))
+    skewed = {"b": False}
+    a = Ownership(fast_client, ks, replace(FAST, node_id="a"), FakeClock(), listener=Recorder())
+    b_rec = Recorder()
+    b = Ownership(fast_client, ks, replace(FAST, node_id="b"), FakeClock(), listener=b_rec,
+                  eligible=lambda m: not (m.node_id == "b" and skewed["b"]))
+    ta, tb = asyncio.create_task(a.run()), asyncio.create_task(b.run())
+    try:
+        await wait_until(lambda: len(a.owned) == 4 and len(b.owned) == 4)
+        skewed["b"] = True
+        assert await b.set_suspended("clock_skew")
+        await wait_until(lambda: len(a.owned) == 8 and not b.owned)
+        assert all(r == "released" for kind, _p, r in b_rec.events if kind == "lost")
+        member = await fast_client.get(ks.member("b"))
+        assert member is not None and b'"suspended":"clock_skew"' in member.value
+        await asyncio.sleep(1.0)
+        assert not b.owned and len(a.owned) == 8
+        skewed["b"] = False
+        assert await b.set_suspended("")
+        await wait_until(lambda: len(a.owned) == 4 and len(b.owned) == 4)
+    finally:
+        for t in (ta, tb):
+            t.cancel()
+        await asyncio.gather(ta, tb, return_exceptions=True)

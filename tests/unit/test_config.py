@@ -8,6 +8,7 @@ import pytest
 
 from scheduler.config import CoordinationSettings, EtcdSettings
 from scheduler.errors import InvalidArgument
+from scheduler.planner.settings import PlannerSettings
 
 
 def test_precedence_flags_env_toml(tmp_path: Path) -> None:
@@ -66,3 +67,31 @@ def test_etcd_prefix_shape() -> None:
     with pytest.raises(InvalidArgument) as err:
         EtcdSettings.load({"etcd_prefix": "sched/"}, env={})
     assert err.value.field == "etcd_prefix"
+
+
+@pytest.mark.parametrize(
+    ("flags", "field", "reason"),
+    [
+        ({"max_clock_skew": "0"}, "max_clock_skew", "outside 0.05-600 seconds"),
+        ({"max_clock_skew": "soon"}, "max_clock_skew", "not a valid float"),
+        ({"clock_probe_interval": "0.001"}, "clock_probe_interval", "0.05-60 seconds"),
+        ({"unsafe_disable_clock_guard": "true"}, "unsafe_disable_clock_guard", "refused outside test mode"),
+    ],
+)
+def test_clock_guard_settings_invalid(flags: dict[str, str], field: str, reason: str,
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SCHED_TEST_MODE", raising=False)
+    with pytest.raises(InvalidArgument) as err:
+        PlannerSettings.load(flags, env={})
+    assert err.value.field == field
+    assert reason in err.value.reason
+
+
+def test_clock_guard_settings_from_every_source(tmp_path: Path) -> None:
+    f = tmp_path / "s.toml"
+    f.write_text("max_clock_skew = 0.5\nclock_probe_interval = 2\n")
+    s = PlannerSettings.load({}, env={}, toml_file=f)
+    assert (s.max_clock_skew, s.clock_probe_interval, s.probe_rtt_bound) == (0.5, 2.0, 0.5)
+    s = PlannerSettings.load({"clock_probe_interval": "0.25"}, env={"SCHED_MAX_CLOCK_SKEW": "2"}, toml_file=f)
+    assert (s.max_clock_skew, s.clock_probe_interval) == (2.0, 0.25)
+    assert PlannerSettings().max_clock_skew == 1.0 and PlannerSettings().probe_rtt_bound == 0.5

@@ -19,7 +19,7 @@ from scheduler.metrics.worker import WorkerMetrics
 from scheduler.model import RetryPolicy
 from scheduler.planner.pending import PendingIndex
 from scheduler.planner.settings import PlannerSettings
-from scheduler.status import WorkerProcessStatus
+from scheduler.status import ClockStatus, NodeStatus, WorkerProcessStatus
 from scheduler.store.etcd.deadline import LeaseDeadline
 from scheduler.store.etcd.types import Lease
 from scheduler.worker.settings import WorkerSettings
@@ -183,3 +183,18 @@ def test_execution_log_fields() -> None:
     d = dispatch(e, worker="", planner="n", token=FencingToken(9, 123), now_ms=5_000)
     assert {k: log_fields(d)[k] for k in ("partition", "token", "attempt")} == {"partition": 9, "token": "9:123",
                                                                               "attempt": 1}
+
+
+def test_clock_guard_gauges_read_the_status_snapshot() -> None:
+    m = PlannerMetrics()
+    m.observe(lambda: NodeStatus(now_ms=0, owned=(), clock=ClockStatus(
+        eligible=False, offset_ms=30_002, peer_offsets_ms={"p1": 30_001, "p2": 30_004, "p4": None}, trips=1)))
+    s = samples(generate_latest(m.registry))
+    assert s[("scheduler_clock_offset_seconds", ())] == pytest.approx(30.002)
+    assert s[("scheduler_clock_peer_offset_seconds", (("peer", "p1"),))] == pytest.approx(30.001)
+    assert ("scheduler_clock_peer_offset_seconds", (("peer", "p4"),)) not in s, "no sample: no series"
+    assert s[("scheduler_clock_skew_ineligible", ())] == 1
+    assert s[("scheduler_clock_skew_trips_total", ())] == 1
+    m.observe(lambda: NodeStatus(now_ms=0, owned=()))  # alone: no majority, eligible
+    s = samples(generate_latest(m.registry))
+    assert ("scheduler_clock_offset_seconds", ()) not in s and s[("scheduler_clock_skew_ineligible", ())] == 0
