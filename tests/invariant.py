@@ -740,7 +740,7 @@ class World:
 
     async def delete(self, sid: str, cancel_running: bool) -> None:
         now = self.clock.wall_ms()
-        await self.node.store.delete(sid)
+        await self.node.store.delete(sid, now_ms=now)
         self._version(sid, "deleted", None, now)
         if cancel_running:
             await self.ops.cancel_running(sid, "deleted")

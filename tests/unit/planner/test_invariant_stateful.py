@@ -21,6 +21,7 @@ The test_item* functions at the end are the issue's cases as fixed scenarios (sh
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import sys
 from collections.abc import Coroutine
@@ -33,10 +34,11 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from scheduler.clock import FakeClock
 from scheduler.execution import ExecState, Execution
+from scheduler.store.etcd.ops import Compare, delete, put
 from scheduler.store.keyspace import Keyspace
 from scheduler.store.memory import MemoryKV
 from scheduler.timeplan import MissedRuns, Overlap
-from tests.invariant import POOLS, START_TIMEOUT_CHECK, T0, Behaviour, World, default_policies, describe
+from tests.invariant import PARTITION, POOLS, START_TIMEOUT_CHECK, T0, Behaviour, World, default_policies, describe
 
 T = TypeVar("T")
 
@@ -456,4 +458,43 @@ async def test_runs_waiting_for_a_cancelled_run_to_stop_do_not_stop_their_pools_
     await w.advance(5_200)  # judged while the cancelled run is still stopping (until 7.5 s)
     bad = await w.check()
     assert not bad, "\n".join(bad[:15])
+    await _judge(w, kv)
+
+
+async def test_schedules_deleted_while_the_partition_has_no_owner_leave_no_planned_time_unrecorded() -> None:
+    """Found by the machine ([gap] on a pool-`nobody` schedule deleted during a planner kill): the planned
+    times between the dead owner's checkpoint (or the schedule's hold) and the delete had no record at all.
+    The next owner records them from the tombstone as `schedule_deleted`, up to the delete's instant the
+    tombstone carries, but the store's delete left that instant at 0 unless told (the API tells it, the
+    World did not), and a tombstone at 0 recorded nothing."""
+    w, kv = await _world()
+    await w.create(1, False, "nobody", SKIP_1S)  # held since its backlog outgrew backlog_ms
+    await w.create(1, False, "a", SKIP_1S)
+    await w.advance(6_000)
+    await w.kill(restart_after_ms=3_000)  # no owner from t=6 s to t=12 s
+    await w.advance(4_000)  # past the runs the dead owner wrote ahead
+    await w.delete("s1", False)
+    await w.delete("s2", False)
+    await w.advance(6_000)
+    await _judge(w, kv)
+
+
+async def test_a_tombstone_that_does_not_say_when_still_records_the_planned_times_up_to_the_delete() -> None:
+    """A tombstone without its delete's instant (a writer that left it out) is read as a delete no later
+    than the takeover: the planned times from the checkpoint on are recorded, not lost."""
+    w, kv = await _world()
+    await w.create(1, False, "a", SKIP_1S)
+    await w.advance(3_000)
+    await w.kill(restart_after_ms=3_000)
+    await w.advance(4_000)
+    st = await w.node.store.get("s1")
+    key = w.ks.schedule(PARTITION, "s1")
+    cur = await kv.get(key)
+    assert cur is not None
+    stone = json.dumps({"rev": cur.mod_revision, "schedule": json.loads(cur.value)}).encode()  # no deleted_ms
+    await kv.txn([Compare.mod_revision(key, "==", st.schedule.version)],
+                 [delete(key), put(w.ks.tombstone(PARTITION, "s1"), stone)])
+    w._version("s1", "deleted", None, w.clock.wall_ms())
+    await w.settle()
+    await w.advance(6_000)
     await _judge(w, kv)
