@@ -12,10 +12,11 @@ log and the effects, independently of the planner's own view:
 2. every planned time of every schedule after its activation (create, resume, the update that made
    the spec) and before its end (pause, delete, the next spec) either has an execution record that
    ran, is legitimately in flight or waiting, ended as a dead letter or an operator cancel, or it has
-   a skip whose reason the policy justifies: paused / deleted at the time the skip was written; an
-   overlap skip only when another run of the schedule was really in progress (per the effects log)
-   at that planned time; the catch-up reasons only for times behind a takeover, with exactly the
-   reason the schedule's missed-run policy, window and cap give;
+   a skip whose reason the policy justifies: paused / deleted at the time the skip was written (a
+   pause also at any moment since the planned time came due); an overlap skip only when another run
+   of the schedule was really in progress (per the effects log) at that planned time; the catch-up
+   reasons only for times behind a takeover, with exactly the reason the schedule's missed-run
+   policy, window and cap give;
 3. planned times that are not owed (pre-written runs after a pause, a delete, a spec change) never
    run and do not stay pending;
 4. nothing is stuck: a due run of a pool with free workers is dispatched within a bound, a dispatch
@@ -923,8 +924,12 @@ def judge(log: Log, es: list[Execution], ranges: dict[str, list[tuple[int, int, 
         """None if the reason is justified for planned time p (skip written at `written`), else why not."""
         if reason == "paused":
             # Paused when the skip was written, or at the planned time itself (an activation that ended
-            # while the partition had no owner is recorded by the next one).
-            if state_at(sid, written) in ("paused", "deleted") or state_at(sid, p) == "paused":
+            # while the partition had no owner is recorded by the next one), or paused at some moment
+            # between the two: a pause withdraws every run due and not started yet, overdue ones too,
+            # also when a resume follows before the owner acts on it (the skip is written after the
+            # resume, the planned time was owed before the pause; docs/time.md, Activation).
+            if state_at(sid, written) in ("paused", "deleted") or state_at(sid, p) == "paused" or any(
+                    v.state == "paused" and p <= v.at_ms <= written for v in log.versions.get(sid, [])):
                 return None
             return "paused, but it was not paused then"
         if reason in ("schedule_deleted", "deleted"):

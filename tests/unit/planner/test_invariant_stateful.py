@@ -498,3 +498,18 @@ async def test_a_tombstone_that_does_not_say_when_still_records_the_planned_time
     await w.settle()
     await w.advance(6_000)
     await _judge(w, kv)
+
+
+async def test_a_run_due_before_a_pause_undone_at_once_is_withdrawn_as_paused() -> None:
+    """Found by the machine, a checker fix: the run due at 3 s had not started when the pause came at 3.1 s;
+    the pause withdraws it (overdue runs too), and the owner, seeing the pause and the resume in one round,
+    writes that skip after the resume. The checker asked for the schedule to be paused when the skip was
+    written or at the planned time, neither of which holds; paused in between is what justifies it."""
+    w, kv = await _world()
+    await w.advance(434)
+    await w.create(1, False, "a", SKIP_1S)
+    await w.advance(2_544)  # t=2978, wall 3.101 s: the run of 3 s waits for the next round
+    await w.pause("s1")
+    await w.resume("s1")
+    await w.advance(3_000)
+    await _judge(w, kv)
