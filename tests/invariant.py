@@ -18,7 +18,7 @@ log and the effects, independently of the planner's own view:
    reasons only for times behind a takeover, with exactly the reason the schedule's missed-run
    policy, window and cap give;
 3. planned times that are not owed (pre-written runs after a pause, a delete, a spec change) never
-   run and do not stay pending;
+   run and do not stay pending (judged, like 2, only where an owner was there to withdraw them);
 4. nothing is stuck: a due run of a pool with free workers is dispatched within a bound, a dispatch
    no worker received is retried within a bound (START_TIMEOUT_CHECK), and a partition never hits a
    txn etcd refuses as malformed or a loop of restarts.
@@ -1019,7 +1019,7 @@ def judge(log: Log, es: list[Execution], ranges: dict[str, list[tuple[int, int, 
             bad.append(f"[not-owed-ran] "
                        f"{e.id}: ran though that planned time was not owed (schedule {st} then, or not a time of "
                        f"its spec of then)")
-        elif e.state is ExecState.SCHEDULED and e.due_ms < now - GRACE_MS:
+        elif e.state is ExecState.SCHEDULED and e.due_ms < until:  # (not while nobody owns the partition)
             bad.append(f"[not-withdrawn] "
                        f"{e.id}: a pre-written run that is no longer owed was not withdrawn (still scheduled)")
 

@@ -513,3 +513,19 @@ async def test_a_run_due_before_a_pause_undone_at_once_is_withdrawn_as_paused() 
     await w.resume("s1")
     await w.advance(3_000)
     await _judge(w, kv)
+
+
+async def test_runs_written_ahead_of_a_delete_wait_for_the_next_owner_to_withdraw_them() -> None:
+    """Found by the machine, a checker fix: a schedule deleted just before its planner was killed keeps its
+    runs written ahead as `scheduled` while the partition has no owner (nobody may write then); the checker
+    judged them [not-withdrawn] during the outage. The next owner withdraws them at its claim."""
+    w, kv = await _world()
+    await w.create(1, True, "a", SKIP_1S)
+    await w.advance(5_000)
+    await w.delete("s1", False)
+    await w.kill(restart_after_ms=5_000)  # before the owner's next round: nobody withdrew s1's runs
+    await w.advance(4_000)  # judged while the partition has no owner
+    bad = await w.check()
+    assert not bad, "\n".join(bad[:15])
+    await w.advance(6_000)  # the next owner has claimed
+    await _judge(w, kv)
