@@ -529,3 +529,37 @@ async def test_runs_written_ahead_of_a_delete_wait_for_the_next_owner_to_withdra
     assert not bad, "\n".join(bad[:15])
     await w.advance(6_000)  # the next owner has claimed
     await _judge(w, kv)
+
+
+async def test_a_create_the_dead_owners_checkpoint_did_not_see_is_caught_up_from_its_instant() -> None:
+    """Found by the machine, a checker fix: the owner's round at t=0 checkpointed up to 2 s ahead (its
+    lookahead); s1 was created just after that round and the planner killed before the next. The next owner
+    owes s1's planned times from its create, not from the watermark (its writer never saw the create), and
+    records the one at 1 s, behind the late grace at its claim, as `policy_skip`. The checker counted the
+    catch-up from the watermark for every activation, so it expected nothing there."""
+    w, kv = await _world()
+    await w.advance(0)  # a round: the checkpoint goes to t=2 s
+    await w.create(1, False, "a", SKIP_1S)
+    await w.kill(restart_after_ms=3_313)  # claimed at t=6.3 s: the planned time at 1 s is past the late grace
+    await w.advance(6_500)
+    bad = await w.check()
+    assert not bad, "\n".join(bad[:15])
+    await _judge(w, kv)
+
+
+async def test_an_operators_rerun_of_a_time_skipped_as_paused_is_not_a_run_left_unwithdrawn() -> None:
+    """Found by the machine, a checker fix: a rerun makes a planned time the pause skipped `scheduled` again
+    (trigger rerun), and the check right after it called that a pre-written run not withdrawn."""
+    w, kv = await _world()
+    await w.create(1, False, "a", SKIP_1S)
+    await w.advance(2_000)
+    await w.pause("s1")
+    await w.advance(3_000)
+    await w.resume("s1")
+    await w.advance(3_000)
+    skipped = next(e for e in await w.executions() if e.state is ExecState.SKIPPED and e.skip_reason == "paused"
+                   and e.planned_ms < w.clock.wall_ms() - 4_000)
+    await w.operate("rerun", lambda es: next(e for e in es if e.id == skipped.id))
+    bad = await w.check()
+    assert not bad, "\n".join(bad[:15])
+    await _judge(w, kv)
