@@ -12,12 +12,13 @@ log and the effects, independently of the planner's own view:
 2. every planned time of every schedule after its activation (create, resume, the update that made
    the spec) and before its end (pause, delete, the next spec) either has an execution record that
    ran, is legitimately in flight or waiting, ended as a dead letter or an operator cancel, or it has
-   a skip whose reason the policy justifies: paused / deleted at the time the skip was written; an
-   overlap skip only when another run of the schedule was really in progress (per the effects log)
-   at that planned time; the catch-up reasons only for times behind a takeover, with exactly the
-   reason the schedule's missed-run policy, window and cap give;
+   a skip whose reason the policy justifies: paused / deleted at the time the skip was written (a
+   pause also at any moment since the planned time came due); an overlap skip only when another run
+   of the schedule was really in progress (per the effects log) at that planned time; the catch-up
+   reasons only for times behind a takeover, with exactly the reason the schedule's missed-run
+   policy, window and cap give;
 3. planned times that are not owed (pre-written runs after a pause, a delete, a spec change) never
-   run and do not stay pending;
+   run and do not stay pending (judged, like 2, only where an owner was there to withdraw them);
 4. nothing is stuck: a due run of a pool with free workers is dispatched within a bound, a dispatch
    no worker received is retried within a bound (START_TIMEOUT_CHECK), and a partition never hits a
    txn etcd refuses as malformed or a loop of restarts.
@@ -117,6 +118,7 @@ class Version:
     pool: str
     policies: Policies
     activated_ms: int  # by our own reckoning: create, resume, spec change
+    rev: int = 0  # the etcd revision of the write that made this version
 
 
 @dataclass
@@ -126,6 +128,9 @@ class Start:
     at_ms: int
     watermark_ms: int  # the checkpoint it started from (read from etcd just before)
     takeover: bool
+    # The checkpoint's mod_revision (0: none): the writes before it were seen by its writer (the World
+    # hands every write to the live planner before its next round), those after it were not.
+    ck_rev: int = 0
 
 
 @dataclass
@@ -464,7 +469,7 @@ class World:
         now = self.clock.wall_ms()
         ck = await self.kv.get(self.ks.checkpoint(PARTITION))
         wm = 0 if ck is None else int(json.loads(ck.value)["watermark_ms"])
-        self.log.starts.append(Start(now, wm, takeover))
+        self.log.starts.append(Start(now, wm, takeover, 0 if ck is None else ck.mod_revision))
         if takeover:
             self.log.outage_from = None
         self.node.planners[PARTITION] = inst.planner
@@ -670,13 +675,13 @@ class World:
     # ---- operations --------------------------------------------------------------------------------
 
     def _version(self, sid: str, state: Literal["active", "paused", "deleted"], s: Schedule | None,
-                 activated: int, period_s: int = 0) -> None:
+                 activated: int, period_s: int = 0, *, rev: int = 0) -> None:
         now = self.clock.wall_ms()
         prev = self.log.versions.get(sid, [])
         if s is None:
-            v = replace(prev[-1], at_ms=now, state=state)
+            v = replace(prev[-1], at_ms=now, state=state, rev=rev)
         else:
-            v = Version(now, state, period_s or prev[-1].period_s, s.spec, s.worker_pool, s.policies, activated)
+            v = Version(now, state, period_s or prev[-1].period_s, s.spec, s.worker_pool, s.policies, activated, rev)
         self.log.versions.setdefault(sid, []).append(v)
 
     async def create(self, period_s: int, every: bool, pool: str, policies: Policies) -> str:
@@ -685,8 +690,8 @@ class World:
         spec = f"@every {period_s}s" if every else ("* * * * * *" if period_s == 1 else f"*/{period_s} * * * * *")
         s = Schedule(id=sid, tenant="t", spec=spec, worker_pool=pool, task_type="x", policies=policies)
         now = self.clock.wall_ms()
-        await self.node.store.create(s, now)
-        self._version(sid, "active", s, now, period_s)
+        st = await self.node.store.create(s, now)
+        self._version(sid, "active", s, now, period_s, rev=st.schedule.version)
         self.log.ops.append(f"t={now - T0}: create {sid} {spec!r} pool={pool} {policies.missed_runs.value}"
                             f"/cap={policies.catchup_cap}/window={policies.catchup_window_ms} "
                             f"overlap={policies.overlap.value}")
@@ -708,11 +713,12 @@ class World:
             s = replace(s, policies=replace(s.policies, overlap=overlap or s.policies.overlap,
                                             missed_runs=missed or s.policies.missed_runs))
         now = self.clock.wall_ms()
-        await self.node.store.update(s, None, now)
+        new = await self.node.store.update(s, None, now)
         base = self.log.versions[sid][-1]
         spec_changed = s.spec != st.schedule.spec
         activated = now if spec_changed else base.activated_ms
-        self._version(sid, base.state, s, activated, period_s or base.period_s)
+        self._version(sid, base.state, s, activated, period_s or base.period_s,
+                      rev=new.schedule.version if spec_changed else base.rev)
         self.log.ops.append(f"t={now - T0}: update {sid} spec={s.spec!r} pool={s.worker_pool} "
                             f"overlap={s.policies.overlap.value} missed={s.policies.missed_runs.value}")
         await self.settle()
@@ -722,8 +728,8 @@ class World:
         if st.schedule.state is ScheduleState.PAUSED:
             return
         now = self.clock.wall_ms()
-        await self.node.store.update(replace(st.schedule, state=ScheduleState.PAUSED), None, now)
-        self._version(sid, "paused", None, now)
+        new = await self.node.store.update(replace(st.schedule, state=ScheduleState.PAUSED), None, now)
+        self._version(sid, "paused", None, now, rev=new.schedule.version)
         self.log.ops.append(f"t={now - T0}: pause {sid}")
         await self.settle()
 
@@ -732,15 +738,16 @@ class World:
         if st.schedule.state is ScheduleState.ACTIVE:
             return
         now = self.clock.wall_ms()
-        await self.node.store.update(replace(st.schedule, state=ScheduleState.ACTIVE), None, now)
+        new = await self.node.store.update(replace(st.schedule, state=ScheduleState.ACTIVE), None, now)
         base = self.log.versions[sid][-1]
-        self.log.versions[sid].append(replace(base, at_ms=now, state="active", activated_ms=now))
+        self.log.versions[sid].append(replace(base, at_ms=now, state="active", activated_ms=now,
+                                              rev=new.schedule.version))
         self.log.ops.append(f"t={now - T0}: resume {sid}")
         await self.settle()
 
     async def delete(self, sid: str, cancel_running: bool) -> None:
         now = self.clock.wall_ms()
-        await self.node.store.delete(sid)
+        await self.node.store.delete(sid, now_ms=now)
         self._version(sid, "deleted", None, now)
         if cancel_running:
             await self.ops.cancel_running(sid, "deleted")
@@ -839,7 +846,11 @@ def expected_catch_up(log: Log, sid: str, start: Start) -> dict[int, str]:
         if a.at_ms > start.at_ms:
             break
         end = acts[i + 1].activated_ms if i + 1 < len(acts) and acts[i + 1].at_ms <= start.at_ms else horizon
-        lo, hi = max(start.watermark_ms, a.activated_ms), min(horizon, end)
+        # Owed from the watermark if the checkpoint's writer knew the activation, else from its instant: a
+        # create or change made after the writer's last checkpoint but before the watermark it wrote (which
+        # runs `lookahead_ms` ahead) was planned by nobody (docs/time.md, Activation).
+        seen = a.rev < start.ck_rev
+        lo, hi = (max(start.watermark_ms, a.activated_ms) if seen else a.activated_ms), min(horizon, end)
         if a.state != "active" or hi <= lo:
             continue
         k = a.period_s * 1000
@@ -923,8 +934,12 @@ def judge(log: Log, es: list[Execution], ranges: dict[str, list[tuple[int, int, 
         """None if the reason is justified for planned time p (skip written at `written`), else why not."""
         if reason == "paused":
             # Paused when the skip was written, or at the planned time itself (an activation that ended
-            # while the partition had no owner is recorded by the next one).
-            if state_at(sid, written) in ("paused", "deleted") or state_at(sid, p) == "paused":
+            # while the partition had no owner is recorded by the next one), or paused at some moment
+            # between the two: a pause withdraws every run due and not started yet, overdue ones too,
+            # also when a resume follows before the owner acts on it (the skip is written after the
+            # resume, the planned time was owed before the pause; docs/time.md, Activation).
+            if state_at(sid, written) in ("paused", "deleted") or state_at(sid, p) == "paused" or any(
+                    v.state == "paused" and p <= v.at_ms <= written for v in log.versions.get(sid, [])):
                 return None
             return "paused, but it was not paused then"
         if reason in ("schedule_deleted", "deleted"):
@@ -1014,7 +1029,9 @@ def judge(log: Log, es: list[Execution], ranges: dict[str, list[tuple[int, int, 
             bad.append(f"[not-owed-ran] "
                        f"{e.id}: ran though that planned time was not owed (schedule {st} then, or not a time of "
                        f"its spec of then)")
-        elif e.state is ExecState.SCHEDULED and e.due_ms < now - GRACE_MS:
+        elif e.state is ExecState.SCHEDULED and e.current_trigger is Trigger.SCHEDULED and e.due_ms < until:
+            # (not while nobody owns the partition; and an operator's rerun of it is a run asked for, which
+            # the stuck rule below judges)
             bad.append(f"[not-withdrawn] "
                        f"{e.id}: a pre-written run that is no longer owed was not withdrawn (still scheduled)")
 

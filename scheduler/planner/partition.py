@@ -303,7 +303,15 @@ class PartitionPlanner:
             log.warning("unreadable tombstone", extra={"partition": self.p, "schedule_id": sid})
             return
         current = self.schedules.get(sid)
-        if current is not None and current.stored.activated_ms < deleted_ms:
+        if deleted_ms <= 0:
+            # A tombstone that does not say when the delete was (a writer that left its instant out):
+            # recording nothing would lose the planned times owed up to the delete without a trace. The
+            # delete was no later than now, and before any schedule of this id there is now was created;
+            # the times after it that this range covers too were not owed, so a skip of them is harmless.
+            deleted_ms = self.clock.wall_ms() if current is None else current.stored.meta.created_ms
+            log.warning("tombstone without its delete's instant: recorded as deleted up to %d", deleted_ms,
+                        extra={"partition": self.p, "schedule_id": sid})
+        elif current is not None and current.stored.activated_ms < deleted_ms:
             return  # the listing already has a schedule of this id from before the delete: not this one
         after = self.m.owed_from_checkpoint(st, self.ck)
         why = SkipReason.PAUSED if st.schedule.state is ScheduleState.PAUSED else SkipReason.SCHEDULE_DELETED

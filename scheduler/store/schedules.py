@@ -120,10 +120,11 @@ class ScheduleStore:
             raise VersionMismatch(f"schedule {s.id!r} changed concurrently; read it again")
         return StoredSchedule(replace(s, version=r.revision), activated, cur.partition, meta)
 
-    async def delete(self, schedule_id: str, expected_version: int | None = None, now_ms: int = 0) -> None:
+    async def delete(self, schedule_id: str, expected_version: int | None = None, *, now_ms: int) -> None:
         """Delete the schedule, leaving a tombstone (the value, and when) in the same txn: the partition's
         owner, or the next one if none was there to see the delete, records the planned times that were
-        owed up to the delete and then removes it."""
+        owed up to the delete (`now_ms`, the delete's instant) and then removes it. `now_ms` has no default:
+        a tombstone without its instant says nothing about which planned times were owed."""
         p = self.partition(schedule_id)
         key = self.ks.schedule(p, schedule_id)
         for _ in range(5):

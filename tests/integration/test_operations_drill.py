@@ -173,7 +173,7 @@ async def test_operations_mixed_with_faults_keep_every_planned_time_accounted(et
             faults.append((kill_at, SYSTEM_CLOCK.wall_ms() + GRACE_MS))
             await at(0.4)
             deleted_at["s9"] = SYSTEM_CLOCK.wall_ms()
-            await store.delete("s9")
+            await store.delete("s9", now_ms=deleted_at["s9"])
             await update("s10", state=ScheduleState.PAUSED)
             await at(0.5)
             stop_at = SYSTEM_CLOCK.wall_ms()

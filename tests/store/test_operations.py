@@ -574,7 +574,7 @@ async def test_replay_refused_for_a_paused_or_deleted_schedule(env: Env) -> None
     st = await env.node.store.update(replace(s, state=ScheduleState.PAUSED), None, SYSTEM_CLOCK.wall_ms())
     with pytest.raises(FailedPrecondition):
         await env.ops.replay_dead_letter(e.id)
-    await env.node.store.delete("fail4", st.schedule.version)
+    await env.node.store.delete("fail4", st.schedule.version, now_ms=SYSTEM_CLOCK.wall_ms())
     with pytest.raises(FailedPrecondition, match="discard"):
         await env.ops.replay_dead_letter(e.id)
     assert (await env.get(e.id)).state is ExecState.DEAD_LETTER, "refusals change nothing"

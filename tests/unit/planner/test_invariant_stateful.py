@@ -21,6 +21,7 @@ The test_item* functions at the end are the issue's cases as fixed scenarios (sh
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import sys
 from collections.abc import Coroutine
@@ -33,10 +34,11 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from scheduler.clock import FakeClock
 from scheduler.execution import ExecState, Execution
+from scheduler.store.etcd.ops import Compare, delete, put
 from scheduler.store.keyspace import Keyspace
 from scheduler.store.memory import MemoryKV
 from scheduler.timeplan import MissedRuns, Overlap
-from tests.invariant import POOLS, START_TIMEOUT_CHECK, T0, Behaviour, World, default_policies, describe
+from tests.invariant import PARTITION, POOLS, START_TIMEOUT_CHECK, T0, Behaviour, World, default_policies, describe
 
 T = TypeVar("T")
 
@@ -454,6 +456,110 @@ async def test_runs_waiting_for_a_cancelled_run_to_stop_do_not_stop_their_pools_
     await w.advance(1_500)  # the slow run is out; the next one cancels it and waits for the stop
     await w.create(1, False, "b", SKIP_1S)  # one worker of pool b is free all along
     await w.advance(5_200)  # judged while the cancelled run is still stopping (until 7.5 s)
+    bad = await w.check()
+    assert not bad, "\n".join(bad[:15])
+    await _judge(w, kv)
+
+
+async def test_schedules_deleted_while_the_partition_has_no_owner_leave_no_planned_time_unrecorded() -> None:
+    """Found by the machine ([gap] on a pool-`nobody` schedule deleted during a planner kill): the planned
+    times between the dead owner's checkpoint (or the schedule's hold) and the delete had no record at all.
+    The next owner records them from the tombstone as `schedule_deleted`, up to the delete's instant the
+    tombstone carries, but the store's delete left that instant at 0 unless told (the API tells it, the
+    World did not), and a tombstone at 0 recorded nothing."""
+    w, kv = await _world()
+    await w.create(1, False, "nobody", SKIP_1S)  # held since its backlog outgrew backlog_ms
+    await w.create(1, False, "a", SKIP_1S)
+    await w.advance(6_000)
+    await w.kill(restart_after_ms=3_000)  # no owner from t=6 s to t=12 s
+    await w.advance(4_000)  # past the runs the dead owner wrote ahead
+    await w.delete("s1", False)
+    await w.delete("s2", False)
+    await w.advance(6_000)
+    await _judge(w, kv)
+
+
+async def test_a_tombstone_that_does_not_say_when_still_records_the_planned_times_up_to_the_delete() -> None:
+    """A tombstone without its delete's instant (a writer that left it out) is read as a delete no later
+    than the takeover: the planned times from the checkpoint on are recorded, not lost."""
+    w, kv = await _world()
+    await w.create(1, False, "a", SKIP_1S)
+    await w.advance(3_000)
+    await w.kill(restart_after_ms=3_000)
+    await w.advance(4_000)
+    st = await w.node.store.get("s1")
+    key = w.ks.schedule(PARTITION, "s1")
+    cur = await kv.get(key)
+    assert cur is not None
+    stone = json.dumps({"rev": cur.mod_revision, "schedule": json.loads(cur.value)}).encode()  # no deleted_ms
+    await kv.txn([Compare.mod_revision(key, "==", st.schedule.version)],
+                 [delete(key), put(w.ks.tombstone(PARTITION, "s1"), stone)])
+    w._version("s1", "deleted", None, w.clock.wall_ms())
+    await w.settle()
+    await w.advance(6_000)
+    await _judge(w, kv)
+
+
+async def test_a_run_due_before_a_pause_undone_at_once_is_withdrawn_as_paused() -> None:
+    """Found by the machine, a checker fix: the run due at 3 s had not started when the pause came at 3.1 s;
+    the pause withdraws it (overdue runs too), and the owner, seeing the pause and the resume in one round,
+    writes that skip after the resume. The checker asked for the schedule to be paused when the skip was
+    written or at the planned time, neither of which holds; paused in between is what justifies it."""
+    w, kv = await _world()
+    await w.advance(434)
+    await w.create(1, False, "a", SKIP_1S)
+    await w.advance(2_544)  # t=2978, wall 3.101 s: the run of 3 s waits for the next round
+    await w.pause("s1")
+    await w.resume("s1")
+    await w.advance(3_000)
+    await _judge(w, kv)
+
+
+async def test_runs_written_ahead_of_a_delete_wait_for_the_next_owner_to_withdraw_them() -> None:
+    """Found by the machine, a checker fix: a schedule deleted just before its planner was killed keeps its
+    runs written ahead as `scheduled` while the partition has no owner (nobody may write then); the checker
+    judged them [not-withdrawn] during the outage. The next owner withdraws them at its claim."""
+    w, kv = await _world()
+    await w.create(1, True, "a", SKIP_1S)
+    await w.advance(5_000)
+    await w.delete("s1", False)
+    await w.kill(restart_after_ms=5_000)  # before the owner's next round: nobody withdrew s1's runs
+    await w.advance(4_000)  # judged while the partition has no owner
+    bad = await w.check()
+    assert not bad, "\n".join(bad[:15])
+    await w.advance(6_000)  # the next owner has claimed
+    await _judge(w, kv)
+
+
+async def test_a_create_the_dead_owners_checkpoint_did_not_see_is_caught_up_from_its_instant() -> None:
+    """Found by the machine, a checker fix: the owner's round at t=0 checkpointed up to 2 s ahead (its
+    lookahead); s1 was created just after that round and the planner killed before the next. The next owner
+    owes s1's planned times from its create, not from the watermark (its writer never saw the create), and
+    records the one at 1 s, behind the late grace at its claim, as `policy_skip`. The checker counted the
+    catch-up from the watermark for every activation, so it expected nothing there."""
+    w, kv = await _world()
+    await w.advance(0)  # a round: the checkpoint goes to t=2 s
+    await w.create(1, False, "a", SKIP_1S)
+    await w.kill(restart_after_ms=3_313)  # claimed at t=6.3 s: the planned time at 1 s is past the late grace
+    await w.advance(6_500)
+    bad = await w.check()
+    assert not bad, "\n".join(bad[:15])
+    await _judge(w, kv)
+
+
+async def test_an_operators_rerun_of_a_time_skipped_as_paused_is_not_a_run_left_unwithdrawn() -> None:
+    """Found by the machine, a checker fix: a rerun makes a planned time the pause skipped `scheduled` again
+    (trigger rerun), and the check right after it called that a pre-written run not withdrawn."""
+    w, kv = await _world()
+    await w.create(1, False, "a", SKIP_1S)
+    await w.advance(2_000)
+    await w.pause("s1")
+    await w.advance(3_000)
+    await w.resume("s1")
+    await w.advance(3_000)
+    skipped = next(e for e in await w.executions() if e.state is ExecState.SKIPPED and e.skip_reason == "paused"
+                   and e.planned_ms < w.clock.wall_ms() - 4_000)
+    await w.operate("rerun", lambda es: next(e for e in es if e.id == skipped.id))
     bad = await w.check()
     assert not bad, "\n".join(bad[:15])
     await _judge(w, kv)
