@@ -16,7 +16,7 @@ from chaos.plan import make_plan
 from chaos.record import RunError
 from chaos.scenario import ScenarioError, find, list_scenarios, load
 
-__all__ = ["check", "list_", "plan", "run"]
+__all__ = ["check", "list_", "mark", "observe", "plan", "run"]
 
 BAD_INPUT = 2
 
@@ -128,3 +128,55 @@ def run(args: argparse.Namespace) -> int:
         if name in out:
             print(f"  {out[name]}")
     return result.verdict.exit_code
+
+
+def observe(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from chaos.observe import ObserveOptions
+    from chaos.observe import observe as run_observe
+
+    try:
+        scenario = load(find(args.scenario))
+        host, sep, port = args.sink_listen.rpartition(":")
+        if not sep or not port.isdigit():
+            raise ScenarioError("sink-listen", f"{args.sink_listen!r} is not host:port")
+        if args.duration <= 0 or args.lease_ttl <= 0:
+            raise ScenarioError("duration", "--duration and --lease-ttl must be > 0 seconds")
+        directory = Path(args.report)
+        if directory.exists() and any(directory.iterdir()):
+            raise ScenarioError("report", f"{directory} is not empty: a run directory holds one run")
+        endpoints = tuple(x.strip() for x in args.etcd_endpoints.split(",") if x.strip())
+        api = tuple(x.strip() for x in args.api.split(",") if x.strip())
+        if not args.no_load and not api:
+            raise ScenarioError("api", "the drill's schedules are created through the API: give --api, or --no-load")
+        opts = ObserveOptions(directory, endpoints, args.etcd_prefix, api, args.duration, args.lease_ttl,
+                              host, int(port), not args.no_load, args.seed,
+                              progress=lambda line: print(line, flush=True))
+        verdict, out = asyncio.run(run_observe(scenario, opts))
+    except ScenarioError as e:
+        return _bad(e)
+    print(out["md"].read_text().splitlines()[0].lstrip("# "))
+    for name in ("md", "json", "png"):
+        if name in out:
+            print(f"  {out[name]}")
+    return verdict.exit_code
+
+
+def mark(args: argparse.Namespace) -> int:
+    from chaos import faults as catalogue
+    from chaos.observe import mark as do_mark
+
+    d = Path(args.run_dir)
+    if not d.is_dir():
+        return _bad(ScenarioError("run_dir", f"{d} is not a directory"))
+    try:
+        if args.action == "start":
+            catalogue.kind(args.fault)
+            if not args.target:
+                raise ValueError("start needs a fault type and a target, e.g. `start F1 planner-2`")
+        i = do_mark(d, args.action, args.fault, args.target, args.index)
+    except (KeyError, ValueError) as e:
+        return _bad(ScenarioError("fault", str(e).strip("'\"")))
+    print(f"fault window #{i} {args.action}")
+    return 0

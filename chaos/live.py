@@ -149,7 +149,7 @@ class LiveCluster:
         if w is None:
             env = self.clock.env_for(name) if self.clock is not None else {}
             w = WorkerProcess(name, self.region_of(name), list(self.addresses.values()),
-                              self.rec.logs / f"{name}.log", settings={"concurrency": "16"}, env=env,
+                              self.rec.logs / f"{name}.log", settings={"concurrency": "64"}, env=env,
                               prefix=self.network.prefix(name))
             self.workers[name] = w
         else:

@@ -13,11 +13,10 @@ import asyncio
 import dataclasses
 import random
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 
-from chaos.live import LiveCluster
 from chaos.load import schedule_of
 from chaos.plan import PlannedOp, PlannedSchedule
 from chaos.record import OpRecord, RunWriter
@@ -29,7 +28,16 @@ from scheduler.client.errors import ClientError
 from scheduler.clock import SYSTEM_CLOCK
 from scheduler.timeplan import Overlap
 
-__all__ = ["OpRunner"]
+__all__ = ["ApiTarget", "OpRunner"]
+
+
+class ApiTarget(Protocol):
+    """Where operations go: a running planner's API address (any answers for any schedule), and the URL the
+    drill's schedules report their effects to. chaos/live.py's LiveCluster, or an observed cluster."""
+
+    sink_url: str
+
+    def api_address(self, rng: random.Random | None = None) -> str: ...
 
 OP_DEADLINE_S = 10.0
 _RETRY_ON = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
@@ -38,7 +46,7 @@ _FINISHED = (epb.EXECUTION_STATE_SUCCEEDED, epb.EXECUTION_STATE_FAILED)
 
 
 class OpRunner:
-    def __init__(self, live: LiveCluster, rec: RunWriter, schedules: Sequence[PlannedSchedule], seed: int) -> None:
+    def __init__(self, live: ApiTarget, rec: RunWriter, schedules: Sequence[PlannedSchedule], seed: int) -> None:
         self.live, self.rec = live, rec
         self.schedules = {p.id: p for p in schedules}
         self.rng = random.Random(f"ops-routing\x00{seed}")  # which planner answers: not part of the plan

@@ -64,7 +64,7 @@ def etcd_client(s: EtcdSettings, rpc_timeout: float) -> EtcdClient:
 
 def default_operations(node: PlannerNode) -> OperationsPort:
     """The operations behind trigger, rerun, backfill, cancel and the dead-letter calls."""
-    return Operations(node.kv, node.ks, node.s.partitions, node.store, node.ledger, node.clock,
+    return Operations(node.kv, node.ks, node.s.partitions, node.store, node.ledger, node.plan_clock,
                       rpc_timeout=node.s.rpc_timeout)
 
 
@@ -147,7 +147,13 @@ class PlannerNode:
         options.setdefault("heartbeat_timeout", self.planner_settings.heartbeat_timeout)
         # A result or start for a partition another node owns carries a notice in the same txn, telling
         # that owner to re-read the record (`_notice_unless_owned`: nothing on the common path, the owner).
-        d = Dispatcher(node_id=self.s.node_id, region=self.s.region, kv=self.kv, ledger=self.ledger, clock=self.clock,
+        # The guarded clock here too: a skewed planner that still serves worker streams (it owns nothing once
+        # the guard trips) records results, starts and deadlines on every partition; with its raw clock a
+        # +30 s skew stamped results 30 s in the future, and the overlap rule then skipped runs due up to
+        # then (a drill's `[bad-skip] ... manufactured overlap`). GetTime (AdminService) keeps the raw clock:
+        # it is what peers probe to find the skew.
+        d = Dispatcher(node_id=self.s.node_id, region=self.s.region, kv=self.kv, ledger=self.ledger,
+                       clock=self.plan_clock,
                        planners=self.planner_infos, on_transition=self._on_transition,
                        lookup=self.lookup_pending, on_capacity=self._wake_starved,
                        on_lost_attempts=self.on_lost_attempts, on_started=self._on_started,
@@ -162,7 +168,7 @@ class PlannerNode:
         project's implementation (tests pass a fake)."""
         if ops is None:
             ops = default_operations(self)
-        schedules = ScheduleService(kv=self.kv, ks=self.ks, store=self.store, ledger=self.ledger, clock=self.clock,
+        schedules = ScheduleService(kv=self.kv, ks=self.ks, store=self.store, ledger=self.ledger, clock=self.plan_clock,
                                     ops=ops, rpc_timeout=self.s.rpc_timeout)
 
         admin = AdminService(kv=self.kv, ks=self.ks, ownership=self.ownership, clock=self.clock,

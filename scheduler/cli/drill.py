@@ -54,6 +54,32 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                     "loopback")
     rn.set_defaults(func=_call("run"))
 
+    ob = dsub.add_parser("observe", help="judge a drill on a cluster the harness did not start (staging)",
+                         description="Record a running cluster's keys and its etcd history for the window, run an "
+                         "effect sink for the scenario's schedules (created through --api, unless --no-load), make "
+                         "the scenario's operations, and record the faults the operator marks with `drill mark`; "
+                         "then judge the window. Exit 0 pass, 1 fail, 3 invalid, 2 bad input.")
+    ob.add_argument("scenario", help="the scenario whose load, operations and bounds to use")
+    ob.add_argument("--etcd-endpoints", required=True, metavar="LIST", help="the cluster's etcd, comma-separated")
+    ob.add_argument("--etcd-prefix", required=True, help="the cluster's key prefix")
+    ob.add_argument("--api", default="", metavar="LIST", help="planner API addresses, comma-separated")
+    ob.add_argument("--duration", type=float, required=True, metavar="SECONDS", help="the window to observe")
+    ob.add_argument("--lease-ttl", type=float, required=True, metavar="SECONDS", help="the planners' lease TTL")
+    ob.add_argument("--sink-listen", default="127.0.0.1:0", metavar="HOST:PORT",
+                    help="where the effect sink listens (the cluster's workers must reach it)")
+    ob.add_argument("--no-load", action="store_true", help="create no schedules; judge the cluster's own")
+    ob.add_argument("--seed", type=int, help="default: the scenario's own")
+    ob.add_argument("--report", required=True, metavar="DIR", help="the run directory (must be empty)")
+    ob.set_defaults(func=_call("observe"))
+
+    mk = dsub.add_parser("mark", help="record a fault window in an observed run (start ... end)")
+    mk.add_argument("run_dir", metavar="DIR", help="the observed run's directory")
+    mk.add_argument("action", choices=("start", "end"))
+    mk.add_argument("fault", nargs="?", default="", help="start: the fault type (F1..F12)")
+    mk.add_argument("target", nargs="?", default="", help="start: what it hit (a node, a region)")
+    mk.add_argument("--index", type=int, help="end: which window (default: the last one open)")
+    mk.set_defaults(func=_call("mark"))
+
 
 def _call(name: str) -> Callable[[argparse.Namespace], int]:
     def go(args: argparse.Namespace) -> int:

@@ -182,6 +182,17 @@ def plan_dispatch(inp: RoundInput) -> DispatchPlan:
     return plan
 
 
+def _waiting_at(x: Execution, in_flight: Sequence[Execution], ended: Sequence[Execution]) -> bool:
+    """An earlier run of x's schedule was still waiting (not yet dispatched) when x came due: BUFFER_ONE's
+    one place was taken then. (A drill found buffer_one runs dispatched ever later, 7 s behind and growing,
+    because the earlier one had started by the time x was decided.)"""
+    for r in (*in_flight, *ended):
+        cur = r.current
+        if r.id != x.id and r.planned_ms < x.planned_ms and cur is not None and cur.dispatched_ms > x.due_ms:
+            return True
+    return False
+
+
 def _plan_schedule(inp: RoundInput, plan: DispatchPlan, budget: dict[str, int], view: ScheduleView,
                    in_flight: list[Execution], waiting: Sequence[Execution], parked: Mapping[str, bool],
                    ended: Sequence[Execution] = ()) -> None:
@@ -216,9 +227,11 @@ def _plan_schedule(inp: RoundInput, plan: DispatchPlan, budget: dict[str, int], 
             gone = (overlapped_by_ended(ended, x, inp.catchup, inp.overlap_settle_ms)
                     if ended and policy in (Overlap.SKIP, Overlap.BUFFER_ONE) else [])
             if gone and (policy is Overlap.SKIP or (waited and waited[0] < x.planned_ms)
-                         or any(ExecutionId.parse(b).planned_ms < x.planned_ms for b in buffered)):
+                         or any(ExecutionId.parse(b).planned_ms < x.planned_ms for b in buffered)
+                         or _waiting_at(x, in_flight, ended)):
                 # Skip: a run was really in progress at x's due time. Buffer one: and an earlier one was
-                # waiting then (buffered behind a run, or itself waiting behind the one that ended).
+                # waiting then (buffered behind a run, or itself waiting behind the one that ended, or one
+                # that has started since: it was not yet dispatched when x came due).
                 action = OverlapAction.SKIP
             elif real:  # parked runs count as buffered only behind a run in progress at x's due time
                 action = decide_overlap(policy, tuple(r.id for r in real), tuple(buffered)).action

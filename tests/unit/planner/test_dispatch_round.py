@@ -277,10 +277,28 @@ def test_buffer_one_after_landing_starts_the_first_and_skips_the_others() -> Non
     plan = after_landing([ex(97_000)], [r0], in_flight=[other], policy=Overlap.BUFFER_ONE,
                          parked={ex(96_000).id: True})
     assert states(plan) == {97_000: "skipped:overlap_skip"}
-    # ... but one due after it did not: 95 s is buffered behind the late run, not skipped.
+    # 95 s came due while R0 ran and `other` (due 93.5 s, dispatched only at 96.5 s) was still waiting: the
+    # one place was taken then, so it is skipped too, although `other` has started since.
     plan = after_landing([ex(95_000)], [r0], in_flight=[other], policy=Overlap.BUFFER_ONE,
                          parked={ex(96_000).id: True})
-    assert states(plan) == {} and behind(plan) == [(95_000, False)]
+    assert states(plan) == {95_000: "skipped:overlap_skip"}
+    # With nothing waiting at its due time (the other run had been dispatched and runs still), it is the
+    # one run buffered behind it.
+    early = running(93_500, started=94_500)
+    plan = after_landing([ex(95_000)], [r0], in_flight=[early], policy=Overlap.BUFFER_ONE)
+    assert states(plan) == {} and behind(plan) == [(95_000, True)]
+
+
+def test_buffer_one_skips_what_came_due_while_an_earlier_run_waited_even_once_that_one_started() -> None:
+    """Found by the smoke drill (2.6 s runs every second, buffer_one): R (6.2-8.8 s) ran while the run due
+    at 3.8 s waited; 7.8 s and 8.8 s came due then, and were decided only after R landed and 3.8 s had
+    started (dispatched at 8.84 s). They were queued behind it instead of skipped, each dispatched later
+    than the last: 7 s behind and growing."""
+    r = landed(1_800, started=6_210, ran=2_600, recorded=8_830)
+    started_late = running(3_800, started=8_840)
+    plan = after_landing([ex(7_800), ex(8_800)], [r], in_flight=[started_late], policy=Overlap.BUFFER_ONE,
+                         now=11_900)
+    assert states(plan) == {7_800: "skipped:overlap_skip", 8_800: "skipped:overlap_skip"}
 
 
 @pytest.mark.parametrize("policy", [Overlap.BUFFER_ALL, Overlap.CANCEL_OTHER, Overlap.ALLOW_ALL])
