@@ -12,6 +12,7 @@ from chaos.index import Activation, Attempt, HistoryIndex, build
 from chaos.record import FaultRecord, Run
 from chaos.scenario import Scenario
 from chaos.verdict import INVARIANTS, FaultRow, Invariant
+from scheduler.execution import ExecState
 
 __all__ = ["SLACK_MS", "Context"]
 
@@ -78,6 +79,32 @@ class Context:
             if hit:
                 return f.start_ms
         return None
+
+    def running_at(self, sid: str, eid: str, t_cluster: int) -> bool:
+        """Another run of `sid` was really in progress at that instant: an accepted effect spanning it,
+        or a record the watch history shows RUNNING/DISPATCHED from before it until after it."""
+        t = self.idx.harness_ms(t_cluster)
+        for a in self.idx.attempts_of.get(sid, []):
+            if a.exec_id == eid:
+                continue
+            end = a.end_ms if a.end_ms is not None else (self.crash_of(a) or self.meta.end_ms)
+            if a.start_ms - SLACK_MS <= t < end + SLACK_MS:
+                return True
+        for other in self.idx.records_of.get(sid, []):
+            if other == eid:
+                continue
+            since = None
+            for _, seen, rec in self.idx.records[other]:
+                busy = rec.state in (ExecState.DISPATCHED, ExecState.RUNNING, ExecState.CANCELLING)
+                if busy and since is None:
+                    since = seen
+                elif not busy and since is not None:
+                    if since - SLACK_MS <= t < seen + SLACK_MS:
+                        return True
+                    since = None
+            if since is not None and since - SLACK_MS <= t:
+                return True
+        return False
 
     def in_flight_at_end(self, a: Attempt) -> bool:
         return a.start_ms >= self.meta.end_ms - int(self.s.lag.judge_grace_s * 1000) - SLACK_MS

@@ -157,32 +157,6 @@ class OwedChecks(Context):
         """A hold (its pool had no worker with capacity) still in place at the end covers `t`."""
         return any(frm < t and deleted is None for frm, _, deleted in self.idx.holds.get(sid, []))
 
-    def running_at(self, sid: str, eid: str, t_cluster: int) -> bool:
-        """Another run of `sid` was really in progress at that instant: an accepted effect spanning it,
-        or a record the watch history shows RUNNING/DISPATCHED from before it until after it."""
-        t = self.idx.harness_ms(t_cluster)
-        for a in self.idx.attempts_of.get(sid, []):
-            if a.exec_id == eid:
-                continue
-            end = a.end_ms if a.end_ms is not None else (self.crash_of(a) or self.meta.end_ms)
-            if a.start_ms - SLACK_MS <= t < end + SLACK_MS:
-                return True
-        for other in self.idx.records_of.get(sid, []):
-            if other == eid:
-                continue
-            since = None
-            for _, seen, rec in self.idx.records[other]:
-                busy = rec.state in (ExecState.DISPATCHED, ExecState.RUNNING, ExecState.CANCELLING)
-                if busy and since is None:
-                    since = seen
-                elif not busy and since is not None:
-                    if since - SLACK_MS <= t < seen + SLACK_MS:
-                        return True
-                    since = None
-            if since is not None and since - SLACK_MS <= t:
-                return True
-        return False
-
     def exposures(self, sid: str) -> list[tuple[int, int]]:
         """Cluster-time stretches in which planned times of `sid` may have been missed: behind every claim
         of its partition (from the last watermark before it to the claim plus the late grace), around

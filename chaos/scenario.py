@@ -123,6 +123,9 @@ class LagBounds:
     fault_max_s: float = 6.0  # inside a fault window (+ settle): max (T + renew + 2 s for an ownership change)
     settle_s: float = 6.0  # after a window ends, times still count as "during" this long (takeover after it)
     liveness_s: float = 10.0  # I7: lag back under steady_max_s within this long after a fault ends
+    # I3 for outages (F5, F4 with quorum lost), from the window's end: every process restarts and the whole
+    # backlog drains through the workers, so it is at least fault_max_s and usually set higher.
+    outage_max_s: float = 6.0
     judge_grace_s: float = 5.0  # planned times this close to the end are not judged (still in flight)
 
 

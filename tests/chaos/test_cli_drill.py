@@ -31,7 +31,7 @@ def test_list_names_every_scenario_with_its_description(tmp_path: Path) -> None:
 def test_plan_is_reproducible_from_the_seed() -> None:
     a, b = drill("plan", "game-day", "--seed", "3"), drill("plan", "game-day", "--seed", "3")
     assert a.returncode == 0 and a.stdout == b.stdout
-    assert "plan " in a.stdout.splitlines()[0] and "F12" in a.stdout
+    assert "plan " in a.stdout.splitlines()[0] and "F11" in a.stdout
     assert drill("plan", "game-day", "--seed", "4").stdout != a.stdout
 
 
