@@ -113,14 +113,17 @@ class Context:
         return f"t+{(harness_ms - self.meta.start_ms) / 1000:.3f}s"
 
     def window_of(self, harness_t: int) -> FaultRecord | None:
-        """The fault whose window (plus the settle time) holds `harness_t`: the latest one started by then
+        """The fault whose window (plus the settle time; for an outage, its lag bound) holds `harness_t`: the
+        latest one started by then
         (faults are one at a time; with allow_overlap the latest started is the one named)."""
         settle = int(self.s.lag.settle_s * 1000)
+        # After an outage the backlog drains for up to its own bound: times planned then are still its.
+        outage = max(settle, int(max(self.s.lag.fault_max_s, self.s.lag.outage_max_s) * 1000))
         i = bisect.bisect_right(self.fault_starts, harness_t) - 1
         while i >= 0:
             f = self.faults[i]
             end = f.end_ms if f.end_ms is not None else self.meta.end_ms
-            if harness_t <= end + settle:
+            if harness_t <= end + (outage if catalogue.is_outage(f.type, f.params) else settle):
                 return f
             if not self.s.faults.allow_overlap:
                 return None
