@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The project's one test command (README, .ci/run): lint, types, the test suite, benchmark smoke runs.
+# The project's one test command (README, .ci/run): lint, types, the test suite, benchmark smoke runs
+# (SCHED_FULL=1: also the long drills on real processes).
 # Extra arguments go to pytest. SCHED_FULL=1 also runs the long drills and benchmarks marked `slow`.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -24,5 +25,22 @@ fi
 
 step "benchmark smoke (ratios only; the full runs are documented in bench/README.md)"
 "$PY" bench/bench_nextfire.py --quick || fail=1
+
+# The drills on real processes (docs/drills.md) beyond those in the test suite: the smoke drill (F1, F2 beyond
+# the lease, F3, F5, F6, F7; about 6 minutes), one regression drill per audit finding, and the 30-minute game
+# day. Full mode only until the smoke drill passes reliably (issue 10: its last runs fail I3 on a handful of
+# runs longer than their period after a takeover); the suite's own drills (tests/integration/test_drill_*.py)
+# run in every CI run.
+if [ "${SCHED_FULL:-0}" = "1" ]; then
+  runs=${SCHED_DRILL_DIR:-$(mktemp -d)}
+  for scenario in chaos/scenarios/smoke.toml chaos/scenarios/regress-*.toml chaos/scenarios/game-day.toml; do
+    name=$(basename "$scenario" .toml)
+    step "drill $name (run directory $runs/$name)"
+    if ! .venv/bin/schedctl drill run "$scenario" --report "$runs/$name"; then
+      fail=1
+      sed -n '1,40p' "$runs/$name/report.md" 2>/dev/null
+    fi
+  done
+fi
 
 exit "$fail"

@@ -38,6 +38,9 @@ min_planned_per_fault = 10
 name = "sec"
 count = 10
 spec = "* * * * * *"
+[faults]
+warmup_s = 5
+cooldown_s = 5
 """
 
 
