@@ -2,7 +2,7 @@
 # One command that prepares a fresh Debian 12 machine of this project's kind:
 #   - a virtualenv in .venv with the package (editable) and its dev tools,
 #   - etcd 3.5.x server + etcdctl under .cache/etcd (no change to the system's apt state),
-#   - iproute2/iptables/libfaketime for the chaos tests of later issues.
+#   - iproute2/iptables/libfaketime for the drills (namespaces, cuts, clock skew), curl for their shell jobs.
 # Idempotent: re-running only fills in what is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,7 +12,7 @@ log() { printf '[setup] %s\n' "$*"; }
 
 # --- system packages -------------------------------------------------------
 need_apt=()
-for pkg in iproute2 iptables faketime; do
+for pkg in iproute2 iptables faketime curl; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need_apt+=("$pkg")
 done
 if ((${#need_apt[@]})); then
