@@ -12,7 +12,7 @@ from chaos.index import Activation, Attempt, HistoryIndex, build
 from chaos.record import FaultRecord, Run
 from chaos.scenario import Scenario
 from chaos.verdict import INVARIANTS, FaultRow, Invariant
-from scheduler.execution import ExecState
+from scheduler.execution import ExecState, Trigger
 
 __all__ = ["SLACK_MS", "Context"]
 
@@ -80,6 +80,21 @@ class Context:
                 return f.start_ms
         return None
 
+    def _late_overlap(self, a: Attempt, t: int, t_cluster: int) -> bool:
+        """Attempt `a` is the first start of a run planned before `t` that started after it, late, and that
+        would have been running at `t` had it started at its planned time (for as long as it ran): the
+        product judges a late run as if it had run on time (docs/time.md, "What counts as overlap")."""
+        if a.end_ms is None or a.aborted or not a.planned_ms <= t_cluster or a.start_ms <= t:
+            return False
+        first = min((b.start_ms for b in self.idx.attempts_of.get(a.schedule_id, []) if b.exec_id == a.exec_id),
+                    default=a.start_ms)
+        if first != a.start_ms:
+            return False  # a retry is the same run: only its first start says how late it was
+        recs = self.idx.records.get(a.exec_id) or []
+        if recs and recs[0][2].trigger is not Trigger.SCHEDULED:
+            return False
+        return t_cluster < a.planned_ms + (a.end_ms - a.start_ms) + SLACK_MS
+
     def running_at(self, sid: str, eid: str, t_cluster: int) -> bool:
         """Another run of `sid` was really in progress at that instant: an accepted effect spanning it,
         or a record the watch history shows RUNNING/DISPATCHED from before it until after it."""
@@ -87,6 +102,8 @@ class Context:
         for a in self.idx.attempts_of.get(sid, []):
             if a.exec_id == eid:
                 continue
+            if self._late_overlap(a, t, t_cluster):
+                return True
             end = a.end_ms if a.end_ms is not None else (self.crash_of(a) or self.meta.end_ms)
             if a.start_ms - SLACK_MS <= t < end + SLACK_MS:
                 return True

@@ -912,8 +912,18 @@ def judge(log: Log, es: list[Execution], ranges: dict[str, list[tuple[int, int, 
                     bad.append(f"[two-at-once] {two.eid} started at t={two.start_ms - T0} under cancel_other while "
                                f"{one.eid} still ran (until t={(one.end_ms or now) - T0})")
 
+    first_start: dict[str, Effect] = {}
+    for f in sorted(log.effects, key=lambda f: f.start_ms):
+        first_start.setdefault(f.eid, f)
+
     def running_at(sid: str, eid: str, t: int) -> bool:
+        """Another run was in progress at t; or an earlier one, late (it started after t though due before),
+        would have been, had it started on time (docs/time.md, "What counts as overlap")."""
         for f in by_sched.get(sid, []):
+            if (f.eid != eid and first_start.get(f.eid) is f and f.run_trigger == "scheduled"
+                    and f.end_ms is not None and f.planned_ms <= t < f.start_ms
+                    and t < f.planned_ms + f.ran_ms + ROUND_MS):
+                return True
             if f.eid == eid or f.start_ms > t:
                 continue
             end = f.busy_end_ms

@@ -139,10 +139,33 @@ def ran_until_ms(r: Execution, settle_ms: int) -> int:
     return min(cur.finished_ms, max(by_worker, cur.finished_ms - settle_ms))
 
 
+def first_dispatch_ms(r: Execution) -> int:
+    """When the run went out first (its first attempt of this run, not of an earlier rerun); 0: never."""
+    return next((a.dispatched_ms for a in r.attempts if a.attempt > r.attempt_base), 0)
+
+
+def late_overlap(r: Execution, x: Execution, catchup: Set[str]) -> bool:
+    """Run r started late, after x came due, though it was due before: had it started on time, would it
+    still have been running at x's due time (its own due time plus what its handler ran, by its worker's
+    measure)? A late run is judged as if it had run on time, so that lateness alone (a takeover, a result
+    in transit) never turns a policy that does not queue into a queue. Without this, the runs that came due
+    while a late run waited ran one after the other behind it, and with work longer than the period the
+    queue never drained: a drill saw a `skip` schedule of 2.5 s runs every second still 6.2 s behind after
+    a 6 s partition had healed. Catch-up runs are exempt on either side (the missed-run policy chose them,
+    and they are due at their planned times: docs/time.md), as are runs with their own overlap policy and
+    operators' reruns."""
+    cur = r.current
+    if (cur is None or not cur.ran_ms or cur.never_started or r.id == x.id or x.id in catchup or r.id in catchup
+            or r.overlap is not None or r.run_trigger is not None or r.planned_ms >= x.planned_ms):
+        return False
+    return r.due_ms <= x.due_ms < first_dispatch_ms(r) and x.due_ms < r.due_ms + cur.ran_ms
+
+
 def overlapped_by_ended(ended: Sequence[Execution], x: Execution, catchup: Set[str], settle_ms: int) -> list[Execution]:
     """The runs that left flight and were really in progress at x's due time, by their final records:
-    started (dispatched) at or before it, still running after it (`ran_until_ms`), catch-up runs too.
-    None for a run with its own overlap policy: it counts the runs in flight when it comes up."""
+    started (dispatched) at or before it, still running after it (`ran_until_ms`), catch-up runs too; and
+    the late ones that would have been, had they started on time (`late_overlap`). None for a run with its
+    own overlap policy: it counts the runs in flight when it comes up."""
     if x.overlap is not None:
         return []
     out = []
@@ -151,7 +174,7 @@ def overlapped_by_ended(ended: Sequence[Execution], x: Execution, catchup: Set[s
         cur = r.current
         if cur is None or r.id == x.id:
             continue
-        if (cur.started_ms or cur.dispatched_ms) <= at < ran_until_ms(r, settle_ms):
+        if (cur.started_ms or cur.dispatched_ms) <= at < ran_until_ms(r, settle_ms) or late_overlap(r, x, catchup):
             out.append(r)
     return out
 
@@ -182,13 +205,15 @@ def plan_dispatch(inp: RoundInput) -> DispatchPlan:
     return plan
 
 
-def _waiting_at(x: Execution, in_flight: Sequence[Execution], ended: Sequence[Execution]) -> bool:
+def _waiting_at(x: Execution, in_flight: Sequence[Execution], ended: Sequence[Execution], catchup: Set[str]) -> bool:
     """An earlier run of x's schedule was still waiting (not yet dispatched) when x came due: BUFFER_ONE's
     one place was taken then. (A drill found buffer_one runs dispatched ever later, 7 s behind and growing,
-    because the earlier one had started by the time x was decided.)"""
+    because the earlier one had started by the time x was decided.) Not a late run judged as if it had run
+    on time (`late_overlap`): on time it would have been running, not waiting, and x the one that waits."""
     for r in (*in_flight, *ended):
         cur = r.current
-        if r.id != x.id and r.planned_ms < x.planned_ms and cur is not None and cur.dispatched_ms > x.due_ms:
+        if (r.id != x.id and r.planned_ms < x.planned_ms and cur is not None and cur.dispatched_ms > x.due_ms
+                and not late_overlap(r, x, catchup)):
             return True
     return False
 
@@ -228,7 +253,7 @@ def _plan_schedule(inp: RoundInput, plan: DispatchPlan, budget: dict[str, int], 
                     if ended and policy in (Overlap.SKIP, Overlap.BUFFER_ONE) else [])
             if gone and (policy is Overlap.SKIP or (waited and waited[0] < x.planned_ms)
                          or any(ExecutionId.parse(b).planned_ms < x.planned_ms for b in buffered)
-                         or _waiting_at(x, in_flight, ended)):
+                         or _waiting_at(x, in_flight, ended, inp.catchup)):
                 # Skip: a run was really in progress at x's due time. Buffer one: and an earlier one was
                 # waiting then (buffered behind a run, or itself waiting behind the one that ended, or one
                 # that has started since: it was not yet dispatched when x came due).

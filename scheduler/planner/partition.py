@@ -211,7 +211,7 @@ class PartitionPlanner:
         try:
             ck = await read_checkpoint(self.kv, self.ks, self.p, timeout=self.rpc_timeout)
             stored, rev = await self.store.list_partition(self.p)
-            execs, _ = await self.ledger.list_unfinished(self.kv, self.p, timeout=self.rpc_timeout)
+            listing = await self.ledger.list_for_claim(self.kv, self.p, timeout=self.rpc_timeout)
             holds = await self.kv.range(self.ks.holds(self.p), prefix=True, timeout=self.rpc_timeout)
             stones = await self.kv.range(self.ks.tombstones(self.p), prefix=True, timeout=self.rpc_timeout)
         finally:
@@ -219,8 +219,10 @@ class PartitionPlanner:
         self.ck = ck
         self.sched_rev = max(rev, ck.sched_rev)
         self.pending.clear()
-        for e in execs:
+        for e in listing.unfinished:
             self.pending.put(e)
+        for e in listing.ended:  # after the waiting runs: each is kept only if one of them may need it
+            self.pending.recall_ended(e)
         self.m.clear()
         self._withdraw.clear()
         self._confirmed.clear()
@@ -259,7 +261,7 @@ class PartitionPlanner:
                         SkipReason.SCHEDULE_CHANGED, after_ms=first, rule=withdrawal_rule(earlier, tracked.plan))
                 elif st.activated_ms < ck.watermark_ms:
                     self._withdraw[st.schedule.id] = Withdrawal(SkipReason.SCHEDULE_CHANGED, after_ms=st.activated_ms)
-        for sid in {e.schedule_id for e in execs} - self.schedules.keys():
+        for sid in {e.schedule_id for e in listing.unfinished} - self.schedules.keys():
             self._withdraw[sid] = Withdrawal(SkipReason.SCHEDULE_DELETED)
         # The records were just read: notices left from before (no owner, a crash) are cleared in the
         # first round, after re-reading what they name (cheap, and correct whatever their age).

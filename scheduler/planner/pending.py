@@ -24,6 +24,7 @@ import itertools
 from collections.abc import Iterator
 
 from scheduler.execution import IN_FLIGHT, ExecState, Execution
+from scheduler.planner.dispatch_round import first_dispatch_ms
 
 
 def _ready_ms(e: Execution) -> int | None:
@@ -211,6 +212,13 @@ class PendingIndex:
             heapq.heappush(self._ready.setdefault(e.pool, []), (until_ms, next(self._seq), e.id))
         self._release_behind(e.schedule_id)  # nothing in flight any more: straight back
 
+    def recall_ended(self, r: Execution) -> None:
+        """A final record read at a claim (`Ledger.list_for_claim`): kept, as a run that left flight under
+        this owner is, while a waiting run of its schedule may have come due while it ran. A takeover must
+        not change what the overlap rule decides."""
+        if r.terminal and r.id not in self._by_id:
+            self._keep_ended(r)
+
     def ended(self, schedule_id: str) -> list[Execution]:
         """Final records of the schedule's runs that left flight while one of its scheduled runs waits that
         came due after they started and before their result was recorded: what the dispatch round needs
@@ -222,12 +230,16 @@ class PendingIndex:
 
     @staticmethod
     def _overlaps(r: Execution, x: Execution) -> bool:
-        """Whether waiting run `x` may have come due while `r`'s last attempt was out: an over-estimate of the
-        round's rule (which judges at x's due time, or a catch-up's planned time, and ends no later than the
-        recorded end)."""
+        """Whether waiting run `x` may have come due while `r`'s last attempt was out, or while `r`, due
+        before it, still waited to start (dispatch_round.late_overlap): an over-estimate of the round's
+        rules (which judge at x's due time, or a catch-up's planned time, end no later than the recorded
+        end, and count a late run only for as long as it ran)."""
         cur = r.current
-        return (cur is not None and x.id != r.id and x.state is ExecState.SCHEDULED
-                and (cur.started_ms or cur.dispatched_ms) <= x.due_ms and x.planned_ms < cur.finished_ms)
+        if cur is None or x.id == r.id or x.state is not ExecState.SCHEDULED:
+            return False
+        if (cur.started_ms or cur.dispatched_ms) <= x.due_ms and x.planned_ms < cur.finished_ms:
+            return True
+        return r.planned_ms < x.planned_ms and r.due_ms <= x.due_ms < first_dispatch_ms(r)
 
     def _keep_ended(self, r: Execution) -> None:
         cur = r.current

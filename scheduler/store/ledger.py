@@ -28,6 +28,16 @@ from scheduler.timeplan.missed import SkipRange
 
 
 @dataclass(frozen=True)
+class ClaimListing:
+    """`Ledger.list_for_claim`: the unfinished records, the final records of the runs before them that the
+    overlap rule may still need, and the revision of the read."""
+
+    unfinished: list[Execution]
+    ended: list[Execution]
+    revision: int
+
+
+@dataclass(frozen=True)
 class DeadLetterEntry:
     """One entry of the dead-letter index: key `Keyspace.dead_letter` (`/dead/<partition>/<schedule
     id>/<planned ms>`, parsed back by `Keyspace.dead_letter_of`), value JSON `{"id", "tenant", "task",
@@ -129,17 +139,44 @@ class Ledger:
     async def list_unfinished(
         self, kv: KV, partition: int, *, timeout: float | None = None
     ) -> tuple[list[Execution], int]:
-        """The partition's executions that are not terminal (what a new owner must track). Terminal
-        records (most of a busy partition's history) are recognised without decoding them, and the
-        event loop gets a turn every thousand records: a claim must not starve lease keep-alives."""
+        """The partition's executions that are not terminal (what a new owner must track)."""
+        listing = await self.list_for_claim(kv, partition, timeout=timeout)
+        return listing.unfinished, listing.revision
+
+    async def list_for_claim(
+        self, kv: KV, partition: int, *, ran_before: int = 2, timeout: float | None = None
+    ) -> ClaimListing:
+        """What a new owner loads: the partition's executions that are not terminal, and for each schedule
+        with one, the final records of its last `ran_before` runs that ran (an attempt went out) before
+        it. Those are what the overlap rule judges a waiting run on once the run before it has left
+        flight (dispatch_round.overlapped_by_ended): without them a takeover changed the decision (a
+        drill saw buffer_one run every late run one after the other after a planner kill, 10.7 s behind,
+        where the dead owner would have skipped them). Terminal records (most of a busy partition's
+        history) are recognised without decoding them, and only the few kept are decoded; the event loop
+        gets a turn every thousand records: a claim must not starve lease keep-alives."""
         r = await kv.range(self.ks.executions(partition), prefix=True, timeout=timeout)
-        out = []
+        out: list[Execution] = []
+        ended: list[Execution] = []
+        # Keys sort by schedule, then planned time: the runs that ran most recently before an unfinished
+        # record of the same schedule are the last few terminal ones seen before it in the listing.
+        group = b""
+        recent: list[tuple[bytes, int]] = []
         for i, x in enumerate(r.kvs):
-            if peek_state(x.value) not in TERMINAL:
+            g = x.key[:x.key.rfind(b"/")]
+            if g != group:
+                group, recent = g, []
+            st = peek_state(x.value)
+            if st not in TERMINAL:
+                for value, rev in recent:
+                    ended.append(decode_execution(value, rev))
+                recent = []
                 out.append(decode_execution(x.value, x.mod_revision))
+            elif st is not ExecState.SKIPPED and ran_before > 0:  # a skip never ran: it overlapped nothing
+                recent.append((x.value, x.mod_revision))
+                del recent[:-ran_before]
             if i % 1000 == 999:
                 await asyncio.sleep(0)
-        return out, r.revision
+        return ClaimListing(out, ended, r.revision)
 
     async def list_partition(
         self, kv: KV, partition: int, *, schedule_id: str | None = None, timeout: float | None = None

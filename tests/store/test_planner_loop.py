@@ -12,11 +12,13 @@ from chaos.infra.etcd import EtcdCluster
 from scheduler.clock import SYSTEM_CLOCK
 from scheduler.config import CoordinationSettings
 from scheduler.dispatch.results import record_result
-from scheduler.execution import ErrorClass, ExecState, Execution, Trigger
+from scheduler.execution import Attempt, ErrorClass, ExecState, Execution, Trigger
 from scheduler.ids import FencingToken, execution_id
 from scheduler.model import Policies, RetryPolicy, Schedule, ScheduleState
 from scheduler.node import PlannerNode
 from scheduler.planner.settings import PlannerSettings
+from scheduler.store.checkpoint import Checkpoint
+from scheduler.store.codec import encode_execution
 from scheduler.store.etcd import EtcdClient
 from scheduler.store.keyspace import Keyspace
 from scheduler.timeplan import MissedRuns, Overlap
@@ -278,3 +280,53 @@ async def test_buffer_one_keeps_one_and_skips_the_rest(kv: EtcdClient, key_prefi
     waiting = [e for e in es if e.state is ExecState.SCHEDULED and e.due_ms <= due]
     assert len(waiting) == 1, f"one buffered behind the running one, got {len(waiting)}"
     assert sum(1 for e in es if e.skip_reason == "overlap_skip") >= 1
+
+
+async def _left_by_a_dead_owner(kv: EtcdClient, node: PlannerNode, ks: Keyspace, overlap: Overlap) -> int:
+    """The ledger a planner killed mid-run leaves (the smoke drill's F1): run R at T0 went out at T0 + 50 ms
+    and ran 2.45 s by its worker's measure, its result recorded by another planner after the kill; the runs
+    at T0 + 1 s and T0 + 2 s, written ahead, came due while R ran and were never decided. Returns T0."""
+    now = SYSTEM_CLOCK.wall_ms()
+    t0 = now - 2_600 - (now % 1000)  # on a second: the schedule plans whole seconds
+    stored = await node.store.create(sched(1, policies=Policies(overlap=overlap, missed_runs=MissedRuns.LATEST)),
+                                     t0 - 500)
+    p = node.store.partition("s1")
+
+    def rec(t: int, **kw: object) -> Execution:
+        return replace(Execution(id=execution_id("s1", t), schedule_id="s1", tenant="t", pool="p", task_type="x",
+                                 planned_ms=t, due_ms=t, trigger=Trigger.SCHEDULED, retry=RetryPolicy(),
+                                 timeout_ms=60_000), **kw)  # type: ignore[arg-type]
+
+    ran = Attempt(1, "w1", "dead", FencingToken(p, 1), t0 + 50, t0 + 60_000, started_ms=t0 + 60,
+                  finished_ms=t0 + 2_550, succeeded=True, ran_ms=2_450)
+    for e in (rec(t0, state=ExecState.SUCCEEDED, attempt=1, attempts=(ran,)), rec(t0 + 1000), rec(t0 + 2000)):
+        await kv.put(ks.execution(p, "s1", e.planned_ms), encode_execution(e))
+    rev = (await kv.get(ks.execution(p, "s1", t0 + 2000))).mod_revision  # type: ignore[union-attr]
+    ck = Checkpoint(p, t0 + 2000, 0, "dead", 1, max(rev, stored.schedule.version))
+    await kv.put(ks.checkpoint(p), ck.encode())
+    return t0
+
+
+@pytest.mark.parametrize("overlap", [Overlap.BUFFER_ONE, Overlap.SKIP])
+async def test_a_takeover_decides_overlap_on_the_final_record_of_the_run_before(
+        kv: EtcdClient, key_prefix: str, overlap: Overlap) -> None:
+    # Found by the smoke drill: after a planner kill, the new owner had only the unfinished records, so a
+    # buffer_one schedule of 2.5 s runs every second ran every run written ahead one after the other
+    # (10.7 s late), where the dead owner would have skipped those R overlapped. The new owner must read
+    # R's final record at its claim and decide as the old one would have.
+    ks = Keyspace(key_prefix.rstrip("/"))
+    node = PlannerNode(kv, ks, COORD, SYSTEM_CLOCK, planner=FAST)
+    disp = FakeDispatcher(kv, node, outcome="hold")
+    node.dispatcher = disp
+    t0 = await _left_by_a_dead_owner(kv, node, ks, overlap)
+    await run_node(node, 1.5)
+    by_planned = {e.planned_ms - t0: e for e in await executions(node, kv)}
+    if overlap is Overlap.BUFFER_ONE:
+        # T0 + 1 s is the one run that waited behind R and starts; T0 + 2 s came due while R ran and it
+        # waited: skipped, as the dead owner would have.
+        assert by_planned[1000].state is ExecState.DISPATCHED, by_planned[1000]
+        assert by_planned[2000].skip_reason == "overlap_skip", by_planned[2000]
+    else:  # both came due while R ran
+        assert by_planned[1000].skip_reason == "overlap_skip", by_planned[1000]
+        assert by_planned[2000].skip_reason == "overlap_skip", by_planned[2000]
+    assert by_planned[0].state is ExecState.SUCCEEDED

@@ -319,3 +319,38 @@ def test_a_landed_run_and_a_run_still_in_flight_together() -> None:
     plan = after_landing([ex(95_000), ex(99_000)], [failed], in_flight=[retry])
     assert states(plan)[95_000] == "skipped:overlap_skip"  # 99 s: the retry is in flight, settle not passed
     assert [(b.x.planned_ms, b.until_ms) for b in plan.behind] == [(99_000, 103_000)]
+
+
+def test_a_late_run_is_judged_as_if_it_had_run_on_time() -> None:
+    """Found by the smoke drill (F3): the run of 95 s went out only at 99.5 s (its owner was cut off) and
+    ran 2.5 s. On time it would have run 95..97.5 s: the runs due at 96 and 97 s would have come due while it
+    ran, and are skipped; 98 s starts; 99 s waits behind it. Before, all of them queued behind the late run,
+    one after the other: with work longer than the period the schedule stayed 6 s behind after the heal."""
+    late = landed(95_000, started=99_500, ran=2_500, recorded=102_000)
+    due = [ex(t) for t in range(96_000, 100_000, 1_000)]
+    plan = after_landing(due, [late], now=102_010)
+    assert states(plan) == {96_000: "skipped:overlap_skip", 97_000: "skipped:overlap_skip", 98_000: "dispatched"}
+    assert behind(plan) == [(99_000, False)]
+    # buffer_one: the first of them is the one that waits (and starts now), the next is skipped.
+    plan = after_landing(due, [late], now=102_010, policy=Overlap.BUFFER_ONE)
+    assert states(plan) == {96_000: "dispatched", 97_000: "skipped:overlap_skip"}
+    assert behind(plan) == [(98_000, False), (99_000, False)]
+    # The queueing policies run them all, in order; and without the worker's measure nothing is skipped.
+    plan = after_landing(due, [late], now=102_010, policy=Overlap.BUFFER_ALL)
+    assert states(plan) == {96_000: "dispatched"}
+    unmeasured = landed(95_000, started=99_500, ran=0, recorded=102_000)
+    assert states(after_landing(due, [unmeasured], now=102_010)) == {96_000: "dispatched"}
+
+
+def test_catch_up_runs_are_not_judged_as_late_runs() -> None:
+    """The missed-run policy chose them (missed_runs=all, cap 3): they run one after the other even when
+    each takes longer than the period (docs/time.md)."""
+    c1 = landed(90_000, started=99_000, ran=2_500, recorded=101_600)
+    c2, c3 = ex(91_000), ex(92_000)
+    plan = after_landing([c2, c3], [c1], now=101_610, catchup=frozenset({c1.id, c2.id, c3.id}))
+    assert states(plan) == {91_000: "dispatched"} and behind(plan) == [(92_000, False)]
+    # An on-time run due while a catch-up waited is not judged by the catch-up's planned time either.
+    on_time = ex(100_000)
+    plan = after_landing([on_time], [landed(99_000, started=100_500, ran=800, recorded=101_400)], now=101_410,
+                         catchup=frozenset({execution_id("s", 99_000)}))
+    assert states(plan) == {100_000: "dispatched"}
