@@ -11,10 +11,11 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
-from chaos.plan import make_plan
+from chaos.plan import Plan, make_plan
 from chaos.record import RunError
-from chaos.scenario import ScenarioError, find, list_scenarios, load
+from chaos.scenario import Scenario, ScenarioError, find, list_scenarios, load
 
 __all__ = ["check", "list_", "mark", "observe", "plan", "run"]
 
@@ -50,7 +51,10 @@ def plan(args: argparse.Namespace) -> int:
     except ScenarioError as e:
         return _bad(e)
     if args.json:
-        json.dump({"fingerprint": p.fingerprint, **p.to_json()}, sys.stdout, indent=1)
+        out = {"fingerprint": p.fingerprint, **p.to_json()}
+        if scenario.faults.commands is not None:
+            out["commands"] = _commands_json(scenario, p)
+        json.dump(out, sys.stdout, indent=1)
         print()
         return 0
     print(f"{p.scenario} seed {p.seed}: plan {p.fingerprint}, {p.duration_s:g} s, {len(p.schedules)} schedules, "
@@ -62,7 +66,28 @@ def plan(args: argparse.Namespace) -> int:
               f"{f.name}{'  ' + params if params else ''}")
     if len(p.faults) > args.limit:
         print(f"  ... {len(p.faults) - args.limit} more (--limit, or --json)")
+    if scenario.faults.commands is not None:
+        _print_commands(scenario, p, args.limit)
     return 0
+
+
+def _commands_json(scenario: Scenario, p: Plan) -> dict[str, Any]:
+    from chaos.fault_commands import health_argv, render
+
+    rows = []
+    for f in p.faults:
+        r = render(scenario, f)
+        rows.append({"index": f.index, "inject": list(r.inject), "heal": None if r.heal is None else list(r.heal),
+                     "timeout_s": r.timeout_s})
+    h = health_argv(scenario)
+    return {"health": None if h is None else list(h), "faults": rows}
+
+
+def _print_commands(scenario: Scenario, p: Plan, limit: int | None = None) -> None:
+    from chaos.fault_commands import describe
+
+    for line in describe(scenario, p, limit):
+        print(line)
 
 
 def check(args: argparse.Namespace) -> int:
@@ -133,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
 def observe(args: argparse.Namespace) -> int:
     import asyncio
 
-    from chaos.observe import ObserveOptions
+    from chaos.observe import ObserveOptions, observed_plan
     from chaos.observe import observe as run_observe
 
     try:
@@ -143,6 +168,17 @@ def observe(args: argparse.Namespace) -> int:
             raise ScenarioError("sink-listen", f"{args.sink_listen!r} is not host:port")
         if args.duration <= 0 or args.lease_ttl <= 0:
             raise ScenarioError("duration", "--duration and --lease-ttl must be > 0 seconds")
+        p = observed_plan(scenario, args.duration, args.seed)  # refused before anything starts, as `run`
+        if getattr(args, "dry_run", False):
+            print(f"{p.scenario} seed {p.seed}: plan {p.fingerprint}, observed for {args.duration:g} s, "
+                  f"{len(p.schedules)} schedules{'' if not args.no_load else ' (not created: --no-load)'}, "
+                  f"{len(p.operations)} operations, {len(p.faults)} faults")
+            if scenario.faults.commands is not None:
+                _print_commands(scenario, p)
+            else:
+                print("no [faults.commands]: the observer makes no fault; mark the ones you make with "
+                      "`schedctl drill mark DIR start TYPE TARGET` / `end`")
+            return 0
         directory = Path(args.report)
         if directory.exists() and any(directory.iterdir()):
             raise ScenarioError("report", f"{directory} is not empty: a run directory holds one run")

@@ -3,19 +3,24 @@
 The harness only observes: it records the cluster's keys as they are (etcd-start.jsonl) and every
 event from the next revision (etcd-watch.jsonl), runs an effect sink for the drill's own schedules
 (created through the cluster's API, pointing at the sink, unless `--no-load`), makes the scenario's
-API operations, and records the faults the operator (or their tooling) makes, as they mark them:
+API operations, and makes the scenario's faults with its fault commands (`[faults.commands]`,
+chaos/fault_commands.py: inject, hold, heal, wait for the health command), or, for a scenario without
+commands, records the faults the operator (or their tooling) makes, as they mark them:
 `schedctl drill mark DIR start F1 planner-2` ... `schedctl drill mark DIR end 0`. At the end it judges
 the window exactly as a local run (`target = "observed"`, `watch_from_rev`): claims and checkpoints
 written before the snapshot are the starting state, not judged.
 
-What the observer cannot know, it does not invent: health after a fault is the operator's mark (the
-`end` mark is taken as healed), and a cluster whose workers cannot reach the sink's address runs the
-drill's schedules into the sink's absence (their effects fail, and the checker says so).
+What the observer cannot know, it does not invent: health after a fault is the health command's exit
+(or the operator's mark: the `end` mark is taken as healed), a failed fault command makes the run
+invalid, and a cluster whose workers cannot reach the sink's address runs the drill's schedules into
+the sink's absence (their effects fail, and the checker says so). It never makes a fault with a local
+nemesis: on a cluster it did not start, only the scenario's commands know how.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import random
 import sys
@@ -25,8 +30,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from chaos.check import check_run
+from chaos.fault_commands import CommandFaults
 from chaos.ops import OpRunner
-from chaos.plan import make_plan
+from chaos.plan import Plan, make_plan
 from chaos.record import FaultRecord, RunMeta, RunWriter, load_run, record_snapshot, record_watch
 from chaos.report import write_report
 from chaos.scenario import Scenario, ScenarioError
@@ -37,7 +43,7 @@ from scheduler.clock import SYSTEM_CLOCK
 from scheduler.store.etcd import EtcdClient, EtcdConfig
 from scheduler.store.keyspace import Keyspace
 
-__all__ = ["ObserveOptions", "mark", "observe"]
+__all__ = ["ObserveOptions", "mark", "observe", "observed_plan"]
 
 
 @dataclass(frozen=True)
@@ -73,13 +79,21 @@ def _source_text(s: Scenario) -> str:
     return p.read_text() if p is not None and p.exists() else ""
 
 
+def observed_plan(scenario: Scenario, duration_s: float, seed: int | None) -> Plan:
+    """The plan of an observed window: the scenario planned for the window's length (as `drill run
+    --duration`), so its random faults and operations fit the window that is observed."""
+    return make_plan(dataclasses.replace(scenario, duration_s=duration_s), seed)
+
+
 async def observe(scenario: Scenario, opts: ObserveOptions) -> tuple[Verdict, dict[str, Path]]:
     say = opts.progress or (lambda _m: None)
-    plan = make_plan(scenario, opts.seed)
+    plan = observed_plan(scenario, opts.duration_s, opts.seed)
     text = opts.scenario_text or _source_text(scenario)
     if not text:
         raise ScenarioError("scenario", "its TOML is needed in the run directory", scenario.source)
     rec = RunWriter(opts.directory, text)
+    commands = CommandFaults(scenario, plan, rec, say) if scenario.faults.commands is not None else None
+    harness_errors: list[str] = []
     ks = Keyspace(opts.prefix)
     sink = EffectSink(rec.effects_path)
     url = await sink.start(opts.sink_host, opts.sink_port)
@@ -100,19 +114,37 @@ async def observe(scenario: Scenario, opts: ObserveOptions) -> tuple[Verdict, di
             say(f"created {len(plan.schedules)} drill schedules")
         start_ms = SYSTEM_CLOCK.wall_ms()
         op_task = asyncio.create_task(ops.run(plan.operations if opts.load else (), start_ms))
-        say(f"window open for {opts.duration_s:g} s: mark faults with `schedctl drill mark {opts.directory} ...`")
+        fault_task = asyncio.create_task(commands.run(start_ms)) if commands is not None else None
+        if commands is not None:
+            say(f"window open for {opts.duration_s:g} s: {len(plan.faults)} faults made by the scenario's commands")
+        else:
+            say(f"window open for {opts.duration_s:g} s: mark faults with `schedctl drill mark {opts.directory} ...`"
+                + (f" (the scenario's {len(plan.faults)} planned faults have no [faults.commands]: they are yours "
+                   "to make)" if plan.faults else ""))
         await asyncio.sleep(opts.duration_s)
         end_ms = SYSTEM_CLOCK.wall_ms()
-        op_task.cancel()
-        await asyncio.gather(op_task, return_exceptions=True)
+        for t in (op_task, fault_task):
+            if t is None:
+                continue
+            t.cancel()  # a fault still under way is healed by its task's cancellation
+            try:
+                await t
+            except asyncio.CancelledError:
+                pass
+            except Exception as e:  # a harness bug: the run is judged on what was recorded, and invalid
+                harness_errors.append(f"{'faults' if t is fault_task else 'operations'}: {e!r}")
+                say(f"harness error: {e!r} (the run will be invalid)")
         await asyncio.sleep(max(scenario.lag.judge_grace_s, 2.0))
         stop.set()
         await watcher
     await sink.close()
+    if commands is not None:
+        commands.close()
     meta = RunMeta(scenario=scenario.name, seed=plan.seed, prefix=opts.prefix, partitions=partitions,
                    lease_ttl_s=opts.lease_ttl_s, start_ms=start_ms, end_ms=end_ms, plan_fingerprint=plan.fingerprint,
                    versions={"sched": __version__, "python": sys.version.split()[0]}, target="observed",
-                   watch_from_rev=rev + 1)
+                   watch_from_rev=rev + 1, harness_errors=harness_errors,
+                   command_errors=list(commands.errors) if commands is not None else [])
     rec.finish(meta)
     verdict = check_run(load_run(opts.directory))
     return verdict, write_report(verdict, opts.directory)

@@ -120,15 +120,16 @@ def _round(x: float) -> float:
 # ---- faults ----------------------------------------------------------------------------------------
 
 
-def _target(rng: random.Random, c: Cluster, fid: str, target: str | None) -> tuple[str, str]:
+def _target(rng: random.Random, s: Scenario, fid: str, target: str | None) -> tuple[str, str]:
     """(role, concrete target) for a fault: a concrete name stays, a role (or nothing: the type's own
-    role) is a seeded pick among the cluster's members of that role."""
+    role) is a seeded pick among the scenario's targets of that role (the cluster's nodes, or the
+    staging nodes its fault commands name)."""
     kind = faults.kind(fid)
     if target is not None and target not in faults.ROLES:
-        role = next(r for r in kind.roles if target in c.targets(r))
+        role = next(r for r in kind.roles if target in s.fault_targets(r))
         return role, target
     role = target or kind.role
-    return role, rng.choice(c.targets(role))
+    return role, rng.choice(s.fault_targets(role))
 
 
 def _params(rng: random.Random, c: Cluster, fid: str, given: dict[str, Any], *, draw: bool) -> dict[str, Any]:
@@ -186,7 +187,7 @@ def _fixed_windows(s: Scenario, rng: random.Random) -> list[FaultWindow]:
 
 def _fixed_window(s: Scenario, rng: random.Random, ttl: float, i: int, f: FixedFault) -> FaultWindow:
     params = _params(rng, s.cluster, f.type, dict(f.params), draw=False)
-    role, target = _target(rng, s.cluster, f.type, f.target)
+    role, target = _target(rng, s, f.type, f.target)
     d = _duration(rng, ttl, f.type, params, f.duration_s, f.duration_ttl)
     return FaultWindow(i, f.type, faults.kind(f.type).name, role, target, _round(f.at_s), d, params, "fixed")
 
@@ -207,7 +208,7 @@ def _random_windows(s: Scenario, rng: random.Random, fixed: list[FaultWindow]) -
     while r.max_count is None or len(out) < r.max_count:
         fid = rng.choices(types, weights)[0]
         params = _params(rng, s.cluster, fid, dict(r.params.get(fid, {})), draw=True)
-        role, target = _target(rng, s.cluster, fid, None)
+        role, target = _target(rng, s, fid, None)
         d = _duration(rng, ttl, fid, params)
         wait = 0.0 if first else rng.uniform(*r.interval_s) + rng.uniform(-r.jitter_s, r.jitter_s)
         start = _round(t + max(gap if not first else 0.0, wait))
@@ -298,6 +299,11 @@ def make_plan(s: Scenario, seed: int | None = None) -> Plan:
     windows = sorted(fixed + rnd, key=lambda w: (w.start_s, w.type))
     windows = [FaultWindow(i, w.type, w.name, w.role, w.target, w.start_s, w.duration_s, w.params, w.origin)
                for i, w in enumerate(windows)]
+    if s.faults.commands is not None:
+        from chaos.fault_commands import render  # it needs FaultWindow from here
+
+        for w in windows:
+            render(s, w)  # a variable a target lacks is refused now, not at the fault's time on staging
     return Plan(scenario=s.name, seed=seed, duration_s=s.duration_s, lease_ttl_s=s.cluster.lease_ttl_s,
                 health_timeout_s=s.faults.health_timeout_s, faults=tuple(windows),
                 schedules=tuple(_schedules(s)), operations=tuple(_operations(s, _rng(s, seed, "operations"))))

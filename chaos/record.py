@@ -16,6 +16,7 @@ comparing them with planned times.
     ops.jsonl         API operations as the harness made them (OpRecord)
     wire.jsonl        fenced txns etcd refused, seen on the planners' etcd links (chaos/wire.py; proxy links only)
     faults.jsonl      fault windows as injected, with when health came back (FaultRecord)
+    commands.jsonl    an observed run's fault commands as run: argv, exit, output tails (chaos/fault_commands.py)
     logs/*.log        process logs (structured JSON lines), scanned by I8
 
 Reading is strict where a wrong guess would hide a bug (a watch line without a revision stops the
@@ -80,6 +81,9 @@ class RunMeta:
     target: str = "local"  # local (the harness started the cluster) | observed (staging: faults by others)
     watch_from_rev: int = 1  # > 1: the history starts there, on top of etcd-start.jsonl's snapshot
     harness_errors: list[str] = field(default_factory=list)  # the runner's own failures: the run is invalid
+    # An observed run's fault commands that failed (chaos/fault_commands.py), with their stderr's tail: the
+    # run is invalid, since its windows are not what the scenario planned.
+    command_errors: list[str] = field(default_factory=list)
 
     @staticmethod
     def from_json(d: dict[str, Any]) -> RunMeta:

@@ -116,6 +116,11 @@ def scenario_with(s: Scenario, duration_s: float | None) -> Scenario:
 
 
 async def run_drill(scenario: Scenario, opts: RunOptions) -> DrillResult:
+    if scenario.faults.commands is not None:
+        # Its commands are for a staging cluster (`kubectl delete pod ...`): run here they would hit
+        # whatever they name, and the local nemeses instead would be a different drill.
+        raise ScenarioError("faults.commands", "a scenario with fault commands is run against its staging cluster "
+                            "with `schedctl drill observe`, not started here", scenario.source)
     s = scenario_with(scenario, opts.duration_s)
     plan = make_plan(s, opts.seed)
     say = opts.progress or (lambda _m: None)

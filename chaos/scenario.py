@@ -26,6 +26,9 @@ from scheduler.topology import Topology
 __all__ = [
     "SCENARIO_DIR",
     "Cluster",
+    "CommandTarget",
+    "FaultCommand",
+    "FaultCommands",
     "FaultsSpec",
     "FixedFault",
     "LagBounds",
@@ -49,6 +52,8 @@ EXECUTORS = ("http", "shell")
 OPS = ("create", "update", "pause", "resume", "delete", "trigger", "backfill", "rerun")
 STEADY_CHECKS = ("etcd_healthy", "partitions_owned", "workers_connected", "lag_under_bound", "no_backlog")
 TIERS = ("ci", "game-day", "regression", "manual")
+# What a fault command's `{...}` may name besides its target's variables (chaos/fault_commands.py fills them).
+COMMAND_PLACEHOLDERS = ("target", "type", "index", "role", "duration_s", "duration_ms")
 MAX_DURATION_S = 24 * 3600.0
 
 
@@ -205,6 +210,42 @@ class RandomFaults:
 
 
 @dataclass(frozen=True)
+class FaultCommand:
+    """How one fault type is made on a cluster the harness did not start (`[faults.commands.F1]`).
+    Each command is a TOML string split with shlex into argv *before* its placeholders are filled in,
+    and run without a shell (chaos/fault_commands.py): a target or variable is always one argument,
+    whatever it holds."""
+
+    inject: str
+    heal: str | None = None  # None: the fault heals on its own (a deleted pod is restarted)
+    timeout_s: float | None = None  # None: FaultCommands.timeout_s
+
+
+@dataclass(frozen=True)
+class CommandTarget:
+    """A staging node that fault commands may be aimed at (`[faults.commands.targets.<name>]`). Its name
+    is the node id the cluster's planners claim partitions as (the checker finds a target's partitions
+    by it); `vars` are extra placeholders for its commands (a pod name, a pid, a host)."""
+
+    role: str
+    vars: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class FaultCommands:
+    """`[faults.commands]`: the observer (`drill observe`) makes the plan's faults with these commands."""
+
+    per_type: Mapping[str, FaultCommand]
+    health: str | None = None  # exit 0 = healthy; None: healthy as soon as the heal returned
+    timeout_s: float = 60.0  # each command's own bound (a hung kubectl must not hang the drill)
+    health_interval_s: float = 1.0  # between two tries of the health command
+    targets: Mapping[str, CommandTarget] = field(default_factory=dict)  # empty: the cluster's topology names
+
+    def target_names(self, role: str) -> list[str]:
+        return [n for n, t in self.targets.items() if t.role == role]
+
+
+@dataclass(frozen=True)
 class FaultsSpec:
     fixed: tuple[FixedFault, ...] = ()
     random: RandomFaults | None = None
@@ -213,6 +254,7 @@ class FaultsSpec:
     health_timeout_s: float = 60.0  # a cluster not healthy again within this makes the run invalid
     warmup_s: float = 10.0  # no fault before this (steady-state traffic first, as etcd robustness does)
     cooldown_s: float = 20.0  # no fault in the last stretch: I7 needs a healed tail
+    commands: FaultCommands | None = None  # set: a staging scenario, its faults made by these commands
 
 
 @dataclass(frozen=True)
@@ -236,6 +278,14 @@ class Scenario:
 
     def schedule_ids(self) -> list[str]:
         return [i for g in self.load for i in g.ids()]
+
+    def fault_targets(self, role: str) -> list[str]:
+        """Names a fault of `role` may hit: the staging targets of `faults.commands.targets` when the
+        scenario names any (they are the observed cluster's nodes), else the cluster's own."""
+        cmds = self.faults.commands
+        if cmds is not None and cmds.targets:
+            return cmds.target_names(role)
+        return self.cluster.targets(role)
 
 
 # ---- reading (the TOML reader is chaos/scenario_toml.py) ------------------------------------------

@@ -6,17 +6,24 @@ dataclasses it fills live in chaos/scenario.py.
 from __future__ import annotations
 
 import re
+import shlex
+import string
 import tomllib
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 from chaos import faults
 from chaos.scenario import (
+    COMMAND_PLACEHOLDERS,
     EXECUTORS,
     MAX_DURATION_S,
     OPS,
     STEADY_CHECKS,
     TIERS,
     Cluster,
+    CommandTarget,
+    FaultCommand,
+    FaultCommands,
     FaultsSpec,
     FixedFault,
     LagBounds,
@@ -291,7 +298,7 @@ def _fault_type(t: _Table) -> str:
     return fid
 
 
-def _fixed_fault(t: _Table, c: Cluster, duration: float) -> FixedFault:
+def _fixed_fault(t: _Table, names: Callable[[str], list[str]], duration: float) -> FixedFault:
     fid = _fault_type(t)
     at = t.positive("at_s", 0.0, zero=True)
     if at >= duration:
@@ -305,10 +312,13 @@ def _fixed_fault(t: _Table, c: Cluster, duration: float) -> FixedFault:
             raise t.err(k, f"must be >= 0, not {v:g}")
     target = t.opt("target", str)
     kind = faults.kind(fid)
-    if target is not None and target not in kind.roles and not any(target in c.targets(r) for r in kind.roles):
-        names = [n for r in kind.roles for n in c.targets(r)]
+    if target is not None and target not in kind.roles and not any(target in names(r) for r in kind.roles):
+        known = [n for r in kind.roles for n in names(r)]
         raise t.err("target", f"{target!r} is neither a role {fid} may target ({', '.join(kind.roles)}) "
-                              f"nor one of the cluster's {', '.join(names)}")
+                              f"nor one of the cluster's {', '.join(known) or '(none)'}")
+    role = target if target in faults.ROLES else kind.role if target is None else None
+    if role is not None and not names(role):  # only staging targets can leave a role empty
+        raise t.err("target", f"a {role} is picked for this {fid}, but faults.commands.targets names no {role}")
     f = FixedFault(fid, at, d_s, d_t, target, _fault_params(t, "params", fid))
     t.done()
     return f
@@ -335,14 +345,118 @@ def _random_faults(t: _Table, duration: float) -> RandomFaults:
     return r
 
 
+def _placeholders(t: _Table, key: str, arg: str) -> set[str]:
+    try:
+        parts = list(string.Formatter().parse(arg))
+    except ValueError as e:
+        raise t.err(key, f"bad placeholder in {arg!r}: {e} (write {{{{ and }}}} for literal braces)") from None
+    out = set()
+    for _text, name, spec, conv in parts:
+        if name is None:
+            continue
+        # Plain names only: str.format's `{x.attr}` and `{x[0]}` would reach into Python objects.
+        if not name.isidentifier() or spec or conv:
+            raise t.err(key, f"{{{name}{'!' + conv if conv else ''}{':' + spec if spec else ''}}}: a placeholder is a "
+                             "plain name such as {target} (write {{ and }} for literal braces)")
+        out.add(name)
+    return out
+
+
+def _command(t: _Table, key: str, allowed: set[str], *, required: bool = False) -> str | None:
+    """A command line: split with shlex here, so a line that cannot be split (an open quote) is refused
+    at load time, and its placeholders checked against `allowed`."""
+    text = t.req(key, str) if required else t.opt(key, str)
+    if text is None:
+        return None
+    try:
+        argv = shlex.split(text)
+    except ValueError as e:
+        raise t.err(key, f"cannot be split into arguments ({e}): {text!r}") from None
+    if not argv:
+        raise t.err(key, "is empty: give a command, or leave the key out")
+    used = set().union(*(_placeholders(t, key, a) for a in argv))
+    unknown = sorted(used - allowed)
+    if unknown:
+        raise t.err(key, f"unknown placeholder {{{unknown[0]}}}; known here: "
+                         f"{', '.join('{' + x + '}' for x in sorted(allowed)) or 'none'}")
+    return text
+
+
+def _command_targets(t: _Table) -> dict[str, CommandTarget]:
+    out: dict[str, CommandTarget] = {}
+    for name in list(t.data):
+        if not name or any(ch.isspace() for ch in name):
+            raise t.err(name, "a target is named by its node id: no spaces")
+        x = t.sub(name)
+        role = _choice(x, "role", faults.ROLES, "planner")
+        vars_: dict[str, str] = {}
+        for k in list(x.data):
+            if k == "role":
+                continue
+            if not k.isidentifier() or k in COMMAND_PLACEHOLDERS:
+                raise x.err(k, f"a variable is a plain name other than {', '.join(COMMAND_PLACEHOLDERS)}")
+            v = x.get(k, (str, int), "")
+            vars_[k] = str(v)
+        x.done()
+        out[name] = CommandTarget(role, vars_)
+    t.used.update(t.data)
+    return out
+
+
+def _fault_commands(t: _Table) -> FaultCommands:
+    targets = _command_targets(t.sub("targets"))
+    allowed = set(COMMAND_PLACEHOLDERS).union(*(x.vars for x in targets.values()))
+    per_type: dict[str, FaultCommand] = {}
+    for key in list(t.data):
+        if not re.fullmatch(r"F\d+", key):
+            continue
+        try:
+            faults.kind(key)
+        except KeyError as e:
+            raise t.err(key, str(e.args[0])) from None
+        x = t.sub(key)
+        timeout = x.opt("timeout_s", float)
+        if timeout is not None and timeout <= 0:
+            raise x.err("timeout_s", f"must be > 0, not {timeout:g}")
+        inject = _command(x, "inject", allowed, required=True)
+        assert inject is not None
+        per_type[key] = FaultCommand(inject, _command(x, "heal", allowed), timeout)
+        x.done()
+    if not per_type:
+        raise t.err("F1", "[faults.commands] makes no fault: add a [faults.commands.F1] (or another type) with inject")
+    cmds = FaultCommands(per_type=per_type, health=_command(t, "health", set()),
+                         timeout_s=t.positive("timeout_s", 60.0),
+                         health_interval_s=t.positive("health_interval_s", 1.0), targets=targets)
+    t.done()
+    return cmds
+
+
 def _faults(t: _Table, c: Cluster, duration: float) -> FaultsSpec:
-    fixed = tuple(_fixed_fault(x, c, duration) for x in t.items("fixed"))
+    cmds = _fault_commands(t.sub("commands")) if t.has("commands") else None
+
+    def names(role: str) -> list[str]:
+        return cmds.target_names(role) if cmds is not None and cmds.targets else c.targets(role)
+
+    fixed = tuple(_fixed_fault(x, names, duration) for x in t.items("fixed"))
     rnd = _random_faults(t.sub("random"), duration) if t.has("random") else None
     spec = FaultsSpec(fixed=fixed, random=rnd, allow_overlap=t.get("allow_overlap", bool, False),
                       min_gap_s=t.positive("min_gap_s", 2.0, zero=True),
                       health_timeout_s=t.positive("health_timeout_s", 60.0),
                       warmup_s=t.positive("warmup_s", 10.0, zero=True),
-                      cooldown_s=t.positive("cooldown_s", 20.0, zero=True))
+                      cooldown_s=t.positive("cooldown_s", 20.0, zero=True), commands=cmds)
+    if cmds is not None:
+        # The observer makes every planned fault with a command or not at all: a fault type without one
+        # would silently become a different drill (or, worse, a local nemesis aimed at staging).
+        planned = [(f"fixed[{i}].type", f.type) for i, f in enumerate(fixed)]
+        planned += [("random.weights", k) for k, w in (rnd.weights.items() if rnd else ()) if w > 0]
+        for where, fid in planned:
+            if fid not in cmds.per_type:
+                raise ScenarioError(f"{t.at(where)}", f"{fid}: no [faults.commands.{fid}] makes it on the observed "
+                                    "cluster (the observer never uses a local nemesis)", t.source)
+            role = faults.kind(fid).role
+            if where == "random.weights" and not names(role):
+                raise ScenarioError(t.at("commands.targets"), f"names no {role} for the random {fid} faults",
+                                    t.source)
     if spec.warmup_s + spec.cooldown_s >= duration:
         raise t.err("cooldown_s", f"warmup_s + cooldown_s ({spec.warmup_s + spec.cooldown_s:g} s) leave no time "
                                   f"for faults in a {duration:g} s run")

@@ -33,6 +33,8 @@ class ValidityChecks(Context):
             self.invalid.append("the cluster never became healthy again after the run (steady state after)")
         for err in m.harness_errors:
             self.invalid.append(f"the harness failed during the run: {err}")
+        for err in m.command_errors:
+            self.invalid.append(f"a fault command failed: {err}")
         accepted = self.counts.get("effects_accepted", 0)
         if accepted < v.min_executions:
             self.invalid.append(f"too little load: {accepted} effects accepted, the scenario asks for at least "

@@ -57,8 +57,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     ob = dsub.add_parser("observe", help="judge a drill on a cluster the harness did not start (staging)",
                          description="Record a running cluster's keys and its etcd history for the window, run an "
                          "effect sink for the scenario's schedules (created through --api, unless --no-load), make "
-                         "the scenario's operations, and record the faults the operator marks with `drill mark`; "
-                         "then judge the window. Exit 0 pass, 1 fail, 3 invalid, 2 bad input.")
+                         "the scenario's operations, make its faults with its [faults.commands] (or record the faults "
+                         "the operator marks with `drill mark`); then judge the window. Exit 0 pass, 1 fail, "
+                         "3 invalid, 2 bad input.")
     ob.add_argument("scenario", help="the scenario whose load, operations and bounds to use")
     ob.add_argument("--etcd-endpoints", required=True, metavar="LIST", help="the cluster's etcd, comma-separated")
     ob.add_argument("--etcd-prefix", required=True, help="the cluster's key prefix")
@@ -70,6 +71,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     ob.add_argument("--no-load", action="store_true", help="create no schedules; judge the cluster's own")
     ob.add_argument("--seed", type=int, help="default: the scenario's own")
     ob.add_argument("--report", required=True, metavar="DIR", help="the run directory (must be empty)")
+    ob.add_argument("--dry-run", action="store_true",
+                    help="print the plan and the fault commands that would run, then exit (nothing is contacted)")
     ob.set_defaults(func=_call("observe"))
 
     mk = dsub.add_parser("mark", help="record a fault window in an observed run (start ... end)")
