@@ -58,6 +58,8 @@ HELP: dict[str, str] = {
                             "again)",
     "unsafe_disable_clock_guard": "true/false; probe and report clock skew, but neither stand down nor bound the "
                                   "planning time",
+    "unsafe_duplicate_delivery_file": "path; while this file exists (JSON: probability, delay_ms, seed) some "
+                                      "assignments are sent twice (drill fault F9)",
     # worker
     "worker_id": "this worker's unique name",
     "pool": "worker pool this worker serves",
