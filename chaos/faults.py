@@ -4,7 +4,7 @@ means the same at T = 5 s) and the parameters it accepts.
 
 The scenario loader validates fault entries against this table, the planner draws durations and
 parameters from it, and the checker asks it which faults must show a takeover or a rejected stale
-write (validity). Nothing here injects anything: the nemeses belong to the runner (not built yet).
+write (validity). Nothing here injects anything: the nemeses are chaos/nemesis.py.
 """
 
 from __future__ import annotations
@@ -63,7 +63,10 @@ CATALOGUE: dict[str, FaultKind] = {k.id: k for k in (
               {"restart": bool}, invariants=("I1", "I2")),
     FaultKind("F8", "slow workers", "worker", ("worker",), (2.0, 6.0),
               {"hold_ms": int}, invariants=("I1", "I2", "I3")),
-    FaultKind("F9", "duplicate delivery", "link", ("link",), (2.0, 6.0),
+    # Made by the planner itself (a test-only switch in its assignment stream, dispatch/duplicate.py):
+    # HTTP/2 frames cannot be repeated below gRPC. So it is aimed at a planner (its stream to the workers;
+    # a link name `<planner>->...` means that planner) or at the whole cluster (every planner).
+    FaultKind("F9", "duplicate delivery", "planner", ("planner", "link", "cluster"), (2.0, 6.0),
               {"probability": float, "delay_ms": int}, invariants=("I1",)),
     FaultKind("F10", "flaky etcd link", "link", ("link", "planner"), (2.0, 8.0),
               {"latency_ms": int, "jitter_ms": int, "drop": float}, invariants=("I4", "I6", "I3")),

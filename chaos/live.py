@@ -94,6 +94,9 @@ class LiveCluster:
     env: dict[str, str] = field(default_factory=dict)  # extra environment for planners
     clock: PlannerClocks | None = None  # F6: None when libfaketime is not available
     network: ClusterNetwork = field(default_factory=LoopbackNetwork)  # loopback | netns
+    # F9: each planner's duplicate-delivery control file lives here (test mode); None: no planner gets the switch.
+    duplicate_dir: Path | None = None
+    unsafe_dedupe_off: bool = False  # meta-tests only (SCHED_TEST_MODE=1): workers run repeated assignments
     etcd: EtcdCluster | None = None
     planners: PlannerSet | None = None
     workers: dict[str, WorkerProcess] = field(default_factory=dict)
@@ -137,6 +140,10 @@ class LiveCluster:
         if self.unsafe_fencing_off:
             env["SCHED_TEST_MODE"] = "1"
             settings["unsafe_disable_fencing"] = "true"
+        if self.duplicate_dir is not None:  # the switch is refused outside test mode, as it should be
+            self.duplicate_dir.mkdir(parents=True, exist_ok=True)
+            env["SCHED_TEST_MODE"] = "1"
+            settings["unsafe_duplicate_delivery_file"] = str(self.duplicate_control(node))
         old = self.addresses.get(node)
         if old:  # back on the address its workers dial (the start retries a port taken meanwhile)
             settings["api_port"] = old.rpartition(":")[2]
@@ -144,12 +151,21 @@ class LiveCluster:
         self.addresses[node] = address
         return address
 
+    def duplicate_control(self, node: str) -> Path:
+        """F9: the file whose presence makes planner `node` send some assignments twice (dispatch/duplicate.py)."""
+        assert self.duplicate_dir is not None
+        return self.duplicate_dir / f"{node}.json"
+
     def start_worker(self, name: str) -> WorkerProcess:
         w = self.workers.get(name)
         if w is None:
-            env = self.clock.env_for(name) if self.clock is not None else {}
+            env = dict(self.clock.env_for(name)) if self.clock is not None else {}
+            settings = {"concurrency": "64"}
+            if self.unsafe_dedupe_off:
+                env["SCHED_TEST_MODE"] = "1"
+                settings["unsafe_disable_dedupe"] = "true"
             w = WorkerProcess(name, self.region_of(name), list(self.addresses.values()),
-                              self.rec.logs / f"{name}.log", settings={"concurrency": "64"}, env=env,
+                              self.rec.logs / f"{name}.log", settings=settings, env=env,
                               prefix=self.network.prefix(name))
             self.workers[name] = w
         else:

@@ -17,8 +17,12 @@ the takeover, where the fence compare must refuse it) and then thaws the planner
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import zlib
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from chaos.links import LinkFaultUnsupported
@@ -41,6 +45,7 @@ class Active:
     heal: Heal
     note: str = ""
     started_ms: int | None = None  # when the fault took hold, if the nemesis waited before it (F7)
+    counts: dict[str, int] = field(default_factory=dict)  # what it made, filled by the heal (F9: duplicated)
 
 
 async def _nothing() -> str:
@@ -60,7 +65,8 @@ class Nemesis:
             "F10": None if links else "needs a proxy on the planner<->etcd links",
             "F11": None if links else "needs the planner's etcd link cut while etcd is compacted",
             "F6": None if self.live.clock is not None else "needs libfaketime (scripts/setup.sh installs it)",
-            "F9": "duplicate delivery cannot be made below gRPC (HTTP/2 framing) and has no nemesis yet",
+            "F9": None if self.live.duplicate_dir is not None
+            else "the planners were started without the duplicate-delivery switch (the plan held no F9)",
             "F12": None if members >= 3 else "a membership change needs at least 3 etcd members",
         }
         if fault_type == "F4" and members < 1:
@@ -188,6 +194,74 @@ class Nemesis:
             return ""
 
         return Active(w, heal, f"every effect held {sink.extra_hold_ms} ms longer (all workers, at the sink)")
+
+    # ---- the planners' assignment streams ---------------------------------------------------------
+
+    def _f9_planners(self, w: FaultWindow) -> list[str]:
+        """The planners whose streams duplicate: a planner, a link named after its planner, or every one."""
+        if w.target == "cluster":
+            return list(self.live.scenario.cluster.planners())
+        return [w.target.split("->", 1)[0]]
+
+    @staticmethod
+    def _f9_state(control: Path) -> dict[str, Any]:
+        """The planner's answer (dispatch/duplicate.py writes `<control>.state` atomically); {} before any."""
+        try:
+            return dict(json.loads(control.with_name(control.name + ".state").read_text()))
+        except (OSError, ValueError):
+            return {}
+
+    async def _f9_wait(self, controls: list[Path], done: Callable[[dict[str, Any]], bool], timeout: float) -> bool:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while not all(done(self._f9_state(c)) for c in controls):
+            if loop.time() > deadline:
+                return False
+            await asyncio.sleep(0.05)
+        return True
+
+    async def _f9(self, w: FaultWindow) -> Active:
+        """Duplicate delivery: the target planners send a share (`probability`, 5-20%) of their assignments
+        a second time, 0 to `delay_ms` later, on the same stream, through their test-only switch: a control
+        file each polls (dispatch/duplicate.py). The window starts when every target said it is on, and its
+        heal waits until every target said it is off with no repeat still pending, so the counts recorded
+        (`duplicated`) are all the repeats this window made: a window that duplicated nothing is invalid."""
+        planners = self._f9_planners(w)
+        params = {"probability": float(w.params.get("probability", 0.1)),
+                  "delay_ms": int(w.params.get("delay_ms", 2000))}
+        controls = [self.live.duplicate_control(p) for p in planners]
+        before = {c: self._f9_state(c) for c in controls}
+        for p, c in zip(planners, controls, strict=True):
+            tmp = c.with_name(c.name + ".tmp")
+            # Seeded per window and planner: reproducible picks, but not the same picks on every planner.
+            tmp.write_text(json.dumps({**params, "seed": w.index * 1000 + zlib.crc32(p.encode()) % 1000}))
+            os.replace(tmp, c)  # atomic: a planner never reads half the parameters
+        on = await self._f9_wait(controls, lambda st: bool(st.get("on")), 3.0)
+        at = SYSTEM_CLOCK.wall_ms()
+        note = (f"{len(planners)} planner(s) send {params['probability']:.0%} of assignments twice, within "
+                f"{params['delay_ms']} ms" + ("" if on else " (not every planner said it was on within 3 s)"))
+        active = Active(w, _nothing, note, at)
+
+        async def heal() -> str:
+            for c in controls:
+                c.unlink(missing_ok=True)
+            # Repeats already chosen still go out after the heal (they were in flight): wait for them.
+            settled = await self._f9_wait(controls, lambda st: not st.get("on") and not st.get("pending"),
+                                          params["delay_ms"] / 1000 + 3.0)
+            totals = {"duplicated": 0, "skipped": 0, "dispatched": 0}
+            for c in controls:
+                now, then = self._f9_state(c), before[c]
+                # A planner restarted meanwhile counts from 0 again: take its own count then.
+                same = now.get("pid") == then.get("pid")
+                for k in totals:
+                    totals[k] += int(now.get(k, 0)) - (int(then.get(k, 0)) if same else 0)
+            active.counts.update(totals)
+            return (f"{totals['duplicated']} assignment(s) duplicated of {totals['dispatched']} sent while on "
+                    f"({totals['skipped']} skipped: stream gone or no credit)"
+                    + ("" if settled else "; not every planner said it was off"))
+
+        active.heal = heal
+        return active
 
     # ---- etcd ----------------------------------------------------------------------------------
 

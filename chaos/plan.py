@@ -151,6 +151,8 @@ def _params(rng: random.Random, c: Cluster, fid: str, given: dict[str, Any], *, 
         out["variant"] = "single-region" if len(c.regions) == 1 else "multi-region"
     if fid == "F2" and draw and "ttl_multiple" not in given:
         out["ttl_multiple"] = rng.choice((0.5, 1.5, 3.0))  # drills.md: d in {0.5T, 1.5T, 3T}
+    if fid == "F9" and draw and "probability" not in given:
+        out["probability"] = rng.choice((0.05, 0.1, 0.2))  # drills.md: 5-20% of dispatches
     return out
 
 

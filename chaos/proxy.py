@@ -47,7 +47,8 @@ stream repeats frames (a second HEADERS on a stream id is a protocol error; a re
 corrupts the header table; a repeated DATA frame breaks flow control and the message's length
 prefix), so the connection dies with PROTOCOL_ERROR or COMPRESSION_ERROR instead of the server seeing
 the request twice. Duplicating a *request* needs the gRPC layer (a client interceptor that sends the
-RPC again, or a second client), which is where the catalogue puts it.
+RPC again, or a second client), which is where the catalogue puts it: the planner's assignment stream
+repeats assignments itself under a test-only switch (scheduler/dispatch/duplicate.py, nemesis F9).
 
 Counting: `stats` has connections accepted, refused, reset, failed to reach upstream, open now, and
 bytes forwarded and discarded per direction. `events` records every fault change (harness wall time

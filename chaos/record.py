@@ -160,6 +160,8 @@ class FaultRecord:
     name: str = ""
     healthy_ms: int | None = None  # when the cluster was healthy again after it (None: never)
     note: str = ""
+    # What the nemesis made, counted (F9: `duplicated`, the assignments sent twice): validity reads it.
+    counts: dict[str, int] = field(default_factory=dict)
 
     @staticmethod
     def from_json(d: dict[str, Any]) -> FaultRecord:

@@ -61,6 +61,7 @@ class RunOptions:
     links: str = "proxy"  # proxy | direct
     network: str = "loopback"  # loopback | netns (a namespace per node, chaos/netns_cluster.py) | auto
     unsafe_fencing_off: bool = False  # meta-tests (SCHED_TEST_MODE=1): planners write without the fence
+    unsafe_dedupe_off: bool = False  # meta-tests (SCHED_TEST_MODE=1): workers run a repeated assignment again
     progress: Callable[[str], None] | None = None  # a line per step (the CLI prints them)
     scenario_text: str = ""  # the TOML, when the scenario was not read from a file (scenario.toml in the run)
 
@@ -133,8 +134,11 @@ async def run_drill(scenario: Scenario, opts: RunOptions) -> DrillResult:
     clocks, offset_ms = _clocks(opts.directory, s, plan)
     if s.cluster.wall_clock_start is not None and clocks is None:
         raise ScenarioError("cluster.wall_clock_start", "needs libfaketime (scripts/setup.sh installs it)", s.source)
+    # F9's switch (a test-only planner setting) is given to the planners only when the plan holds an F9.
+    duplicates = opts.directory / "duplicate" if any(f.type == "F9" for f in plan.faults) else None
     live = LiveCluster(s, opts.directory, rec, _links(opts.links, rec, network),
-                       unsafe_fencing_off=opts.unsafe_fencing_off, clock=clocks, network=network)
+                       unsafe_fencing_off=opts.unsafe_fencing_off, clock=clocks, network=network,
+                       duplicate_dir=duplicates, unsafe_dedupe_off=opts.unsafe_dedupe_off)
     nemesis = Nemesis(live)
     missing = unsupported_faults(plan, nemesis)
     if missing:
@@ -248,12 +252,12 @@ async def _one(w: FaultWindow, live: LiveCluster, nemesis: Nemesis, rec: RunWrit
         except Exception as e:  # recorded as never healed: the run is invalid, not passed
             notes.append(f"heal failed: {e!r}")
         rec.fault(FaultRecord(w.index, w.type, w.target, t_start, end, dict(w.params), w.role, kind.name,
-                              None, "; ".join(n for n in notes if n)))
+                              None, "; ".join(n for n in notes if n), dict(active.counts)))
     ok, h = await live.wait_healthy(s.faults.health_timeout_s)
     healthy = ok
     # The window's record is written again with its health time: the reader keeps the last line per index.
     rec.fault(FaultRecord(w.index, w.type, w.target, t_start, end, dict(w.params), w.role, kind.name, healthy,
-                          "; ".join(n for n in notes if n)))
+                          "; ".join(n for n in notes if n), dict(active.counts)))
     say(f"  healed; healthy again after {((healthy or 0) - (end or 0)) / 1000:.1f} s" if healthy
         else f"  never healthy again: {h}")
 

@@ -1,6 +1,7 @@
 """Validity, apart from pass/fail (etcd robustness's rule): a run that could not have caught a bug
 says so. Too little load, a fault never healed or a cluster never healthy again, a kill/pause/cut with
-no ownership change, a pause or cut beyond the TTL with no refused stale write (I4c)."""
+no ownership change, a pause or cut beyond the TTL with no refused stale write (I4c), a duplicate
+delivery (F9) that delivered nothing twice."""
 
 from __future__ import annotations
 
@@ -63,6 +64,11 @@ class ValidityChecks(Context):
             if f.type == "F7" and not self.running_on(f.target, f.start_ms):
                 self.invalid.append(f"{label}: no attempt was running on {f.target} when it was killed, so it "
                                     "crashed nothing mid-execution")
+            if f.type == "F9" and int(f.counts.get("duplicated", 0)) == 0:
+                # Nothing delivered twice: the dedupe was never asked to work, so I1 held vacuously.
+                self.invalid.append(f"{label}: no assignment was delivered twice"
+                                    + ("" if "duplicated" in f.counts else " (no count recorded)")
+                                    + ": duplicate delivery exercised nothing")
             row.stale_rejected = self.stale_rejects(f)
             if v.require_stale_reject and kind.expects_stale_reject_beyond_ttl and duration > self.ttl_ms \
                     and row.stale_rejected == 0:

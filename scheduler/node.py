@@ -145,6 +145,7 @@ class PlannerNode:
         """The gRPC-facing dispatcher, wired to this node's ledger, members and planners."""
         options.setdefault("heartbeat_interval", self.planner_settings.heartbeat_interval)
         options.setdefault("heartbeat_timeout", self.planner_settings.heartbeat_timeout)
+        options.setdefault("duplicate_file", self.planner_settings.unsafe_duplicate_delivery_file)  # tests only
         # A result or start for a partition another node owns carries a notice in the same txn, telling
         # that owner to re-read the record (`_notice_unless_owned`: nothing on the common path, the owner).
         # The guarded clock here too: a skewed planner that still serves worker streams (it owns nothing once

@@ -58,6 +58,8 @@ HELP: dict[str, str] = {
                             "again)",
     "unsafe_disable_clock_guard": "true/false; probe and report clock skew, but neither stand down nor bound the "
                                   "planning time",
+    "unsafe_duplicate_delivery_file": "path; while this file exists (JSON: probability, delay_ms, seed) some "
+                                      "assignments are sent twice (drill fault F9)",
     # worker
     "worker_id": "this worker's unique name",
     "pool": "worker pool this worker serves",
@@ -67,6 +69,8 @@ HELP: dict[str, str] = {
     "cancel_grace": "seconds; after a Cancel, how long a handler may clean up before it is stopped",
     "result_ack_timeout": "seconds; a result without a ResultAck after this long is sent again, through "
                           "another planner",
+    "unsafe_disable_dedupe": "true/false; run an assignment delivered twice twice (shows a drill's I1 check "
+                             "catches it)",
     "credit_idle_after": "seconds; a planner that sends nothing this long keeps only one credit",
     "reconnect_backoff_min": "seconds; first delay before re-dialling a planner",
     "reconnect_backoff_max": "seconds; longest delay before re-dialling a planner",

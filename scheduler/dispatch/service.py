@@ -44,6 +44,7 @@ from scheduler._gen.scheduler.v1 import worker_service_pb2 as wpb
 from scheduler.api.convert import fencing_token_pb
 from scheduler.clock import Clock
 from scheduler.dispatch.conn import AttemptKey, Conn
+from scheduler.dispatch.duplicate import DuplicateDelivery
 from scheduler.dispatch.liveness import Liveness
 from scheduler.dispatch.queue import FairQueue
 from scheduler.dispatch.results import NoticeFor, PayloadLookup, ResultRecorder, ResultReport
@@ -95,6 +96,7 @@ class Dispatcher:
         heartbeat_timeout: float = 5.0,
         type_caps: dict[str, int] | None = None,
         tenant_weights: dict[str, int] | None = None,
+        duplicate_file: str = "",
     ) -> None:
         self.node_id, self.region, self.kv, self.ledger, self.clock = node_id, region, kv, ledger, clock
         self._planners, self._on_transition = planners, on_transition
@@ -119,6 +121,9 @@ class Dispatcher:
         # Start confirmation (dispatch/starts.py): Started requests from any stream, recorded in batches.
         self._on_started, self._notice_for = on_started, notice_for
         self._starts: StartRecorder | None = None
+        # TEST ONLY (drill fault F9): re-send some assignments while a control file says so. None in
+        # production: the setting that names the file is refused outside test mode (planner/settings.py).
+        self.duplicate = DuplicateDelivery(duplicate_file, self._resend) if duplicate_file else None
 
     @property
     def starts(self) -> StartRecorder:
@@ -205,8 +210,21 @@ class Dispatcher:
             if batch:
                 self.sent += len(batch)
                 c.out.put_nowait(wpb.PlannerMessage(assignments=wpb.Assignments(assignments=batch)))
+                if self.duplicate is not None:
+                    self.duplicate.sent(c, batch)
             if not len(self.queue):
                 return
+
+    def _resend(self, c: Conn, a: wpb.Assignment) -> bool:
+        """TEST ONLY (F9): `a` once more on `c`, alone, if the stream is still up and has a credit for it.
+        It takes the credit as any assignment does, so that the worker's book (it counts every assignment
+        it receives, and frees the slot of one it ignores) and ours stay equal."""
+        if not any(x is c for x in self.conns.values()) or c.credits <= 0:
+            return False
+        c.credits -= 1
+        self.sent += 1
+        c.out.put_nowait(wpb.PlannerMessage(assignments=wpb.Assignments(assignments=[a])))
+        return True
 
     # ---- receiving --------------------------------------------------------------------------------------
 
@@ -280,6 +298,8 @@ class Dispatcher:
         if not h.worker_id or not h.pool:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "hello.worker_id and hello.pool are required")
             return
+        if self.duplicate is not None:
+            self.duplicate.start()  # polled from the first stream on: without workers there is nothing to repeat
         conn_id = next(self._ids)
         c = Conn(h.worker_id, h.pool, h.region, frozenset(h.task_types), asyncio.Queue(),
                  last_seen=self.clock.monotonic(), capacity=h.capacity)

@@ -24,6 +24,7 @@ class WorkerMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         self.received = 0
+        self.duplicates_ignored = 0  # assignments delivered again for an attempt running or finished here
         # (task type, status) -> histogram. Bounded: task types are this worker's registered handlers
         # (others map to _unregistered) and statuses the three outcomes.
         self.durations: dict[tuple[str, str], LoopHistogram] = {}
@@ -50,6 +51,9 @@ class WorkerMetrics:
         yield fam
         yield CounterMetricFamily("scheduler_worker_assignments_received",
                                   "Assignments received from planners.", value=self.received)
+        yield CounterMetricFamily("scheduler_worker_duplicate_assignments_ignored",
+                                  "Assignments delivered again for an attempt running or finished here (run once).",
+                                  value=self.duplicates_ignored)
         if self._status is None:
             return
         st = self._status()

@@ -45,6 +45,10 @@ class PlannerSettings(Settings):
     max_clock_skew: float = 1.0
     clock_probe_interval: float = 1.0
     unsafe_disable_clock_guard: bool = False  # tests only: probe and report, but neither stand down nor bound
+    # Tests only (drill fault F9, dispatch/duplicate.py): while this file exists, some assignments are sent
+    # twice. Empty: never. A product that repeats its deliveries on purpose is no product: refused outside
+    # test mode, as the other unsafe_ switches.
+    unsafe_duplicate_delivery_file: str = ""
 
     @property
     def probe_rtt_bound(self) -> float:
@@ -84,3 +88,6 @@ class PlannerSettings(Settings):
         if self.unsafe_disable_clock_guard and not test_mode():
             raise InvalidArgument("unsafe_disable_clock_guard",
                                   f"is refused outside test mode ({TEST_MODE_ENV}=1): it breaks safety")
+        if self.unsafe_duplicate_delivery_file and not test_mode():
+            raise InvalidArgument("unsafe_duplicate_delivery_file",
+                                  f"is refused outside test mode ({TEST_MODE_ENV}=1): it delivers assignments twice")

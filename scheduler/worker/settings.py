@@ -7,7 +7,7 @@ import os
 import socket
 from dataclasses import dataclass
 
-from scheduler.config import Settings, parse_listen_address
+from scheduler.config import TEST_MODE_ENV, Settings, parse_listen_address, test_mode
 from scheduler.errors import InvalidArgument
 from scheduler.ids import ID_RE
 from scheduler.model import MAX_NAME_LEN
@@ -50,6 +50,9 @@ class WorkerSettings(Settings):
     http_timeout: float = 30.0  # http executor: default when the payload has no timeout_s
     log_level: str = "info"
     metrics_address: str = ""  # host:port of the Prometheus endpoint (port 0: pick one); empty or "off": none
+    # Tests only: run an assignment delivered twice twice (no dedupe by execution id + attempt), to show
+    # that a drill's I1 check catches it (drill fault F9). Refused outside test mode.
+    unsafe_disable_dedupe: bool = False
 
     @property
     def resolved_worker_id(self) -> str:
@@ -78,5 +81,8 @@ class WorkerSettings(Settings):
         if self.reconnect_backoff_max < self.reconnect_backoff_min:
             raise InvalidArgument("reconnect_backoff_max", "must be >= reconnect_backoff_min")
         parse_listen_address("metrics_address", self.metrics_address)
+        if self.unsafe_disable_dedupe and not test_mode():
+            raise InvalidArgument("unsafe_disable_dedupe",
+                                  f"is refused outside test mode ({TEST_MODE_ENV}=1): it reruns repeated deliveries")
         if self.log_level.upper() not in logging.getLevelNamesMapping():
             raise InvalidArgument("log_level", f"{self.log_level!r} is not a level (debug, info, warning, error)")

@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from types import TracebackType
 from typing import Any, Protocol, Self, runtime_checkable
@@ -40,6 +41,14 @@ log = logging.getLogger("scheduler.worker")
 SDK_VERSION = f"sched-python/{__version__}"
 _RESULTS_PER_MESSAGE = 256
 _RESULT_LINGER = 0.002  # seconds results wait for others finishing soon after, to share one message
+# Attempts that finished here are remembered this long (and at most this many), so that an assignment
+# delivered again after its attempt ended (a replayed message, drill fault F9) is not run a second time.
+# The planner's start confirmation does not stop such a repeat: it accepts a Started repeated by the same
+# worker (a repeat after an unknown outcome), and until the result is recorded the record still says
+# RUNNING by this worker. Ten minutes covers any redelivery of a live stream many times over; the cap
+# bounds the memory (about 100 bytes an entry) at high rates, where the oldest go first.
+_DONE_REMEMBERED_S = 600.0
+_DONE_REMEMBERED_MAX = 100_000
 _FORGET = {wpb.RESULT_DISPOSITION_RECORDED, wpb.RESULT_DISPOSITION_DUPLICATE, wpb.RESULT_DISPOSITION_STALE}
 
 
@@ -78,6 +87,8 @@ class Worker:
         self.starts = StartGate(self._send_to)
         self._handlers: dict[str, Handler] = {}
         self._attempts: dict[AttemptKey, Attempt] = {}
+        self._done: OrderedDict[AttemptKey, float] = OrderedDict()  # finished here -> monotonic time, oldest first
+        self._copies: dict[int, Attempt] = {}  # unsafe_disable_dedupe only: repeats run beside the first (by id)
         self._tasks: list[asyncio.Task[None]] = []
         self._flush_pending = False
         self._grant_pending = False  # slots freed since the last grant: granted with the next flush
@@ -267,8 +278,10 @@ class Worker:
             ctx, timeout = protocol.context_from_assignment(a, self.worker_id, self.clock)
             attempt = Attempt(ctx, a.payload, self._handlers.get(a.task_type), stream.address, timeout,
                               protocol.start_timeout_of(a), self.clock.monotonic())
-            if attempt.key in self._attempts:  # already running here (a planner re-sent it): run it once
-                log.warning("duplicate assignment ignored", extra={**ctx.log_fields(), "planner": stream.address})
+            if self._repeat(attempt.key):  # running or recently finished here (delivered again): run it once
+                log.warning("duplicate assignment ignored", extra={**ctx.log_fields(), "planner": stream.address,
+                                                                    "event": "duplicate_ignored"})
+                self.metrics.duplicates_ignored += 1
                 if i < within:
                     self.book.finished()
             elif i >= within:
@@ -281,7 +294,10 @@ class Worker:
                 self.book.finished()
                 handed_back.append(attempt)  # crossed our Drain on the wire: hand it back too
             else:
-                self._attempts[attempt.key] = attempt
+                if attempt.key in self._attempts:  # only with unsafe_disable_dedupe: both run, both are tracked
+                    self._copies[id(attempt)] = attempt
+                else:
+                    self._attempts[attempt.key] = attempt
                 attempt.task = asyncio.create_task(self._execute(attempt), name=f"attempt {ctx.execution_id}")
         if handed_back:
             self._send_drain(stream, handed_back)
@@ -398,9 +414,23 @@ class Worker:
                             extra={**a.ctx.log_fields(), "planner": a.origin, "event": "orphaned"})
                 a.request_stop(Stop.ORPHANED, self.settings.cancel_grace, "origin planner unreachable")
 
+    def _repeat(self, key: AttemptKey) -> bool:
+        """This attempt is running here or finished here lately: a second delivery of the same assignment."""
+        if self.settings.unsafe_disable_dedupe:
+            return False
+        now = self.clock.monotonic()
+        while self._done and (len(self._done) > _DONE_REMEMBERED_MAX
+                              or now - next(iter(self._done.values())) > _DONE_REMEMBERED_S):
+            self._done.popitem(last=False)
+        return key in self._attempts or key in self._done
+
     def _forget(self, attempt: Attempt) -> None:
         if self._attempts.get(attempt.key) is attempt:
             del self._attempts[attempt.key]
+            self.book.finished()
+            self._done[attempt.key] = self.clock.monotonic()
+            self._done.move_to_end(attempt.key)
+        elif self._copies.pop(id(attempt), None) is not None:
             self.book.finished()
 
     def _hand_back(self, address: str) -> list[Attempt]:

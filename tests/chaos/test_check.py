@@ -246,6 +246,28 @@ def test_a_worker_crash_that_crashed_nothing_is_invalid(tmp_path: Path) -> None:
     assert verdict == "invalid" and any("crashed nothing mid-execution" in r for r in invalid), invalid
 
 
+def test_a_duplicate_delivery_that_duplicated_nothing_is_invalid(tmp_path: Path) -> None:
+    """F9 proves the worker's dedupe only if some assignment really arrived twice (its nemesis counts them)."""
+    x, _ = clean_run(tmp_path / "run")
+    x.faults.append(FaultRecord(1, "F9", "cluster", T0 + 40_000, T0 + 46_000, {"probability": 0.1}, "cluster",
+                                healthy_ms=T0 + 46_100, counts={"duplicated": 0, "dispatched": 80}))
+    verdict, _, invalid = judged(x.build(tmp_path / "run"))
+    assert verdict == "invalid" and any("no assignment was delivered twice" in r for r in invalid), invalid
+    x.faults[-1] = replace(x.faults[-1], counts={"duplicated": 9, "dispatched": 80})
+    verdict, _, invalid = judged(x.build(tmp_path / "run2"))
+    assert not any("delivered twice" in r for r in invalid), invalid
+
+
+def test_one_assignment_run_twice_fails_i1(tmp_path: Path) -> None:
+    """What F9 guards: a second delivery of the same attempt run again (same id, same attempt) is two effects."""
+    x, _ = clean_run(tmp_path / "run")
+    eid = execution_id("s-006", T0 + 44_000)
+    first = next(e for e in x.effects if e.exec_id == eid and e.phase == "start")
+    x.effect(eid, 1, token_of(x, "s-006"), first.worker, T0 + 45_200, T0 + 45_300)
+    verdict, fails, _ = judged(x.build(tmp_path / "run"))
+    assert verdict == "fail" and fails.get("I1") == 1, fails
+
+
 def test_an_effect_cut_short_by_its_caller_then_retried_is_not_a_duplicate(tmp_path: Path) -> None:
     x, _ = clean_run(tmp_path / "run")
     eid = execution_id("s-006", T0 + 44_000)

@@ -102,6 +102,7 @@ def test_worker_metrics_gauges_read_the_status_snapshot() -> None:
     s = samples(generate_latest(m.registry))
     assert {k[0]: v for k, v in s.items() if k[0].startswith("scheduler_worker_")} == {
         "scheduler_worker_assignments_received_total": 4, "scheduler_worker_running_attempts": 3,
+        "scheduler_worker_duplicate_assignments_ignored_total": 0,
         "scheduler_worker_concurrency": 8, "scheduler_worker_connected_planners": 2,
         "scheduler_worker_unacked_results": 5}
 

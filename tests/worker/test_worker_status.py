@@ -39,6 +39,7 @@ async def test_status_snapshot_and_the_gauges_that_read_it(planner: FakePlanner,
     st = w.status()
     assert (st.held, st.running, st.planners, st.unacked_results) == (1, 1, (planner.address,), 0)
     assert gauges(w) == {"scheduler_worker_assignments_received_total": 1, "scheduler_worker_running_attempts": 1,
+                         "scheduler_worker_duplicate_assignments_ignored_total": 0,
                          "scheduler_worker_concurrency": 3, "scheduler_worker_connected_planners": 1,
                          "scheduler_worker_unacked_results": 0}
 
