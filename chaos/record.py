@@ -156,6 +156,8 @@ class FaultRecord:
     name: str = ""
     healthy_ms: int | None = None  # when the cluster was healthy again after it (None: never)
     note: str = ""
+    # What the nemesis did, for validity to check it happened (F12: the member removed and the one added).
+    detail: dict[str, Any] = field(default_factory=dict)
 
     @staticmethod
     def from_json(d: dict[str, Any]) -> FaultRecord:
