@@ -72,7 +72,7 @@ CATALOGUE: dict[str, FaultKind] = {k.id: k for k in (
               {"latency_ms": int, "jitter_ms": int, "drop": float}, invariants=("I4", "I6", "I3")),
     FaultKind("F11", "watch compaction", "planner", ("planner",), (1.0, 3.0), {}, invariants=("I2",)),
     FaultKind("F12", "etcd membership change", "etcd", ("etcd",), (1.0, 4.0),
-              {"action": ("replace", "remove-add")}, invariants=("I7",)),
+              {"action": ("remove-add", "replace"), "leader": ("move", "remove")}, invariants=("I7",)),
 )}
 
 # F4 with both members gone (quorum lost) is an outage too; the checker asks this, not the table.

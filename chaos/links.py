@@ -41,6 +41,8 @@ class Links(Protocol):
 
     async def heal(self, planner: str) -> str: ...
 
+    def retarget(self, member: int, endpoint: str) -> int: ...
+
     async def close(self) -> None: ...
 
 
@@ -79,6 +81,14 @@ class DirectLinks:
 
     async def heal(self, planner: str) -> str:
         return ""
+
+    def retarget(self, member: int, endpoint: str) -> int:
+        """Planners dial the members themselves: the running ones keep their endpoint lists (the replaced
+        member's old address fails and their channel balances over the others); planners started from now
+        on get the new address."""
+        if 0 <= member < len(self._endpoints):
+            self._endpoints[member] = endpoint
+        return 0
 
     async def close(self) -> None:
         return None

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from chaos.infra.etcd import find_binary
 from chaos.links import LinkFaultUnsupported
 from chaos.live import LiveCluster
 from chaos.plan import FaultWindow
@@ -46,6 +47,9 @@ class Active:
     note: str = ""
     started_ms: int | None = None  # when the fault took hold, if the nemesis waited before it (F7)
     counts: dict[str, int] = field(default_factory=dict)  # what it made, filled by the heal (F9: duplicated)
+    # What the nemesis did, recorded with the window (faults.jsonl `detail`) so that validity can check
+    # it happened; a heal may add to it (F12: the member added).
+    detail: dict[str, Any] = field(default_factory=dict)
 
 
 async def _nothing() -> str:
@@ -67,10 +71,17 @@ class Nemesis:
             "F6": None if self.live.clock is not None else "needs libfaketime (scripts/setup.sh installs it)",
             "F9": None if self.live.duplicate_dir is not None
             else "the planners were started without the duplicate-delivery switch (the plan held no F9)",
+            # Removing one of 2 members leaves 1 of 1 (any hiccup of it is an outage), and of 1 none at all.
             "F12": None if members >= 3 else "a membership change needs at least 3 etcd members",
         }
         if fault_type == "F4" and members < 1:
             return "no etcd member"
+        if fault_type == "F12" and members >= 3 and find_binary("etcdctl") is None:
+            return "needs etcdctl next to etcd (scripts/setup.sh installs it)"
+        if fault_type not in why and getattr(self, f"_{fault_type.lower()}", None) is None:
+            # Refused up front, not at its window: a plan holding a fault with no nemesis must not run and
+            # come out with that fault silently missing.
+            return "no nemesis for it"
         return why.get(fault_type)
 
     async def inject(self, w: FaultWindow) -> Active:
@@ -288,6 +299,62 @@ class Nemesis:
             return ""
 
         return Active(w, heal, f"{how} of member(s) {[etcd.members[i].name for i in idx]}")
+
+    async def _f12(self, w: FaultWindow) -> Active:
+        """Etcd membership change (etcd robustness's MemberReplace, Jepsen's `member` nemesis): the target
+        member is removed from the membership (`etcdctl member remove`; refused if the others would not
+        keep a quorum), its process gone and its data dir wiped; then a fresh member (new etcd name, empty
+        data dir, `--initial-cluster-state=existing`) is added in its slot (`member add`, a voter) and
+        started. `remove-add` (default): the window runs on the two members left and the add is the heal;
+        `replace`: the add follows the remove at once, and the window holds the new member's joining.
+
+        The heal returns only once the new member is a voter that caught up (chaos/infra/etcd.py
+        `wait_caught_up`): a heal that cannot get there fails, and the window is recorded as never healed
+        (invalid). The planners' links to the slot are re-pointed at the new member's address (on loopback
+        it listens on new ports; in namespaces it is the slot's own address again), as a per-member DNS
+        name would re-resolve; their endpoint lists never change."""
+        etcd = self.live.etcd
+        assert etcd is not None
+        i = self._member(w.target)
+        action = str(w.params.get("action", "remove-add"))
+        voters = len(etcd.members)
+        move = str(w.params.get("leader", "move")) == "move"
+        leader = await asyncio.to_thread(etcd.leader_id)
+        try:
+            removed = await asyncio.to_thread(etcd.remove_member, i, move_leader=move)
+        except ValueError as e:  # would lose quorum: that is F4's outage, not this fault
+            raise Unsupported(f"F12 ({w.name}): {e}") from None
+        at = SYSTEM_CLOCK.wall_ms()
+        was_leader = leader == removed.id
+        detail: dict[str, Any] = {"action": action, "slot": w.target,
+                                  "removed": {"id": removed.hex_id, "name": removed.name,
+                                              "peer_urls": list(removed.peer_urls), "data_dir_wiped": True,
+                                              "was_leader": was_leader, "leader_moved_first": was_leader and move}}
+        lead = ""
+        if was_leader:
+            lead = " (the leader; leadership moved first)" if move else " (the leader, removed as it led)"
+        note = f"member {removed.name} ({removed.hex_id}) removed{lead}, its data dir wiped; {voters - 1} voters left"
+
+        async def add() -> str:
+            info, seen = await asyncio.to_thread(etcd.add_member, i, timeout=self.live.scenario.faults.health_timeout_s)
+            moved = self.live.links.retarget(i, etcd.endpoints[i])
+            detail["added"] = {"id": info.hex_id, "name": info.name, "peer_urls": list(info.peer_urls),
+                               "client_urls": list(info.client_urls), "voting": not info.is_learner,
+                               "applied_index": seen["applied_index"], "leader_index": seen["leader_index"],
+                               "links_retargeted": moved}
+            return (f"member {info.name} ({info.hex_id}) added at {etcd.endpoints[i]}, a voter caught up to raft "
+                    f"index {seen['applied_index']} (leader's {seen['leader_index']})")
+
+        if action == "replace":
+            try:
+                note += "; " + await add()
+            except Exception as e:  # the window is recorded all the same; its heal tries the add again
+                note += f"; add failed ({e!r}), retried at the heal"
+
+        async def heal() -> str:
+            return await add() if "added" not in detail else ""
+
+        return Active(w, heal, note, at, detail)
 
     # ---- links ---------------------------------------------------------------------------------
 

@@ -212,11 +212,25 @@ class NetnsEtcdCluster(EtcdCluster):
         if self.tls is not None:
             raise ValueError("NetnsEtcdCluster: TLS is not supported")
         self.members = [Member(n, ETCD_CLIENT_PORT, ETCD_PEER_PORT, self.base_dir / f"{n}.etcd",
-                               self.base_dir / f"{n}.log") for n in self.nodes]
+                               self.base_dir / f"{n}.log", slot=n) for n in self.nodes]
 
     def _addr(self, m: Member) -> str:
+        """The member's node's address: a replacement (F12) has a new etcd name but runs in its slot's node."""
         assert self.net is not None
-        return self.net.addr(m.name)
+        return self.net.addr(m.slot or m.name)
+
+    def _peer_url(self, m: Member) -> str:
+        return f"http://{self._addr(m)}:{m.peer_port}"
+
+    def _replacement_ports(self, old: Member) -> tuple[int, int]:
+        """The fixed ports, in the slot's own namespace (nothing else binds there, and its predecessor is
+        gone): so the new member is on the very address the planners' proxies and the harness's portal
+        dial, as a replaced machine keeping its DNS name would be."""
+        return ETCD_CLIENT_PORT, ETCD_PEER_PORT
+
+    @property
+    def _ports_movable(self) -> bool:
+        return False
 
     @property
     def endpoints(self) -> tuple[str, ...]:
@@ -225,9 +239,9 @@ class NetnsEtcdCluster(EtcdCluster):
     def _args(self, m: Member) -> list[str]:
         assert self.binary is not None and self.net is not None
         a = self._addr(m)
-        initial = ",".join(f"{x.name}=http://{self._addr(x)}:{x.peer_port}" for x in self.members)
+        initial = ",".join(f"{x.name}={self._peer_url(x)}" for x in self.members if not x.removed)
         args = [
-            *self.net.prefix(m.name), self.binary,
+            *self.net.prefix(m.slot or m.name), self.binary,
             f"--name={m.name}",
             f"--data-dir={m.data_dir}",
             f"--listen-client-urls=http://{a}:{m.client_port}",
@@ -235,7 +249,7 @@ class NetnsEtcdCluster(EtcdCluster):
             f"--listen-peer-urls=http://{a}:{m.peer_port}",
             f"--initial-advertise-peer-urls=http://{a}:{m.peer_port}",
             f"--initial-cluster={initial}",
-            "--initial-cluster-state=new",
+            f"--initial-cluster-state={m.cluster_state}",
             f"--initial-cluster-token=sched-netns-{self.net.run_id}",
             "--log-level=warn",
         ]
@@ -300,7 +314,7 @@ class NetnsEtcdCluster(EtcdCluster):
         binary = find_binary("etcdctl")
         if binary is None:
             raise RuntimeError("etcdctl not found next to etcd")
-        chosen = [self.members[member]] if member is not None else self.members
+        chosen = [self.members[member]] if member is not None else self._reachable()
         argv = [*self.net.prefix(HARNESS), binary,
                 "--endpoints=" + ",".join(f"http://{self._addr(m)}:{m.client_port}" for m in chosen)]
         if user:

@@ -117,6 +117,22 @@ class ProxyLinks:
         reset = sum(x.heal() for x in self.proxies[planner])
         return f"{reset} damaged connection(s) reset" if reset else ""
 
+    def retarget(self, member: int, endpoint: str) -> int:
+        """Point every planner's link to etcd member `member` at `endpoint` (F12: the member that replaced
+        it listens elsewhere), as a DNS name or a virtual IP per member slot re-resolves in production:
+        the planners' endpoint lists stay as they are and their next connection reaches the new member.
+        Connections still open to the old address are reset (there is nothing behind them). Returns how
+        many links moved."""
+        host, _, port = endpoint.rpartition(":")
+        moved = 0
+        for proxies in self.proxies.values():
+            if member < len(proxies):
+                x = proxies[member]
+                x.upstream_host, x.upstream_port = host, int(port)
+                x.reset(refuse=False)
+                moved += 1
+        return moved
+
     async def close(self) -> None:
         await asyncio.gather(*(x.close() for xs in self.proxies.values() for x in xs), return_exceptions=True)
         self._witnesses.clear()

@@ -162,6 +162,8 @@ class FaultRecord:
     note: str = ""
     # What the nemesis made, counted (F9: `duplicated`, the assignments sent twice): validity reads it.
     counts: dict[str, int] = field(default_factory=dict)
+    # What the nemesis did, for validity to check it happened (F12: the member removed and the one added).
+    detail: dict[str, Any] = field(default_factory=dict)
 
     @staticmethod
     def from_json(d: dict[str, Any]) -> FaultRecord:

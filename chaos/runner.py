@@ -252,12 +252,12 @@ async def _one(w: FaultWindow, live: LiveCluster, nemesis: Nemesis, rec: RunWrit
         except Exception as e:  # recorded as never healed: the run is invalid, not passed
             notes.append(f"heal failed: {e!r}")
         rec.fault(FaultRecord(w.index, w.type, w.target, t_start, end, dict(w.params), w.role, kind.name,
-                              None, "; ".join(n for n in notes if n), dict(active.counts)))
+                              None, "; ".join(n for n in notes if n), dict(active.counts), dict(active.detail)))
     ok, h = await live.wait_healthy(s.faults.health_timeout_s)
     healthy = ok
     # The window's record is written again with its health time: the reader keeps the last line per index.
     rec.fault(FaultRecord(w.index, w.type, w.target, t_start, end, dict(w.params), w.role, kind.name, healthy,
-                          "; ".join(n for n in notes if n), dict(active.counts)))
+                          "; ".join(n for n in notes if n), dict(active.counts), dict(active.detail)))
     say(f"  healed; healthy again after {((healthy or 0) - (end or 0)) / 1000:.1f} s" if healthy
         else f"  never healthy again: {h}")
 

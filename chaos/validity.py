@@ -13,7 +13,7 @@ from chaos import faults as catalogue
 from chaos.context import Context
 from chaos.record import FaultRecord
 
-__all__ = ["ValidityChecks"]
+__all__ = ["ValidityChecks", "membership_change_missing"]
 
 
 def _log_ms(line: str) -> int | None:
@@ -23,6 +23,23 @@ def _log_ms(line: str) -> int | None:
         return int(datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp() * 1000)
     except (ValueError, AttributeError, TypeError):
         return None
+
+
+def membership_change_missing(f: FaultRecord) -> str:
+    """Why an F12 window did not change the membership ("" if it did): the nemesis records the member it
+    removed and the one it added (a voter that caught up with the leader) in the window's `detail`."""
+    removed, added = f.detail.get("removed"), f.detail.get("added")
+    if not removed:
+        return "no etcd member was removed: the membership never changed"
+    if not added:
+        return f"member {removed.get('name')} was removed but none was added in its place"
+    if added.get("id") == removed.get("id"):
+        return f"the member added ({added.get('id')}) is the one removed: the membership never changed"
+    if not added.get("voting", False):
+        return f"the member added ({added.get('name')}) is a learner, not a voting member"
+    if int(added.get("applied_index", 0)) < int(added.get("leader_index", 1)):
+        return f"the member added ({added.get('name')}) never caught up with the leader"
+    return ""
 
 
 class ValidityChecks(Context):
@@ -69,6 +86,8 @@ class ValidityChecks(Context):
                 self.invalid.append(f"{label}: no assignment was delivered twice"
                                     + ("" if "duplicated" in f.counts else " (no count recorded)")
                                     + ": duplicate delivery exercised nothing")
+            if f.type == "F12" and (why := membership_change_missing(f)):
+                self.invalid.append(f"{label}: {why}")
             row.stale_rejected = self.stale_rejects(f)
             if v.require_stale_reject and kind.expects_stale_reject_beyond_ttl and duration > self.ttl_ms \
                     and row.stale_rejected == 0:

@@ -14,6 +14,7 @@ finalizers, by an atexit hook as a backstop, and on Linux by a parent-death sign
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import signal
@@ -31,6 +32,8 @@ from chaos.infra.ports import is_bind_error, pick_port
 from chaos.infra.procs import forget, spawn
 from scheduler.store.etcd import EtcdConfig
 
+log = logging.getLogger(__name__)
+
 ETCD_MISSING = (
     "etcd binary not found: set SCHED_ETCD_BIN to an etcd 3.5 binary, or run scripts/setup.sh "
     "(it installs .venv/bin/etcd). Tests marked `etcd` need a real server."
@@ -41,6 +44,13 @@ EtcdFactory = Callable[..., "EtcdCluster"]  # the `etcd_factory` fixture: option
 # Start-ups lost to a taken port before giving up: each loss needs another process to bind the very
 # port picked in the second or so before etcd binds it, so more than one in a row means a real problem.
 BIND_ATTEMPTS = 5
+
+# etcd's strict reconfiguration check refuses a member remove or add ("unhealthy cluster") until every
+# remaining voter has been connected to its peers for 5 s (etcdserver's HealthInterval): right after a
+# start or a restart that is a wait, not an error.
+RECONFIG_WAIT_S = 15.0
+_RECONFIG_TRANSIENT = ("unhealthy cluster", "not enough started members", "timed out", "leader changed",
+                       "no leader", "too many requests", "deadline exceeded")
 
 
 class PortInUse(RuntimeError):
@@ -110,6 +120,14 @@ class Member:
     process: subprocess.Popen[bytes] | None = None
     paused: bool = False
     log_start: int = 0  # where this process's lines begin in log_path (a restart appends)
+    # The node this member stands for: a member that replaced another (F12) has a new etcd name but
+    # the same slot (in a namespace run, the same node's namespace and address).
+    slot: str = ""
+    # `new` for the members the cluster was bootstrapped with; `existing` for one added later with
+    # `member add` (it joins the running cluster instead of bootstrapping one).
+    cluster_state: str = "new"
+    generation: int = 0  # how many members this slot had before this one (F12 replacements)
+    removed: bool = False  # removed from the membership (F12); not restarted, not waited for
 
     @property
     def endpoint(self) -> str:
@@ -123,6 +141,26 @@ class Member:
     @property
     def running(self) -> bool:
         return self.process is not None and self.process.poll() is None
+
+
+@dataclass(frozen=True)
+class MemberInfo:
+    """One entry of `etcdctl member list`: a member without a name has been added but never started."""
+
+    id: int
+    name: str
+    peer_urls: tuple[str, ...]
+    client_urls: tuple[str, ...]
+    is_learner: bool
+
+    @property
+    def hex_id(self) -> str:
+        return format(self.id, "x")  # etcdctl takes member ids in hex and prints them in decimal in JSON
+
+    @staticmethod
+    def from_json(d: dict[str, Any]) -> MemberInfo:
+        return MemberInfo(int(d["ID"]), str(d.get("name", "")), tuple(d.get("peerURLs", ())),
+                          tuple(d.get("clientURLs", ())), bool(d.get("isLearner", False)))
 
 
 @dataclass
@@ -149,7 +187,8 @@ class EtcdCluster:
             raise RuntimeError(ETCD_MISSING)
         self.base_dir.mkdir(parents=True, exist_ok=True)
         self.members = [
-            Member(f"m{i}", pick_port(), pick_port(), self.base_dir / f"m{i}.etcd", self.base_dir / f"m{i}.log")
+            Member(f"m{i}", pick_port(), pick_port(), self.base_dir / f"m{i}.etcd", self.base_dir / f"m{i}.log",
+                   slot=f"m{i}")
             for i in range(self.size)
         ]
         self.bind_retries = 0  # start-ups lost to a taken port (for the record: logs keep each attempt)
@@ -208,7 +247,7 @@ class EtcdCluster:
 
     def _args(self, m: Member) -> list[str]:
         assert self.binary is not None
-        initial = ",".join(f"{x.name}=http://127.0.0.1:{x.peer_port}" for x in self.members)
+        initial = ",".join(f"{x.name}={self._peer_url(x)}" for x in self.members if not x.removed)
         client_url = f"{self.scheme}://127.0.0.1:{m.client_port}"
         args = [
             self.binary,
@@ -216,10 +255,10 @@ class EtcdCluster:
             f"--data-dir={m.data_dir}",
             f"--listen-client-urls={client_url}",
             f"--advertise-client-urls={client_url}",
-            f"--listen-peer-urls=http://127.0.0.1:{m.peer_port}",
-            f"--initial-advertise-peer-urls=http://127.0.0.1:{m.peer_port}",
+            f"--listen-peer-urls={self._peer_url(m)}",
+            f"--initial-advertise-peer-urls={self._peer_url(m)}",
             f"--initial-cluster={initial}",
-            "--initial-cluster-state=new",
+            f"--initial-cluster-state={m.cluster_state}",
             f"--initial-cluster-token=sched-test-{id(self):x}",
             "--log-level=warn",
         ]
@@ -270,6 +309,8 @@ class EtcdCluster:
     def restart(self, i: int, timeout: float = 30.0) -> None:
         """Start member i again with the same name, ports and data dir (kills it first if running)."""
         m = self.members[i]
+        if m.removed:
+            raise RuntimeError(f"{m.name} was removed from the membership: add_member({i}) refills its slot")
         if m.running:
             self.kill(i)
         for attempt in range(1, BIND_ATTEMPTS + 1):
@@ -330,7 +371,8 @@ class EtcdCluster:
             return False
 
     def wait_healthy(self, indexes: Sequence[int] | None = None, timeout: float = 30.0) -> None:
-        wanted = list(range(self.size)) if indexes is None else list(indexes)
+        # A member removed from the membership (F12) has no process to wait for until its slot is refilled.
+        wanted = [i for i in range(self.size) if not self.members[i].removed] if indexes is None else list(indexes)
         deadline = time.monotonic() + timeout
         while True:
             for i in wanted:
@@ -352,7 +394,7 @@ class EtcdCluster:
         binary = find_binary("etcdctl")
         if binary is None:
             raise RuntimeError("etcdctl not found next to etcd")
-        endpoints = [self.members[member]] if member is not None else self.members
+        endpoints = [self.members[member]] if member is not None else self._reachable()
         argv = [binary, "--endpoints=" + ",".join(f"{self.scheme}://{m.endpoint}" for m in endpoints)]
         if self.tls:
             argv.append(f"--cacert={self.tls.ca}")
@@ -365,6 +407,209 @@ class EtcdCluster:
         if done.returncode != 0:
             raise RuntimeError(f"etcdctl {' '.join(args)} failed: {done.stderr.strip()}")
         return done.stdout
+
+
+    def _reachable(self) -> list[Member]:
+        """The members etcdctl may dial: not those removed from the membership (their endpoints are gone,
+        and etcdctl would spend its dial timeout on one)."""
+        return [m for m in self.members if not m.removed] or list(self.members)
+
+    # ---- membership (F12: etcd's MemberReplace, Jepsen's `member` nemesis) ------------------------
+
+    def _peer_url(self, m: Member) -> str:
+        return f"http://127.0.0.1:{m.peer_port}"
+
+    def _replacement_ports(self, old: Member) -> tuple[int, int]:
+        """Client and peer ports for the member that refills `old`'s slot. On loopback: new ones. The old
+        ones are free only as long as nobody else took them, and a member added with a new peer URL is what
+        a real replacement (a new machine) looks like; clients reach it through whatever re-resolves the
+        slot's address (the drills' per-planner proxies are re-pointed: chaos/proxy_links.py)."""
+        return pick_port(), pick_port()
+
+    @property
+    def _ports_movable(self) -> bool:
+        """Whether a member that lost its port to another process may move to another (loopback: yes)."""
+        return True
+
+    def member_list(self) -> list[MemberInfo]:
+        out = json.loads(self.etcdctl("member", "list", "-w", "json"))
+        return [MemberInfo.from_json(d) for d in out.get("members", [])]
+
+    def member_index(self, name: str) -> int | None:
+        """The slot of the member called `name` now (a replacement keeps its predecessor's slot)."""
+        return next((i for i, m in enumerate(self.members) if m.name == name), None)
+
+    def _reconfig(self, *args: str, timeout: float = RECONFIG_WAIT_S) -> str:
+        """A membership change through etcdctl, retried while etcd calls it premature (the strict
+        reconfiguration check, an election under way): see RECONFIG_WAIT_S."""
+        deadline = time.monotonic() + timeout
+        pause = 0.25
+        while True:
+            try:
+                return self.etcdctl(*args)
+            except RuntimeError as e:
+                transient = any(t in str(e).lower() for t in _RECONFIG_TRANSIENT)
+                if not transient or time.monotonic() + pause > deadline:
+                    raise
+                log.info("etcd reconfiguration %s refused for now, retrying: %s", args[:2], str(e)[-200:])
+                time.sleep(pause)
+                pause = min(pause * 2, 2.0)
+
+    def leader_id(self) -> int:
+        """The leader's member id as the reachable members see it (0: none agreed on yet)."""
+        leaders = {int(st.get("leader", 0)) for st in self.endpoint_status().values()}
+        return leaders.pop() if len(leaders) == 1 else 0
+
+    def move_leader(self, away_from: int, to: MemberInfo, timeout: float = RECONFIG_WAIT_S) -> None:
+        """`etcdctl move-leader`: leadership handed to `to` (etcd's own graceful stop does this), then wait
+        until the members agree it leads."""
+        self._reconfig("move-leader", to.hex_id, timeout=timeout)
+        deadline = time.monotonic() + timeout
+        while self.leader_id() in (0, away_from):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"leadership did not move from {away_from:x} to {to.hex_id}")
+            time.sleep(0.1)
+
+    def remove_member(self, i: int, timeout: float = RECONFIG_WAIT_S, *, move_leader: bool = True) -> MemberInfo:
+        """`etcdctl member remove` of member i, then its process gone (by pid) and its data dir wiped: the
+        first half of a replacement. Refused (ValueError) when the members left would not hold a quorum of
+        the smaller cluster among them healthy: that would be an outage (F4 with 2 members), not a
+        membership change.
+
+        If member i leads, leadership is first moved to a healthy member (`move_leader`, as an operator's
+        runbook and etcd's graceful stop do); otherwise the survivors sit out an election timeout and more
+        after the removal (measured on a loaded 2-core machine: ~5 s of refused or stalled requests, the
+        next reconfiguration timing out). `move_leader=False` removes the leader as it is."""
+        m = self.members[i]
+        if m.removed:
+            raise ValueError(f"{m.name} is already removed")
+        infos = self.member_list()
+        me = next((x for x in infos if x.name == m.name), None)
+        if me is None:
+            raise RuntimeError(f"{m.name} is not in the membership: {[x.name for x in infos]}")
+        healthy = {x.name for j, x in enumerate(self.members)
+                   if j != i and not x.removed and x.running and not x.paused and self.healthy(j)}
+        left = [x for x in infos if x.id != me.id and not x.is_learner]
+        quorum = len(left) // 2 + 1
+        alive = sum(1 for x in left if x.name in healthy)
+        if alive < quorum:
+            raise ValueError(f"removing {m.name} would leave {alive} healthy voter(s) of {len(left)}, below the "
+                             f"quorum of {quorum}")
+        if move_leader and self.leader_id() == me.id:
+            self.move_leader(me.id, next(x for x in left if x.name in healthy), timeout=timeout)
+        try:
+            self._reconfig("member", "remove", me.hex_id, timeout=timeout)
+        except RuntimeError:
+            # A remove that timed out may still have been applied; the retry then finds no such member.
+            if any(x.id == me.id for x in self.member_list()):
+                raise
+        m.removed = True
+        # A removed member stops itself once it applies its own removal (exit 0, measured: < 0.1 s); one
+        # that never hears of it (cut off, stopped) is killed, so that it cannot come back as a rogue voter.
+        deadline = time.monotonic() + 3.0
+        while m.running and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self._signal_and_reap(m, signal.SIGKILL)
+        shutil.rmtree(m.data_dir, ignore_errors=True)
+        return me
+
+    def add_member(self, i: int, *, name: str | None = None,
+                   timeout: float = 60.0) -> tuple[MemberInfo, dict[str, Any]]:
+        """Refill slot i (its member removed) with a fresh member: `etcdctl member add` (a voter, not a
+        learner), a new etcd name (`<slot>-new<n>` unless `name`), an empty data dir, started with
+        --initial-cluster-state=existing; returns once it is healthy and has caught up (`wait_caught_up`),
+        with its membership entry and what the catch-up check saw."""
+        old = self.members[i]
+        if not old.removed:
+            raise ValueError(f"{old.name} is still a member: remove_member({i}) first")
+        gen = old.generation + 1
+        slot = old.slot or old.name
+        new = name or f"{slot}-new{gen}"
+        client, peer = self._replacement_ports(old)
+        m = Member(new, client, peer, self.base_dir / f"{new}.etcd", self.base_dir / f"{new}.log", slot=slot,
+                   cluster_state="existing", generation=gen)
+        shutil.rmtree(m.data_dir, ignore_errors=True)
+        info = self._member_add(m)
+        self.members[i] = m
+        for attempt in range(1, BIND_ATTEMPTS + 1):
+            self._spawn(m)
+            try:
+                self.wait_healthy([i], timeout=timeout)
+                break
+            except PortInUse:
+                if attempt == BIND_ATTEMPTS:
+                    raise
+                self.bind_retries += 1
+                shutil.rmtree(m.data_dir, ignore_errors=True)  # it never joined: nothing in it to keep
+                if self._ports_movable:
+                    # Its peer URL is in the membership already: move it there too before starting again.
+                    m.client_port, m.peer_port = pick_port(), pick_port()
+                    self._reconfig("member", "update", info.hex_id, f"--peer-urls={self._peer_url(m)}")
+                else:
+                    time.sleep(0.5 * attempt)
+        seen = self.wait_caught_up(i, timeout=timeout)
+        final = next((x for x in self.member_list() if x.id == info.id), info)
+        return final, seen
+
+    def _member_add(self, m: Member) -> MemberInfo:
+        url = self._peer_url(m)
+        try:
+            out = json.loads(self._reconfig("member", "add", m.name, f"--peer-urls={url}", "-w", "json"))
+            return MemberInfo.from_json(out["member"])
+        except RuntimeError:
+            # An add that timed out may still have been applied: its retry then finds the peer URL taken.
+            for x in self.member_list():
+                if url in x.peer_urls:
+                    return x
+            raise
+
+    def endpoint_status(self) -> dict[int, dict[str, Any]]:
+        """`etcdctl endpoint status` of each reachable member (asked one at a time: one member down must not
+        hide the others' answers), by member id."""
+        out: dict[int, dict[str, Any]] = {}
+        for j, m in enumerate(self.members):
+            if m.removed or not m.running:
+                continue
+            try:
+                rows = json.loads(self.etcdctl("endpoint", "status", "-w", "json", member=j))
+            except (RuntimeError, ValueError):
+                continue
+            for row in rows:
+                st = row.get("Status", {})
+                out[int(st.get("header", {}).get("member_id", 0))] = st
+        return out
+
+    def wait_caught_up(self, i: int, timeout: float = 60.0) -> dict[str, Any]:
+        """Until member i is a started voter (named in the membership, not a learner) that has applied
+        everything the leader had in its log when the wait began (`raftAppliedIndex` against the leader's
+        `raftIndex`, from `endpoint status`), agreeing with the others on who leads. Returns what it saw."""
+        m = self.members[i]
+        deadline = time.monotonic() + timeout
+        target: int | None = None
+        last = "no status yet"
+        while True:
+            try:
+                me = next((x for x in self.member_list() if x.name == m.name), None)
+                status = self.endpoint_status()
+            except (RuntimeError, ValueError) as e:
+                me, status, last = None, {}, str(e)
+            mine = status.get(me.id) if me is not None else None
+            if me is not None and mine is not None:
+                leader = int(mine.get("leader", 0))
+                lead = status.get(leader)
+                if lead is not None and target is None:
+                    target = int(lead.get("raftIndex", 0))
+                applied = int(mine.get("raftAppliedIndex", 0))
+                agree = all(int(st.get("leader", 0)) == leader for st in status.values())
+                learner = me.is_learner or bool(mine.get("isLearner", False))
+                if target is not None and not learner and agree and leader != 0 and applied >= target:
+                    return {"id": me.id, "name": me.name, "voting": True, "applied_index": applied,
+                            "leader_index": target, "leader": format(leader, "x")}
+                last = (f"learner={learner} leader={leader:x} agreed={agree} applied={applied} "
+                        f"target={target}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"etcd {m.name} did not catch up within {timeout}s: {last}")
+            time.sleep(0.2)
 
 
 def _tail(path: Path, lines: int = 20, start: int = 0) -> str:
