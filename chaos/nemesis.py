@@ -354,7 +354,7 @@ class Nemesis:
         async def heal() -> str:
             return await add() if "added" not in detail else ""
 
-        return Active(w, heal, note, at, detail)
+        return Active(w, heal, note, at, detail=detail)
 
     # ---- links ---------------------------------------------------------------------------------
 

@@ -188,4 +188,7 @@ def test_planners_without_the_fence_are_still_refused_by_the_keys_own_compares(t
     stale = [t for t in load_run(r.directory).wire
              if t.planner == f2.target and not t.fenced and not t.succeeded
              and t.sent_ms <= f2.start_ms + 100 and t.answered_ms >= f2.start_ms + 2_000]  # held past the TTL
-    assert stale, "the held unfenced write should have reached etcd after the takeover and been refused"
+    near = [t for t in load_run(r.directory).wire if t.planner == f2.target
+            and f2.start_ms - 1_000 <= t.sent_ms <= (f2.end_ms or f2.start_ms) + 1_000]
+    assert stale, ("the held unfenced write should have reached etcd after the takeover and been refused; "
+                   f"F2 {f2.start_ms}..{f2.end_ms} note {f2.note!r}; the target's txns on the wire then: {near[:10]}")
