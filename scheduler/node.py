@@ -116,6 +116,7 @@ class PlannerNode:
         self.metrics = metrics or PlannerMetrics(schedule_limit=self.planner_settings.metrics_schedule_limit)
         self.metrics.observe(self.status)
         self.ownership.lease_observer = self.metrics
+        self.ownership.release_settle = self._settle_starts
         self.store = ScheduleStore(kv, ks, settings.partitions, timeout=settings.rpc_timeout)
         self.ledger = Ledger(ks, settings.partitions)
         self.fence_stats = FenceStats()
@@ -226,6 +227,16 @@ class PlannerNode:
         planner = self.planners.get(partition)
         if planner is not None:
             planner.record_transition(e)
+
+    async def _settle_starts(self, partition: int) -> None:
+        """Until no attempt this node dispatched for `partition` still waits for its start (Ownership
+        bounds the wait): a planned release hands over runs that started, not runs whose start the next
+        owner's claim would refuse."""
+        while (planner := self.planners.get(partition)) is not None and \
+                planner.pending.awaiting_start(self.clock.wall_ms()):  # noqa: ASYNC110
+            # A poll, not an event: starts reach the snapshot on several paths (this node's recorder, a
+            # notice read, a reload), and the wait is short and bounded (Ownership.release_settle_s).
+            await asyncio.sleep(0.05)
 
     def _on_started(self, e: Execution) -> None:
         """A start recorded by this node's dispatcher: the owner's snapshot takes the RUNNING record in

@@ -113,6 +113,12 @@ class Ownership:
         self.sessions = 0
         self.last_decision: RebalanceDecision | None = None
         self.lease_observer: LeaseObserver | None = None  # metrics of the sessions' keepalives
+        # A planned release (rebalance, drain, shutdown) waits, after its in-flight writes and at most
+        # `release_settle_s`, for this: the node's "no dispatch of this partition still waits for its
+        # start" (a start is recorded only under the dispatching owner's claim, so one that arrives after
+        # the release is refused and the run waits out its start-by before a new owner sends it again).
+        self.release_settle: Callable[[int], Awaitable[None]] | None = None
+        self.release_settle_s = 2.0
         self._member_started: dict[int, int] = {}  # session lease -> started_at_ms of its member record
         self._wake = asyncio.Event()
         self._changed_owned = asyncio.Event()
@@ -381,6 +387,14 @@ class Ownership:
             return
         o.releasing = True
         await o.idle.wait()  # in-flight writes first
+        if self.release_settle is not None and self.owned.get(partition) is o:
+            # ... then the starts of what it dispatched: a smoke drill's restarted planner took a partition
+            # back while runs it had just been sent were unconfirmed, and those started 10 s late.
+            try:
+                await asyncio.wait_for(self.release_settle(partition), timeout=self.release_settle_s)
+            except TimeoutError:
+                log.info("released with dispatches still waiting for their start",
+                         extra={"partition": partition, "event": "release_unsettled"})
         if self.owned.get(partition) is not o:
             return  # lost meanwhile
         key = self._ks.owner(partition)

@@ -290,23 +290,37 @@ class PendingIndex:
                 self.defer(cur)
 
     def expired(self, now_ms: int) -> list[Execution]:
-        """In-flight attempts whose recorded deadline has passed."""
-        out = []
+        """In-flight attempts whose recorded deadline has passed, each once. (A record put again with the same
+        attempt, e.g. DISPATCHED then RUNNING, leaves two heap entries with its deadline: both are live, and
+        returning it twice put one key twice in the timeout txn, which etcd refuses: a smoke drill's planners
+        reloaded three partitions for it.)"""
+        out: dict[str, Execution] = {}
         while self._deadlines and self._deadlines[0][0] <= now_ms:
             t, _, eid = heapq.heappop(self._deadlines)
             e = self._by_id.get(eid)
             cur = None if e is None else e.current
             if e is not None and e.state in IN_FLIGHT and cur is not None and cur.deadline_ms == t:
-                out.append(e)
-        return out
+                out[eid] = e
+        return list(out.values())
+
+    def awaiting_start(self, now_ms: int) -> bool:
+        """Whether a dispatched attempt still waits for its start, its start-by not yet passed."""
+        for t, _, eid in self._start_bys:
+            e = self._by_id.get(eid)
+            cur = None if e is None else e.current
+            if t > now_ms and e is not None and e.state is ExecState.DISPATCHED and cur is not None \
+                    and cur.start_by_ms == t:
+                return True
+        return False
 
     def unstarted(self, now_ms: int) -> list[Execution]:
-        """Dispatched attempts whose start-by instant has passed with no start recorded."""
-        out = []
+        """Dispatched attempts whose start-by instant has passed with no start recorded, each once (as
+        `expired`)."""
+        out: dict[str, Execution] = {}
         while self._start_bys and self._start_bys[0][0] <= now_ms:
             t, _, eid = heapq.heappop(self._start_bys)
             e = self._by_id.get(eid)
             cur = None if e is None else e.current
             if e is not None and e.state is ExecState.DISPATCHED and cur is not None and cur.start_by_ms == t:
-                out.append(e)
-        return out
+                out[eid] = e
+        return list(out.values())

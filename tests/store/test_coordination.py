@@ -250,6 +250,39 @@ async def test_release_waits_for_in_flight_writes(fast_client: EtcdClient, key_p
         await asyncio.gather(t, return_exceptions=True)
 
 
+async def test_a_planned_release_waits_for_the_starts_it_dispatched_within_a_bound(fast_client: EtcdClient,
+                                                                                   key_prefix: str) -> None:
+    """A start is recorded only under the dispatching owner's claim: the release keeps the claim until the
+    node says nothing it dispatched still waits for its start, and no longer than `release_settle_s`."""
+    ks = Keyspace(key_prefix.rstrip("/"))
+    a = Ownership(fast_client, ks, replace(FAST, node_id="a", partitions=2), FakeClock())
+    started = asyncio.Event()
+    asked: list[int] = []
+
+    async def settle(partition: int) -> None:
+        asked.append(partition)
+        if partition == 0:
+            await started.wait()  # partition 0: its start arrives; partition 1: never (the bound ends it)
+        else:
+            await asyncio.sleep(60)
+
+    a.release_settle, a.release_settle_s = settle, 1.0
+    t = asyncio.create_task(a.run())
+    try:
+        await wait_until(lambda: len(a.owned) == 2)
+        drain = asyncio.create_task(a.drain())
+        await asyncio.sleep(0.4)
+        assert await fast_client.get(ks.owner(0)) is not None, "released before its dispatch had started"
+        assert a.fence(0) is None, "a releasing partition takes no new writes"
+        started.set()
+        await asyncio.wait_for(drain, 5)
+        assert await fast_client.get(ks.owner(0)) is None and await fast_client.get(ks.owner(1)) is None
+        assert sorted(asked) == [0, 1]
+    finally:
+        t.cancel()
+        await asyncio.gather(t, return_exceptions=True)
+
+
 async def test_deleting_someone_elses_claim_is_impossible_on_release(fast_client: EtcdClient, key_prefix: str) -> None:
     ks = Keyspace(key_prefix.rstrip("/"))
     mine = await claim(fast_client, ks.owner(0), "a")

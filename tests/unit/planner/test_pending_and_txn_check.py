@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from scheduler.execution import Attempt, ExecState, Execution, Trigger
+from scheduler.execution import Attempt, ExecState, Execution, Trigger, dispatch
 from scheduler.ids import FencingToken, execution_id
 from scheduler.model import RetryPolicy
 from scheduler.planner.pending import PendingIndex
@@ -158,3 +158,26 @@ def test_a_run_that_never_started_is_not_kept() -> None:
     gone = _ran(r0, 0, 6_000)
     idx.put(replace(gone, state=ExecState.CANCELLED, attempts=(replace(gone.attempts[0], never_started=True),)))
     assert idx.ended("s") == []
+
+
+def test_an_expired_attempt_is_returned_once_however_often_its_record_was_put() -> None:
+    """DISPATCHED then RUNNING (same attempt, same deadline) leaves two deadline entries; a timeout txn that
+    held the record twice was refused by etcd as malformed (found by the smoke drill)."""
+    idx = PendingIndex()
+    d = dispatch(ex("s", 1_000), worker="w", planner="n", token=FencingToken(0, 1), now_ms=1_000,
+                 start_timeout_ms=500)
+    idx.put(d)
+    idx.put(replace(d, mod_revision=d.mod_revision + 1))  # the same attempt, recorded again
+    assert [e.id for e in idx.unstarted(10_000)] == [d.id]
+    assert [e.id for e in idx.expired(10_000_000)] == [d.id]
+
+
+def test_awaiting_start_sees_only_dispatches_whose_start_by_has_not_passed() -> None:
+    idx = PendingIndex()
+    d = dispatch(ex("s", 1_000), worker="w", planner="n", token=FencingToken(0, 1), now_ms=1_000,
+                 start_timeout_ms=500)
+    assert not idx.awaiting_start(1_100)
+    idx.put(d)
+    assert idx.awaiting_start(1_100) and not idx.awaiting_start(1_500)  # start-by 1.5 s: past it, nothing waits
+    idx.put(replace(d, state=ExecState.RUNNING))
+    assert not idx.awaiting_start(1_100)
