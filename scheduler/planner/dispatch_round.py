@@ -139,9 +139,11 @@ def ran_until_ms(r: Execution, settle_ms: int) -> int:
     return min(cur.finished_ms, max(by_worker, cur.finished_ms - settle_ms))
 
 
-def first_dispatch_ms(r: Execution) -> int:
-    """When the run went out first (its first attempt of this run, not of an earlier rerun); 0: never."""
-    return next((a.dispatched_ms for a in r.attempts if a.attempt > r.attempt_base), 0)
+def first_start_ms(r: Execution) -> int:
+    """When the run first began, as the overlap rule counts it (`overlapping`: started, else dispatched):
+    its first attempt of this run, not of an earlier rerun; 0: never dispatched."""
+    first = next((a for a in r.attempts if a.attempt > r.attempt_base), None)
+    return 0 if first is None else first.started_ms or first.dispatched_ms
 
 
 def late_overlap(r: Execution, x: Execution, catchup: Set[str]) -> bool:
@@ -158,7 +160,7 @@ def late_overlap(r: Execution, x: Execution, catchup: Set[str]) -> bool:
     if (cur is None or not cur.ran_ms or cur.never_started or r.id == x.id or x.id in catchup or r.id in catchup
             or r.overlap is not None or r.run_trigger is not None or r.planned_ms >= x.planned_ms):
         return False
-    return r.due_ms <= x.due_ms < first_dispatch_ms(r) and x.due_ms < r.due_ms + cur.ran_ms
+    return r.due_ms <= x.due_ms < first_start_ms(r) and x.due_ms < r.due_ms + cur.ran_ms
 
 
 def overlapped_by_ended(ended: Sequence[Execution], x: Execution, catchup: Set[str], settle_ms: int) -> list[Execution]:

@@ -24,7 +24,7 @@ import itertools
 from collections.abc import Iterator
 
 from scheduler.execution import IN_FLIGHT, ExecState, Execution
-from scheduler.planner.dispatch_round import first_dispatch_ms
+from scheduler.planner.dispatch_round import first_start_ms
 
 
 def _ready_ms(e: Execution) -> int | None:
@@ -239,7 +239,7 @@ class PendingIndex:
             return False
         if (cur.started_ms or cur.dispatched_ms) <= x.due_ms and x.planned_ms < cur.finished_ms:
             return True
-        return r.planned_ms < x.planned_ms and r.due_ms <= x.due_ms < first_dispatch_ms(r)
+        return r.planned_ms < x.planned_ms and r.due_ms <= x.due_ms < first_start_ms(r)
 
     def _keep_ended(self, r: Execution) -> None:
         cur = r.current

@@ -330,3 +330,37 @@ async def test_a_takeover_decides_overlap_on_the_final_record_of_the_run_before(
         assert by_planned[1000].skip_reason == "overlap_skip", by_planned[1000]
         assert by_planned[2000].skip_reason == "overlap_skip", by_planned[2000]
     assert by_planned[0].state is ExecState.SUCCEEDED
+
+
+async def test_a_takeover_mid_catch_up_knows_the_catch_up_runs(kv: EtcdClient, key_prefix: str) -> None:
+    # Found by the smoke drill: after F5 the planners came back one by one, so a catch-up made by one owner
+    # was finished by the next, which did not know its runs were a catch-up (due when created, all at one
+    # instant) and judged them as late runs overlapping each other: 1 of 5 ran, the rest overlap_skip.
+    ks = Keyspace(key_prefix.rstrip("/"))
+    node = PlannerNode(kv, ks, COORD, SYSTEM_CLOCK, planner=FAST)
+    disp = FakeDispatcher(kv, node, outcome="hold")
+    node.dispatcher = disp
+    now = SYSTEM_CLOCK.wall_ms()
+    made = now - 2_600  # when the dead owner made the catch-up
+    t0 = made - 10_000 - (made % 1000)  # its three missed times, 10 s before
+    stored = await node.store.create(sched(1, policies=Policies(overlap=Overlap.SKIP, missed_runs=MissedRuns.ALL,
+                                                                catchup_cap=3)), t0 - 500)
+    p = node.store.partition("s1")
+
+    def rec(t: int, **kw: object) -> Execution:
+        return replace(Execution(id=execution_id("s1", t), schedule_id="s1", tenant="t", pool="p", task_type="x",
+                                 planned_ms=t, due_ms=made, trigger=Trigger.SCHEDULED, retry=RetryPolicy(),
+                                 timeout_ms=60_000), **kw)  # type: ignore[arg-type]
+
+    ran = Attempt(1, "w1", "dead", FencingToken(p, 1), made + 10, made + 60_000, started_ms=made + 20,
+                  finished_ms=made + 2_520, succeeded=True, ran_ms=2_500)
+    for e in (rec(t0, state=ExecState.SUCCEEDED, attempt=1, attempts=(ran,)), rec(t0 + 1000), rec(t0 + 2000)):
+        await kv.put(ks.execution(p, "s1", e.planned_ms), encode_execution(e))
+    rev = (await kv.get(ks.execution(p, "s1", t0 + 2000))).mod_revision  # type: ignore[union-attr]
+    watermark = made - (made % 1000) + 1000
+    await kv.put(ks.checkpoint(p), Checkpoint(p, watermark, 0, "dead", 1, max(rev, stored.schedule.version)).encode())
+    await run_node(node, 1.5)
+    by_planned = {e.planned_ms - t0: e for e in await executions(node, kv)}
+    assert by_planned[1000].state is ExecState.DISPATCHED, by_planned[1000]  # the catch-up goes on, in order
+    assert by_planned[2000].state is ExecState.SCHEDULED, by_planned[2000]
+    assert "overlap_skip" not in {by_planned[1000].skip_reason, by_planned[2000].skip_reason}

@@ -354,3 +354,14 @@ def test_catch_up_runs_are_not_judged_as_late_runs() -> None:
     plan = after_landing([on_time], [landed(99_000, started=100_500, ran=800, recorded=101_400)], now=101_410,
                          catchup=frozenset({execution_id("s", 99_000)}))
     assert states(plan) == {100_000: "dispatched"}
+
+
+def test_a_late_run_counts_from_its_start_not_its_dispatch() -> None:
+    """The smoke drill: the run of 48.7 s was dispatched at 49.25 s but started only at 49.74 s (a slow
+    commit), just after 49.7 s came due: not in progress then (the overlap rule counts starts), but late,
+    and on time it would have run until 52 s, so 49.7 s is skipped under skip."""
+    r, _ = result(replace(running(48_700, 49_250), state=ExecState.RUNNING,
+                          attempts=(replace(running(48_700, 49_250).attempts[0], started_ms=49_740),)),
+                  1, succeeded=True, error_class=None, message="", now_ms=53_170, ran_ms=3_300)
+    plan = after_landing([ex(49_700)], [r], now=53_200)
+    assert states(plan) == {49_700: "skipped:overlap_skip"}
