@@ -192,6 +192,11 @@ class OwedChecks(Context):
         else:
             inv.fail(f"[bad-skip] {eid}: skipped as {reason!r}, {why}")
 
+    def _made_as_run(self, eid: str) -> bool:
+        """An execution record was created for it (first seen scheduled), whatever became of it."""
+        recs = self.idx.records.get(eid)
+        return recs is not None and bool(recs) and recs[0][2].state is ExecState.SCHEDULED
+
     def skip_unjustified(self, sid: str, eid: str, t: int, reason: str, written: int) -> str | None:
         v_written = self.idx.version_at(sid, written + SLACK_MS)
         v_t = self.idx.version_at(sid, t)
@@ -224,10 +229,14 @@ class OwedChecks(Context):
                 if pol.missed_runs is not MissedRuns.ALL:
                     return f"but over_cap applies to missed_runs=all, not {pol.missed_runs.value}"
                 later = [u for u in self.owed_of.get(sid, []) if u > t and any(a < u <= b for a, b in spans)]
-                ran = sum(1 for u in later if self.idx.attempts.get(execution_id(sid, u)))
-                if ran < min(pol.catchup_cap, len(later)):
-                    return (f"but only {ran} of the {len(later)} later missed times ran; the cap is "
-                            f"{pol.catchup_cap} (a catch-up cut short)")
+                # The catch-up made a run for each of the later ones it kept: ran, or recorded as a run
+                # that its overlap policy then skipped (a run still recorded in flight at its time, e.g. one
+                # whose worker died with the region): the cap counts runs made, not runs that ran.
+                made = sum(1 for u in later if self.idx.attempts.get(execution_id(sid, u))
+                           or self._made_as_run(execution_id(sid, u)))
+                if made < min(pol.catchup_cap, len(later)):
+                    return (f"but only {made} of the {len(later)} later missed times were made into runs; the "
+                            f"cap is {pol.catchup_cap} (a catch-up cut short)")
             if reason == "outside_catchup_window" and t > written - pol.catchup_window_ms + SLACK_MS + \
                     self.meta.late_grace_ms:
                 return (f"but it was only {(written - t) / 1000:.1f}s old when skipped; the window is "
