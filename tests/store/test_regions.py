@@ -158,3 +158,31 @@ async def test_suspended_primary_planners_do_not_count_as_live(fast_client: Etcd
     await fast_client.put(ks.member("a1"), m.encode())
     await rstore.cas(fast_client, ks, 0, RegionPolicy("a", ("b",), failover_grace_ms=1000), timeout=2)
     await wait_until(lambda: owned(planners, "b") == 8, timeout=10)
+
+
+async def test_auto_failback_waits_for_a_stable_old_primary(fast_client: EtcdClient, key_prefix: str,
+                                                            planners: dict[str, Planner]) -> None:
+    ks = Keyspace(key_prefix.rstrip("/"))
+    await rstore.cas(fast_client, ks, 0, RegionPolicy("a", ("b",), failover_grace_ms=1000,
+                                                      failback=rp.Failback.AUTO, failback_stable_ms=2500), timeout=2)
+    planners["a1"] = start(fast_client, ks, "a1", "a")
+    planners["b1"] = start(fast_client, ks, "b1", "b")
+    await wait_until(lambda: owned(planners, "a") == 8)
+    await planners.pop("a1").stop()
+    await wait_until(lambda: owned(planners, "b") == 8, timeout=15)
+    # A flap: a comes back for less than the stable period and goes again: planning stays in b.
+    planners["a1"] = start(fast_client, ks, "a1", "a")
+    await asyncio.sleep(1.5)
+    await planners.pop("a1").stop()
+    await asyncio.sleep(2.0)
+    cur = await rstore.read(fast_client, ks, timeout=2)
+    assert cur.policy is not None and cur.policy.primary == "b" and owned(planners, "b") == 8
+    # Back for good: after the stable period it takes planning back (failback, written by a's planner).
+    planners["a1"] = start(fast_client, ks, "a1", "a")
+    t0 = asyncio.get_running_loop().time()
+    await wait_until(lambda: owned(planners, "a") == 8, timeout=20)
+    assert asyncio.get_running_loop().time() - t0 >= 2.4
+    cur = await rstore.read(fast_client, ks, timeout=2)
+    assert cur.policy is not None and cur.policy.primary == "a"
+    assert [c.kind for c in cur.policy.history] == [ChangeKind.FAILOVER, ChangeKind.FAILBACK]
+    assert cur.policy.last is not None and cur.policy.last.by == "a1"
