@@ -91,6 +91,7 @@ class RegionGuard:
             await self.cache.synced.wait()
             await self.own.members.synced.wait()
             self._started_ms = self.clock.wall_ms()
+            self.own.wake()  # eligible() said no to everyone until now: reconcile at once, not at the next tick
             while True:
                 self._observe_policy()
                 self._observe_members()

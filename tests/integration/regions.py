@@ -56,6 +56,7 @@ class RegionEngine:
     partitions: int = 8
     schedules: int = 100
     planners_per_region: int = 2
+    planner_settings: dict[str, str] = field(default_factory=lambda: dict(PLANNER_SETTINGS))
     workers: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     region_of: dict[str, str] = field(default_factory=dict)  # node id -> region
     addresses: list[str] = field(default_factory=list)
@@ -65,7 +66,7 @@ class RegionEngine:
     def __post_init__(self) -> None:
         self.ks = Keyspace(PREFIX)
         self.planners = PlannerSet(self.base / "planners", self.etcd.endpoints, PREFIX, partitions=self.partitions,
-                                   settings=dict(PLANNER_SETTINGS))
+                                   settings=self.planner_settings)
         self.effects = self.base / "effects.log"
         self.times = self.base / "times.log"
         self._watch: asyncio.Task[None] | None = None

@@ -18,14 +18,15 @@ import asyncio
 import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from chaos.infra.etcd import EtcdFactory
+from chaos.infra.etcd import EtcdCluster, EtcdFactory
 from scheduler.clock import SYSTEM_CLOCK
 from scheduler.region import store as rstore
-from scheduler.region.policy import ChangeKind, RegionPolicy
+from scheduler.region.policy import DEFAULT_FAILOVER_GRACE_MS, ChangeKind, RegionPolicy
 from scheduler.store.etcd import EtcdClient
 from tests.integration.regions import RegionEngine
 
@@ -34,38 +35,68 @@ pytestmark = pytest.mark.etcd
 GRACE_MS = int(os.environ.get("SCHED_REGION_GRACE_MS", "2000"))  # tuned for the test (lease TTL 2 s)
 
 
+async def region_loss(eng: RegionEngine, kv: EtcdClient, regions: tuple[str, ...], grace_ms: int,
+                      kill_etcd: Callable[[], None] | None = None) -> tuple[float, float | None]:
+    """Primary `regions[0]`, standbys the rest in order; SIGKILL all of the primary's planners and its worker
+    (and, with `kill_etcd`, its etcd member) at once. Returns (seconds until the first standby owns every
+    partition, seconds until a handler starts again), both from the kill."""
+    primary, standby = regions[0], regions[1:]
+    await eng.policy(RegionPolicy(primary, standby, failover_grace_ms=grace_ms))
+    await eng.create_schedules()
+    try:
+        await eng.start_regions(*regions)
+        await eng.until_region_owns_all(primary, timeout=90)
+        await asyncio.sleep(6.0)
+        assert eng.region_owns_all(primary), "a standby region claimed partitions while the primary was live"
+        kill_mono, kill_wall = time.monotonic(), SYSTEM_CLOCK.wall_ms()
+        eng.kill_region(primary)
+        if kill_etcd is not None:
+            kill_etcd()
+        owned_at = await eng.until_region_owns_all(standby[0], timeout=grace_ms / 1000 + 40)
+        await asyncio.sleep(6.0)
+        window_end = SYSTEM_CLOCK.wall_ms() - 3_000
+        restart = eng.first_start_after(kill_wall + 200)  # a handler start after the kill (the standby's dispatch)
+        await asyncio.sleep(8.0)  # the window's last executions finish
+    finally:
+        await eng.close()
+    states = await eng.check(window_end)
+    cur = await rstore.read(kv, eng.ks, timeout=5)
+    assert cur.policy is not None and cur.policy.primary == standby[0]
+    assert cur.policy.last is not None and cur.policy.last.kind is ChangeKind.FAILOVER
+    assert cur.policy.last.by.startswith(f"{standby[0]}-")
+    took = owned_at - kill_mono
+    resumed = None if restart is None else (restart - kill_wall) / 1000
+    print(f"\nregion loss ({len(regions)} regions): standby owns every partition {took:.2f}s after the kill "
+          f"(grace {grace_ms} ms, lease TTL {eng.planner_settings.get('lease_ttl', '5 (default)')} s); handlers "
+          f"start again {resumed}s after it; planned times {dict(states)}")
+    assert took >= grace_ms / 1000, "failed over before the grace"
+    assert took < grace_ms / 1000 + 8, f"failover took {took:.2f}s"
+    assert resumed is not None and resumed < grace_ms / 1000 + 8, f"executions resumed after {resumed}s"
+    return took, resumed
+
+
 async def test_region_loss_fails_over_to_the_standby(etcd_factory: EtcdFactory, tmp_path: Path) -> None:
     etcd = etcd_factory()
     async with EtcdClient(etcd.config(timeout=2.0)) as kv:
-        eng = RegionEngine(etcd, tmp_path, kv)
-        await eng.policy(RegionPolicy("a", ("b",), failover_grace_ms=GRACE_MS))
-        await eng.create_schedules()
-        try:
-            await eng.start_regions("a", "b")
-            await eng.until_region_owns_all("a", timeout=60)
-            await asyncio.sleep(6.0)
-            assert eng.region_owns_all("a"), "the standby region claimed partitions while the primary was live"
-            kill_mono, kill_wall = time.monotonic(), SYSTEM_CLOCK.wall_ms()
-            eng.kill_region("a")
-            owned_at = await eng.until_region_owns_all("b", timeout=40)
-            await asyncio.sleep(6.0)
-            window_end = SYSTEM_CLOCK.wall_ms() - 3_000
-            restart = eng.first_start_after(kill_wall + 200)  # a handler start after the kill (b's dispatch)
-            await asyncio.sleep(8.0)  # the window's last executions finish
-        finally:
-            await eng.close()
-        states = await eng.check(window_end)
-        cur = await rstore.read(kv, eng.ks, timeout=2)
-        assert cur.policy is not None and cur.policy.primary == "b"
-        assert cur.policy.last is not None and cur.policy.last.kind is ChangeKind.FAILOVER
-        assert cur.policy.last.by.startswith("b-")
-        took = owned_at - kill_mono
-        resumed = None if restart is None else (restart - kill_wall) / 1000
-        print(f"\nregion loss: standby owns every partition {took:.2f}s after the kill (grace {GRACE_MS} ms, "
-              f"lease TTL 2 s); handlers start again {resumed}s after it; planned times {dict(states)}")
-        assert took < GRACE_MS / 1000 + 8, f"failover took {took:.2f}s"
-        assert resumed is not None and resumed < GRACE_MS / 1000 + 8, f"executions resumed after {resumed}s"
-        assert took >= GRACE_MS / 1000, "failed over before the grace"
+        await region_loss(RegionEngine(etcd, tmp_path, kv), kv, ("a", "b"), GRACE_MS)
+
+
+@pytest.mark.slow
+async def test_region_loss_three_regions_with_their_etcd_member(etcd_cluster3: EtcdCluster, tmp_path: Path) -> None:
+    """The issue's topology: one etcd member per region; the primary loses its planners, its worker and its
+    etcd member at once (the other two keep quorum). b is first in the standby order; c stands by."""
+    async with EtcdClient(etcd_cluster3.config(timeout=2.0)) as kv:
+        eng = RegionEngine(etcd_cluster3, tmp_path, kv)
+        await region_loss(eng, kv, ("a", "b", "c"), GRACE_MS, kill_etcd=lambda: etcd_cluster3.kill(0))
+
+
+@pytest.mark.slow
+async def test_region_loss_with_default_timings(etcd_factory: EtcdFactory, tmp_path: Path) -> None:
+    """Lease TTL 5 s and failover_grace 15 s (the defaults): expect about TTL + grace + 1 s."""
+    etcd = etcd_factory()
+    async with EtcdClient(etcd.config(timeout=2.0)) as kv:
+        eng = RegionEngine(etcd, tmp_path, kv, planner_settings={"lookahead_ms": "1000", "late_grace_ms": "2000"})
+        await region_loss(eng, kv, ("a", "b"), DEFAULT_FAILOVER_GRACE_MS)
 
 
 async def test_switchover_under_load_and_failback(etcd_factory: EtcdFactory, tmp_path: Path) -> None:
