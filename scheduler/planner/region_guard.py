@@ -52,6 +52,7 @@ class RegionGuard:
         self.last_seen_ms: dict[str, int] = {}  # region -> when a planner of it was last live (our wall clock)
         self.healthy_since_ms: dict[str, int] = {}  # region -> since when it has had live planners, no gap
         self._started_ms = 0
+        self._unreadable = -1  # version of a record that could not be decoded (logged once)
 
     # ---- what the ownership layer and the node read -------------------------------------------------
 
@@ -113,9 +114,14 @@ class RegionGuard:
         version = 0 if kv is None else kv.mod_revision
         if version == self.current.version and (kv is None) == (self.current.policy is None):
             return
+        if version == self._unreadable:
+            return  # said so once
         try:
             new = rstore.parse(None if kv is None else kv.value, version)
-        except (ValueError, KeyError) as e:  # a record nobody can act on: keep the last good one, loudly
+        except (ValueError, KeyError, TypeError) as e:
+            # A record nobody can act on: keep the last good one, loudly. Ownership stays exclusive per
+            # partition either way (owner keys are create-if-absent); only where planning runs is at stake.
+            self._unreadable = version
             log.error("unreadable region policy (version %d): %s; keeping the previous one", version, e,
                       extra={"event": "region_policy_unreadable"})
             return

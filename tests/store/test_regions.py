@@ -186,3 +186,16 @@ async def test_auto_failback_waits_for_a_stable_old_primary(fast_client: EtcdCli
     assert cur.policy is not None and cur.policy.primary == "a"
     assert [c.kind for c in cur.policy.history] == [ChangeKind.FAILOVER, ChangeKind.FAILBACK]
     assert cur.policy.last is not None and cur.policy.last.by == "a1"
+
+
+async def test_an_unreadable_record_keeps_the_last_good_policy(fast_client: EtcdClient, key_prefix: str,
+                                                               planners: dict[str, Planner]) -> None:
+    ks = Keyspace(key_prefix.rstrip("/"))
+    await rstore.cas(fast_client, ks, 0, RegionPolicy("a", ("b",)), timeout=2)
+    for node, region in (("a1", "a"), ("b1", "b")):
+        planners[node] = start(fast_client, ks, node, region)
+    await wait_until(lambda: owned(planners, "a") == 8)
+    await fast_client.put(ks.region_policy, b'{"primary": "b", "failback": "sometimes"}')
+    await asyncio.sleep(1.0)
+    assert owned(planners, "a") == 8 and owned(planners, "b") == 0
+    assert planners["b1"].guard.current.policy is not None and planners["b1"].guard.current.policy.primary == "a"
