@@ -30,6 +30,7 @@ from scheduler.metrics.planner import PlannerMetrics
 from scheduler.planner.clock_guard import ClockGuard, GuardedClock
 from scheduler.planner.ownership import LostReason, MemberInfo, NotOwner, Ownership
 from scheduler.planner.partition import DispatchSink, PartitionPlanner, Restart
+from scheduler.planner.region_guard import RegionGuard
 from scheduler.planner.settings import PlannerSettings
 from scheduler.status import NodeStatus, PartitionStatus, WorkerStatus
 from scheduler.store.codec import decode_schedule, decode_schedule_meta
@@ -112,6 +113,10 @@ class PlannerNode:
         self.clock_guard = ClockGuard(node_id=settings.node_id, clock=clock, ownership=self.ownership,
                                       settings=self.planner_settings)
         self.plan_clock = GuardedClock(clock, self.clock_guard)
+        # The region guard: only planners of the region policy's primary region are eligible (no policy:
+        # all are); it also makes this planner's automatic moves (failover, failback=auto).
+        self.region_guard = RegionGuard(kv=kv, ks=ks, node_id=settings.node_id, region=settings.region, clock=clock,
+                                        ownership=self.ownership, rpc_timeout=settings.rpc_timeout)
         # Always kept (plain ints): served over HTTP only when metrics_address is set (cli/planner.py).
         self.metrics = metrics or PlannerMetrics(schedule_limit=self.planner_settings.metrics_schedule_limit)
         self.metrics.observe(self.status)
@@ -134,8 +139,9 @@ class PlannerNode:
         self._all_loops: set[asyncio.Task[None]] = set()
 
     def _eligible(self, m: MemberInfo) -> bool:
-        """The ownership layer's `eligible` hook: this planner only while its clock is in bounds."""
-        return self.clock_guard.eligible(m)
+        """The ownership layer's `eligible` hook: a planner of the policy's primary region (any region when
+        there is no policy), and this planner only while its clock is in bounds."""
+        return self.region_guard.eligible(m) and self.clock_guard.eligible(m)
 
     def advertise(self, api_address: str) -> None:
         """Set the address registered with our membership (known once the server is bound)."""
@@ -175,7 +181,8 @@ class PlannerNode:
 
         admin = AdminService(kv=self.kv, ks=self.ks, ownership=self.ownership, clock=self.clock,
                              node_id=self.s.node_id, region=self.s.region, partitions=self.s.partitions,
-                             local=LocalView(self.status), rpc_timeout=self.s.rpc_timeout)
+                             local=LocalView(self.status), rpc_timeout=self.s.rpc_timeout,
+                             primary_last_seen_ago_ms=self.region_guard.primary_last_seen_ago_ms)
         return schedules, admin
 
     def status(self) -> NodeStatus:
@@ -193,7 +200,7 @@ class PlannerNode:
         return NodeStatus(now_ms=self.clock.wall_ms(), owned=parts, queue_depth=depth, workers=workers,
                           fenced_txns=self.fence_stats.txns, fencing_rejections=self.fence_stats.fenced_out,
                           restarts=dict(self.restart_reasons),
-                          clock=self.clock_guard.state())
+                          clock=self.clock_guard.state(), region=self.region_guard.state())
 
     def planner_infos(self) -> list[cluster_pb2.PlannerInfo]:
         out = []
@@ -418,7 +425,8 @@ class PlannerNode:
         start_rev = await self._current_revision()
         watchers = [asyncio.create_task(self._watch_schedules(start_rev)),
                     asyncio.create_task(self._watch_notices(start_rev)),
-                    asyncio.create_task(self.clock_guard.run(), name="clock-guard")]
+                    asyncio.create_task(self.clock_guard.run(), name="clock-guard"),
+                    asyncio.create_task(self.region_guard.run(), name="region-guard")]
         try:
             await self.ownership.run()
         finally:

@@ -45,6 +45,18 @@ class ClockStatus:
 
 
 @dataclass(frozen=True)
+class RegionStatus:
+    """The region guard (scheduler/planner/region_guard.py): this planner's place in the region policy."""
+
+    region: str = ""
+    role: str = "any"  # primary (its region plans), standby (it waits), any (no policy: every region plans)
+    policy_version: int = 0  # the record's mod_revision; 0: no policy
+    changes: dict[str, int] = field(default_factory=dict)  # policy changes this planner saw, by kind
+    # Since a primary planner was last live; 0 while one is; None: no policy.
+    primary_last_seen_ago_ms: int | None = None
+
+
+@dataclass(frozen=True)
 class NodeStatus:
     now_ms: int
     owned: tuple[PartitionStatus, ...]  # partitions this node owns, with their loop's view
@@ -54,6 +66,7 @@ class NodeStatus:
     fencing_rejections: int = 0
     restarts: dict[str, int] = field(default_factory=dict)  # partition loop reloads by reason
     clock: ClockStatus = field(default_factory=ClockStatus)
+    region: RegionStatus = field(default_factory=RegionStatus)
 
     def connected_workers(self) -> dict[str, int]:
         out: dict[str, int] = {}

@@ -14,7 +14,7 @@ import asyncio
 import json
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import grpc
 from google.protobuf.duration_pb2 import Duration
@@ -29,8 +29,10 @@ from scheduler.clock import Clock
 from scheduler.errors import FailedPrecondition, InvalidArgument, NotFound, VersionMismatch
 from scheduler.ids import FencingToken
 from scheduler.planner.ownership import MemberInfo, Ownership
+from scheduler.region import policy as rp
+from scheduler.region import store as rstore
 from scheduler.status import NodeStatus
-from scheduler.store.etcd.ops import Compare, delete, get, put
+from scheduler.store.etcd.ops import Compare, delete, put
 from scheduler.store.keyspace import Keyspace
 from scheduler.store.kv import KV
 from scheduler.timeconv import ms_to_duration, ms_to_timestamp
@@ -63,19 +65,28 @@ class LocalView:
 def _policy(value: bytes | None, version: int) -> cpb.RegionPolicy:
     if value is None:
         return cpb.RegionPolicy()
-    d = json.loads(value)
-    return cpb.RegionPolicy(primary_region=str(d.get("primary", "")), version=version,
-                            updated_at=ms_to_timestamp(int(d.get("updated_ms", 0))), reason=str(d.get("reason", "")))
+    return policy_pb(rp.decode(value), version)
+
+
+def policy_pb(p: rp.RegionPolicy, version: int) -> cpb.RegionPolicy:
+    return cpb.RegionPolicy(
+        primary_region=p.primary, version=version, updated_at=ms_to_timestamp(p.updated_ms), reason=p.reason,
+        standby_regions=list(p.standby), failover_grace=ms_to_duration(p.failover_grace_ms),
+        failback=p.failback.value, failback_stable=ms_to_duration(p.failback_stable_ms),
+        history=[cpb.RegionChange(at=ms_to_timestamp(c.at_ms), kind=c.kind.value, from_region=c.from_region,
+                                  to_region=c.to_region, by=c.by, reason=c.reason) for c in p.history])
 
 
 class AdminService:
     """Registered with admin_service_pb2_grpc.add_AdminServiceServicer_to_server."""
 
     def __init__(self, *, kv: KV, ks: Keyspace, ownership: Ownership, clock: Clock, node_id: str, region: str,
-                 partitions: int, local: LocalView, rpc_timeout: float) -> None:
+                 partitions: int, local: LocalView, rpc_timeout: float,
+                 primary_last_seen_ago_ms: Callable[[], int | None] = lambda: None) -> None:
         self.kv, self.ks, self.own, self.clock = kv, ks, ownership, clock
         self.node_id, self.region, self.partitions, self.local = node_id, region, partitions, local
         self.timeout = rpc_timeout
+        self.primary_last_seen_ago_ms = primary_last_seen_ago_ms
 
     # ---- status ---------------------------------------------------------------------------------
 
@@ -186,37 +197,94 @@ class AdminService:
             if p in waiting and owner_of.get(p, ("",))[0]:
                 st.oldest_waiting.CopyFrom(waiting[p])
             parts.append(st)
-        return apb.GetClusterStatusResponse(
+        out = apb.GetClusterStatusResponse(
             server_time=ms_to_timestamp(now), answered_by=self.node_id,
             region_policy=_policy(policy.value if policy else None, policy.mod_revision if policy else 0),
             planners=planners, partition_count=self.partitions, partitions=parts,
             dispatch_queue_depth=sum(p.dispatch_queue_depth for p in planners), worker_pools=pools)
+        ago = self.primary_last_seen_ago_ms()
+        if ago is not None and policy is not None:
+            out.primary_last_seen_ago.CopyFrom(ms_to_duration(ago))
+        return out
 
     # ---- switchover, drain, time -------------------------------------------------------------------
 
     @grpc_errors
     async def Switchover(self, request: apb.SwitchoverRequest, context: Context) -> apb.SwitchoverResponse:
+        """Move planning to `target_region` (and/or change the policy's settings) by a CAS on the record:
+        the old region's planners release after their in-flight batches, the new region's claim."""
         region = inputs.optional_name(request.target_region, "target_region")
         if not region:
             raise InvalidArgument("target_region", "is required")
         why = inputs.reason(request.reason)
-        if await self.kv.get(self.ks.region(region), timeout=self.timeout) is None:
-            raise InvalidArgument("target_region", f"no planner has ever registered in region {region!r}")
+        for i, r in enumerate(request.standby_regions):
+            inputs.optional_name(r, f"standby_regions[{i}]")
+        failback = request.failback
+        if failback and failback not in {f.value for f in rp.Failback}:
+            raise InvalidArgument("failback", f"is {failback!r}; one of manual, auto")
+        if request.HasField("failover_grace") and request.failover_grace.ToMilliseconds() <= 0:
+            raise InvalidArgument("failover_grace", "must be positive")
+        if request.HasField("failback_stable") and request.failback_stable.ToMilliseconds() <= 0:
+            raise InvalidArgument("failback_stable", "must be positive")
+        known = await self._known_regions()
+        if region not in known:
+            raise FailedPrecondition(f"region {region!r}: no planner has ever registered in it "
+                                     f"(known: {', '.join(sorted(known)) or 'none'})")
+        for r in request.standby_regions:
+            if r not in known:
+                raise FailedPrecondition(f"standby region {r!r}: no planner has ever registered in it")
         drains = await self.kv.range(self.ks.drains, prefix=True, keys_only=True, timeout=self.timeout)
         drained = {self.ks.last_segment(x.key) for x in drains.kvs}
-        if not any(m.region == region and m.node_id not in drained for m in (await self._members()).values()):
-            raise FailedPrecondition(f"region {region!r} has no live planner that is not draining")
-        key = self.ks.region_policy
-        value = json.dumps({"primary": region, "reason": why, "updated_ms": self.clock.wall_ms()},
-                           separators=(",", ":")).encode()
-        cmp = []
-        if request.HasField("expected_version"):
-            v = request.expected_version
-            cmp = [Compare.mod_revision(key, "==", v)] if v else [Compare.create_revision(key, "==", 0)]
-        r = await self.kv.txn(cmp, [put(key, value)], [get(key)], timeout=self.timeout)
-        if not r.succeeded:
-            raise VersionMismatch(f"the region policy is not at version {request.expected_version}; read it again")
-        return apb.SwitchoverResponse(region_policy=_policy(value, r.revision))
+        if not any(m.region == region and m.node_id not in drained and not m.suspended
+                   for m in (await self._members()).values()):
+            raise FailedPrecondition(f"region {region!r} has no live planner that is not draining or suspended: "
+                                     f"nothing would plan there")
+        # The CAS is on the version read here (or on the caller's expected_version): a failover written
+        # meanwhile makes this call fail rather than silently undo it.
+        for _ in range(3):
+            cur = await rstore.read(self.kv, self.ks, timeout=self.timeout)
+            if request.HasField("expected_version") and cur.version != request.expected_version:
+                raise VersionMismatch(f"the region policy is at version {cur.version}, not "
+                                      f"{request.expected_version}; read it again")
+            new = self._next_policy(cur.policy, region, known, why, request)
+            try:
+                version = await rstore.cas(self.kv, self.ks, cur.version, new, timeout=self.timeout)
+            except rstore.Stale:
+                if request.HasField("expected_version"):
+                    raise VersionMismatch(f"the region policy is not at version {request.expected_version}; "
+                                          f"read it again") from None
+                continue
+            c = new.last
+            log.warning("region policy changed by the API: primary %s", region,
+                        extra={"event": "region_switchover", "to": region, "version": version,
+                               "kind": c.kind.value if c else None, "reason": why})
+            return apb.SwitchoverResponse(region_policy=policy_pb(new, version))
+        raise VersionMismatch("the region policy kept changing under this call (automatic failover?); read it "
+                              "again")
+
+    def _next_policy(self, cur: rp.RegionPolicy | None, region: str, known: set[str], why: str,
+                     request: apb.SwitchoverRequest) -> rp.RegionPolicy:
+        now = self.clock.wall_ms()
+        if cur is None:
+            new = rp.initial(region, tuple(known), by=self.node_id, now_ms=now, reason=why)
+        elif cur.primary != region:
+            kind = rp.ChangeKind.FAILBACK if region == cur.previous_primary else rp.ChangeKind.SWITCHOVER
+            new = rp.moved(cur, region, kind, by=self.node_id, now_ms=now, reason=why)
+        else:
+            new = cur  # settings only (or nothing): no history entry, planning does not move
+        if request.standby_regions:
+            new = replace(new, standby=tuple(request.standby_regions))
+        if request.failback:
+            new = replace(new, failback=rp.Failback(request.failback))
+        if request.HasField("failover_grace"):
+            new = replace(new, failover_grace_ms=request.failover_grace.ToMilliseconds())
+        if request.HasField("failback_stable"):
+            new = replace(new, failback_stable_ms=request.failback_stable.ToMilliseconds())
+        return rp.validate(new)
+
+    async def _known_regions(self) -> set[str]:
+        r = await self.kv.range(self.ks.regions, prefix=True, keys_only=True, timeout=self.timeout)
+        return {self.ks.last_segment(x.key) for x in r.kvs}
 
     @grpc_errors
     async def DrainPlanner(self, request: apb.DrainPlannerRequest, context: Context) -> apb.DrainPlannerResponse:

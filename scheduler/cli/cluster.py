@@ -1,4 +1,4 @@
-"""`schedctl cluster status` and `schedctl region switchover`."""
+"""`schedctl cluster status` (the region verbs are in cli/region.py)."""
 
 from __future__ import annotations
 
@@ -20,14 +20,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                          help="planners, partitions, queues and workers as one node sees them")
     p.add_argument("--partitions", action="store_true", help="list every partition (owner, token, lag)")
     p.set_defaults(func=_status)
-
-    top = sub.add_parser("region", help="region switchover (server)")
-    verbs = top.add_subparsers(dest="verb", required=True, metavar="VERB")
-    p = verbs.add_parser("switchover", parents=[conn], help="make another region primary at once (also failback)")
-    p.add_argument("region", metavar="REGION", help="the region to make primary")
-    p.add_argument("--reason", default="")
-    p.add_argument("--expected-version", type=int, metavar="N", help="refuse (exit 4) unless the policy is at N")
-    p.set_defaults(func=_switchover)
 
 
 def show_policy(r: Any) -> str:
@@ -82,13 +74,3 @@ def _clock(p: Any, answered_by: str) -> str:
         return "-"
     return f"{p.clock_offset.ToMilliseconds() / 1000:+.3f}s"
 
-
-def _switchover(args: argparse.Namespace) -> int:
-    async def body(c: SchedulerClient) -> int:
-        policy = await c.switchover(args.region, reason=args.reason, expected_version=args.expected_version)
-        if args.json:
-            print_json(policy)
-        else:
-            print(show_policy(policy))
-        return Exit.OK
-    return run_call(args, body)

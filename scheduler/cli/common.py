@@ -4,7 +4,7 @@ call, turning a ClientError into a message that says what to fix and an exit cod
 Exit codes (docs/cli.md): 0 ok; 1 the server failed the call (INTERNAL, RESOURCE_EXHAUSTED, ...);
 2 bad usage or INVALID_ARGUMENT (`field: reason` on stderr); 3 NOT_FOUND; 4 conflict: ALREADY_EXISTS,
 ABORTED (stale version) or FAILED_PRECONDITION (state forbids it); 5 UNAVAILABLE or
-DEADLINE_EXCEEDED (retrying may help); 130 interrupted.
+DEADLINE_EXCEEDED (retrying may help); 6 a wait ran out (`region switchover --timeout`); 130 interrupted.
 """
 
 from __future__ import annotations

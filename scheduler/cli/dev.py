@@ -48,6 +48,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--data-dir", metavar="DIR", help="keep etcd data and logs here (default: a temporary "
                    "directory, removed at exit)")
     p.add_argument("--partitions", type=int, default=16, metavar="P", help="partitions (fixed at first start)")
+    p.add_argument("--regions", type=int, default=1, metavar="N",
+                   help="spread the cluster over N regions r1..rN (an etcd member, a planner and --workers workers "
+                        "each; r1 primary, the others standby); default %(default)s")
     p.add_argument("--log-level", default="info", help="children's log level (their logs go to DIR/logs/)")
     p.set_defaults(func=run)
 
@@ -139,9 +142,10 @@ class Supervisor:
         whatever overstays, by pid."""
         # One phase per kind, each waited for before the next starts: the planner drains only while
         # etcd is up, and workers report their last results to a planner that still serves.
+        # (`planner-r1-p1`, `etcd-r1-e1`: the children of a multi-region cluster.)
         phases = [([c for c in self.children if c.name.startswith("worker")], 10.0),
-                  ([c for c in self.children if c.name == "planner"], 15.0),
-                  ([c for c in self.children if c.name == "etcd"], 10.0)]
+                  ([c for c in self.children if c.name.partition("-")[0] == "planner"], 15.0),
+                  ([c for c in self.children if c.name.partition("-")[0] == "etcd"], 10.0)]
         for group, grace in phases:
             for g in group:
                 if g.proc.poll() is None:
@@ -208,6 +212,8 @@ def _check(args: argparse.Namespace) -> tuple[str, int]:
         raise InvalidArgument("listen", f"{args.listen!r} is not host:port (e.g. 127.0.0.1:7000)")
     if not 0 <= args.workers <= 64:
         raise InvalidArgument("workers", f"{args.workers} is outside 0-64")
+    if not 1 <= args.regions <= 5:
+        raise InvalidArgument("regions", f"{args.regions} is outside 1-5")
     # Refuse a taken address before starting anything, rather than after etcd is up. (A race is
     # possible; the planner's own bind failure is then reported with its log.)
     with socket.socket(socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -234,7 +240,11 @@ def run(args: argparse.Namespace) -> int:
         signal.signal(sig, sup.on_signal)
     rc: int = Exit.OK
     try:
-        rc = _run(args, sup, etcd, host, port)
+        if args.regions > 1:
+            from scheduler.cli.dev_regions import run_regions  # imports this module: only when asked for
+            rc = run_regions(args, sup, etcd, host, port)
+        else:
+            rc = _run(args, sup, etcd, host, port)
     except Stop:
         rc = Exit.OK
     except RuntimeError as e:

@@ -9,7 +9,19 @@ import argparse
 import sys
 
 from scheduler import __version__
-from scheduler.cli import cluster, completion, dev, dlq, drill, executions, planner, preview, schedule, worker
+from scheduler.cli import (
+    cluster,
+    completion,
+    dev,
+    dlq,
+    drill,
+    executions,
+    planner,
+    preview,
+    region,
+    schedule,
+    worker,
+)
 from scheduler.cli.output import fail_invalid
 from scheduler.errors import InvalidArgument
 
@@ -22,6 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     executions.register(sub)
     dlq.register(sub)
     cluster.register(sub)
+    region.register(sub)
     preview.register(sub)
     planner.register(sub)
     worker.register(sub)

@@ -16,6 +16,7 @@ class Exit(IntEnum):
     NOT_FOUND = 3
     CONFLICT = 4  # already exists / version mismatch
     UNAVAILABLE = 5  # server or etcd unreachable: retrying may help
+    TIMEOUT = 6  # a wait ran out (`region switchover`: the policy changed, the move is not complete)
 
 
 def fail_invalid(err: InvalidArgument) -> int:

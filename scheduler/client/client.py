@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import grpc
+from google.protobuf.duration_pb2 import Duration
 from google.protobuf.field_mask_pb2 import FieldMask
 
 from scheduler._gen.scheduler.v1 import admin_service_pb2 as apb
@@ -284,11 +285,18 @@ class SchedulerClient:
                                 timeout)
 
     async def switchover(self, target_region: str, *, reason: str = "", expected_version: int | None = None,
-                         timeout: float | None = None) -> Any:
-        """Make `target_region` primary; returns the `RegionPolicy` now in force."""
-        req = apb.SwitchoverRequest(target_region=target_region, reason=reason)
+                         standby: Sequence[str] = (), failover_grace_ms: int | None = None, failback: str = "",
+                         failback_stable_ms: int | None = None, timeout: float | None = None) -> Any:
+        """Make `target_region` primary (and set the policy's settings given); returns the `RegionPolicy`
+        now in force."""
+        req = apb.SwitchoverRequest(target_region=target_region, reason=reason, standby_regions=list(standby),
+                                    failback=failback)
         if expected_version is not None:
             req.expected_version = expected_version
+        if failover_grace_ms is not None:
+            req.failover_grace.CopyFrom(_ms(failover_grace_ms))
+        if failback_stable_ms is not None:
+            req.failback_stable.CopyFrom(_ms(failback_stable_ms))
         return (await self._call("Switchover", self._admin.Switchover, req, timeout)).region_policy
 
     async def drain_planner(self, node_id: str, *, reason: str = "", force: bool = False,
@@ -323,3 +331,9 @@ async def _pages(fetch: Callable[[str], Awaitable[Any]], field: str, limit: int 
         token = page.next_page_token
         if not token:
             return
+
+
+def _ms(ms: int) -> Duration:
+    d = Duration()
+    d.FromMilliseconds(ms)  # keeps seconds and nanos of one sign (a negative grace reaches the server's check)
+    return d

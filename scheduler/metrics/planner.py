@@ -161,6 +161,29 @@ def _node_gauges(st: NodeStatus) -> Iterable[Metric]:
     yield workers
     yield credits
     yield from _clock_gauges(st)
+    yield from _region_gauges(st)
+
+
+def _region_gauges(st: NodeStatus) -> Iterable[Metric]:
+    r = st.region
+    role = GaugeMetricFamily("scheduler_region_role",
+                             "1 for this planner's role under the region policy (primary: its region plans; "
+                             "standby: it waits; any: no policy).", labels=["region", "role"])
+    role.add_metric([r.region, r.role], 1)
+    yield role
+    yield GaugeMetricFamily("scheduler_region_policy_version",
+                            "The region policy record's version (etcd mod_revision) this planner acts on; 0: none.",
+                            value=r.policy_version)
+    changes = dict.fromkeys(("switchover", "automatic failover", "failback"), 0) | r.changes
+    yield counter_family("scheduler_region_policy_changes",
+                         "Region policy changes this planner saw, by kind (every planner counts each once: "
+                         "aggregate with max, not sum).", "kind", changes)
+    ago = GaugeMetricFamily("scheduler_region_primary_last_seen_seconds",
+                            "Seconds since a planner of the primary region last held a live session (0 while one "
+                            "does; absent without a policy).")
+    if r.primary_last_seen_ago_ms is not None:
+        ago.add_metric([], r.primary_last_seen_ago_ms / 1000)
+    yield ago
 
 
 def _clock_gauges(st: NodeStatus) -> Iterable[Metric]:

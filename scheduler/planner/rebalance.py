@@ -6,7 +6,8 @@ its target claims free partitions; one above it releases the surplus. Which ones
 rendezvous hashing (highest `stable_u64(node, partition)` first), so a membership change moves
 only the partitions it has to and a restarted planner tends to get its old ones back.
 
-`eligible` is the region policy's say (a later issue): planners that may own partitions now. A planner
+`eligible`: planners that may own partitions now (live, of the region policy's primary region, not
+drained, clock in bounds; planner/region_guard.py and clock_guard.py). A planner
 that is not eligible has a target of zero and releases everything.
 """
 

@@ -321,7 +321,8 @@ class FakeApi(ssgrpc.ScheduleServiceServicer, agrpc.AdminServiceServicer):  # ty
         if not request.target_region:
             raise invalid("target_region", "is required")
         if request.target_region not in {p.region for p in self.planners.values()}:
-            raise invalid("target_region", f"no planner has registered in region {request.target_region!r}")
+            raise Abort(grpc.StatusCode.FAILED_PRECONDITION,
+                        f"region {request.target_region!r}: no planner has ever registered in it")
         if request.HasField("expected_version") and request.expected_version != self.region.version:
             raise Abort(grpc.StatusCode.ABORTED, "region policy version is stale")
         self.region = cpb.RegionPolicy(primary_region=request.target_region, version=self.region.version + 1,

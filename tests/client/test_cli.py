@@ -201,7 +201,7 @@ async def test_admin_commands(fake: tuple[FakeApi, str]) -> None:
     r = await schedctl("region", "switchover", "default", "--reason", "drill", server=srv)
     assert r.rc == 0 and "primary region default (version 2" in r.out
     r = await schedctl("region", "switchover", "mars", server=srv)
-    assert r.rc == 2 and "target_region: no planner has registered in region 'mars'" in r.err
+    assert r.rc == 4 and "region 'mars': no planner has ever registered in it" in r.err, r.err
     # The only planner: refused without --force (exit 4, with what to do), then forced, then undone.
     r = await schedctl("planner", "drain", "p1", "--reason", "upgrade", server=srv)
     assert r.rc == 4 and "force" in r.err, r.err

@@ -22,6 +22,7 @@ from pathlib import Path
 import grpc
 import pytest
 from google.protobuf.descriptor_pool import DescriptorPool
+from google.protobuf.duration_pb2 import Duration
 from google.protobuf.field_mask_pb2 import FieldMask
 from google.protobuf.timestamp_pb2 import Timestamp
 from google.rpc import error_details_pb2
@@ -638,9 +639,15 @@ def test_switchover_stores_the_region_policy(cluster: ApiCluster) -> None:
                                                                          expected_version=r.version + 1000))
     r2 = adm.Switchover(apb.SwitchoverRequest(target_region="default", expected_version=r.version), timeout=10)
     assert r2.region_policy.version > r.version
-    fails(grpc.StatusCode.INVALID_ARGUMENT, adm.Switchover, apb.SwitchoverRequest(target_region="mars"),
-          "target_region")
+    # Issue 11: an unknown region is a state the call cannot act on (FAILED_PRECONDITION naming it), a
+    # bad grace is bad input naming the field; neither changes the policy.
+    err = fails(grpc.StatusCode.FAILED_PRECONDITION, adm.Switchover, apb.SwitchoverRequest(target_region="mars"))
+    assert "'mars'" in (err.details() or ""), err.details()
     fails(grpc.StatusCode.INVALID_ARGUMENT, adm.Switchover, apb.SwitchoverRequest(), "target_region")
+    fails(grpc.StatusCode.INVALID_ARGUMENT, adm.Switchover, apb.SwitchoverRequest(
+        target_region="default", failover_grace=Duration(seconds=-1)), "failover_grace")
+    fails(grpc.StatusCode.INVALID_ARGUMENT, adm.Switchover, apb.SwitchoverRequest(
+        target_region="default", failover_grace=Duration(seconds=0)), "failover_grace")
     st = cluster.admin("b").GetClusterStatus(apb.GetClusterStatusRequest(), timeout=10)
     assert st.region_policy.primary_region == "default" and st.region_policy.version == r2.region_policy.version
 

@@ -92,8 +92,8 @@ class Dev:
 
     ATTEMPTS = 5
 
-    def __init__(self, tmp: Path, workers: int = 2, data_dir: Path | None = None) -> None:
-        self.tmp, self.workers, self.data_dir = tmp, workers, data_dir
+    def __init__(self, tmp: Path, workers: int = 2, data_dir: Path | None = None, regions: int = 1) -> None:
+        self.tmp, self.workers, self.data_dir, self.regions = tmp, workers, data_dir, regions
         self.log = tmp / "dev.log"
         self.bind_retries = 0
         self._spawn()
@@ -102,6 +102,8 @@ class Dev:
         self.port = free_port()
         self.server = f"127.0.0.1:{self.port}"
         argv = [SCHEDCTL, "dev", "--listen", self.server, "--workers", str(self.workers)]
+        if self.regions != 1:
+            argv += ["--regions", str(self.regions)]
         if self.data_dir is not None:
             argv += ["--data-dir", str(self.data_dir)]
         self.proc = spawn(argv, self.log, env=CLEAN_ENV)
@@ -250,3 +252,24 @@ def test_ctrl_c_reaches_only_the_supervisor_which_stops_every_child(dev_factory:
     direct = printed_pids(dev.text())
     assert len(direct) == 3 and direct <= kids  # etcd, the planner, one worker
     assert_all_gone(direct, kids)
+
+
+def test_three_regions_r1_plans_and_a_switchover_moves_it(dev_factory: list[Dev], tmp_path: Path) -> None:
+    """`schedctl dev --regions 3`: an etcd member, a planner and a worker per region, r1 primary; one line
+    per region; `region switchover` moves planning; Ctrl-C stops every child."""
+    dev = Dev(tmp_path, workers=1, regions=3)
+    dev_factory.append(dev)
+    dev.wait_ready(timeout=120)
+    text = dev.text()
+    assert "3-region cluster ready" in text
+    for line in ("r1 (primary)", "r2 (standby)", "r3 (standby)"):
+        assert line in text, text
+    kids = descendants(dev.proc.pid)
+    st = json.loads(schedctl("region", "status", "--json", "--server", dev.server).stdout)
+    assert st["region_policy"]["primary_region"] == "r1" and st["region_policy"]["standby_regions"] == ["r2", "r3"]
+    assert {p["owner_region"] for p in st["partitions"]} == {"r1"}
+    r = schedctl("region", "switchover", "--to", "r2", "--server", dev.server, "--timeout", "60")
+    assert r.returncode == 0 and "switchover complete: r2 owns every partition" in r.stdout, r.stdout + r.stderr
+    assert dev.stop(signal.SIGINT) == 0, dev.text()
+    assert "stopping workers, planners, etcd" in dev.text()
+    assert_all_gone(kids, kids)

@@ -19,7 +19,7 @@ from scheduler.metrics.worker import WorkerMetrics
 from scheduler.model import RetryPolicy
 from scheduler.planner.pending import PendingIndex
 from scheduler.planner.settings import PlannerSettings
-from scheduler.status import ClockStatus, NodeStatus, WorkerProcessStatus
+from scheduler.status import ClockStatus, NodeStatus, RegionStatus, WorkerProcessStatus
 from scheduler.store.etcd.deadline import LeaseDeadline
 from scheduler.store.etcd.types import Lease
 from scheduler.worker.settings import WorkerSettings
@@ -199,3 +199,16 @@ def test_clock_guard_gauges_read_the_status_snapshot() -> None:
     m.observe(lambda: NodeStatus(now_ms=0, owned=()))  # alone: no majority, eligible
     s = samples(generate_latest(m.registry))
     assert ("scheduler_clock_offset_seconds", ()) not in s and s[("scheduler_clock_skew_ineligible", ())] == 0
+
+
+def test_region_gauges() -> None:
+    m = PlannerMetrics()
+    m.observe(lambda: NodeStatus(now_ms=0, owned=(), region=RegionStatus(
+        region="b", role="standby", policy_version=7, changes={"automatic failover": 1},
+        primary_last_seen_ago_ms=2500)))
+    text = generate_latest(m.registry).decode()
+    assert 'scheduler_region_role{region="b",role="standby"} 1.0' in text
+    assert "scheduler_region_policy_version 7.0" in text
+    assert 'scheduler_region_policy_changes_total{kind="automatic failover"} 1.0' in text
+    assert 'scheduler_region_policy_changes_total{kind="switchover"} 0.0' in text
+    assert "scheduler_region_primary_last_seen_seconds 2.5" in text

@@ -64,7 +64,7 @@ class WorkerPoolStatus(_message.Message):
     def __init__(self, pool: _Optional[str] = ..., region: _Optional[str] = ..., connected_workers: _Optional[int] = ..., capacity: _Optional[int] = ..., running: _Optional[int] = ...) -> None: ...
 
 class GetClusterStatusResponse(_message.Message):
-    __slots__ = ("server_time", "answered_by", "region_policy", "planners", "partition_count", "partitions", "dispatch_queue_depth", "worker_pools")
+    __slots__ = ("server_time", "answered_by", "region_policy", "planners", "partition_count", "partitions", "dispatch_queue_depth", "worker_pools", "primary_last_seen_ago")
     SERVER_TIME_FIELD_NUMBER: _ClassVar[int]
     ANSWERED_BY_FIELD_NUMBER: _ClassVar[int]
     REGION_POLICY_FIELD_NUMBER: _ClassVar[int]
@@ -73,6 +73,7 @@ class GetClusterStatusResponse(_message.Message):
     PARTITIONS_FIELD_NUMBER: _ClassVar[int]
     DISPATCH_QUEUE_DEPTH_FIELD_NUMBER: _ClassVar[int]
     WORKER_POOLS_FIELD_NUMBER: _ClassVar[int]
+    PRIMARY_LAST_SEEN_AGO_FIELD_NUMBER: _ClassVar[int]
     server_time: _timestamp_pb2.Timestamp
     answered_by: str
     region_policy: _cluster_pb2.RegionPolicy
@@ -81,17 +82,26 @@ class GetClusterStatusResponse(_message.Message):
     partitions: _containers.RepeatedCompositeFieldContainer[PartitionStatus]
     dispatch_queue_depth: int
     worker_pools: _containers.RepeatedCompositeFieldContainer[WorkerPoolStatus]
-    def __init__(self, server_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., answered_by: _Optional[str] = ..., region_policy: _Optional[_Union[_cluster_pb2.RegionPolicy, _Mapping]] = ..., planners: _Optional[_Iterable[_Union[PlannerStatus, _Mapping]]] = ..., partition_count: _Optional[int] = ..., partitions: _Optional[_Iterable[_Union[PartitionStatus, _Mapping]]] = ..., dispatch_queue_depth: _Optional[int] = ..., worker_pools: _Optional[_Iterable[_Union[WorkerPoolStatus, _Mapping]]] = ...) -> None: ...
+    primary_last_seen_ago: _duration_pb2.Duration
+    def __init__(self, server_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., answered_by: _Optional[str] = ..., region_policy: _Optional[_Union[_cluster_pb2.RegionPolicy, _Mapping]] = ..., planners: _Optional[_Iterable[_Union[PlannerStatus, _Mapping]]] = ..., partition_count: _Optional[int] = ..., partitions: _Optional[_Iterable[_Union[PartitionStatus, _Mapping]]] = ..., dispatch_queue_depth: _Optional[int] = ..., worker_pools: _Optional[_Iterable[_Union[WorkerPoolStatus, _Mapping]]] = ..., primary_last_seen_ago: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class SwitchoverRequest(_message.Message):
-    __slots__ = ("target_region", "reason", "expected_version")
+    __slots__ = ("target_region", "reason", "expected_version", "standby_regions", "failover_grace", "failback", "failback_stable")
     TARGET_REGION_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     EXPECTED_VERSION_FIELD_NUMBER: _ClassVar[int]
+    STANDBY_REGIONS_FIELD_NUMBER: _ClassVar[int]
+    FAILOVER_GRACE_FIELD_NUMBER: _ClassVar[int]
+    FAILBACK_FIELD_NUMBER: _ClassVar[int]
+    FAILBACK_STABLE_FIELD_NUMBER: _ClassVar[int]
     target_region: str
     reason: str
     expected_version: int
-    def __init__(self, target_region: _Optional[str] = ..., reason: _Optional[str] = ..., expected_version: _Optional[int] = ...) -> None: ...
+    standby_regions: _containers.RepeatedScalarFieldContainer[str]
+    failover_grace: _duration_pb2.Duration
+    failback: str
+    failback_stable: _duration_pb2.Duration
+    def __init__(self, target_region: _Optional[str] = ..., reason: _Optional[str] = ..., expected_version: _Optional[int] = ..., standby_regions: _Optional[_Iterable[str]] = ..., failover_grace: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., failback: _Optional[str] = ..., failback_stable: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class SwitchoverResponse(_message.Message):
     __slots__ = ("region_policy",)
