@@ -23,53 +23,21 @@ import pytest
 from chaos.record import load_run
 from chaos.runner import DrillResult, RunOptions, run_drill
 from chaos.scenario import loads
+from tests.integration.drill_scenarios import cluster, every_second, faults, header, scenario, validity
 
 pytestmark = [pytest.mark.etcd]
 
-SCENARIO = """
-[scenario]
-name = "f9-duplicate-delivery"
-description = "both planners deliver a fifth of their assignments twice, 0-2 s apart"
-duration_s = 24
-seed = 9
-[cluster]
-planners_per_region = 2
-workers_per_region = 1
-partitions = 8
-lease_ttl_s = 2.0
-renew_interval_s = 0.5
-planner = { lookahead_ms = 1000, late_grace_ms = 500 }
-[lag]
-steady_p99_s = 1.5
-steady_max_s = 3.0
-fault_max_s = 6.0
-settle_s = 4.0
-liveness_s = 10.0
-judge_grace_s = 4.0
-[validity]
-min_executions = 200
-min_planned_per_fault = 20
-[[load.schedules]]
-name = "quick"
-count = 10
-spec = "* * * * * *"
-[[load.schedules]]
-name = "held"
-count = 8
-spec = "* * * * * *"
-hold_ms = 1500
-[faults]
-warmup_s = 4
-cooldown_s = 6
-min_gap_s = 2
-health_timeout_s = 30
-[[faults.fixed]]
-type = "F9"
-at_s = 4
-duration_s = 12
-target = "cluster"
-params = { probability = 0.2, delay_ms = 2000 }
-"""
+SCENARIO = scenario(
+    header("f9-duplicate-delivery", "both planners deliver a fifth of their assignments twice, 0-2 s apart", 24, 9),
+    cluster(2, 1),
+    # Tighter than drill_scenarios.LAG: a 24 s window with one fault.
+    "[lag]\nsteady_p99_s = 1.5\nsteady_max_s = 3.0\nfault_max_s = 6.0\nsettle_s = 4.0\nliveness_s = 10.0\n"
+    "judge_grace_s = 4.0\n",
+    validity(200), every_second("quick", 10), every_second("held", 8, "hold_ms = 1500\n"),
+    faults(4, 6, 2, 30),
+    '[[faults.fixed]]\ntype = "F9"\nat_s = 4\nduration_s = 12\ntarget = "cluster"\n'
+    'params = { probability = 0.2, delay_ms = 2000 }\n',
+)
 
 
 def run(tmp: Path, name: str, **opts: object) -> DrillResult:

@@ -24,63 +24,19 @@ import pytest
 from chaos.check import check_run
 from chaos.netns import available
 from chaos.record import load_run
+from tests.integration.drill_scenarios import LAG, SHELL, cluster, every_second, faults, header, scenario, validity
 
 pytestmark = [pytest.mark.etcd]
 
 SCHEDCTL = str(Path(sys.executable).parent / "schedctl")
 
-SCENARIO = """
-[scenario]
-name = "membership"
-description = "F12 twice on a 3-member etcd cluster: remove-add, then replace"
-duration_s = 44
-seed = 5
-[cluster]
-regions = ["r1", "r2", "r3"]
-planners_per_region = 1
-workers_per_region = 1
-partitions = 8
-lease_ttl_s = 2.0
-renew_interval_s = 0.5
-planner = { lookahead_ms = 1000, late_grace_ms = 500 }
-[lag]
-steady_p99_s = 1.5
-steady_max_s = 3.0
-fault_max_s = 8.0
-settle_s = 6.0
-liveness_s = 15.0
-judge_grace_s = 5.0
-[validity]
-min_executions = 300
-min_planned_per_fault = 20
-[[load.schedules]]
-name = "sec"
-count = 16
-spec = "* * * * * *"
-[[load.schedules]]
-name = "sh"
-count = 3
-spec = "@every 2s"
-executor = "shell"
-hold_ms = 200
-[faults]
-warmup_s = 8
-cooldown_s = 10
-min_gap_s = 3
-health_timeout_s = 40
-[[faults.fixed]]
-type = "F12"
-at_s = 8
-duration_s = 6
-target = "r2-e1"
-params = { action = "remove-add" }
-[[faults.fixed]]
-type = "F12"
-at_s = 24
-duration_s = 5
-target = "r3-e1"
-params = { action = "replace" }
-"""
+SCENARIO = scenario(
+    header("membership", "F12 twice on a 3-member etcd cluster: remove-add, then replace", 44, 5),
+    cluster(1, 1, regions=("r1", "r2", "r3")), LAG, validity(300), every_second("sec", 16), SHELL,
+    faults(8, 10, 3, 40),
+    '[[faults.fixed]]\ntype = "F12"\nat_s = 8\nduration_s = 6\ntarget = "r2-e1"\nparams = { action = "remove-add" }\n',
+    '[[faults.fixed]]\ntype = "F12"\nat_s = 24\nduration_s = 5\ntarget = "r3-e1"\nparams = { action = "replace" }\n',
+)
 
 
 def _drill(base: Path, network: str) -> tuple[subprocess.CompletedProcess[str], Path]:

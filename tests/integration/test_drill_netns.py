@@ -21,68 +21,14 @@ import pytest
 from chaos.netns import available, list_namespaces
 from chaos.runner import DrillResult, RunOptions, run_drill
 from chaos.scenario import load
+from tests.integration.drill_scenarios import runner_meta
 
 OK, WHY = available()
 pytestmark = [pytest.mark.etcd,
               pytest.mark.skipif(not OK, reason=f"network namespaces unavailable: {WHY} (loopback mode is "
                                  "tests/integration/test_drill_runner.py)")]
 
-# Copied from tests/integration/test_drill_runner.py (40 s, F1 and F2 beyond the TTL, a pause and a resume).
-SCENARIO = """
-[scenario]
-name = "runner-meta"
-description = "F1 and F2 beyond the lease on two planners; a pause and a resume"
-duration_s = 40
-seed = 3
-[cluster]
-planners_per_region = 2
-workers_per_region = 1
-partitions = 8
-lease_ttl_s = 2.0
-renew_interval_s = 0.5
-planner = { lookahead_ms = 1000, late_grace_ms = 2000 }
-[lag]
-steady_p99_s = 1.5
-steady_max_s = 3.0
-fault_max_s = 8.0
-settle_s = 6.0
-liveness_s = 15.0
-judge_grace_s = 5.0
-[validity]
-min_executions = 300
-min_planned_per_fault = 20
-[[load.schedules]]
-name = "sec"
-count = 12
-spec = "* * * * * *"
-[[load.schedules]]
-name = "sh"
-count = 3
-spec = "@every 2s"
-executor = "shell"
-hold_ms = 200
-[[operations]]
-at_s = 6
-op = "pause"
-target = "sec-001"
-[[operations]]
-at_s = 14
-op = "resume"
-target = "sec-001"
-[faults]
-warmup_s = 5
-cooldown_s = 10
-min_gap_s = 3
-health_timeout_s = 40
-[[faults.fixed]]
-type = "F1"
-at_s = 8
-duration_s = 2
-[[faults.fixed]]
-type = "F2"
-at_s = 18
-params = { ttl_multiple = 2.5 }
-"""
+SCENARIO = runner_meta(late_grace_ms=2000, late_schedules=False)  # the runner meta-tests' drill, in namespaces
 
 
 @pytest.fixture(scope="module")

@@ -20,33 +20,15 @@ from chaos.infra.workers import WorkerProcess
 from chaos.observe import ObserveOptions, mark, observe
 from chaos.scenario import loads
 from scheduler.store.keyspace import Keyspace
+from tests.integration.drill_scenarios import LAG, every_second, faults, header, scenario, validity
 
 pytestmark = [pytest.mark.etcd]
 
 PREFIX = "/staging"
-SCENARIO = """
-[scenario]
-name = "observed"
-description = "a staging cluster observed while its operator kills a planner"
-duration_s = 30
-[lag]
-steady_p99_s = 1.5
-steady_max_s = 3.0
-fault_max_s = 8.0
-settle_s = 6.0
-liveness_s = 15.0
-judge_grace_s = 5.0
-[validity]
-min_executions = 150
-min_planned_per_fault = 10
-[[load.schedules]]
-name = "sec"
-count = 10
-spec = "* * * * * *"
-[faults]
-warmup_s = 5
-cooldown_s = 5
-"""
+SCENARIO = scenario(
+    header("observed", "a staging cluster observed while its operator kills a planner", 30),
+    LAG, validity(150, 10), every_second("sec", 10), faults(5, 5),
+)
 
 
 async def test_an_observed_cluster_is_judged_on_its_window(etcd_factory: EtcdFactory, tmp_path: Path) -> None:
