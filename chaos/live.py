@@ -29,7 +29,7 @@ from chaos.infra.planners import PlannerProcess, PlannerSet
 from chaos.infra.workers import WorkerProcess
 from chaos.links import Links
 from chaos.netns_cluster import ClusterNetwork, LoopbackNetwork
-from chaos.record import RunWriter, record_watch
+from chaos.record import RunWriter, WatchProgress, record_watch
 from chaos.scenario import Scenario
 from chaos.sink import EffectSink
 from scheduler.clock import SYSTEM_CLOCK
@@ -107,6 +107,7 @@ class LiveCluster:
     ks: Keyspace = field(default_factory=lambda: Keyspace(PREFIX))
     _watch_stop: asyncio.Event = field(default_factory=asyncio.Event)
     _watcher: asyncio.Task[int] | None = None
+    watch_progress: WatchProgress = field(default_factory=WatchProgress)
 
     # ---- start --------------------------------------------------------------------------------
 
@@ -120,7 +121,8 @@ class LiveCluster:
         self.kv = EtcdClient(self.etcd.config(endpoints=self.network.harness_endpoints(self.etcd), timeout=3.0))
         await self.kv.__aenter__()
         # The watcher reads every event from revision 1, through no proxy: it is outside every fault.
-        self._watcher = asyncio.create_task(record_watch(self.kv, PREFIX, self.rec.watch, self._watch_stop))
+        self._watcher = asyncio.create_task(record_watch(self.kv, PREFIX, self.rec.watch, self._watch_stop,
+                                                         progress=self.watch_progress))
         await self.links.start(self.etcd.endpoints, c.planners())
         self.planners = PlannerSet(self.directory / "planner-logs", self.etcd.endpoints, PREFIX,
                                    partitions=c.partitions, settings=planner_settings(self.scenario),
@@ -233,6 +235,23 @@ class LiveCluster:
         return None, h
 
     # ---- stop ---------------------------------------------------------------------------------
+
+    async def watch_complete(self, timeout: float = 20.0) -> str | None:
+        """None once the harness's watch has recorded everything etcd holds now; else why not. The checker
+        judges from that history alone, so a history that stopped short makes the run invalid."""
+        if self.kv is None:
+            return "no etcd client"
+        try:
+            rev = (await self.kv.range(self.ks.owners, prefix=True, keys_only=True, timeout=5.0)).revision
+        except Exception as e:
+            return f"the etcd watch could not be checked: {e!r}"
+        if self._watcher is not None and self._watcher.done():
+            return (f"the etcd watch ended early ({self._watcher.exception()!r}) at revision "
+                    f"{self.watch_progress.written}")
+        if await self.watch_progress.caught_up(rev, timeout):
+            return None
+        return (f"the etcd watch recorded events up to revision {self.watch_progress.written} of {rev} "
+                f"{timeout:g} s after the window: the history is incomplete")
 
     async def close(self) -> None:
         """Workers first (they report their last results to planners that still serve), then planners

@@ -185,6 +185,9 @@ async def run_drill(scenario: Scenario, opts: RunOptions) -> DrillResult:
         steady_after = healthy is not None
         if not steady_after:
             say(f"never healthy again after the window: {h}")
+        if (why := await live.watch_complete()) is not None:
+            errors.append(why)
+            say(f"harness error: {why} (the run will be invalid)")
     finally:
         await live.close()
     meta = RunMeta(
