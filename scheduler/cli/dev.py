@@ -311,6 +311,12 @@ def _run(args: argparse.Namespace, sup: Supervisor, etcd_bin: str, host: str, po
               f"  schedctl schedule create --server {api} --id hello --cron '*/5 * * * * *' --command 'echo hello'\n"
               f"  schedctl exec list --server {api} --schedule hello\n")
     out.flush()
+    return serve_until_stopped(sup, "workers, planner, etcd")
+
+
+def serve_until_stopped(sup: Supervisor, what: str) -> int:
+    """Wait for Ctrl-C (or a signal) while every child lives; a child that exits stops the cluster, its log's
+    tail on stderr. `what` names what is stopped, in order, for the closing line."""
     while not sup.stopping:
         gone = sup.dead()
         if gone is not None:
@@ -318,5 +324,5 @@ def _run(args: argparse.Namespace, sup: Supervisor, etcd_bin: str, host: str, po
                   + _tail(gone.log), file=sys.stderr)
             return Exit.FAILURE
         time.sleep(0.2)
-    print(f"schedctl dev: {sup.stopping}: stopping workers, planner, etcd", file=sys.stderr, flush=True)
+    print(f"schedctl dev: {sup.stopping}: stopping {what}", file=sys.stderr, flush=True)
     return Exit.OK

@@ -18,7 +18,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 # dev.py's own helpers (one supervisor, one way to spawn and wait); dev.py imports this module lazily.
@@ -28,9 +27,8 @@ from scheduler.cli.dev import (
     _etcd_healthy,
     _free_port,
     _schedctl,
-    _tail,
+    serve_until_stopped,
 )
-from scheduler.cli.output import Exit
 from scheduler.topology import Topology
 
 
@@ -103,12 +101,4 @@ def run_regions(args: argparse.Namespace, sup: Supervisor, etcd_bin: str, host: 
               f"  schedctl region status\n"
               f"  schedctl region switchover --to {topo.region_names[1]} --dry-run\n")
     out.flush()
-    while not sup.stopping:
-        gone = sup.dead()
-        if gone is not None:
-            print(f"schedctl: {gone.name} exited ({gone.proc.returncode}); stopping the cluster. Its log:\n"
-                  + _tail(gone.log), file=sys.stderr)
-            return Exit.FAILURE
-        time.sleep(0.2)
-    print(f"schedctl dev: {sup.stopping}: stopping workers, planners, etcd", file=sys.stderr, flush=True)
-    return Exit.OK
+    return serve_until_stopped(sup, "workers, planners, etcd")

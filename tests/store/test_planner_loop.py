@@ -282,28 +282,40 @@ async def test_buffer_one_keeps_one_and_skips_the_rest(kv: EtcdClient, key_prefi
     assert sum(1 for e in es if e.skip_reason == "overlap_skip") >= 1
 
 
-async def _left_by_a_dead_owner(kv: EtcdClient, node: PlannerNode, ks: Keyspace, overlap: Overlap) -> int:
-    """The ledger a planner killed mid-run leaves (the smoke drill's F1): run R at T0 went out at T0 + 50 ms
-    and ran 2.45 s by its worker's measure, its result recorded by another planner after the kill; the runs
-    at T0 + 1 s and T0 + 2 s, written ahead, came due while R ran and were never decided. Returns T0."""
-    now = SYSTEM_CLOCK.wall_ms()
-    t0 = now - 2_600 - (now % 1000)  # on a second: the schedule plans whole seconds
-    stored = await node.store.create(sched(1, policies=Policies(overlap=overlap, missed_runs=MissedRuns.LATEST)),
-                                     t0 - 500)
+async def _dead_owners_ledger(kv: EtcdClient, node: PlannerNode, ks: Keyspace, policies: Policies, t0: int,
+                              due_ms: int | None, ran: tuple[int, int, int, int], watermark_ms: int) -> None:
+    """The ledger a planner killed mid-run leaves for schedule s1 (created just before `t0`): the run at t0
+    ran (`ran`: dispatched, started and finished, as offsets from its due time, and how long its handler ran
+    by the worker's measure; a result another planner recorded), the runs at t0 + 1 s and t0 + 2 s are
+    written and never decided, and the checkpoint stands at `watermark_ms`. `due_ms`: every run's due time
+    (a catch-up's creation), or None for their planned times."""
+    stored = await node.store.create(sched(1, policies=policies), t0 - 500)
     p = node.store.partition("s1")
 
     def rec(t: int, **kw: object) -> Execution:
         return replace(Execution(id=execution_id("s1", t), schedule_id="s1", tenant="t", pool="p", task_type="x",
-                                 planned_ms=t, due_ms=t, trigger=Trigger.SCHEDULED, retry=RetryPolicy(),
-                                 timeout_ms=60_000), **kw)  # type: ignore[arg-type]
+                                 planned_ms=t, due_ms=t if due_ms is None else due_ms, trigger=Trigger.SCHEDULED,
+                                 retry=RetryPolicy(), timeout_ms=60_000), **kw)  # type: ignore[arg-type]
 
-    ran = Attempt(1, "w1", "dead", FencingToken(p, 1), t0 + 50, t0 + 60_000, started_ms=t0 + 60,
-                  finished_ms=t0 + 2_550, succeeded=True, ran_ms=2_450)
-    for e in (rec(t0, state=ExecState.SUCCEEDED, attempt=1, attempts=(ran,)), rec(t0 + 1000), rec(t0 + 2000)):
+    base = t0 if due_ms is None else due_ms
+    dispatched, started, finished = (base + x for x in ran[:3])
+    attempt = Attempt(1, "w1", "dead", FencingToken(p, 1), dispatched, base + 60_000, started_ms=started,
+                      finished_ms=finished, succeeded=True, ran_ms=ran[3])
+    for e in (rec(t0, state=ExecState.SUCCEEDED, attempt=1, attempts=(attempt,)), rec(t0 + 1000), rec(t0 + 2000)):
         await kv.put(ks.execution(p, "s1", e.planned_ms), encode_execution(e))
     rev = (await kv.get(ks.execution(p, "s1", t0 + 2000))).mod_revision  # type: ignore[union-attr]
-    ck = Checkpoint(p, t0 + 2000, 0, "dead", 1, max(rev, stored.schedule.version))
+    ck = Checkpoint(p, watermark_ms, 0, "dead", 1, max(rev, stored.schedule.version))
     await kv.put(ks.checkpoint(p), ck.encode())
+
+
+async def _left_by_a_dead_owner(kv: EtcdClient, node: PlannerNode, ks: Keyspace, overlap: Overlap) -> int:
+    """The smoke drill's F1: run R at T0 went out at T0 + 50 ms and ran 2.45 s by its worker's measure, its
+    result recorded by another planner after the kill; the runs at T0 + 1 s and T0 + 2 s, written ahead,
+    came due while R ran and were never decided. Returns T0."""
+    now = SYSTEM_CLOCK.wall_ms()
+    t0 = now - 2_600 - (now % 1000)  # on a second: the schedule plans whole seconds
+    await _dead_owners_ledger(kv, node, ks, Policies(overlap=overlap, missed_runs=MissedRuns.LATEST), t0, None,
+                              (50, 60, 2_550, 2_450), t0 + 2000)
     return t0
 
 
@@ -343,22 +355,8 @@ async def test_a_takeover_mid_catch_up_knows_the_catch_up_runs(kv: EtcdClient, k
     now = SYSTEM_CLOCK.wall_ms()
     made = now - 2_600  # when the dead owner made the catch-up
     t0 = made - 10_000 - (made % 1000)  # its three missed times, 10 s before
-    stored = await node.store.create(sched(1, policies=Policies(overlap=Overlap.SKIP, missed_runs=MissedRuns.ALL,
-                                                                catchup_cap=3)), t0 - 500)
-    p = node.store.partition("s1")
-
-    def rec(t: int, **kw: object) -> Execution:
-        return replace(Execution(id=execution_id("s1", t), schedule_id="s1", tenant="t", pool="p", task_type="x",
-                                 planned_ms=t, due_ms=made, trigger=Trigger.SCHEDULED, retry=RetryPolicy(),
-                                 timeout_ms=60_000), **kw)  # type: ignore[arg-type]
-
-    ran = Attempt(1, "w1", "dead", FencingToken(p, 1), made + 10, made + 60_000, started_ms=made + 20,
-                  finished_ms=made + 2_520, succeeded=True, ran_ms=2_500)
-    for e in (rec(t0, state=ExecState.SUCCEEDED, attempt=1, attempts=(ran,)), rec(t0 + 1000), rec(t0 + 2000)):
-        await kv.put(ks.execution(p, "s1", e.planned_ms), encode_execution(e))
-    rev = (await kv.get(ks.execution(p, "s1", t0 + 2000))).mod_revision  # type: ignore[union-attr]
-    watermark = made - (made % 1000) + 1000
-    await kv.put(ks.checkpoint(p), Checkpoint(p, watermark, 0, "dead", 1, max(rev, stored.schedule.version)).encode())
+    pol = Policies(overlap=Overlap.SKIP, missed_runs=MissedRuns.ALL, catchup_cap=3)
+    await _dead_owners_ledger(kv, node, ks, pol, t0, made, (10, 20, 2_520, 2_500), made - (made % 1000) + 1000)
     await run_node(node, 1.5)
     by_planned = {e.planned_ms - t0: e for e in await executions(node, kv)}
     assert by_planned[1000].state is ExecState.DISPATCHED, by_planned[1000]  # the catch-up goes on, in order
