@@ -40,7 +40,16 @@ def emit(**kw):
     sys.stdout.write(json.dumps(kw) + "\n"); sys.stdout.flush()
 
 def delta():
-    return time.time() - time.monotonic()
+    # wall - mono from a pair read back to back; a pair the scheduler preempted in between (a busy CI
+    # machine) is read again, so the measurement error stays well under the test's tolerance.
+    best = None
+    for _ in range(20):
+        m0 = time.monotonic(); w = time.time(); m1 = time.monotonic()
+        if best is None or m1 - m0 < best[0]:
+            best = (m1 - m0, w - (m0 + m1) / 2)
+        if m1 - m0 < 0.001:
+            break
+    return best[1]
 
 lock = threading.Lock()
 seen = {"delta": delta()}
@@ -186,7 +195,8 @@ def test_wall_clock_follows_the_file_and_monotonic_does_not(tmp_path: Path) -> N
             t_set = time.monotonic()
             clock.set_offset(offset)
             jump = c.json()
-            assert abs(jump["delta"] - base - offset) < 0.05, (offset, jump)
+            # Offsets differ by 30 s to 2 h: 0.2 s tells them apart and leaves room for a preempted reading.
+            assert abs(jump["delta"] - base - offset) < 0.2, (offset, jump)
             latencies.append(jump["mono"] - t_set)
         # Seen by the next reading: the child polls every 0.5-1 ms, so anything above that is
         # libfaketime's (or the scheduler's) delay. Generous bound for a loaded 2-core machine.
