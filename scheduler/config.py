@@ -156,6 +156,9 @@ class CoordinationSettings(Settings):
     renew_interval: float | None = None  # default: lease_ttl / 3
     safety_margin: float = 0.5  # the local self-fence fires this long before the lease could expire
     rpc_timeout: float = 1.0
+    # A planner that joins (or starts a new session) claims free partitions at once, but its peers release
+    # partitions to make room for it only after this many seconds (docs/operations.md, "Rebalancing").
+    rebalance_holddown: float = 10.0
     # etcd --max-txn-ops is 128, but etcd 3.5.16 refuses 128 nested txns in one branch (measured): 127.
     max_txn_ops: int = 127
     max_txn_bytes: int = 1_000_000  # below etcd's 1.5 MiB --max-request-bytes, leaving room for framing
@@ -173,6 +176,8 @@ class CoordinationSettings(Settings):
             raise InvalidArgument("lease_ttl", "etcd's minimum lease TTL is 2 seconds")
         if self.rpc_timeout <= 0:
             raise InvalidArgument("rpc_timeout", "must be positive")
+        if not 0 <= self.rebalance_holddown <= 3600:
+            raise InvalidArgument("rebalance_holddown", f"{self.rebalance_holddown:g} is outside 0-3600 seconds")
         if not 0 < self.safety_margin < self.lease_ttl / 2:
             raise InvalidArgument("safety_margin", "must be in (0, lease_ttl / 2)")
         if self.renew <= 0:

@@ -25,6 +25,7 @@ HELP: dict[str, str] = {
     "renew_interval": "seconds between lease keep-alives",
     "safety_margin": "seconds; the planner fences itself this long before its lease could expire",
     "rpc_timeout": "seconds; deadline of each etcd request",
+    "rebalance_holddown": "seconds before peers release partitions to a joining planner (free ones it claims at once)",
     "max_txn_ops": "most operations in one etcd txn (etcd's --max-txn-ops is 128)",
     "max_txn_bytes": "bytes; most payload in one etcd txn (below etcd's --max-request-bytes)",
     "unsafe_disable_fencing": "true/false; drop the owner-revision compare from writes (shows the checks catch "

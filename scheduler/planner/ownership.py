@@ -120,6 +120,12 @@ class Ownership:
         self.release_settle: Callable[[int], Awaitable[None]] | None = None
         self.release_settle_s = 2.0
         self._member_started: dict[int, int] = {}  # session lease -> started_at_ms of its member record
+        # Rebalance hold-down (rebalance.py, `settling`): when this node first saw each peer's member
+        # record (key, create revision: one session), by its own monotonic clock, so that neither a
+        # peer's wall clock nor skew between them decides. Peers already there at our first look count
+        # as settled: they were running before us.
+        self._first_seen: dict[tuple[bytes, int], float] = {}
+        self._seen_any = False
         self._wake = asyncio.Event()
         self._changed_owned = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -324,16 +330,28 @@ class Ownership:
             p = self._ks.partition_of(key)
             owners[p] = json.loads(kv.value)["node"]
         eligible = []
+        settling = set()
         drained = self.drained()
+        now = self._clock.monotonic()
+        hold = self._s.rebalance_holddown
+        seen = self._first_seen
+        for gone in [k for k in seen if self.members.items.get(k[0]) is None
+                     or self.members.items[k[0]].create_revision != k[1]]:
+            del seen[gone]  # that session ended: forget it
         for kv in self.members.items.values():
+            first = seen.setdefault((kv.key, kv.create_revision), now if self._seen_any else now - hold)
             info = MemberInfo.decode(kv.value)
+            if info.node_id != self._s.node_id and now - first < hold:
+                settling.add(info.node_id)
             if info.node_id in drained:
                 continue
             if info.suspended and info.node_id != self._s.node_id:
                 continue  # a peer that stood down on its own (its clock is out of bounds); our own say is the hook's
             if self._eligible(info) and not (self.draining and info.node_id == self._s.node_id):
                 eligible.append(info.node_id)
-        return OwnershipSnapshot(self._s.partitions, self._s.node_id, tuple(sorted(eligible)), owners)
+        self._seen_any = self._seen_any or bool(self.members.items)
+        return OwnershipSnapshot(self._s.partitions, self._s.node_id, tuple(sorted(eligible)), owners,
+                                 frozenset(settling))
 
     async def _reconcile(self, session: Session) -> None:
         if not (self.members.synced.is_set() and self.owners.synced.is_set() and self.drains.synced.is_set()):

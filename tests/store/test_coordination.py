@@ -25,7 +25,10 @@ from scheduler.store.session import Session
 
 pytestmark = pytest.mark.etcd
 
-FAST = CoordinationSettings(lease_ttl=2, renew_interval=0.5, rpc_timeout=0.4, safety_margin=0.3, partitions=8)
+# No rebalance hold-down: these tests run FakeClocks that never advance on their own, and start their planners
+# in a race (tests/store/test_drain.py shows the hold-down with a clock it moves).
+FAST = CoordinationSettings(lease_ttl=2, renew_interval=0.5, rpc_timeout=0.4, safety_margin=0.3, partitions=8,
+                            rebalance_holddown=0.0)
 
 
 async def claim(kv: EtcdClient, key: bytes, who: str) -> int:

@@ -21,12 +21,17 @@ __all__ = ["fast_client"]  # the fixture, re-used
 
 async def test_drain_hands_everything_over_and_restart_undrains(fast_client: EtcdClient, key_prefix: str) -> None:
     ks = Keyspace(key_prefix.rstrip("/"))
-    a = Ownership(fast_client, ks, replace(FAST, node_id="a"), FakeClock(), listener=Recorder())
+    a_clock = FakeClock()
+    hold = 5.0
+    a = Ownership(fast_client, ks, replace(FAST, node_id="a", rebalance_holddown=hold), a_clock, listener=Recorder())
     b_rec = Recorder()
     b = Ownership(fast_client, ks, replace(FAST, node_id="b"), FakeClock(), listener=b_rec)
     ta, tb = asyncio.create_task(a.run()), asyncio.create_task(b.run())
     tb2: asyncio.Task[None] | None = None
     try:
+        # Whichever started first may hold everything until b's hold-down is over by a's clock.
+        await wait_until(lambda: ks.member("b") in a.members.items)
+        a_clock.advance(hold)
         await wait_until(lambda: len(a.owned) == 4 and len(b.owned) == 4)
         await fast_client.put(ks.drain("b"), b'{"reason":"test"}')  # as AdminService.DrainPlanner does
         await wait_until(lambda: len(a.owned) == 8 and not b.owned)
@@ -34,11 +39,16 @@ async def test_drain_hands_everything_over_and_restart_undrains(fast_client: Etc
         assert all(r == "released" for kind, _p, r in b_rec.events if kind == "lost")
         await asyncio.sleep(1.0)  # several reconcile rounds later b still claims nothing
         assert not b.owned and len(a.owned) == 8
-        # A restarted b (same node id) deletes its drain key and gets its share back.
+        # A restarted b (same node id) deletes its drain key and gets its share back, once the rebalance
+        # hold-down is over by a's clock: until then a keeps everything (and every partition stays owned).
         tb.cancel()
         await asyncio.gather(tb, return_exceptions=True)
         b2 = Ownership(fast_client, ks, replace(FAST, node_id="b"), FakeClock(), listener=Recorder())
         tb2 = asyncio.create_task(b2.run())
+        await wait_until(lambda: b2.session is not None and ks.member("b") in a.members.items)
+        await asyncio.sleep(1.5)  # several reconcile rounds
+        assert not b2.owned and len(a.owned) == 8, "a made room for b inside its hold-down"
+        a_clock.advance(hold)
         await wait_until(lambda: len(a.owned) == 4 and len(b2.owned) == 4)
         assert await fast_client.get(ks.drain("b")) is None
         assert await fast_client.get(ks.region("default")) is not None  # regions are registered at start

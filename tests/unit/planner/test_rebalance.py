@@ -82,3 +82,49 @@ def test_converges_to_an_even_split(n: int, p: int, rnd: object) -> None:
     counts = [sum(1 for o in owners.values() if o == x) for x in nodes]
     assert len(owners) == p
     assert max(counts) - min(counts) <= 1
+
+
+# ---- the rebalance hold-down --------------------------------------------------------------------------
+
+
+def test_nobody_makes_room_for_a_settling_planner() -> None:
+    """A restarted planner (b) gets no partition of a's until its hold-down is over, and then gets its share."""
+    owners = dict.fromkeys(range(8), "a")
+    held = decide(OwnershipSnapshot(8, "a", ("a", "b"), owners, frozenset({"b"})))
+    assert held.release == () and held.target == 4
+    assert decide(OwnershipSnapshot(8, "b", ("a", "b"), owners, frozenset({"b"}))).claim == ()
+    assert len(decide(OwnershipSnapshot(8, "a", ("a", "b"), owners)).release) == 4
+
+
+def test_a_settling_planner_still_claims_free_partitions_at_once() -> None:
+    """The hold-down never leaves a partition unowned: a dead owner's partitions are free, and the
+    newcomer claims its share of them straight away."""
+    owners = {p: "a" for p in range(4)}
+    d = decide(OwnershipSnapshot(8, "b", ("a", "b"), owners, frozenset({"b"})))
+    assert d.claim == (4, 5, 6, 7)
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(st.integers(1, 6), st.integers(1, 64), st.randoms(use_true_random=False))
+def test_with_settling_planners_every_free_partition_is_still_claimed(n: int, p: int, rnd: object) -> None:
+    """Whoever is settling, rounds of decisions end with every partition owned, none released to make room
+    for a settling planner, and nobody above its share among the settled."""
+    import random
+
+    assert isinstance(rnd, random.Random)
+    nodes = [f"node-{i}" for i in range(n)]
+    settling = frozenset(x for x in nodes if rnd.random() < 0.5)
+    owners: dict[int, str] = {q: rnd.choice(nodes) for q in range(p) if rnd.random() < 0.5}
+    for _ in range(4 * n + 4):
+        for me in rnd.sample(nodes, len(nodes)):
+            d = decide(OwnershipSnapshot(p, me, tuple(nodes), dict(owners), settling))
+            for q in d.release:
+                del owners[q]
+            for q in d.claim:
+                assert q not in owners
+                owners[q] = me
+    assert len(owners) == p
+    settled = tuple(x for x in nodes if x not in settling)
+    for me in settled:
+        keep = target_share(p, tuple(sorted({*settled, me})), me)
+        assert sum(1 for o in owners.values() if o == me) <= max(keep, target_share(p, tuple(nodes), me))
