@@ -126,6 +126,7 @@ class Ownership:
         # as settled: they were running before us.
         self._first_seen: dict[tuple[bytes, int], float] = {}
         self._seen_any = False
+        self._session_mono = 0.0  # when our current session started (monotonic)
         self._wake = asyncio.Event()
         self._changed_owned = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -277,6 +278,7 @@ class Ownership:
     async def _one_session(self) -> None:
         session = Session(self._kv, self._s, self.lease_observer)
         await session.start()
+        self._session_mono = self._clock.monotonic()
         self.session = session
         self.sessions += 1
         try:
@@ -338,10 +340,14 @@ class Ownership:
         for gone in [k for k in seen if self.members.items.get(k[0]) is None
                      or self.members.items[k[0]].create_revision != k[1]]:
             del seen[gone]  # that session ended: forget it
+        # While we are in our own start-up (a cold start of the whole cluster, every planner back after a
+        # region outage), what we hold we claimed moments ago, alone: hand it on at once, since spreading
+        # the backlog is what recovers fastest. The hold-down protects planners in steady state.
+        young = now - self._session_mono < hold
         for kv in self.members.items.values():
             first = seen.setdefault((kv.key, kv.create_revision), now if self._seen_any else now - hold)
             info = MemberInfo.decode(kv.value)
-            if info.node_id != self._s.node_id and now - first < hold:
+            if info.node_id != self._s.node_id and now - first < hold and not young:
                 settling.add(info.node_id)
             if info.node_id in drained:
                 continue

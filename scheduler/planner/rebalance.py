@@ -10,7 +10,9 @@ only the partitions it has to and a restarted planner tends to get its old ones 
 `rebalance_holddown` ago). They claim free partitions at once, but nobody releases a partition to make
 room for them until the hold-down is over: a restarted planner's start-up burst (imports, loading its
 first partitions) is the worst moment to hand it more, and a planner that flaps would otherwise move
-partitions on every return. Every partition stays owned meanwhile.
+partitions on every return. Every partition stays owned meanwhile. A planner that is itself inside the
+hold-down of its own session passes an empty `settling` set (planner/ownership.py): after a cold start,
+the first planner up holds everything, and handing it on at once spreads the backlog fastest.
 
 `eligible`: planners that may own partitions now (live, of the region policy's primary region, not
 drained, clock in bounds; planner/region_guard.py and clock_guard.py). A planner
