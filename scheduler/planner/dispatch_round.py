@@ -114,13 +114,30 @@ def overlapping(in_flight: Sequence[Execution], x: Execution, catchup: Set[str],
         # before it began (the other missed times of its catch-up queue behind it, in order), but it does
         # overlap a run that comes due while it is running (a drill found on-time runs queued behind
         # catch-ups for ever when the work took longer than the period, 147 s behind after 4 minutes).
-        if cur is None or (not explicit and (cur.started_ms or cur.dispatched_ms) > at):
+        if cur is None or (not explicit and (cur.started_ms or cur.dispatched_ms) > at
+                           and not _earlier_attempt_spans(r, at)):
             continue
         real.append(r)
         c = confirmed.get(r.id)
         if c is None or c[0] != r.mod_revision or c[1] < read_after_ms:
             unconfirmed.append(r.id)
     return real, unconfirmed
+
+
+def _earlier_attempt_spans(r: Execution, at: int) -> bool:
+    """An earlier attempt of r's current run was in progress at `at`: begun by then, and not recorded as
+    ended before it. A run that is on its retry is the same run (Temporal's view of a workflow run with
+    retries), so a run that came due while its first attempt held the schedule overlaps it though the
+    retry began later. A drill (smoke11) found a `skip` schedule running two at once: a worker was killed
+    mid-run, the attempt timed out 11 s later and was retried, and the runs that had come due meanwhile
+    were judged against the retry's start, so one of them started next to the retry."""
+    for a in r.attempts:
+        if a.attempt <= r.attempt_base or a is r.current:
+            continue
+        begun = a.started_ms or a.dispatched_ms
+        if begun and begun <= at and (not a.finished_ms or a.finished_ms > at):
+            return True
+    return False
 
 
 def ran_until_ms(r: Execution, settle_ms: int) -> int:

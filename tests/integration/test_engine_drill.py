@@ -48,6 +48,9 @@ def start_worker(wid: str, planners: list[str], effects: Path, log: Path) -> sub
                  log, env=env)
 
 
+# Full mode only (74 s): the CI smoke drill (tests/integration/test_drill_smoke.py) kills and freezes planners
+# on real processes too, under more load and more faults, judged by the independent checker.
+@pytest.mark.slow
 async def test_engine_survives_kill_and_pause(etcd_factory: EtcdFactory, tmp_path: Path) -> None:
     etcd = etcd_factory()
     ks = Keyspace(PREFIX)

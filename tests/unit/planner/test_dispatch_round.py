@@ -365,3 +365,25 @@ def test_a_late_run_counts_from_its_start_not_its_dispatch() -> None:
                   1, succeeded=True, error_class=None, message="", now_ms=53_170, ran_ms=3_300)
     plan = after_landing([ex(49_700)], [r], now=53_200)
     assert states(plan) == {49_700: "skipped:overlap_skip"}
+
+
+def retried(t: int, first: int, timed_out: int, again: int) -> Execution:
+    """A run planned at t whose first attempt (dispatched at `first`) timed out at `timed_out` (its worker
+    was killed) and was dispatched again at `again`."""
+    r, _ = result(running(t, first), 1, succeeded=False, error_class=ErrorClass.TIMEOUT, message="lost",
+                  now_ms=timed_out)
+    assert r.state is ExecState.RETRY_WAIT
+    r = replace(r, next_attempt_ms=again)
+    return dispatch(r, worker="w2", planner="n", token=FencingToken(0, 1), now_ms=again)
+
+
+def test_a_run_due_during_an_earlier_attempt_overlaps_the_retry() -> None:
+    """smoke11: the skip schedule's run due while the first attempt (on a killed worker) still held it must
+    not start next to the retry."""
+    r = retried(90_000, first=90_010, timed_out=99_500, again=99_700)
+    assert r.state is ExecState.DISPATCHED and r.attempt == 2
+    plan = round_([ex(99_000)], in_flight=[r], confirmed_at=NOW)
+    assert states(plan) == {99_000: "skipped:overlap_skip"}
+    # Due after the first attempt had ended and before the retry began: nothing ran then.
+    plan = round_([ex(99_600)], in_flight=[r], confirmed_at=NOW)
+    assert states(plan) != {99_600: "skipped:overlap_skip"}
