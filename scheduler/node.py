@@ -32,6 +32,7 @@ from scheduler.planner.ownership import LostReason, MemberInfo, NotOwner, Owners
 from scheduler.planner.partition import DispatchSink, PartitionPlanner, Restart
 from scheduler.planner.region_guard import RegionGuard
 from scheduler.planner.settings import PlannerSettings
+from scheduler.region.policy import RegionPolicy
 from scheduler.status import NodeStatus, PartitionStatus, WorkerStatus
 from scheduler.store.codec import decode_schedule, decode_schedule_meta
 from scheduler.store.combiner import WriteCombiner
@@ -117,6 +118,7 @@ class PlannerNode:
         # all are); it also makes this planner's automatic moves (failover, failback=auto).
         self.region_guard = RegionGuard(kv=kv, ks=ks, node_id=settings.node_id, region=settings.region, clock=clock,
                                         ownership=self.ownership, rpc_timeout=settings.rpc_timeout)
+        self.region_guard.on_policy = self._region_policy
         # Always kept (plain ints): served over HTTP only when metrics_address is set (cli/planner.py).
         self.metrics = metrics or PlannerMetrics(schedule_limit=self.planner_settings.metrics_schedule_limit)
         self.metrics.observe(self.status)
@@ -168,7 +170,13 @@ class PlannerNode:
                        notice_for=self._notice_unless_owned, payload_of=self.payload_of,
                        rpc_timeout=self.s.rpc_timeout, **options)
         self.dispatcher = d
+        d.set_region_policy(self.region_guard.current.policy)
         return d
+
+    def _region_policy(self, policy: RegionPolicy | None) -> None:
+        """A new region policy: the dispatcher applies its planning region and worker affinity at once."""
+        if isinstance(self.dispatcher, Dispatcher):
+            self.dispatcher.set_region_policy(policy)
 
     def make_api(self, ops: OperationsPort | None = None) -> tuple[ScheduleService, AdminService]:
         """The ScheduleService and AdminService of this node (any node serves any schedule).
@@ -193,14 +201,17 @@ class PlannerNode:
         d = self.dispatcher
         depth: dict[str, int] = {}
         workers: tuple[WorkerStatus, ...] = ()
+        cross: dict[str, int] = {}
         if isinstance(d, Dispatcher):
+            cross = dict(d.cross_region)
             depth = d.queue.depths()
             workers = tuple(WorkerStatus(c.worker_id, c.pool, c.region, c.capacity, c.credits, c.reported)
                             for c in d.conns.values())
         return NodeStatus(now_ms=self.clock.wall_ms(), owned=parts, queue_depth=depth, workers=workers,
                           fenced_txns=self.fence_stats.txns, fencing_rejections=self.fence_stats.fenced_out,
                           restarts=dict(self.restart_reasons),
-                          clock=self.clock_guard.state(), region=self.region_guard.state())
+                          clock=self.clock_guard.state(), region=self.region_guard.state(),
+                          cross_region_assignments=cross)
 
     def planner_infos(self) -> list[cluster_pb2.PlannerInfo]:
         out = []

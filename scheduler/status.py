@@ -67,6 +67,8 @@ class NodeStatus:
     restarts: dict[str, int] = field(default_factory=dict)  # partition loop reloads by reason
     clock: ClockStatus = field(default_factory=ClockStatus)
     region: RegionStatus = field(default_factory=RegionStatus)
+    # pool -> assignments this node sent to workers outside the planning region (worker affinity)
+    cross_region_assignments: dict[str, int] = field(default_factory=dict)
 
     def connected_workers(self) -> dict[str, int]:
         out: dict[str, int] = {}

@@ -29,6 +29,7 @@ from scheduler.clock import Clock
 from scheduler.errors import FailedPrecondition, InvalidArgument, NotFound, VersionMismatch
 from scheduler.ids import FencingToken
 from scheduler.planner.ownership import MemberInfo, Ownership
+from scheduler.region import affinity as ra
 from scheduler.region import policy as rp
 from scheduler.region import store as rstore
 from scheduler.status import NodeStatus
@@ -74,7 +75,39 @@ def policy_pb(p: rp.RegionPolicy, version: int) -> cpb.RegionPolicy:
         standby_regions=list(p.standby), failover_grace=ms_to_duration(p.failover_grace_ms),
         failback=p.failback.value, failback_stable=ms_to_duration(p.failback_stable_ms),
         history=[cpb.RegionChange(at=ms_to_timestamp(c.at_ms), kind=c.kind.value, from_region=c.from_region,
-                                  to_region=c.to_region, by=c.by, reason=c.reason) for c in p.history])
+                                  to_region=c.to_region, by=c.by, reason=c.reason) for c in p.history],
+        default_affinity=affinity_pb(p.affinity.default),
+        pool_affinity=[cpb.PoolAffinity(pool=n, affinity=affinity_pb(a)) for n, a in p.affinity.pools])
+
+
+def affinity_pb(a: ra.Affinity) -> cpb.WorkerAffinity:
+    out = cpb.WorkerAffinity(mode=a.mode.value)
+    if a.mode is ra.Mode.PREFER:
+        out.prefer_wait.CopyFrom(ms_to_duration(a.prefer_wait_ms))
+    return out
+
+
+def affinity_request(request: apb.SetWorkerAffinityRequest) -> tuple[str | None, ra.Affinity | None]:
+    """(pool or None for the default, the affinity or None to clear the override), checked: raises
+    InvalidArgument naming the field before anything is read or written."""
+    pool = inputs.optional_name(request.pool, "pool")
+    if request.default_affinity:
+        if pool:
+            raise InvalidArgument("pool", "must be empty with default_affinity")
+        if request.clear:
+            raise InvalidArgument("clear", "the default affinity cannot be cleared; set a mode")
+    elif not pool:
+        raise InvalidArgument("pool", "is required (or set default_affinity)")
+    if request.clear:
+        return pool, None
+    mode = ra.parse_mode(request.mode)
+    wait = ra.DEFAULT_PREFER_WAIT_MS
+    if request.HasField("prefer_wait"):
+        if mode is not ra.Mode.PREFER:
+            raise InvalidArgument("prefer_wait", f"only applies to mode prefer (mode is {mode.value})")
+        wait = request.prefer_wait.ToMilliseconds()
+    a = ra.check(ra.Affinity(mode, wait))
+    return (None if request.default_affinity else pool), a
 
 
 class AdminService:
@@ -95,7 +128,8 @@ class AdminService:
         for wid, pool, region, cap, running in rows:
             by.setdefault((pool, region), {})[wid] = (cap, running)
         return [apb.WorkerPoolStatus(pool=p, region=r, connected_workers=len(ws), capacity=sum(c for c, _ in
-                ws.values()), running=sum(n for _, n in ws.values())) for (p, r), ws in sorted(by.items())]
+                ws.values()), running=sum(n for _, n in ws.values()), worker_ids=sorted(ws))
+                for (p, r), ws in sorted(by.items())]
 
     def _local_status(self, members: dict[str, MemberInfo]) -> apb.PlannerStatus:
         rows = self.local.workers()
@@ -262,6 +296,35 @@ class AdminService:
         raise VersionMismatch("the region policy kept changing under this call (automatic failover?); read it "
                               "again")
 
+    @grpc_errors
+    async def SetWorkerAffinity(self, request: apb.SetWorkerAffinityRequest,
+                                context: Context) -> apb.SetWorkerAffinityResponse:
+        """One pool's worker affinity (or the default), by a CAS on the policy with a history entry. The
+        planners see the record change on their watch and apply it to their next pump."""
+        pool, a = affinity_request(request)
+        why = inputs.reason(request.reason)
+        for _ in range(3):
+            cur = await rstore.read(self.kv, self.ks, timeout=self.timeout)
+            if cur.policy is None:
+                raise FailedPrecondition("there is no region policy yet: write one first "
+                                         "(`schedctl region switchover --to REGION`)")
+            if request.HasField("expected_version") and cur.version != request.expected_version:
+                raise VersionMismatch(f"the region policy is at version {cur.version}, not "
+                                      f"{request.expected_version}; read it again")
+            new = rp.with_affinity(cur.policy, pool, a, by=self.node_id, now_ms=self.clock.wall_ms(), reason=why)
+            try:
+                version = await rstore.cas(self.kv, self.ks, cur.version, new, timeout=self.timeout)
+            except rstore.Stale:
+                if request.HasField("expected_version"):
+                    raise VersionMismatch(f"the region policy is not at version {request.expected_version}; "
+                                          f"read it again") from None
+                continue
+            log.warning("worker affinity changed by the API: %s", new.history[-1].reason,
+                        extra={"event": "region_affinity", "pool": pool, "version": version,
+                               "mode": a.mode.value if a else None})
+            return apb.SetWorkerAffinityResponse(region_policy=policy_pb(new, version))
+        raise VersionMismatch("the region policy kept changing under this call; read it again")
+
     def _next_policy(self, cur: rp.RegionPolicy | None, region: str, known: set[str], why: str,
                      request: apb.SwitchoverRequest) -> rp.RegionPolicy:
         now = self.clock.wall_ms()
@@ -356,11 +419,23 @@ class AdminService:
 
 
 def _merge_pools(a: list[apb.WorkerPoolStatus], b: list[apb.WorkerPoolStatus]) -> list[apb.WorkerPoolStatus]:
-    """Workers stream to every planner, so each planner sees (nearly) the same workers: keep, per
-    (pool, region), the largest view rather than a sum that would count a worker once per planner."""
+    """Workers stream to every planner, so each planner sees (nearly) the same workers: per (pool, region)
+    the distinct worker ids of all views (a worker connected to one planner only still counts, once);
+    capacity and running are the largest view's (a sum would count a worker once per planner)."""
     best: dict[tuple[str, str], apb.WorkerPoolStatus] = {}
+    ids: dict[tuple[str, str], set[str]] = {}
     for w in (*a, *b):
         k = (w.pool, w.region)
+        ids.setdefault(k, set()).update(w.worker_ids)
         if k not in best or w.connected_workers > best[k].connected_workers:
             best[k] = w
-    return [best[k] for k in sorted(best)]
+    out = []
+    for k in sorted(best):
+        w = apb.WorkerPoolStatus()
+        w.CopyFrom(best[k])
+        if ids[k]:  # a peer of an older version sends no ids: keep its count
+            del w.worker_ids[:]
+            w.worker_ids.extend(sorted(ids[k]))
+            w.connected_workers = len(ids[k])
+        out.append(w)
+    return out

@@ -1,4 +1,4 @@
-"""`schedctl region status | switchover | failback` (docs/operations.md, "Regions").
+"""`schedctl region status | switchover | failback | affinity` (docs/operations.md, "Regions").
 
 A switchover is one CAS on the region policy (AdminService.Switchover); the planners do the rest (the old
 region's release after their in-flight batch, the new region's claim). So that an operator knows when it
@@ -33,6 +33,7 @@ from scheduler.cli.common import (
 from scheduler.cli.output import Exit
 from scheduler.client import ClientError, SchedulerClient
 from scheduler.errors import InvalidArgument
+from scheduler.region import affinity as ra
 
 POLL_S = 0.1  # how often the wait reads cluster status (also the resolution of the measured pause)
 _DURATION = re.compile(r"^(-?\d+(?:\.\d+)?)(ms|s|m|h)?$")
@@ -73,6 +74,18 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(func=_failback, request_timeout=None, to=None, region=None, standby=None, failover_grace=None,
                    failback=None, failback_stable=None)
 
+    p = verbs.add_parser("affinity", parents=[conn], help="set a pool's worker affinity (strict, prefer, any)")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--pool", metavar="POOL", help="the worker pool")
+    which.add_argument("--default", action="store_true", help="set the default for pools without an override")
+    p.add_argument("--mode", metavar="MODE", help="strict (only the planning region's workers), prefer (others "
+                   "once no local worker has had credit for --prefer-wait), any")
+    p.add_argument("--prefer-wait", metavar="DURATION", help="with --mode prefer: e.g. 2s (default), 500ms")
+    p.add_argument("--clear", action="store_true", help="remove the pool's override (the default applies)")
+    p.add_argument("--reason", default="")
+    p.add_argument("--expected-version", type=int, metavar="N", help="refuse (exit 4) unless the policy is at N")
+    p.set_defaults(func=_affinity)
+
 
 def _move_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reason", default="")
@@ -107,14 +120,19 @@ def _status(args: argparse.Namespace) -> int:
                           f"primary: NO live planner for {duration_text(ago)} (as {st.answered_by} saw it)\n")
         owners = Counter(p.owner_region or "(unowned)" for p in st.partitions)
         out.write("partitions by owner region: " + ", ".join(f"{r} {n}" for r, n in sorted(owners.items())) + "\n\n")
-        table(["REGION", "ROLE", "PLANNER", "LIVENESS", "PARTITIONS", "WORKERS", "LAST_SEEN"],
+        # REGION_WORKERS: distinct workers of the row's region (every worker streams to every planner, so a
+        # planner's own stream count is every worker of every region).
+        per_region = workers_per_region(st.worker_pools)
+        table(["REGION", "ROLE", "PLANNER", "LIVENESS", "PARTITIONS", "REGION_WORKERS", "LAST_SEEN"],
               [(p.planner.region, _role(pol, p.planner.region), p.planner.node_id,
                 enum_name(cpb.PlannerLiveness, p.planner.liveness, "PLANNER_LIVENESS_"), p.partitions_owned,
-                p.connected_workers, opt_ts(p.planner, "last_seen")) for p in st.planners])
+                per_region.get(p.planner.region, 0), opt_ts(p.planner, "last_seen")) for p in st.planners])
         if st.worker_pools:
             out.write("\n")
             table(["POOL", "REGION", "WORKERS", "CAPACITY", "RUNNING"],
                   [(w.pool, w.region, w.connected_workers, w.capacity, w.running) for w in st.worker_pools])
+        if pol.primary_region:
+            out.write("\n" + show_affinity(pol) + "\n")
         if pol.history:
             out.write("\n")
             table(["AT", "KIND", "FROM", "TO", "BY", "REASON"],
@@ -122,6 +140,32 @@ def _status(args: argparse.Namespace) -> int:
                    for h in pol.history])
         return Exit.OK
     return run_call(args, body)
+
+
+def workers_per_region(pools: Any) -> dict[str, int]:
+    """Distinct worker ids per region over every pool (a worker belongs to one pool; an older server
+    sends no ids: its per-pool count, already deduplicated across planners, is used)."""
+    ids: dict[str, set[str]] = {}
+    counts: dict[str, int] = {}
+    for w in pools:
+        if w.worker_ids:
+            ids.setdefault(w.region, set()).update(w.worker_ids)
+        else:
+            counts[w.region] = counts.get(w.region, 0) + w.connected_workers
+    return {r: counts.get(r, 0) + len(ids.get(r, ())) for r in {*ids, *counts}}
+
+
+def _affinity_text(a: Any) -> str:
+    if a.mode == "prefer" and a.HasField("prefer_wait"):
+        return f"prefer (wait {duration_text(a.prefer_wait.ToMilliseconds())})"
+    return a.mode or "prefer"
+
+
+def show_affinity(pol: Any) -> str:
+    """The policy's worker affinity, one line: default, then each pool's override."""
+    default = _affinity_text(pol.default_affinity) if pol.HasField("default_affinity") else "prefer (wait 2s)"
+    pools = "; ".join(f"{p.pool} {_affinity_text(p.affinity)}" for p in pol.pool_affinity)
+    return f"worker affinity: default {default}" + (f"; {pools}" if pools else "")
 
 
 def _role(pol: Any, region: str) -> str:
@@ -156,10 +200,48 @@ def _switchover(args: argparse.Namespace) -> int:
     return run_call(args, body)
 
 
+def _affinity(args: argparse.Namespace) -> int:
+    if args.clear:
+        if args.default:
+            print("schedctl: clear: the default affinity cannot be cleared; set --mode", file=sys.stderr)
+            return Exit.INVALID
+        if args.mode or args.prefer_wait:
+            print("schedctl: clear: --mode and --prefer-wait do not go with --clear", file=sys.stderr)
+            return Exit.INVALID
+    elif not args.mode:
+        print("schedctl: mode: name it (--mode strict|prefer|any)", file=sys.stderr)
+        return Exit.INVALID
+    if args.pool is not None and not args.pool:
+        print("schedctl: pool: is required (an empty pool name)", file=sys.stderr)
+        return Exit.INVALID
+    # Checked here too, so that bad input is a clear error before any connection; the server checks again.
+    try:
+        mode = "" if args.clear else ra.parse_mode(args.mode).value
+        wait = None if args.prefer_wait is None else duration_ms(args.prefer_wait, "prefer_wait")
+        if wait is not None and wait <= 0:
+            raise InvalidArgument("prefer_wait", f"must be positive (got {args.prefer_wait})")
+    except InvalidArgument as e:
+        print(f"schedctl: {e}", file=sys.stderr)
+        return Exit.INVALID
+
+    async def body(c: SchedulerClient) -> int:
+        pol = await c.set_worker_affinity(args.pool or "", mode, default=args.default, prefer_wait_ms=wait,
+                                          clear=args.clear, reason=args.reason,
+                                          expected_version=args.expected_version)
+        if args.json:
+            print_json(pol)
+        else:
+            print(show_policy(pol))
+            print(show_affinity(pol))
+        return Exit.OK
+    return run_call(args, body)
+
+
 def _failback(args: argparse.Namespace) -> int:
     async def body(c: SchedulerClient) -> int:
         pol = (await c.cluster_status()).region_policy
-        back = pol.history[-1].from_region if pol.history else ""
+        # The last change that moved planning: an affinity change (from == to) is not one.
+        back = next((h.from_region for h in reversed(pol.history) if h.kind != "affinity"), "")
         if not back:
             print("schedctl: the region policy has no previous primary to fail back to (see `region status`)",
                   file=sys.stderr)

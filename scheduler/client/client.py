@@ -299,6 +299,18 @@ class SchedulerClient:
             req.failback_stable.CopyFrom(_ms(failback_stable_ms))
         return (await self._call("Switchover", self._admin.Switchover, req, timeout)).region_policy
 
+    async def set_worker_affinity(self, pool: str, mode: str, *, default: bool = False,
+                                  prefer_wait_ms: int | None = None, clear: bool = False, reason: str = "",
+                                  expected_version: int | None = None, timeout: float | None = None) -> Any:
+        """Set `pool`'s worker affinity (`default`: the default's) in the region policy; `clear` removes
+        the pool's override. Returns the `RegionPolicy` now in force."""
+        req = apb.SetWorkerAffinityRequest(pool=pool, default_affinity=default, mode=mode, clear=clear, reason=reason)
+        if prefer_wait_ms is not None:
+            req.prefer_wait.CopyFrom(_ms(prefer_wait_ms))
+        if expected_version is not None:
+            req.expected_version = expected_version
+        return (await self._call("SetWorkerAffinity", self._admin.SetWorkerAffinity, req, timeout)).region_policy
+
     async def drain_planner(self, node_id: str, *, reason: str = "", force: bool = False,
                             timeout: float | None = None) -> Any:
         """Tell planner `node_id` to hand its partitions over; returns its `PlannerInfo` (DRAINING).

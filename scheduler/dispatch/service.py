@@ -23,8 +23,9 @@ Protocol (docs/workers.md has the worker's view):
 
 This module is the stream service itself and assignment pumping: it feeds results, starts and liveness
 events to the modules named above and sends their answers back. Items wait in a fair queue (per tenant,
-capped per task type) until some worker of their pool has credit; workers in this planner's region are
-served first.
+capped per task type) until some worker of their pool has credit; workers of the planning region are
+served first, and the region policy's worker affinity per pool (dispatch/affinity.py) says whether, and
+from when, other regions' workers may take the pool's executions.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from scheduler._gen.scheduler.v1 import cluster_pb2, execution_pb2
 from scheduler._gen.scheduler.v1 import worker_service_pb2 as wpb
 from scheduler.api.convert import fencing_token_pb
 from scheduler.clock import Clock
+from scheduler.dispatch.affinity import AffinityGate
 from scheduler.dispatch.conn import AttemptKey, Conn
 from scheduler.dispatch.duplicate import DuplicateDelivery
 from scheduler.dispatch.liveness import Liveness
@@ -51,6 +53,8 @@ from scheduler.dispatch.results import NoticeFor, PayloadLookup, ResultRecorder,
 from scheduler.dispatch.starts import StartRecorder
 from scheduler.execution import Execution
 from scheduler.ids import FencingToken
+from scheduler.region.affinity import AffinityPolicy
+from scheduler.region.policy import RegionPolicy
 from scheduler.store.kv import KV
 from scheduler.store.ledger import Ledger
 from scheduler.timeconv import ms_to_duration, ms_to_timestamp
@@ -111,6 +115,12 @@ class Dispatcher:
                                  release=self.queue.finished, on_lost=on_lost_attempts,
                                  heartbeat_interval=heartbeat_interval, heartbeat_timeout=heartbeat_timeout)
         self.sent = 0
+        # Worker affinity per pool (region policy): who may take a pool's executions, and the count of
+        # assignments sent outside the planning region (metrics: scheduler_dispatch_cross_region_...).
+        self.affinity = AffinityGate(region, clock.monotonic)
+        self.cross_region: dict[str, int] = {}
+        self._retry: asyncio.TimerHandle | None = None
+        self._retry_at = 0.0
         # Results from every stream, recorded in batches (dispatch/results.py); `notice_for` tells another
         # node's partition when a record of it changed here (results and starts alike).
         self.recorder = ResultRecorder(kv=kv, ledger=ledger, clock=clock, lookup=lookup, on_transition=on_transition,
@@ -141,8 +151,52 @@ class Dispatcher:
     # ---- DispatchSink (called by partition planners) --------------------------------------------------
 
     def capacity(self, pool: str) -> int:
-        credit = sum(c.credits for c in self.conns.values() if c.pool == pool)
+        # Only streams the pool's affinity lets us use now: otherwise the planner loops would hand over
+        # work that then waits here for a worker it may not go to.
+        gate, credit = self.affinity, 0
+        for c in self.conns.values():
+            if c.pool != pool or c.credits <= 0:
+                continue
+            if c.region == gate.planning_region:
+                credit += c.credits
+            else:
+                left = gate.wait_left(pool)
+                if left == 0.0:
+                    credit += c.credits
+                elif left != float("inf"):
+                    self._retry_later(left)  # prefer: this credit becomes usable then; wake the loops
         return max(0, credit - self.queue.depth(pool) - self._reserved.get(pool, 0))
+
+    # ---- worker affinity (region policy) ---------------------------------------------------------------
+
+    def set_region_policy(self, policy: RegionPolicy | None) -> None:
+        """The region guard's latest policy: the planning region and the affinity rules, precomputed."""
+        self.affinity.configure(policy.primary if policy else None, policy.affinity if policy else AffinityPolicy())
+        with contextlib.suppress(RuntimeError):  # no running loop (unit tests): the next pump sees it
+            asyncio.get_running_loop().call_soon(self._retry_fire)
+
+    def _retry_later(self, delay: float) -> None:
+        """Pump again (and wake starved planner loops) in `delay` s, when a prefer pool may go abroad."""
+        at = self.clock.monotonic() + delay
+        if self._retry is not None and self._retry_at <= at:
+            return
+        if self._retry is not None:
+            self._retry.cancel()
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop (a unit test calling capacity()): nothing to wake
+            return
+        self._retry_at = at
+        self._retry = loop.call_later(delay + 0.01, self._retry_fire)
+
+    def _retry_fire(self) -> None:
+        self._retry = None
+        self._pump()
+        self._on_capacity()
+
+    def _local_credit(self, c: Conn) -> None:
+        if c.credits > 0 and c.region == self.affinity.planning_region:
+            self.affinity.local_credit(c.pool)
 
     def reserve(self, pool: str, n: int) -> None:
         self._reserved[pool] = self._reserved.get(pool, 0) + n
@@ -195,8 +249,20 @@ class Dispatcher:
         self._pump_pending = False
         if not len(self.queue):
             return
-        conns = sorted(self.conns.values(), key=lambda c: c.region != self.region)  # own region first
+        gate = self.affinity
+        home = gate.planning_region
+        conns = sorted(self.conns.values(), key=lambda c: c.region != home)  # the planning region first
         for c in conns:
+            if c.credits <= 0:
+                continue
+            if c.region == home:
+                gate.local_credit(c.pool)  # it has credit now: `prefer` pools stay home
+            else:
+                left = gate.wait_left(c.pool)
+                if left > 0.0:
+                    if left != float("inf"):
+                        self._retry_later(left)
+                    continue
             batch: list[wpb.Assignment] = []
             while c.credits > 0:
                 it = self.queue.take(c.pool, accepts=lambda t, c=c: not c.task_types or t in c.task_types)  # type: ignore[misc]
@@ -209,6 +275,8 @@ class Dispatcher:
                 batch.append(a)
             if batch:
                 self.sent += len(batch)
+                if c.region != home:
+                    self.cross_region[c.pool] = self.cross_region.get(c.pool, 0) + len(batch)
                 c.out.put_nowait(wpb.PlannerMessage(assignments=wpb.Assignments(assignments=batch)))
                 if self.duplicate is not None:
                     self.duplicate.sent(c, batch)
@@ -271,6 +339,7 @@ class Dispatcher:
             kind = msg.WhichOneof("body")
             if kind == "credits":
                 c.credits += msg.credits.credits
+                self._local_credit(c)
                 self._pump()
                 if self.capacity(c.pool) > 0:
                     self._on_capacity()
@@ -282,6 +351,7 @@ class Dispatcher:
             elif kind == "heartbeat":
                 self.liveness.heartbeat(c, msg.heartbeat.running)
             elif kind == "drain":
+                self._local_credit(c)  # it had credit until now
                 c.credits = 0
                 await self._returned(c, list(msg.drain.returned))
 
@@ -323,6 +393,7 @@ class Dispatcher:
             with contextlib.suppress(BaseException):
                 await reader
             del self.conns[conn_id]
+            self._local_credit(c)  # a local stream that ends with credit had it until now
             # Attempts it was running stay in flight in the ledger; a result (possibly via another planner
             # after a reconnect) or a re-attach within the heartbeat timeout keeps them, else they time out.
             self.liveness.orphan(c)

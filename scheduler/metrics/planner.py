@@ -160,6 +160,9 @@ def _node_gauges(st: NodeStatus) -> Iterable[Metric]:
     yield depth
     yield workers
     yield credits
+    yield counter_family("scheduler_dispatch_cross_region_assignments",
+                         "Assignments this node sent to a worker outside the planning region, per pool (worker "
+                         "affinity `prefer` falling over, or `any`).", "pool", st.cross_region_assignments)
     yield from _clock_gauges(st)
     yield from _region_gauges(st)
 
@@ -174,7 +177,7 @@ def _region_gauges(st: NodeStatus) -> Iterable[Metric]:
     yield GaugeMetricFamily("scheduler_region_policy_version",
                             "The region policy record's version (etcd mod_revision) this planner acts on; 0: none.",
                             value=r.policy_version)
-    changes = dict.fromkeys(("switchover", "automatic failover", "failback"), 0) | r.changes
+    changes = dict.fromkeys(("switchover", "automatic failover", "failback", "affinity"), 0) | r.changes
     yield counter_family("scheduler_region_policy_changes",
                          "Region policy changes this planner saw, by kind (every planner counts each once: "
                          "aggregate with max, not sum).", "kind", changes)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 
 from scheduler.clock import Clock
 from scheduler.errors import InvalidArgument, OutcomeUnknown
@@ -53,6 +54,8 @@ class RegionGuard:
         self.healthy_since_ms: dict[str, int] = {}  # region -> since when it has had live planners, no gap
         self._started_ms = 0
         self._unreadable = -1  # version of a record that could not be decoded (logged once)
+        # Told every new policy (the node hands it to its dispatcher: worker affinity, planning region).
+        self.on_policy: Callable[[rp.RegionPolicy | None], None] = lambda p: None
 
     # ---- what the ownership layer and the node read -------------------------------------------------
 
@@ -127,6 +130,7 @@ class RegionGuard:
             return
         old = self.current
         self.current = new
+        self.on_policy(new.policy)
         c = new.policy.last if new.policy else None
         if old.version and c is not None:
             self.changes[c.kind.value] = self.changes.get(c.kind.value, 0) + 1

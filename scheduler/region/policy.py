@@ -16,6 +16,8 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from scheduler.errors import InvalidArgument
+from scheduler.region import affinity as ra
+from scheduler.region.affinity import AffinityPolicy
 
 # "A few lease TTLs" of the default lease (5 s): a primary planner that is merely slow to renew, or
 # restarting, must not cause a failover.
@@ -35,6 +37,12 @@ class ChangeKind(StrEnum):
     SWITCHOVER = "switchover"
     FAILOVER = "automatic failover"
     FAILBACK = "failback"
+    # Worker affinity changed (from == to == the primary): planning did not move. Not a "move" for
+    # failback's purposes (see `last_move`).
+    AFFINITY = "affinity"
+
+
+MOVES = frozenset({ChangeKind.SWITCHOVER, ChangeKind.FAILOVER, ChangeKind.FAILBACK})
 
 
 @dataclass(frozen=True)
@@ -66,10 +74,20 @@ class RegionPolicy:
     failback: Failback = Failback.MANUAL
     failback_stable_ms: int = DEFAULT_FAILBACK_STABLE_MS
     history: tuple[Change, ...] = field(default=())  # oldest first, at most HISTORY_MAX
+    affinity: AffinityPolicy = field(default=AffinityPolicy())  # worker affinity per pool (region/affinity.py)
 
     @property
     def last(self) -> Change | None:
         return self.history[-1] if self.history else None
+
+    @property
+    def last_move(self) -> Change | None:
+        """The last change that moved planning: an affinity change after a failover must neither make
+        failback go nowhere nor stop failback=auto."""
+        for c in reversed(self.history):
+            if c.kind in MOVES:
+                return c
+        return None
 
     @property
     def updated_ms(self) -> int:
@@ -83,8 +101,8 @@ class RegionPolicy:
 
     @property
     def previous_primary(self) -> str:
-        """The region that planned before the last change ("" if none): what failback goes back to."""
-        c = self.last
+        """The region that planned before the last move ("" if none): what failback goes back to."""
+        c = self.last_move
         return "" if c is None else c.from_region
 
     def regions(self) -> tuple[str, ...]:
@@ -99,7 +117,7 @@ def encode(p: RegionPolicy) -> bytes:
     return json.dumps({"primary": p.primary, "standby": list(p.standby), "failover_grace_ms": p.failover_grace_ms,
                        "failback": p.failback.value, "failback_stable_ms": p.failback_stable_ms,
                        "history": [c.to_json() for c in p.history], "reason": p.reason,
-                       "updated_ms": p.updated_ms}, separators=(",", ":")).encode()
+                       "updated_ms": p.updated_ms, "affinity": p.affinity.to_json()}, separators=(",", ":")).encode()
 
 
 def decode(value: bytes) -> RegionPolicy:
@@ -114,7 +132,7 @@ def decode(value: bytes) -> RegionPolicy:
                         failover_grace_ms=int(d.get("failover_grace_ms", DEFAULT_FAILOVER_GRACE_MS)),
                         failback=Failback(str(d.get("failback", Failback.MANUAL.value))),
                         failback_stable_ms=int(d.get("failback_stable_ms", DEFAULT_FAILBACK_STABLE_MS)),
-                        history=history)
+                        history=history, affinity=AffinityPolicy.from_json(d.get("affinity")))
 
 
 def validate(p: RegionPolicy) -> RegionPolicy:
@@ -133,6 +151,7 @@ def validate(p: RegionPolicy) -> RegionPolicy:
         raise InvalidArgument("failback_stable", f"must be positive (got {p.failback_stable_ms} ms)")
     if len(p.history) > HISTORY_MAX:
         raise InvalidArgument("history", f"holds {len(p.history)} entries; the bound is {HISTORY_MAX}")
+    ra.validate(p.affinity)
     return p
 
 
@@ -156,7 +175,36 @@ def moved(policy: RegionPolicy, to: str, kind: ChangeKind, *, by: str, now_ms: i
         standby.insert(0, old)
     standby = [r for r in dict.fromkeys(standby) if r and r != to]
     change = Change(now_ms, kind, old, to, by, reason)
-    return replace(policy, primary=to, standby=tuple(standby), history=(*policy.history, change)[-HISTORY_MAX:])
+    return replace(policy, primary=to, standby=tuple(standby), history=appended(policy.history, change))
+
+
+def appended(history: tuple[Change, ...], change: Change) -> tuple[Change, ...]:
+    """`history` plus `change`, bounded to HISTORY_MAX, dropping the oldest entries but never the newest
+    move: a run of affinity changes must not erase where failback goes."""
+    out = [*history, change]
+    while len(out) > HISTORY_MAX:
+        moves = [i for i, c in enumerate(out) if c.kind in MOVES]
+        keep = moves[-1] if moves else -1
+        out.pop(1 if keep == 0 else 0)
+    return tuple(out)
+
+
+def with_affinity(policy: RegionPolicy, pool: str | None, a: ra.Affinity | None, *, by: str, now_ms: int,
+                  reason: str = "") -> RegionPolicy:
+    """The policy with the default affinity (`pool` None) or one pool's override set (`a` None: the
+    override removed), and a history entry saying what changed; planning does not move."""
+    if pool is None:
+        if a is None:
+            raise InvalidArgument("mode", "is required for the default affinity")
+        new_aff = replace(policy.affinity, default=a)
+        what = f"default affinity: {a.text()} (was {policy.affinity.default.text()})"
+    else:
+        new_aff = policy.affinity.with_pool(pool, a)
+        was = policy.affinity.for_pool(pool).text()
+        what = f"pool {pool}: {a.text() if a else 'the default'} (was {was})"
+    text = f"{what}; {reason}" if reason else what
+    change = Change(now_ms, ChangeKind.AFFINITY, policy.primary, policy.primary, by, text)
+    return replace(policy, affinity=new_aff, history=appended(policy.history, change))
 
 
 def initial(to: str, known: tuple[str, ...], *, by: str, now_ms: int, reason: str = "") -> RegionPolicy:
@@ -195,7 +243,7 @@ def failback_target(policy: RegionPolicy, view: RegionView) -> str | None:
     """With failback=auto: the region an automatic failover moved planning away from, once it has had live
     planners for failback_stable_ms without a gap, counted from no earlier than the failover itself (so a
     region that never went fully down while the failover happened must still prove itself)."""
-    c = policy.last
+    c = policy.last_move
     if policy.failback is not Failback.AUTO or c is None or c.kind is not ChangeKind.FAILOVER:
         return None
     home = c.from_region

@@ -29,7 +29,7 @@ from scheduler._gen.scheduler.v1 import cluster_pb2 as scheduler_dot_v1_dot_clus
 from scheduler._gen.scheduler.v1 import execution_pb2 as scheduler_dot_v1_dot_execution__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n scheduler/v1/admin_service.proto\x12\x0cscheduler.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1ascheduler/v1/cluster.proto\x1a\x1cscheduler/v1/execution.proto\"\x19\n\x17GetClusterStatusRequest\"\xbf\x01\n\rPlannerStatus\x12*\n\x07planner\x18\x01 \x01(\x0b\x32\x19.scheduler.v1.PlannerInfo\x12\x18\n\x10partitions_owned\x18\x02 \x01(\r\x12\x1c\n\x14\x64ispatch_queue_depth\x18\x03 \x01(\x04\x12\x19\n\x11\x63onnected_workers\x18\x04 \x01(\r\x12/\n\x0c\x63lock_offset\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\"\x86\x02\n\x0fPartitionStatus\x12\x11\n\tpartition\x18\x01 \x01(\r\x12\r\n\x05owner\x18\x02 \x01(\t\x12\x14\n\x0cowner_region\x18\x03 \x01(\t\x12\x31\n\rfencing_token\x18\x04 \x01(\x0b\x32\x1a.scheduler.v1.FencingToken\x12-\n\twatermark\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12&\n\x03lag\x18\x06 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x31\n\x0eoldest_waiting\x18\x07 \x01(\x0b\x32\x19.google.protobuf.Duration\"n\n\x10WorkerPoolStatus\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\x0e\n\x06region\x18\x02 \x01(\t\x12\x19\n\x11\x63onnected_workers\x18\x03 \x01(\r\x12\x10\n\x08\x63\x61pacity\x18\x04 \x01(\x04\x12\x0f\n\x07running\x18\x05 \x01(\x04\"\x9c\x03\n\x18GetClusterStatusResponse\x12/\n\x0bserver_time\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x13\n\x0b\x61nswered_by\x18\x02 \x01(\t\x12\x31\n\rregion_policy\x18\x03 \x01(\x0b\x32\x1a.scheduler.v1.RegionPolicy\x12-\n\x08planners\x18\x04 \x03(\x0b\x32\x1b.scheduler.v1.PlannerStatus\x12\x17\n\x0fpartition_count\x18\x05 \x01(\r\x12\x31\n\npartitions\x18\x06 \x03(\x0b\x32\x1d.scheduler.v1.PartitionStatus\x12\x1c\n\x14\x64ispatch_queue_depth\x18\x07 \x01(\x04\x12\x34\n\x0cworker_pools\x18\x08 \x03(\x0b\x32\x1e.scheduler.v1.WorkerPoolStatus\x12\x38\n\x15primary_last_seen_ago\x18\t \x01(\x0b\x32\x19.google.protobuf.Duration\"\x80\x02\n\x11SwitchoverRequest\x12\x15\n\rtarget_region\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x1d\n\x10\x65xpected_version\x18\x03 \x01(\x04H\x00\x88\x01\x01\x12\x17\n\x0fstandby_regions\x18\x04 \x03(\t\x12\x31\n\x0e\x66\x61ilover_grace\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x10\n\x08\x66\x61ilback\x18\x06 \x01(\t\x12\x32\n\x0f\x66\x61ilback_stable\x18\x07 \x01(\x0b\x32\x19.google.protobuf.DurationB\x13\n\x11_expected_version\"G\n\x12SwitchoverResponse\x12\x31\n\rregion_policy\x18\x01 \x01(\x0b\x32\x1a.scheduler.v1.RegionPolicy\"E\n\x13\x44rainPlannerRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\r\n\x05\x66orce\x18\x03 \x01(\x08\"B\n\x14\x44rainPlannerResponse\x12*\n\x07planner\x18\x01 \x01(\x0b\x32\x19.scheduler.v1.PlannerInfo\"(\n\x15UndrainPlannerRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\"D\n\x16UndrainPlannerResponse\x12*\n\x07planner\x18\x01 \x01(\x0b\x32\x19.scheduler.v1.PlannerInfo\"\x10\n\x0eGetTimeRequest\"c\n\x0fGetTimeResponse\x12/\n\x0bserver_time\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12\x0e\n\x06region\x18\x03 \x01(\t2\xbe\x03\n\x0c\x41\x64minService\x12\x61\n\x10GetClusterStatus\x12%.scheduler.v1.GetClusterStatusRequest\x1a&.scheduler.v1.GetClusterStatusResponse\x12O\n\nSwitchover\x12\x1f.scheduler.v1.SwitchoverRequest\x1a .scheduler.v1.SwitchoverResponse\x12U\n\x0c\x44rainPlanner\x12!.scheduler.v1.DrainPlannerRequest\x1a\".scheduler.v1.DrainPlannerResponse\x12[\n\x0eUndrainPlanner\x12#.scheduler.v1.UndrainPlannerRequest\x1a$.scheduler.v1.UndrainPlannerResponse\x12\x46\n\x07GetTime\x12\x1c.scheduler.v1.GetTimeRequest\x1a\x1d.scheduler.v1.GetTimeResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n scheduler/v1/admin_service.proto\x12\x0cscheduler.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1ascheduler/v1/cluster.proto\x1a\x1cscheduler/v1/execution.proto\"\x19\n\x17GetClusterStatusRequest\"\xbf\x01\n\rPlannerStatus\x12*\n\x07planner\x18\x01 \x01(\x0b\x32\x19.scheduler.v1.PlannerInfo\x12\x18\n\x10partitions_owned\x18\x02 \x01(\r\x12\x1c\n\x14\x64ispatch_queue_depth\x18\x03 \x01(\x04\x12\x19\n\x11\x63onnected_workers\x18\x04 \x01(\r\x12/\n\x0c\x63lock_offset\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\"\x86\x02\n\x0fPartitionStatus\x12\x11\n\tpartition\x18\x01 \x01(\r\x12\r\n\x05owner\x18\x02 \x01(\t\x12\x14\n\x0cowner_region\x18\x03 \x01(\t\x12\x31\n\rfencing_token\x18\x04 \x01(\x0b\x32\x1a.scheduler.v1.FencingToken\x12-\n\twatermark\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12&\n\x03lag\x18\x06 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x31\n\x0eoldest_waiting\x18\x07 \x01(\x0b\x32\x19.google.protobuf.Duration\"\x82\x01\n\x10WorkerPoolStatus\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\x0e\n\x06region\x18\x02 \x01(\t\x12\x19\n\x11\x63onnected_workers\x18\x03 \x01(\r\x12\x10\n\x08\x63\x61pacity\x18\x04 \x01(\x04\x12\x0f\n\x07running\x18\x05 \x01(\x04\x12\x12\n\nworker_ids\x18\x06 \x03(\t\"\x9c\x03\n\x18GetClusterStatusResponse\x12/\n\x0bserver_time\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x13\n\x0b\x61nswered_by\x18\x02 \x01(\t\x12\x31\n\rregion_policy\x18\x03 \x01(\x0b\x32\x1a.scheduler.v1.RegionPolicy\x12-\n\x08planners\x18\x04 \x03(\x0b\x32\x1b.scheduler.v1.PlannerStatus\x12\x17\n\x0fpartition_count\x18\x05 \x01(\r\x12\x31\n\npartitions\x18\x06 \x03(\x0b\x32\x1d.scheduler.v1.PartitionStatus\x12\x1c\n\x14\x64ispatch_queue_depth\x18\x07 \x01(\x04\x12\x34\n\x0cworker_pools\x18\x08 \x03(\x0b\x32\x1e.scheduler.v1.WorkerPoolStatus\x12\x38\n\x15primary_last_seen_ago\x18\t \x01(\x0b\x32\x19.google.protobuf.Duration\"\x80\x02\n\x11SwitchoverRequest\x12\x15\n\rtarget_region\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x1d\n\x10\x65xpected_version\x18\x03 \x01(\x04H\x00\x88\x01\x01\x12\x17\n\x0fstandby_regions\x18\x04 \x03(\t\x12\x31\n\x0e\x66\x61ilover_grace\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x10\n\x08\x66\x61ilback\x18\x06 \x01(\t\x12\x32\n\x0f\x66\x61ilback_stable\x18\x07 \x01(\x0b\x32\x19.google.protobuf.DurationB\x13\n\x11_expected_version\"\xd3\x01\n\x18SetWorkerAffinityRequest\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\x18\n\x10\x64\x65\x66\x61ult_affinity\x18\x02 \x01(\x08\x12\x0c\n\x04mode\x18\x03 \x01(\t\x12.\n\x0bprefer_wait\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\r\n\x05\x63lear\x18\x05 \x01(\x08\x12\x0e\n\x06reason\x18\x06 \x01(\t\x12\x1d\n\x10\x65xpected_version\x18\x07 \x01(\x04H\x00\x88\x01\x01\x42\x13\n\x11_expected_version\"N\n\x19SetWorkerAffinityResponse\x12\x31\n\rregion_policy\x18\x01 \x01(\x0b\x32\x1a.scheduler.v1.RegionPolicy\"G\n\x12SwitchoverResponse\x12\x31\n\rregion_policy\x18\x01 \x01(\x0b\x32\x1a.scheduler.v1.RegionPolicy\"E\n\x13\x44rainPlannerRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\r\n\x05\x66orce\x18\x03 \x01(\x08\"B\n\x14\x44rainPlannerResponse\x12*\n\x07planner\x18\x01 \x01(\x0b\x32\x19.scheduler.v1.PlannerInfo\"(\n\x15UndrainPlannerRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\"D\n\x16UndrainPlannerResponse\x12*\n\x07planner\x18\x01 \x01(\x0b\x32\x19.scheduler.v1.PlannerInfo\"\x10\n\x0eGetTimeRequest\"c\n\x0fGetTimeResponse\x12/\n\x0bserver_time\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12\x0e\n\x06region\x18\x03 \x01(\t2\xa4\x04\n\x0c\x41\x64minService\x12\x61\n\x10GetClusterStatus\x12%.scheduler.v1.GetClusterStatusRequest\x1a&.scheduler.v1.GetClusterStatusResponse\x12O\n\nSwitchover\x12\x1f.scheduler.v1.SwitchoverRequest\x1a .scheduler.v1.SwitchoverResponse\x12\x64\n\x11SetWorkerAffinity\x12&.scheduler.v1.SetWorkerAffinityRequest\x1a\'.scheduler.v1.SetWorkerAffinityResponse\x12U\n\x0c\x44rainPlanner\x12!.scheduler.v1.DrainPlannerRequest\x1a\".scheduler.v1.DrainPlannerResponse\x12[\n\x0eUndrainPlanner\x12#.scheduler.v1.UndrainPlannerRequest\x1a$.scheduler.v1.UndrainPlannerResponse\x12\x46\n\x07GetTime\x12\x1c.scheduler.v1.GetTimeRequest\x1a\x1d.scheduler.v1.GetTimeResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -42,26 +42,30 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PLANNERSTATUS']._serialized_end=392
   _globals['_PARTITIONSTATUS']._serialized_start=395
   _globals['_PARTITIONSTATUS']._serialized_end=657
-  _globals['_WORKERPOOLSTATUS']._serialized_start=659
-  _globals['_WORKERPOOLSTATUS']._serialized_end=769
-  _globals['_GETCLUSTERSTATUSRESPONSE']._serialized_start=772
-  _globals['_GETCLUSTERSTATUSRESPONSE']._serialized_end=1184
-  _globals['_SWITCHOVERREQUEST']._serialized_start=1187
-  _globals['_SWITCHOVERREQUEST']._serialized_end=1443
-  _globals['_SWITCHOVERRESPONSE']._serialized_start=1445
-  _globals['_SWITCHOVERRESPONSE']._serialized_end=1516
-  _globals['_DRAINPLANNERREQUEST']._serialized_start=1518
-  _globals['_DRAINPLANNERREQUEST']._serialized_end=1587
-  _globals['_DRAINPLANNERRESPONSE']._serialized_start=1589
-  _globals['_DRAINPLANNERRESPONSE']._serialized_end=1655
-  _globals['_UNDRAINPLANNERREQUEST']._serialized_start=1657
-  _globals['_UNDRAINPLANNERREQUEST']._serialized_end=1697
-  _globals['_UNDRAINPLANNERRESPONSE']._serialized_start=1699
-  _globals['_UNDRAINPLANNERRESPONSE']._serialized_end=1767
-  _globals['_GETTIMEREQUEST']._serialized_start=1769
-  _globals['_GETTIMEREQUEST']._serialized_end=1785
-  _globals['_GETTIMERESPONSE']._serialized_start=1787
-  _globals['_GETTIMERESPONSE']._serialized_end=1886
-  _globals['_ADMINSERVICE']._serialized_start=1889
-  _globals['_ADMINSERVICE']._serialized_end=2335
+  _globals['_WORKERPOOLSTATUS']._serialized_start=660
+  _globals['_WORKERPOOLSTATUS']._serialized_end=790
+  _globals['_GETCLUSTERSTATUSRESPONSE']._serialized_start=793
+  _globals['_GETCLUSTERSTATUSRESPONSE']._serialized_end=1205
+  _globals['_SWITCHOVERREQUEST']._serialized_start=1208
+  _globals['_SWITCHOVERREQUEST']._serialized_end=1464
+  _globals['_SETWORKERAFFINITYREQUEST']._serialized_start=1467
+  _globals['_SETWORKERAFFINITYREQUEST']._serialized_end=1678
+  _globals['_SETWORKERAFFINITYRESPONSE']._serialized_start=1680
+  _globals['_SETWORKERAFFINITYRESPONSE']._serialized_end=1758
+  _globals['_SWITCHOVERRESPONSE']._serialized_start=1760
+  _globals['_SWITCHOVERRESPONSE']._serialized_end=1831
+  _globals['_DRAINPLANNERREQUEST']._serialized_start=1833
+  _globals['_DRAINPLANNERREQUEST']._serialized_end=1902
+  _globals['_DRAINPLANNERRESPONSE']._serialized_start=1904
+  _globals['_DRAINPLANNERRESPONSE']._serialized_end=1970
+  _globals['_UNDRAINPLANNERREQUEST']._serialized_start=1972
+  _globals['_UNDRAINPLANNERREQUEST']._serialized_end=2012
+  _globals['_UNDRAINPLANNERRESPONSE']._serialized_start=2014
+  _globals['_UNDRAINPLANNERRESPONSE']._serialized_end=2082
+  _globals['_GETTIMEREQUEST']._serialized_start=2084
+  _globals['_GETTIMEREQUEST']._serialized_end=2100
+  _globals['_GETTIMERESPONSE']._serialized_start=2102
+  _globals['_GETTIMERESPONSE']._serialized_end=2201
+  _globals['_ADMINSERVICE']._serialized_start=2204
+  _globals['_ADMINSERVICE']._serialized_end=2752
 # @@protoc_insertion_point(module_scope)

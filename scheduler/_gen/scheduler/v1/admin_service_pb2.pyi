@@ -50,18 +50,20 @@ class PartitionStatus(_message.Message):
     def __init__(self, partition: _Optional[int] = ..., owner: _Optional[str] = ..., owner_region: _Optional[str] = ..., fencing_token: _Optional[_Union[_execution_pb2.FencingToken, _Mapping]] = ..., watermark: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., lag: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., oldest_waiting: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class WorkerPoolStatus(_message.Message):
-    __slots__ = ("pool", "region", "connected_workers", "capacity", "running")
+    __slots__ = ("pool", "region", "connected_workers", "capacity", "running", "worker_ids")
     POOL_FIELD_NUMBER: _ClassVar[int]
     REGION_FIELD_NUMBER: _ClassVar[int]
     CONNECTED_WORKERS_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
     RUNNING_FIELD_NUMBER: _ClassVar[int]
+    WORKER_IDS_FIELD_NUMBER: _ClassVar[int]
     pool: str
     region: str
     connected_workers: int
     capacity: int
     running: int
-    def __init__(self, pool: _Optional[str] = ..., region: _Optional[str] = ..., connected_workers: _Optional[int] = ..., capacity: _Optional[int] = ..., running: _Optional[int] = ...) -> None: ...
+    worker_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, pool: _Optional[str] = ..., region: _Optional[str] = ..., connected_workers: _Optional[int] = ..., capacity: _Optional[int] = ..., running: _Optional[int] = ..., worker_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class GetClusterStatusResponse(_message.Message):
     __slots__ = ("server_time", "answered_by", "region_policy", "planners", "partition_count", "partitions", "dispatch_queue_depth", "worker_pools", "primary_last_seen_ago")
@@ -102,6 +104,30 @@ class SwitchoverRequest(_message.Message):
     failback: str
     failback_stable: _duration_pb2.Duration
     def __init__(self, target_region: _Optional[str] = ..., reason: _Optional[str] = ..., expected_version: _Optional[int] = ..., standby_regions: _Optional[_Iterable[str]] = ..., failover_grace: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., failback: _Optional[str] = ..., failback_stable: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+
+class SetWorkerAffinityRequest(_message.Message):
+    __slots__ = ("pool", "default_affinity", "mode", "prefer_wait", "clear", "reason", "expected_version")
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_AFFINITY_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    PREFER_WAIT_FIELD_NUMBER: _ClassVar[int]
+    CLEAR_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_VERSION_FIELD_NUMBER: _ClassVar[int]
+    pool: str
+    default_affinity: bool
+    mode: str
+    prefer_wait: _duration_pb2.Duration
+    clear: bool
+    reason: str
+    expected_version: int
+    def __init__(self, pool: _Optional[str] = ..., default_affinity: _Optional[bool] = ..., mode: _Optional[str] = ..., prefer_wait: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., clear: _Optional[bool] = ..., reason: _Optional[str] = ..., expected_version: _Optional[int] = ...) -> None: ...
+
+class SetWorkerAffinityResponse(_message.Message):
+    __slots__ = ("region_policy",)
+    REGION_POLICY_FIELD_NUMBER: _ClassVar[int]
+    region_policy: _cluster_pb2.RegionPolicy
+    def __init__(self, region_policy: _Optional[_Union[_cluster_pb2.RegionPolicy, _Mapping]] = ...) -> None: ...
 
 class SwitchoverResponse(_message.Message):
     __slots__ = ("region_policy",)

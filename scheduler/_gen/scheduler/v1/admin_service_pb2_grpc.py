@@ -46,6 +46,11 @@ class AdminServiceStub:
                 request_serializer=scheduler_dot_v1_dot_admin__service__pb2.SwitchoverRequest.SerializeToString,
                 response_deserializer=scheduler_dot_v1_dot_admin__service__pb2.SwitchoverResponse.FromString,
                 _registered_method=True)
+        self.SetWorkerAffinity = channel.unary_unary(
+                '/scheduler.v1.AdminService/SetWorkerAffinity',
+                request_serializer=scheduler_dot_v1_dot_admin__service__pb2.SetWorkerAffinityRequest.SerializeToString,
+                response_deserializer=scheduler_dot_v1_dot_admin__service__pb2.SetWorkerAffinityResponse.FromString,
+                _registered_method=True)
         self.DrainPlanner = channel.unary_unary(
                 '/scheduler.v1.AdminService/DrainPlanner',
                 request_serializer=scheduler_dot_v1_dot_admin__service__pb2.DrainPlannerRequest.SerializeToString,
@@ -78,6 +83,14 @@ class AdminServiceServicer:
     def Switchover(self, request, context):
         """Makes another region primary at once: its planners claim partitions, the others stand by.
         Failback is the same call with the old region.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetWorkerAffinity(self, request, context):
+        """Sets the worker affinity of one pool (or the default) in the region policy, by a CAS with a
+        history entry (kind `affinity`). FAILED_PRECONDITION without a policy (run a switchover first).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -120,6 +133,11 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.Switchover,
                     request_deserializer=scheduler_dot_v1_dot_admin__service__pb2.SwitchoverRequest.FromString,
                     response_serializer=scheduler_dot_v1_dot_admin__service__pb2.SwitchoverResponse.SerializeToString,
+            ),
+            'SetWorkerAffinity': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetWorkerAffinity,
+                    request_deserializer=scheduler_dot_v1_dot_admin__service__pb2.SetWorkerAffinityRequest.FromString,
+                    response_serializer=scheduler_dot_v1_dot_admin__service__pb2.SetWorkerAffinityResponse.SerializeToString,
             ),
             'DrainPlanner': grpc.unary_unary_rpc_method_handler(
                     servicer.DrainPlanner,
@@ -192,6 +210,33 @@ class AdminService:
             '/scheduler.v1.AdminService/Switchover',
             scheduler_dot_v1_dot_admin__service__pb2.SwitchoverRequest.SerializeToString,
             scheduler_dot_v1_dot_admin__service__pb2.SwitchoverResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetWorkerAffinity(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/scheduler.v1.AdminService/SetWorkerAffinity',
+            scheduler_dot_v1_dot_admin__service__pb2.SetWorkerAffinityRequest.SerializeToString,
+            scheduler_dot_v1_dot_admin__service__pb2.SetWorkerAffinityResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -27,19 +27,23 @@ from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1ascheduler/v1/cluster.proto\x12\x0cscheduler.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa3\x01\n\x0bPlannerInfo\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0e\n\x06region\x18\x02 \x01(\t\x12\x13\n\x0b\x61pi_address\x18\x03 \x01(\t\x12/\n\x08liveness\x18\x04 \x01(\x0e\x32\x1d.scheduler.v1.PlannerLiveness\x12-\n\tlast_seen\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xb6\x02\n\x0cRegionPolicy\x12\x16\n\x0eprimary_region\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12.\n\nupdated_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x17\n\x0fstandby_regions\x18\x05 \x03(\t\x12\x31\n\x0e\x66\x61ilover_grace\x18\x06 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x10\n\x08\x66\x61ilback\x18\x07 \x01(\t\x12\x32\n\x0f\x66\x61ilback_stable\x18\x08 \x01(\x0b\x32\x19.google.protobuf.Duration\x12+\n\x07history\x18\t \x03(\x0b\x32\x1a.scheduler.v1.RegionChange\"\x88\x01\n\x0cRegionChange\x12&\n\x02\x61t\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x13\n\x0b\x66rom_region\x18\x03 \x01(\t\x12\x11\n\tto_region\x18\x04 \x01(\t\x12\n\n\x02\x62y\x18\x05 \x01(\t\x12\x0e\n\x06reason\x18\x06 \x01(\t*\xa9\x01\n\x0fPlannerLiveness\x12 \n\x1cPLANNER_LIVENESS_UNSPECIFIED\x10\x00\x12\x1a\n\x16PLANNER_LIVENESS_ALIVE\x10\x01\x12\x1d\n\x19PLANNER_LIVENESS_DRAINING\x10\x02\x12\x1e\n\x1aPLANNER_LIVENESS_SUSPENDED\x10\x03\x12\x19\n\x15PLANNER_LIVENESS_DOWN\x10\x04\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1ascheduler/v1/cluster.proto\x12\x0cscheduler.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa3\x01\n\x0bPlannerInfo\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0e\n\x06region\x18\x02 \x01(\t\x12\x13\n\x0b\x61pi_address\x18\x03 \x01(\t\x12/\n\x08liveness\x18\x04 \x01(\x0e\x32\x1d.scheduler.v1.PlannerLiveness\x12-\n\tlast_seen\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xa1\x03\n\x0cRegionPolicy\x12\x16\n\x0eprimary_region\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12.\n\nupdated_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x17\n\x0fstandby_regions\x18\x05 \x03(\t\x12\x31\n\x0e\x66\x61ilover_grace\x18\x06 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x10\n\x08\x66\x61ilback\x18\x07 \x01(\t\x12\x32\n\x0f\x66\x61ilback_stable\x18\x08 \x01(\x0b\x32\x19.google.protobuf.Duration\x12+\n\x07history\x18\t \x03(\x0b\x32\x1a.scheduler.v1.RegionChange\x12\x36\n\x10\x64\x65\x66\x61ult_affinity\x18\n \x01(\x0b\x32\x1c.scheduler.v1.WorkerAffinity\x12\x31\n\rpool_affinity\x18\x0b \x03(\x0b\x32\x1a.scheduler.v1.PoolAffinity\"N\n\x0eWorkerAffinity\x12\x0c\n\x04mode\x18\x01 \x01(\t\x12.\n\x0bprefer_wait\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\"L\n\x0cPoolAffinity\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12.\n\x08\x61\x66\x66inity\x18\x02 \x01(\x0b\x32\x1c.scheduler.v1.WorkerAffinity\"\x88\x01\n\x0cRegionChange\x12&\n\x02\x61t\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x13\n\x0b\x66rom_region\x18\x03 \x01(\t\x12\x11\n\tto_region\x18\x04 \x01(\t\x12\n\n\x02\x62y\x18\x05 \x01(\t\x12\x0e\n\x06reason\x18\x06 \x01(\t*\xa9\x01\n\x0fPlannerLiveness\x12 \n\x1cPLANNER_LIVENESS_UNSPECIFIED\x10\x00\x12\x1a\n\x16PLANNER_LIVENESS_ALIVE\x10\x01\x12\x1d\n\x19PLANNER_LIVENESS_DRAINING\x10\x02\x12\x1e\n\x1aPLANNER_LIVENESS_SUSPENDED\x10\x03\x12\x19\n\x15PLANNER_LIVENESS_DOWN\x10\x04\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'scheduler.v1.cluster_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_PLANNERLIVENESS']._serialized_start=728
-  _globals['_PLANNERLIVENESS']._serialized_end=897
+  _globals['_PLANNERLIVENESS']._serialized_start=993
+  _globals['_PLANNERLIVENESS']._serialized_end=1162
   _globals['_PLANNERINFO']._serialized_start=110
   _globals['_PLANNERINFO']._serialized_end=273
   _globals['_REGIONPOLICY']._serialized_start=276
-  _globals['_REGIONPOLICY']._serialized_end=586
-  _globals['_REGIONCHANGE']._serialized_start=589
-  _globals['_REGIONCHANGE']._serialized_end=725
+  _globals['_REGIONPOLICY']._serialized_end=693
+  _globals['_WORKERAFFINITY']._serialized_start=695
+  _globals['_WORKERAFFINITY']._serialized_end=773
+  _globals['_POOLAFFINITY']._serialized_start=775
+  _globals['_POOLAFFINITY']._serialized_end=851
+  _globals['_REGIONCHANGE']._serialized_start=854
+  _globals['_REGIONCHANGE']._serialized_end=990
 # @@protoc_insertion_point(module_scope)

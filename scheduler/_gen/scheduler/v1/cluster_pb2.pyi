@@ -40,7 +40,7 @@ class PlannerInfo(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., region: _Optional[str] = ..., api_address: _Optional[str] = ..., liveness: _Optional[_Union[PlannerLiveness, str]] = ..., last_seen: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class RegionPolicy(_message.Message):
-    __slots__ = ("primary_region", "version", "updated_at", "reason", "standby_regions", "failover_grace", "failback", "failback_stable", "history")
+    __slots__ = ("primary_region", "version", "updated_at", "reason", "standby_regions", "failover_grace", "failback", "failback_stable", "history", "default_affinity", "pool_affinity")
     PRIMARY_REGION_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     UPDATED_AT_FIELD_NUMBER: _ClassVar[int]
@@ -50,6 +50,8 @@ class RegionPolicy(_message.Message):
     FAILBACK_FIELD_NUMBER: _ClassVar[int]
     FAILBACK_STABLE_FIELD_NUMBER: _ClassVar[int]
     HISTORY_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_AFFINITY_FIELD_NUMBER: _ClassVar[int]
+    POOL_AFFINITY_FIELD_NUMBER: _ClassVar[int]
     primary_region: str
     version: int
     updated_at: _timestamp_pb2.Timestamp
@@ -59,7 +61,25 @@ class RegionPolicy(_message.Message):
     failback: str
     failback_stable: _duration_pb2.Duration
     history: _containers.RepeatedCompositeFieldContainer[RegionChange]
-    def __init__(self, primary_region: _Optional[str] = ..., version: _Optional[int] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., reason: _Optional[str] = ..., standby_regions: _Optional[_Iterable[str]] = ..., failover_grace: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., failback: _Optional[str] = ..., failback_stable: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., history: _Optional[_Iterable[_Union[RegionChange, _Mapping]]] = ...) -> None: ...
+    default_affinity: WorkerAffinity
+    pool_affinity: _containers.RepeatedCompositeFieldContainer[PoolAffinity]
+    def __init__(self, primary_region: _Optional[str] = ..., version: _Optional[int] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., reason: _Optional[str] = ..., standby_regions: _Optional[_Iterable[str]] = ..., failover_grace: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., failback: _Optional[str] = ..., failback_stable: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., history: _Optional[_Iterable[_Union[RegionChange, _Mapping]]] = ..., default_affinity: _Optional[_Union[WorkerAffinity, _Mapping]] = ..., pool_affinity: _Optional[_Iterable[_Union[PoolAffinity, _Mapping]]] = ...) -> None: ...
+
+class WorkerAffinity(_message.Message):
+    __slots__ = ("mode", "prefer_wait")
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    PREFER_WAIT_FIELD_NUMBER: _ClassVar[int]
+    mode: str
+    prefer_wait: _duration_pb2.Duration
+    def __init__(self, mode: _Optional[str] = ..., prefer_wait: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+
+class PoolAffinity(_message.Message):
+    __slots__ = ("pool", "affinity")
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    AFFINITY_FIELD_NUMBER: _ClassVar[int]
+    pool: str
+    affinity: WorkerAffinity
+    def __init__(self, pool: _Optional[str] = ..., affinity: _Optional[_Union[WorkerAffinity, _Mapping]] = ...) -> None: ...
 
 class RegionChange(_message.Message):
     __slots__ = ("at", "kind", "from_region", "to_region", "by", "reason")
