@@ -30,7 +30,7 @@ from scheduler.worker.executors import register_builtin
 
 async def main(args: argparse.Namespace) -> None:
     settings = WorkerSettings(
-        worker_id=args.id, pool="pool", region="default", planners=tuple(args.planners.split(",")),
+        worker_id=args.id, pool="pool", region=args.region, planners=tuple(args.planners.split(",")),
         concurrency=args.concurrency, discovery_interval=2.0, keepalive_time=1.0, result_ack_timeout=2.0,
         drain_grace=args.drain_grace,
     )
@@ -76,6 +76,7 @@ if __name__ == "__main__":
     ap.add_argument("--effects", required=True)
     ap.add_argument("--starts", default="", help="also log every handler start here")
     ap.add_argument("--times", default="", help="also log every handler start with its wall time (ms) here")
+    ap.add_argument("--region", default="default", help="the worker's region (worker affinity, docs/operations.md)")
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--drain-grace", type=float, default=5.0)
     logs.setup("info")

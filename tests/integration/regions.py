@@ -104,7 +104,7 @@ class RegionEngine:
 
     def start_worker(self, wid: str) -> None:
         argv = [sys.executable, WORKER, "--id", wid, "--planners", ",".join(self.addresses),
-                "--effects", str(self.effects), "--times", str(self.times)]
+                "--effects", str(self.effects), "--times", str(self.times), "--region", wid.split("-")[0]]
         self.workers[wid] = spawn(argv, self.base / f"{wid}.log")
 
     def kill_region(self, region: str) -> None:

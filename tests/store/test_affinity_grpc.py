@@ -131,7 +131,10 @@ async def test_strict_prefer_any(kv: EtcdClient, key_prefix: str) -> None:
         await asyncio.sleep(PREFER_WAIT_MS / 1000 + 3)
         first = ws["prefer-b"].got[0] if ws["prefer-b"].got else None
         assert first is not None, "prefer never fell over to the other region"
-        assert first - gone >= PREFER_WAIT_MS / 1000 - 0.05, f"fell over after {first - gone:.2f}s"
+        # The wait counts from when a local worker last had credit, which can be before the stop: the local
+        # worker runs up to three 0.3 s runs at the top of each second with no credit meanwhile (1.30 s
+        # measured once on the CI-like machine, with a 1.5 s wait).
+        assert first - gone >= PREFER_WAIT_MS / 1000 - 1.0, f"fell over after {first - gone:.2f}s"
         assert first - gone < PREFER_WAIT_MS / 1000 + 1.5
         assert not ws["strict-b"].got, "a strict pool without a local worker went abroad"
         cross = node.status().cross_region_assignments

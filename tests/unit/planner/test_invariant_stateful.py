@@ -268,7 +268,9 @@ PlannerInvariant.TestCase.settings = settings(
 # its shrunk counterexample kept below as a fixed scenario) or, where the checker's model of timing was
 # too strict, answered in the checker. Issue 9's session-4 note lists the ones still open, so that CI
 # stays a verdict on what is fixed; the fixed scenarios below, one or more per finding, always run.
-TestPlannerInvariant = pytest.mark.slow(PlannerInvariant.TestCase)
+# 400 machines of 80 steps take longer than the suite's 300 s per-test timeout on this machine (measured:
+# the timeout cut a full-mode run mid-search, and Hypothesis then reported it as a flaky strategy).
+TestPlannerInvariant = pytest.mark.timeout(1800)(pytest.mark.slow(PlannerInvariant.TestCase))
 
 
 # ---- the issue's cases as fixed scenarios (the shrunk counterexamples, kept so they are always run) ----
