@@ -71,6 +71,7 @@ SERVICES: dict[str, dict[str, tuple[str, str, str]]] = {
     "AdminService": {
         "GetClusterStatus": ("GetClusterStatusRequest", "GetClusterStatusResponse", UNARY),
         "Switchover": ("SwitchoverRequest", "SwitchoverResponse", UNARY),
+        "SetWorkerAffinity": ("SetWorkerAffinityRequest", "SetWorkerAffinityResponse", UNARY),
         "DrainPlanner": ("DrainPlannerRequest", "DrainPlannerResponse", UNARY),
         "UndrainPlanner": ("UndrainPlannerRequest", "UndrainPlannerResponse", UNARY),
         "GetTime": ("GetTimeRequest", "GetTimeResponse", UNARY),
