@@ -273,28 +273,14 @@ class AdminService:
                    for m in (await self._members()).values()):
             raise FailedPrecondition(f"region {region!r} has no live planner that is not draining or suspended: "
                                      f"nothing would plan there")
-        # The CAS is on the version read here (or on the caller's expected_version): a failover written
-        # meanwhile makes this call fail rather than silently undo it.
-        for _ in range(3):
-            cur = await rstore.read(self.kv, self.ks, timeout=self.timeout)
-            if request.HasField("expected_version") and cur.version != request.expected_version:
-                raise VersionMismatch(f"the region policy is at version {cur.version}, not "
-                                      f"{request.expected_version}; read it again")
-            new = self._next_policy(cur.policy, region, known, why, request)
-            try:
-                version = await rstore.cas(self.kv, self.ks, cur.version, new, timeout=self.timeout)
-            except rstore.Stale:
-                if request.HasField("expected_version"):
-                    raise VersionMismatch(f"the region policy is not at version {request.expected_version}; "
-                                          f"read it again") from None
-                continue
-            c = new.last
-            log.warning("region policy changed by the API: primary %s", region,
-                        extra={"event": "region_switchover", "to": region, "version": version,
-                               "kind": c.kind.value if c else None, "reason": why})
-            return apb.SwitchoverResponse(region_policy=policy_pb(new, version))
-        raise VersionMismatch("the region policy kept changing under this call (automatic failover?); read it "
-                              "again")
+        new, version = await self._cas_policy(
+            request, lambda cur: self._next_policy(cur, region, known, why, request),
+            "the region policy kept changing under this call (automatic failover?); read it again")
+        c = new.last
+        log.warning("region policy changed by the API: primary %s", region,
+                    extra={"event": "region_switchover", "to": region, "version": version,
+                           "kind": c.kind.value if c else None, "reason": why})
+        return apb.SwitchoverResponse(region_policy=policy_pb(new, version))
 
     @grpc_errors
     async def SetWorkerAffinity(self, request: apb.SetWorkerAffinityRequest,
@@ -303,27 +289,39 @@ class AdminService:
         planners see the record change on their watch and apply it to their next pump."""
         pool, a = affinity_request(request)
         why = inputs.reason(request.reason)
-        for _ in range(3):
-            cur = await rstore.read(self.kv, self.ks, timeout=self.timeout)
-            if cur.policy is None:
+
+        def make(cur: rp.RegionPolicy | None) -> rp.RegionPolicy:
+            if cur is None:
                 raise FailedPrecondition("there is no region policy yet: write one first "
                                          "(`schedctl region switchover --to REGION`)")
+            return rp.with_affinity(cur, pool, a, by=self.node_id, now_ms=self.clock.wall_ms(), reason=why)
+
+        new, version = await self._cas_policy(request, make, "the region policy kept changing under this call; "
+                                                             "read it again")
+        log.warning("worker affinity changed by the API: %s", new.history[-1].reason,
+                    extra={"event": "region_affinity", "pool": pool, "version": version,
+                           "mode": a.mode.value if a else None})
+        return apb.SetWorkerAffinityResponse(region_policy=policy_pb(new, version))
+
+    async def _cas_policy(self, request: apb.SwitchoverRequest | apb.SetWorkerAffinityRequest,
+                          make: Callable[[rp.RegionPolicy | None], rp.RegionPolicy],
+                          busy: str) -> tuple[rp.RegionPolicy, int]:
+        """Read the region policy, build the next one from it, and write it by CAS on the version read (or on
+        the caller's `expected_version`): a change written meanwhile (an automatic failover) makes the call
+        retry, or fail with VersionMismatch when the caller named a version, rather than silently undo it."""
+        for _ in range(3):
+            cur = await rstore.read(self.kv, self.ks, timeout=self.timeout)
             if request.HasField("expected_version") and cur.version != request.expected_version:
                 raise VersionMismatch(f"the region policy is at version {cur.version}, not "
                                       f"{request.expected_version}; read it again")
-            new = rp.with_affinity(cur.policy, pool, a, by=self.node_id, now_ms=self.clock.wall_ms(), reason=why)
+            new = make(cur.policy)
             try:
-                version = await rstore.cas(self.kv, self.ks, cur.version, new, timeout=self.timeout)
+                return new, await rstore.cas(self.kv, self.ks, cur.version, new, timeout=self.timeout)
             except rstore.Stale:
                 if request.HasField("expected_version"):
                     raise VersionMismatch(f"the region policy is not at version {request.expected_version}; "
                                           f"read it again") from None
-                continue
-            log.warning("worker affinity changed by the API: %s", new.history[-1].reason,
-                        extra={"event": "region_affinity", "pool": pool, "version": version,
-                               "mode": a.mode.value if a else None})
-            return apb.SetWorkerAffinityResponse(region_policy=policy_pb(new, version))
-        raise VersionMismatch("the region policy kept changing under this call; read it again")
+        raise VersionMismatch(busy)
 
     def _next_policy(self, cur: rp.RegionPolicy | None, region: str, known: set[str], why: str,
                      request: apb.SwitchoverRequest) -> rp.RegionPolicy:
