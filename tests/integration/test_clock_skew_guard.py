@@ -47,7 +47,8 @@ LATE_BOUND_S = 6.0  # a handover's catch-up, as the drills allow during a fault
 GUARD_OFF = os.environ.get("SCHED_SKEW_GUARD_OFF") == "1"
 
 
-@pytest.mark.parametrize("skew_s", [30.0, -30.0], ids=["ahead", "behind"])
+# Ahead is the dangerous direction (runs early) and stays in every CI run; behind in full mode (SCHED_FULL=1).
+@pytest.mark.parametrize("skew_s", [30.0, pytest.param(-30.0, marks=pytest.mark.slow)], ids=["ahead", "behind"])
 async def test_skewed_planner_stands_down_never_runs_early_and_comes_back(skew_s: float, etcd_factory: EtcdFactory,
                                                                            tmp_path: Path) -> None:
     try:

@@ -31,6 +31,9 @@ SCENARIO = scenario(
 )
 
 
+# Full mode only: the fault-command test below observes the same way in every CI run; this one adds the
+# operator's `drill mark` (its CLI is in tests/chaos/test_cli_drill.py).
+@pytest.mark.slow
 async def test_an_observed_cluster_is_judged_on_its_window(etcd_factory: EtcdFactory, tmp_path: Path) -> None:
     etcd = etcd_factory()
     planners = PlannerSet(tmp_path / "planners", etcd.endpoints, PREFIX, partitions=8,
