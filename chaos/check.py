@@ -13,7 +13,8 @@ Invariants (names from ../shared/research/drills.md, C3; docs/drills.md says how
   I4  fencing: accepted tokens never decrease per partition (sink log); every checkpoint and every
       dispatch landed under the claim current at its revision (etcd history, chaos/history.py);
   I5  watermarks never go back (chaos/history.py);
-  I6  one owner per partition per revision (chaos/history.py);
+  I6  one owner per partition per revision (chaos/history.py), and with a region policy only planners of
+      the planning region claim (chaos/regions.py);
   I7  liveness after heal: start lag back under its bound within `lag.liveness_s` of each fault's end,
       and every partition owned 3 x TTL after the last one;
   I8  no unexpected error in the given logs (ERROR/CRITICAL, `UNEXPECTED`, tracebacks), minus the
@@ -39,6 +40,7 @@ from chaos.lag import LagChecks, percentile
 from chaos.once import OnceChecks
 from chaos.owed import OwedChecks, fixed_period_ms, independent_times, planned_times
 from chaos.record import Run, RunError
+from chaos.regions import RegionChecks
 from chaos.scenario import Scenario, loads
 from chaos.validity import ValidityChecks
 from chaos.verdict import EXIT, FaultRow, Invariant, Verdict
@@ -54,7 +56,7 @@ def _is_error(line: str) -> bool:
     return "UNEXPECTED" in line or line.startswith("Traceback") or any(x in line for x in _ERROR_LEVELS)
 
 
-class _Checker(OnceChecks, FencingChecks, OwedChecks, LagChecks, ValidityChecks):
+class _Checker(OnceChecks, FencingChecks, OwedChecks, LagChecks, ValidityChecks, RegionChecks):
     """One check of one run: each base fills its invariants; the order in `verdict` matters (I3/I7 and
     validity read the planned times I2 computed)."""
 
@@ -77,6 +79,7 @@ class _Checker(OnceChecks, FencingChecks, OwedChecks, LagChecks, ValidityChecks)
         self.i3_i7()
         self.i8()
         self.validity()
+        self.regions()
         failed = any(i.count for i in self.inv.values())
         result = "fail" if failed else "invalid" if self.invalid else "pass"
         stats = self.stats()
@@ -116,6 +119,7 @@ class _Checker(OnceChecks, FencingChecks, OwedChecks, LagChecks, ValidityChecks)
             "rto": rto,
             "operations": len(self.run.ops),
             "operations_failed": sum(1 for o in self.run.ops if not o.ok),
+            "region_changes": self.region_changes(),
         }
 
 

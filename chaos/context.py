@@ -13,6 +13,7 @@ from chaos.record import FaultRecord, Run
 from chaos.scenario import Scenario
 from chaos.verdict import INVARIANTS, FaultRow, Invariant
 from scheduler.execution import ExecState, Trigger
+from scheduler.region.policy import ChangeKind
 
 __all__ = ["SLACK_MS", "Context"]
 
@@ -140,12 +141,27 @@ class Context:
         while i >= 0:
             f = self.faults[i]
             end = f.end_ms if f.end_ms is not None else self.meta.end_ms
-            if harness_t <= end + (outage if catalogue.is_outage(f.type, f.params) else settle):
+            if harness_t <= end + (outage if self.outage(f) else settle):
                 return f
             if not self.s.faults.allow_overlap:
                 return None
             i -= 1
         return None
+
+    def failed_over(self, f: FaultRecord) -> bool:
+        """An F5 on the planning region that an automatic failover to a standby answered within its window
+        (and settle time): the policy history shows the move away from the lost region (chaos/regions.py)."""
+        if f.type != "F5":
+            return False
+        end = (f.end_ms if f.end_ms is not None else self.meta.end_ms) + int(self.s.lag.settle_s * 1000)
+        return any(f.start_ms < t <= end and p.last is not None and p.last.kind is ChangeKind.FAILOVER
+                   and p.last.from_region == f.target for _, t, p in self.idx.policies)
+
+    def outage(self, f: FaultRecord) -> bool:
+        """Nothing can start while the fault lasts (quorum loss, the only planning region lost), so lag is
+        counted from its end. A region loss a standby took over from is not one: runs start in the standby
+        during the window, and their lag counts from their planned times."""
+        return catalogue.is_outage(f.type, f.params) and not self.failed_over(f)
 
     def target_nodes(self, f: FaultRecord) -> set[str]:
         if f.role == "region" or f.type == "F5":

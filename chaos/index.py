@@ -18,6 +18,8 @@ from chaos.record import Run, WatchRecord
 from chaos.sink import EffectRecord
 from scheduler.execution import Execution
 from scheduler.model import Schedule, ScheduleState
+from scheduler.region.policy import RegionPolicy
+from scheduler.region.policy import decode as decode_policy
 from scheduler.store.codec import decode_execution, decode_schedule
 from scheduler.timeplan import Plan
 
@@ -87,6 +89,8 @@ class HistoryIndex:
     claim_tokens: dict[int, list[int]] = field(default_factory=dict)  # partition -> their tokens, sorted
     attempts_of: dict[str, list[Attempt]] = field(default_factory=dict)  # schedule id -> accepted starts
     records_of: dict[str, list[str]] = field(default_factory=dict)  # schedule id -> execution ids
+    # The region policy as written (rev, harness ms seen, policy): empty when the run had none.
+    policies: list[tuple[int, int, RegionPolicy]] = field(default_factory=list)
 
     # ---- time ---------------------------------------------------------------------------------------
 
@@ -135,6 +139,15 @@ class HistoryIndex:
         cs = self.claims_of.get(partition, [])
         i = bisect.bisect_right(self.claim_tokens.get(partition, []), rev) - 1
         return cs[i] if i >= 0 and cs[i].held_at(rev) else None
+
+    def planning_region_at(self, rev: int) -> str | None:
+        """The primary of the policy current at `rev` (None: no policy, every region plans)."""
+        cur = None
+        for r, _, p in self.policies:
+            if r > rev:
+                break
+            cur = p.primary
+        return cur
 
     def watermark_before(self, partition: int, harness_ms: int) -> int | None:
         wm = None
@@ -191,6 +204,9 @@ def build(run: Run) -> HistoryIndex:
             idx.skips.setdefault(parts[2], []).append(Skip(parts[2], int(a), int(b), reason, w.rev, w.t_ms))
         elif kind == "holds" and len(parts) == 3:
             _hold(idx, parts[2], w)
+        elif parts == ["cluster", "region"] and w.type == "PUT":
+            with contextlib.suppress(ValueError, KeyError, TypeError):  # chaos/regions.py reports a bad record
+                idx.policies.append((w.rev, w.t_ms, decode_policy(w.value)))
     idx.rev_times.sort()
     since = run.meta.watch_from_rev - 1 if run.meta.watch_from_rev > 1 else 0
     idx.history = check_history(owner_events, prefix, partitions=run.meta.partitions, since=since)

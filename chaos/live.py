@@ -33,6 +33,8 @@ from chaos.record import RunWriter, WatchProgress, record_watch
 from chaos.scenario import Scenario
 from chaos.sink import EffectSink
 from scheduler.clock import SYSTEM_CLOCK
+from scheduler.region import store as rstore
+from scheduler.region.policy import Change, ChangeKind, RegionPolicy
 from scheduler.store.etcd import EtcdClient, EtcdError
 from scheduler.store.keyspace import Keyspace
 
@@ -123,6 +125,8 @@ class LiveCluster:
         # The watcher reads every event from revision 1, through no proxy: it is outside every fault.
         self._watcher = asyncio.create_task(record_watch(self.kv, PREFIX, self.rec.watch, self._watch_stop,
                                                          progress=self.watch_progress))
+        if c.primary is not None:
+            await self.write_region_policy()
         await self.links.start(self.etcd.endpoints, c.planners())
         self.planners = PlannerSet(self.directory / "planner-logs", self.etcd.endpoints, PREFIX,
                                    partitions=c.partitions, settings=planner_settings(self.scenario),
@@ -130,6 +134,16 @@ class LiveCluster:
         await asyncio.gather(*(self.start_planner(p) for p in c.planners()))
         for w in c.workers():
             self.start_worker(w)
+
+    async def write_region_policy(self) -> None:
+        """The scenario's region policy, written (CAS on an absent record) before any planner starts, so
+        that standby planners never plan and the watch records the policy from the run's first revisions."""
+        c = self.scenario.cluster
+        assert self.kv is not None and c.primary is not None
+        policy = RegionPolicy(primary=c.primary, standby=c.standby(), failover_grace_ms=c.failover_grace_ms(),
+                              history=(Change(SYSTEM_CLOCK.wall_ms(), ChangeKind.SWITCHOVER, "", c.primary,
+                                              "drill", "the scenario's region policy"),))
+        await rstore.cas(self.kv, self.ks, 0, policy, timeout=3.0)
 
     def region_of(self, node: str) -> str:
         return node.split("-", 1)[0]

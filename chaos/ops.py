@@ -146,4 +146,7 @@ class OpRunner:
             e = page.executions[0]
             again = await c.rerun_execution(sid, e.planned_at.ToMilliseconds())
             return {"execution_id": again.execution_id}
+        if op.op == "switchover":  # `schedule_id` holds the region (chaos/scenario.py CLUSTER_OPS)
+            policy = await c.switchover(sid, reason="drill")
+            return {"primary": policy.primary_region, "version": int(policy.version)}
         raise ValueError(f"unknown operation {op.op!r}")

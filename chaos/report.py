@@ -68,6 +68,12 @@ def render_markdown(v: Verdict, picture: str | None) -> str:
         lines += ["", "RTO per fault type (from the fault's start until start lag is back under its bound):", ""]
         lines += _table(["type", "faults", "min s", "median s", "max s"],
                         [[k, d["n"], _s(d["min_s"]), _s(d["median_s"]), _s(d["max_s"])] for k, d in st["rto"].items()])
+    changes = st.get("region_changes") or []
+    if changes:
+        lines += ["", "Region policy (the planning region over the run; the first row is the one it began with):", ""]
+        lines += _table(["seen at s", "planning region", "change", "from", "by", "reason"],
+                        [[_s(c["t_s"], 1), c["primary"], c["kind"], c["from"] or "-", c["by"] or "-",
+                          c["reason"] or "-"] for c in changes])
     if v.faults:
         lines += ["", "## Faults", ""]
         lines += _table(["#", "type", "fault", "target", "start s", "duration s", "healthy after s", "planned inside",
@@ -126,6 +132,12 @@ def draw_timeline(v: Verdict, path: Path) -> bool:
         for f in v.faults:
             ax.text(f.start_s, top, f" {f.type} {f.target}", va="top", ha="left", fontsize=7, color="#333333",
                     rotation=90 if len(v.faults) > 12 else 0)
+    # Region role changes: a solid line where the planning region moved, named with the region it moved to.
+    for c in (v.stats.get("region_changes") or [])[1:]:
+        for a in (ax, lanes):
+            a.axvline(c["t_s"], color="#145a32", lw=1.4)
+        ax.text(c["t_s"], ax.get_ylim()[1] * 0.55, f" {c['kind']} -> {c['primary']}", rotation=90, va="center",
+                ha="right", fontsize=7, color="#145a32")
     ax.grid(alpha=0.25)
     handles, labels = ax.get_legend_handles_labels()
     import matplotlib.patches as mpatches

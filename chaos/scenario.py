@@ -50,6 +50,9 @@ SCENARIO_DIR = Path(__file__).with_name("scenarios")
 
 EXECUTORS = ("http", "shell")
 OPS = ("create", "update", "pause", "resume", "delete", "trigger", "backfill", "rerun")
+# Operations on the cluster, not on a schedule (target: a region), in [[operations]] only: a random mix of
+# switchovers would turn a drill about schedules into one about regions.
+CLUSTER_OPS = ("switchover",)
 STEADY_CHECKS = ("etcd_healthy", "partitions_owned", "workers_connected", "lag_under_bound", "no_backlog")
 TIERS = ("ci", "game-day", "regression", "manual")
 # What a fault command's `{...}` may name besides its target's variables (chaos/fault_commands.py fills them).
@@ -84,6 +87,18 @@ class Cluster:
     # window; None: real time. The checker adds the recorded offset back (run.json `clock_offset_ms`).
     wall_clock_start: str | None = None
     planner: Mapping[str, str | int | float | bool] = field(default_factory=dict)  # passed to `schedctl planner`
+    # The region policy the runner writes before any planner starts (issue 11): `primary` plans, the other
+    # regions stand by in the order of `regions`; None writes no policy, so every planner plans wherever
+    # it runs (an active-active cluster). `failover_grace_s` None: 3 x the lease TTL.
+    primary: str | None = None
+    failover_grace_s: float | None = None
+
+    def standby(self) -> tuple[str, ...]:
+        return tuple(r for r in self.regions if r != self.primary)
+
+    def failover_grace_ms(self) -> int:
+        grace = self.failover_grace_s if self.failover_grace_s is not None else 3 * self.lease_ttl_s
+        return int(grace * 1000)
 
     def topology(self) -> Topology:
         """The nodes this cluster runs (scheduler/topology.py: one description shared with the regions

@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 from chaos import faults
 from chaos.scenario import (
+    CLUSTER_OPS,
     COMMAND_PLACEHOLDERS,
     EXECUTORS,
     MAX_DURATION_S,
@@ -171,7 +172,13 @@ def _cluster(t: _Table) -> Cluster:
         renew_interval_s=t.positive("renew_interval_s", 0.5),
         wall_clock_start=t.opt("wall_clock_start", str),
         planner=dict(t.get("planner", dict, {})),
+        primary=t.opt("primary", str),
+        failover_grace_s=t.positive("failover_grace_s", 0.0) if "failover_grace_s" in t.data else None,
     )
+    if c.primary is not None and c.primary not in regions:
+        raise t.err("primary", f"{c.primary!r} is not one of the regions ({', '.join(regions)})")
+    if c.failover_grace_s is not None and c.primary is None:
+        raise t.err("failover_grace_s", "needs `primary`: without a region policy nothing fails over")
     try:
         c.topology()  # region names become node, process and network-namespace names: refuse odd ones here
     except InvalidArgument as e:
@@ -215,13 +222,18 @@ def _load_group(t: _Table, names: set[str]) -> LoadGroup:
     return g
 
 
-def _operation(t: _Table, duration: float, groups: set[str], ids: set[str]) -> Operation:
+def _operation(t: _Table, duration: float, groups: set[str], ids: set[str], regions: tuple[str, ...]) -> Operation:
     at = t.positive("at_s", 0.0, zero=True)
     if at > duration:
         raise t.err("at_s", f"{at:g} is after the end of the run ({duration:g} s)")
-    op = _choice(t, "op", OPS, "")
+    op = _choice(t, "op", OPS + CLUSTER_OPS, "")
     target = t.req("target", str)
     params = dict(t.get("params", dict, {}))
+    if op in CLUSTER_OPS:
+        if target not in regions:
+            raise t.err("target", f"{target!r}: a {op} names a region of the cluster ({', '.join(regions)})")
+        t.done()
+        return Operation(at, op, target, params)
     if op == "create":  # a schedule made during the run (its activation is what I2 checks from)
         if target in ids or target in groups or target == "*":
             raise t.err("target", f"{target!r}: a create names a new schedule id")
@@ -510,7 +522,7 @@ def parse(text: str, source: str = "<string>") -> Scenario:
         raise ld.err("schedules", "a drill needs load: at least one [[load.schedules]]")
     ld.done()
     ids = {i for g in groups for i in g.ids()}
-    ops = tuple(sorted((_operation(x, duration, names, ids) for x in root.items("operations")),
+    ops = tuple(sorted((_operation(x, duration, names, ids, cluster.regions) for x in root.items("operations")),
                        key=lambda o: o.at_s))
     mix = _ops_mix(root.sub("operations_mix"), duration) if root.has("operations_mix") else None
     fs = _faults(root.sub("faults"), cluster, duration)

@@ -49,7 +49,7 @@ step "benchmark smoke (ratios only; the full runs are documented in bench/README
 # region failover drill and the 30-minute game day.
 if [ "${SCHED_FULL:-0}" = "1" ]; then
   runs=${SCHED_DRILL_DIR:-$(mktemp -d)}
-  for scenario in chaos/scenarios/regress-*.toml chaos/scenarios/game-day.toml; do
+  for scenario in chaos/scenarios/regress-*.toml chaos/scenarios/regions.toml chaos/scenarios/game-day.toml; do
     name=$(basename "$scenario" .toml)
     step "drill $name (run directory $runs/$name)"
     if ! .venv/bin/schedctl drill run "$scenario" --report "$runs/$name"; then

@@ -10,6 +10,7 @@ progress justifies. Tests then break one thing and check the verdict names it.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -168,8 +169,17 @@ def run_one(x: Synth, s: Schedule, t: int, node_token: tuple[str, int], dispatch
     x.record(e, dispatch_at + 60 + hold_ms)
 
 
-def clean_run(directory: Path) -> tuple[Synth, Run]:
+def clean_run(directory: Path, policies: Sequence[tuple[int, bytes]] = ()) -> tuple[Synth, Run]:
+    """`policies`: region policy records (encoded) put at their times, in revision order with the rest."""
     x = Synth()
+    pending = sorted(policies)
+
+    def policies_until(t: int) -> None:
+        while pending and pending[0][0] <= t:
+            at, value = pending.pop(0)
+            x.put(KS.region_policy, value, at)
+
+    policies_until(T0 - 6000)
     ids = [f"s-{i:03d}" for i in range(12)]
     schedules = {sid: sched(sid) for sid in ids}
     slow = sched("slow-000", overlap=Overlap.SKIP)
@@ -183,6 +193,7 @@ def clean_run(directory: Path) -> tuple[Synth, Run]:
     stale = True
     for sec in range(-4, 61):
         t = T0 + sec * 1000
+        policies_until(t)
         # Ownership changes due now: r1-p1's keys expire during its pause; r1-p2 claims them.
         if t == takeover - 500:
             for p in (0, 1):

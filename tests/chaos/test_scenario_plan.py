@@ -116,6 +116,11 @@ def test_random_pauses_are_resumed() -> None:
     ("[faults.random]\nweights = { F1 = 1 }\ninterval_s = [5]\n", "faults.random.interval_s", "[low, high]"),
     ("[checks]\nallowed_errors = [\"(\"]\n", "checks.allowed_errors[0]", "regular expression"),
     ("[lag]\nsteady_p99_s = 3\nsteady_max_s = 2\n", "lag.steady_max_s", "below steady_p99_s"),
+    ("[cluster]\nprimary = \"r9\"\n", "cluster.primary", "is not one of the regions (r1)"),
+    ("[cluster]\nfailover_grace_s = 5\n", "cluster.failover_grace_s", "needs `primary`"),
+    ("[cluster]\nregions = [\"r1\", \"r2\"]\nprimary = \"r1\"\nfailover_grace_s = 0\n", "cluster.failover_grace_s",
+     "must be > 0"),
+    ("[[operations]]\nat_s = 5\nop = \"switchover\"\ntarget = \"sec\"\n", "operations[0].target", "names a region"),
 ])
 def test_bad_input_names_the_field(extra: str, field: str, words: str) -> None:
     with pytest.raises(ScenarioError) as err:
@@ -156,6 +161,13 @@ def test_plan_errors_name_the_field() -> None:
     with pytest.raises(ScenarioError) as err:
         make_plan(loads(quorum))
     assert err.value.field == "faults.fixed[0].params.members"
+
+
+def test_a_region_policy_and_a_switchover_plan() -> None:
+    s = loads(with_("[cluster]\nregions = [\"r1\", \"r2\", \"r3\"]\nprimary = \"r2\"\n"
+                    "[[operations]]\nat_s = 5\nop = \"switchover\"\ntarget = \"r3\"\n"), "x.toml")
+    assert (s.cluster.primary, s.cluster.standby(), s.cluster.failover_grace_ms()) == ("r2", ("r1", "r3"), 6000)
+    assert [(o.op, o.schedule_id) for o in make_plan(s).operations] == [("switchover", "r3")]
 
 
 def test_find_by_name_or_path() -> None:
