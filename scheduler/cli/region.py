@@ -55,7 +55,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(func=_status)
 
     # `--timeout` is the wait here (issue 11's interface): each call keeps the default request deadline.
-    p = verbs.add_parser("switchover", parents=[conn], conflict_handler="resolve",
+    # A parent of its own: "resolve" takes `--timeout` off the parent's action object itself, which
+    # argparse shares with every parser made from that parent, so a shared `conn` would lose `--timeout`
+    # for the verbs registered after this one (`region affinity --timeout 5` was refused).
+    p = verbs.add_parser("switchover", parents=[client_parent()], conflict_handler="resolve",
                          help="move planning to another region, wait until it owns every partition")
     p.add_argument("region", metavar="REGION", nargs="?", help="the region to make primary (or --to)")
     p.add_argument("--to", metavar="REGION", help="the region to make primary")
@@ -68,7 +71,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="set how long the old primary must be healthy before failback=auto moves back")
     p.set_defaults(func=_switchover, request_timeout=None)
 
-    p = verbs.add_parser("failback", parents=[conn], conflict_handler="resolve",
+    p = verbs.add_parser("failback", parents=[client_parent()], conflict_handler="resolve",
                          help="switch over to the region that planned before the last change")
     _move_flags(p)
     p.set_defaults(func=_failback, request_timeout=None, to=None, region=None, standby=None, failover_grace=None,
