@@ -203,28 +203,15 @@ def _switchover(args: argparse.Namespace) -> int:
     return run_call(args, body)
 
 
+# Client-side errors of `region affinity` name the flag to fix (the server's, if it refuses, name the field).
+_AFFINITY_FLAGS = {"mode": "--mode", "prefer_wait": "--prefer-wait", "pool": "--pool", "clear": "--clear"}
+
+
 def _affinity(args: argparse.Namespace) -> int:
-    if args.clear:
-        if args.default:
-            print("schedctl: clear: the default affinity cannot be cleared; set --mode", file=sys.stderr)
-            return Exit.INVALID
-        if args.mode or args.prefer_wait:
-            print("schedctl: clear: --mode and --prefer-wait do not go with --clear", file=sys.stderr)
-            return Exit.INVALID
-    elif not args.mode:
-        print("schedctl: mode: name it (--mode strict|prefer|any)", file=sys.stderr)
-        return Exit.INVALID
-    if args.pool is not None and not args.pool:
-        print("schedctl: pool: is required (an empty pool name)", file=sys.stderr)
-        return Exit.INVALID
-    # Checked here too, so that bad input is a clear error before any connection; the server checks again.
     try:
-        mode = "" if args.clear else ra.parse_mode(args.mode).value
-        wait = None if args.prefer_wait is None else duration_ms(args.prefer_wait, "prefer_wait")
-        if wait is not None and wait <= 0:
-            raise InvalidArgument("prefer_wait", f"must be positive (got {args.prefer_wait})")
+        mode, wait = _affinity_input(args)
     except InvalidArgument as e:
-        print(f"schedctl: {e}", file=sys.stderr)
+        print(f"schedctl: {_AFFINITY_FLAGS.get(e.field, e.field)}: {e.reason}", file=sys.stderr)
         return Exit.INVALID
 
     async def body(c: SchedulerClient) -> int:
@@ -238,6 +225,27 @@ def _affinity(args: argparse.Namespace) -> int:
             print(show_affinity(pol))
         return Exit.OK
     return run_call(args, body)
+
+
+def _affinity_input(args: argparse.Namespace) -> tuple[str, int | None]:
+    """(mode, prefer_wait ms) from the flags. Checked here too, so that bad input is a clear error before
+    any connection; the server checks again. Raises InvalidArgument naming the field."""
+    if args.clear:
+        if args.default:
+            raise InvalidArgument("clear", "the default affinity cannot be cleared; set --mode")
+        if args.mode or args.prefer_wait:
+            raise InvalidArgument("clear", "--mode and --prefer-wait do not go with --clear")
+    elif not args.mode:
+        raise InvalidArgument("mode", "is required (strict, prefer or any)")
+    if args.pool is not None and not args.pool:
+        raise InvalidArgument("pool", "is required (an empty pool name)")
+    mode = "" if args.clear else ra.parse_mode(args.mode).value
+    wait = None if args.prefer_wait is None else duration_ms(args.prefer_wait, "prefer_wait")
+    if wait is not None and wait <= 0:
+        raise InvalidArgument("prefer_wait", f"must be positive (got {args.prefer_wait})")
+    if wait is not None and mode != ra.Mode.PREFER.value:
+        raise InvalidArgument("prefer_wait", f"only applies to --mode prefer (mode is {mode or 'none: --clear'})")
+    return mode, wait
 
 
 def _failback(args: argparse.Namespace) -> int:
