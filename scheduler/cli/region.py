@@ -34,6 +34,7 @@ from scheduler.cli.output import Exit
 from scheduler.client import ClientError, SchedulerClient
 from scheduler.errors import InvalidArgument
 from scheduler.region import affinity as ra
+from scheduler.region import policy as rp
 
 POLL_S = 0.1  # how often the wait reads cluster status (also the resolution of the measured pause)
 _DURATION = re.compile(r"^(-?\d+(?:\.\d+)?)(ms|s|m|h)?$")
@@ -251,8 +252,9 @@ def _affinity_input(args: argparse.Namespace) -> tuple[str, int | None]:
 def _failback(args: argparse.Namespace) -> int:
     async def body(c: SchedulerClient) -> int:
         pol = (await c.cluster_status()).region_policy
-        # The last change that moved planning: an affinity change (from == to) is not one.
-        back = next((h.from_region for h in reversed(pol.history) if h.kind != "affinity"), "")
+        # The last change that moved planning: an affinity change (from == to) is not one, nor is a kind
+        # this version does not know (a newer server's), as the planners judge it (region/policy.py MOVES).
+        back = next((h.from_region for h in reversed(pol.history) if h.kind in rp.MOVES), "")
         if not back:
             print("schedctl: the region policy has no previous primary to fail back to (see `region status`)",
                   file=sys.stderr)
