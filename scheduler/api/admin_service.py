@@ -74,7 +74,7 @@ def policy_pb(p: rp.RegionPolicy, version: int) -> cpb.RegionPolicy:
         primary_region=p.primary, version=version, updated_at=ms_to_timestamp(p.updated_ms), reason=p.reason,
         standby_regions=list(p.standby), failover_grace=ms_to_duration(p.failover_grace_ms),
         failback=p.failback.value, failback_stable=ms_to_duration(p.failback_stable_ms),
-        history=[cpb.RegionChange(at=ms_to_timestamp(c.at_ms), kind=c.kind.value, from_region=c.from_region,
+        history=[cpb.RegionChange(at=ms_to_timestamp(c.at_ms), kind=str(c.kind), from_region=c.from_region,
                                   to_region=c.to_region, by=c.by, reason=c.reason) for c in p.history],
         default_affinity=affinity_pb(p.affinity.default),
         pool_affinity=[cpb.PoolAffinity(pool=n, affinity=affinity_pb(a)) for n, a in p.affinity.pools])
@@ -279,7 +279,7 @@ class AdminService:
         c = new.last
         log.warning("region policy changed by the API: primary %s", region,
                     extra={"event": "region_switchover", "to": region, "version": version,
-                           "kind": c.kind.value if c else None, "reason": why})
+                           "kind": str(c.kind) if c else None, "reason": why})
         return apb.SwitchoverResponse(region_policy=policy_pb(new, version))
 
     @grpc_errors

@@ -34,6 +34,7 @@ from scheduler.cli.output import Exit
 from scheduler.client import ClientError, SchedulerClient
 from scheduler.errors import InvalidArgument
 from scheduler.region import affinity as ra
+from scheduler.region import policy as rp
 
 POLL_S = 0.1  # how often the wait reads cluster status (also the resolution of the measured pause)
 _DURATION = re.compile(r"^(-?\d+(?:\.\d+)?)(ms|s|m|h)?$")
@@ -55,7 +56,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(func=_status)
 
     # `--timeout` is the wait here (issue 11's interface): each call keeps the default request deadline.
-    p = verbs.add_parser("switchover", parents=[conn], conflict_handler="resolve",
+    # A parent of its own: "resolve" takes `--timeout` off the parent's action object itself, which
+    # argparse shares with every parser made from that parent, so a shared `conn` would lose `--timeout`
+    # for the verbs registered after this one (`region affinity --timeout 5` was refused).
+    p = verbs.add_parser("switchover", parents=[client_parent()], conflict_handler="resolve",
                          help="move planning to another region, wait until it owns every partition")
     p.add_argument("region", metavar="REGION", nargs="?", help="the region to make primary (or --to)")
     p.add_argument("--to", metavar="REGION", help="the region to make primary")
@@ -68,7 +72,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="set how long the old primary must be healthy before failback=auto moves back")
     p.set_defaults(func=_switchover, request_timeout=None)
 
-    p = verbs.add_parser("failback", parents=[conn], conflict_handler="resolve",
+    p = verbs.add_parser("failback", parents=[client_parent()], conflict_handler="resolve",
                          help="switch over to the region that planned before the last change")
     _move_flags(p)
     p.set_defaults(func=_failback, request_timeout=None, to=None, region=None, standby=None, failover_grace=None,
@@ -200,28 +204,15 @@ def _switchover(args: argparse.Namespace) -> int:
     return run_call(args, body)
 
 
+# Client-side errors of `region affinity` name the flag to fix (the server's, if it refuses, name the field).
+_AFFINITY_FLAGS = {"mode": "--mode", "prefer_wait": "--prefer-wait", "pool": "--pool", "clear": "--clear"}
+
+
 def _affinity(args: argparse.Namespace) -> int:
-    if args.clear:
-        if args.default:
-            print("schedctl: clear: the default affinity cannot be cleared; set --mode", file=sys.stderr)
-            return Exit.INVALID
-        if args.mode or args.prefer_wait:
-            print("schedctl: clear: --mode and --prefer-wait do not go with --clear", file=sys.stderr)
-            return Exit.INVALID
-    elif not args.mode:
-        print("schedctl: mode: name it (--mode strict|prefer|any)", file=sys.stderr)
-        return Exit.INVALID
-    if args.pool is not None and not args.pool:
-        print("schedctl: pool: is required (an empty pool name)", file=sys.stderr)
-        return Exit.INVALID
-    # Checked here too, so that bad input is a clear error before any connection; the server checks again.
     try:
-        mode = "" if args.clear else ra.parse_mode(args.mode).value
-        wait = None if args.prefer_wait is None else duration_ms(args.prefer_wait, "prefer_wait")
-        if wait is not None and wait <= 0:
-            raise InvalidArgument("prefer_wait", f"must be positive (got {args.prefer_wait})")
+        mode, wait = _affinity_input(args)
     except InvalidArgument as e:
-        print(f"schedctl: {e}", file=sys.stderr)
+        print(f"schedctl: {_AFFINITY_FLAGS.get(e.field, e.field)}: {e.reason}", file=sys.stderr)
         return Exit.INVALID
 
     async def body(c: SchedulerClient) -> int:
@@ -237,11 +228,33 @@ def _affinity(args: argparse.Namespace) -> int:
     return run_call(args, body)
 
 
+def _affinity_input(args: argparse.Namespace) -> tuple[str, int | None]:
+    """(mode, prefer_wait ms) from the flags. Checked here too, so that bad input is a clear error before
+    any connection; the server checks again. Raises InvalidArgument naming the field."""
+    if args.clear:
+        if args.default:
+            raise InvalidArgument("clear", "the default affinity cannot be cleared; set --mode")
+        if args.mode or args.prefer_wait:
+            raise InvalidArgument("clear", "--mode and --prefer-wait do not go with --clear")
+    elif not args.mode:
+        raise InvalidArgument("mode", "is required (strict, prefer or any)")
+    if args.pool is not None and not args.pool:
+        raise InvalidArgument("pool", "is required (an empty pool name)")
+    mode = "" if args.clear else ra.parse_mode(args.mode).value
+    wait = None if args.prefer_wait is None else duration_ms(args.prefer_wait, "prefer_wait")
+    if wait is not None and wait <= 0:
+        raise InvalidArgument("prefer_wait", f"must be positive (got {args.prefer_wait})")
+    if wait is not None and mode != ra.Mode.PREFER.value:
+        raise InvalidArgument("prefer_wait", f"only applies to --mode prefer (mode is {mode or 'none: --clear'})")
+    return mode, wait
+
+
 def _failback(args: argparse.Namespace) -> int:
     async def body(c: SchedulerClient) -> int:
         pol = (await c.cluster_status()).region_policy
-        # The last change that moved planning: an affinity change (from == to) is not one.
-        back = next((h.from_region for h in reversed(pol.history) if h.kind != "affinity"), "")
+        # The last change that moved planning: an affinity change (from == to) is not one, nor is a kind
+        # this version does not know (a newer server's), as the planners judge it (region/policy.py MOVES).
+        back = next((h.from_region for h in reversed(pol.history) if h.kind in rp.MOVES), "")
         if not back:
             print("schedctl: the region policy has no previous primary to fail back to (see `region status`)",
                   file=sys.stderr)

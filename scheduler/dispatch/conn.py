@@ -40,3 +40,7 @@ class Conn:
     # How many attempts the worker says it runs (its latest heartbeat, or Hello before the first): what
     # `cluster status` shows. The worker is authoritative; `running` is this planner's share of it.
     reported: int = 0
+
+    def runs(self, task_type: str) -> bool:
+        """Does the worker run `task_type`? One that listed no task types in Hello runs them all."""
+        return not self.task_types or task_type in self.task_types

@@ -53,7 +53,7 @@ from scheduler.dispatch.results import NoticeFor, PayloadLookup, ResultRecorder,
 from scheduler.dispatch.starts import StartRecorder
 from scheduler.execution import Execution
 from scheduler.ids import FencingToken
-from scheduler.region.affinity import AffinityPolicy
+from scheduler.region.affinity import AffinityPolicy, Mode
 from scheduler.region.policy import RegionPolicy
 from scheduler.store.kv import KV
 from scheduler.store.ledger import Ledger
@@ -153,6 +153,8 @@ class Dispatcher:
     def capacity(self, pool: str) -> int:
         # Only streams the pool's affinity lets us use now: otherwise the planner loops would hand over
         # work that then waits here for a worker it may not go to.
+        # A remote stream counts once some task type it runs may go to it (an estimate: the queued work
+        # may be of another type; the pump decides per item).
         gate, credit = self.affinity, 0
         for c in self.conns.values():
             if c.pool != pool or c.credits <= 0:
@@ -160,7 +162,7 @@ class Dispatcher:
             if c.region == gate.planning_region:
                 credit += c.credits
             else:
-                left = gate.wait_left(pool)
+                left = gate.stream_wait_left(pool, c.task_types)
                 if left == 0.0:
                     credit += c.credits
                 elif left != float("inf"):
@@ -196,7 +198,17 @@ class Dispatcher:
 
     def _local_credit(self, c: Conn) -> None:
         if c.credits > 0 and c.region == self.affinity.planning_region:
-            self.affinity.local_credit(c.pool)
+            self.affinity.local_credit(c.pool, c.task_types)
+
+    def _may_go_abroad(self, pool: str, task_type: str) -> bool:
+        """For a remote `prefer` stream: may an execution of `task_type` go to it now? If not yet, pump
+        again when it may (a local worker that runs the type may still take it meanwhile)."""
+        left = self.affinity.wait_left(pool, task_type)
+        if left == 0.0:
+            return True
+        if left != float("inf"):
+            self._retry_later(left)
+        return False
 
     def reserve(self, pool: str, n: int) -> None:
         self._reserved[pool] = self._reserved.get(pool, 0) + n
@@ -255,17 +267,19 @@ class Dispatcher:
         for c in conns:
             if c.credits <= 0:
                 continue
+            accepts: Callable[[str], bool] = c.runs
             if c.region == home:
-                gate.local_credit(c.pool)  # it has credit now: `prefer` pools stay home
+                gate.local_credit(c.pool, c.task_types)  # it has credit now: work it runs stays home
             else:
-                left = gate.wait_left(c.pool)
-                if left > 0.0:
-                    if left != float("inf"):
-                        self._retry_later(left)
+                mode = gate.rule(c.pool)[0]
+                if mode is Mode.STRICT:
                     continue
+                if mode is Mode.PREFER:
+                    # Judged per item: whether a local stream running *its* task type had credit lately.
+                    accepts = lambda t, c=c: c.runs(t) and self._may_go_abroad(c.pool, t)  # type: ignore[misc]  # noqa: E731
             batch: list[wpb.Assignment] = []
             while c.credits > 0:
-                it = self.queue.take(c.pool, accepts=lambda t, c=c: not c.task_types or t in c.task_types)  # type: ignore[misc]
+                it = self.queue.take(c.pool, accepts=accepts)
                 if it is None:
                     break
                 c.credits -= 1

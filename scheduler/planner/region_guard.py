@@ -133,13 +133,13 @@ class RegionGuard:
         self.on_policy(new.policy)
         c = new.policy.last if new.policy else None
         if old.version and c is not None:
-            self.changes[c.kind.value] = self.changes.get(c.kind.value, 0) + 1
+            self.changes[str(c.kind)] = self.changes.get(str(c.kind), 0) + 1
         primary = new.policy.primary if new.policy else None
         eligible = rp.eligible_region(new.policy, self.region)
         log.warning("region policy version %d: primary %s; this planner (%s) is %s", version, primary or "(none)",
                     self.region, "eligible" if eligible else "standing by",
                     extra={"event": "region_policy", "version": version, "primary": primary,
-                           "kind": c.kind.value if c else None, "eligible": eligible})
+                           "kind": str(c.kind) if c else None, "eligible": eligible})
         self.own.wake()  # act at once: release (after in-flight batches) or claim
 
     def _observe_members(self) -> None:

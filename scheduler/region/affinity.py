@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from scheduler.errors import InvalidArgument
+from scheduler.region.compat import Extra, merged, unknown
 
 # A couple of seconds: longer than a worker's reconnect after a planner restart or a credit round trip,
 # short enough that a region whose workers are gone does not stall a pool for long.
@@ -36,6 +37,9 @@ class Mode(StrEnum):
 class Affinity:
     mode: Mode = Mode.PREFER
     prefer_wait_ms: int = DEFAULT_PREFER_WAIT_MS  # only meaningful for `prefer`
+    # Keys a newer version wrote (region/compat.py); a change of the pool's affinity replaces the whole
+    # entry, so they only survive rewrites of other parts of the record.
+    extra: Extra = field(default_factory=dict, hash=False, compare=False)  # an Affinity compares by what it means
 
     def text(self) -> str:
         return f"prefer ({self.prefer_wait_ms} ms)" if self.mode is Mode.PREFER else self.mode.value
@@ -44,18 +48,23 @@ class Affinity:
         d: dict[str, object] = {"mode": self.mode.value}
         if self.mode is Mode.PREFER:
             d["prefer_wait_ms"] = self.prefer_wait_ms
-        return d
+        return merged(self.extra, d)
 
     @staticmethod
     def from_json(d: Mapping[str, object]) -> Affinity:
         return Affinity(Mode(str(d.get("mode", Mode.PREFER.value))),
-                        int(str(d.get("prefer_wait_ms", DEFAULT_PREFER_WAIT_MS))))
+                        int(str(d.get("prefer_wait_ms", DEFAULT_PREFER_WAIT_MS))), unknown(d, _AFFINITY_KEYS))
+
+
+_AFFINITY_KEYS = frozenset({"mode", "prefer_wait_ms"})
+_POLICY_KEYS = frozenset({"default", "pools"})
 
 
 @dataclass(frozen=True)
 class AffinityPolicy:
     default: Affinity = Affinity()
     pools: tuple[tuple[str, Affinity], ...] = field(default=())  # per-pool overrides, sorted by pool
+    extra: Extra = field(default_factory=dict, hash=False)  # keys a newer version wrote (region/compat.py)
 
     def for_pool(self, pool: str) -> Affinity:
         for name, a in self.pools:
@@ -71,7 +80,7 @@ class AffinityPolicy:
         return replace(self, pools=tuple(sorted(rest)))
 
     def to_json(self) -> dict[str, object]:
-        return {"default": self.default.to_json(), "pools": {n: a.to_json() for n, a in self.pools}}
+        return merged(self.extra, {"default": self.default.to_json(), "pools": {n: a.to_json() for n, a in self.pools}})
 
     @staticmethod
     def from_json(d: Mapping[str, object] | None) -> AffinityPolicy:
@@ -81,7 +90,8 @@ class AffinityPolicy:
         raw_pools = d.get("pools")
         default = Affinity.from_json(raw_default) if isinstance(raw_default, Mapping) else Affinity()
         pools = raw_pools if isinstance(raw_pools, Mapping) else {}
-        return AffinityPolicy(default, tuple(sorted((str(n), Affinity.from_json(a)) for n, a in pools.items())))
+        return AffinityPolicy(default, tuple(sorted((str(n), Affinity.from_json(a)) for n, a in pools.items())),
+                              unknown(d, _POLICY_KEYS))
 
 
 def check(a: Affinity, field_prefix: str = "") -> Affinity:

@@ -18,6 +18,7 @@ from enum import StrEnum
 from scheduler.errors import InvalidArgument
 from scheduler.region import affinity as ra
 from scheduler.region.affinity import AffinityPolicy
+from scheduler.region.compat import Extra, merged, unknown
 
 # "A few lease TTLs" of the default lease (5 s): a primary planner that is merely slow to renew, or
 # restarting, must not cause a failover.
@@ -44,26 +45,44 @@ class ChangeKind(StrEnum):
 
 MOVES = frozenset({ChangeKind.SWITCHOVER, ChangeKind.FAILOVER, ChangeKind.FAILBACK})
 
+# A history entry's kind: a ChangeKind member when this version knows it, else the text a newer version
+# wrote (kept, shown, written back; never a move, since only `primary` says where planning is).
+Kind = ChangeKind | str
+
+
+def kind_of(text: str) -> Kind:
+    try:
+        return ChangeKind(text)
+    except ValueError:
+        return text
+
+
+_CHANGE_KEYS = frozenset({"at_ms", "kind", "from", "to", "by", "reason"})
+_POLICY_KEYS = frozenset({"primary", "standby", "failover_grace_ms", "failback", "failback_stable_ms", "history",
+                          "reason", "updated_ms", "affinity"})
+
 
 @dataclass(frozen=True)
 class Change:
     """One entry of the policy's history."""
 
     at_ms: int
-    kind: ChangeKind
+    kind: Kind
     from_region: str  # "" for the first policy ever written
     to_region: str
     by: str  # node id of the writer (the planner that took over, or the API node that took the call)
     reason: str = ""  # operator's free text
+    extra: Extra = field(default_factory=dict, hash=False)  # keys a newer version wrote (region/compat.py)
 
     def to_json(self) -> dict[str, object]:
-        return {"at_ms": self.at_ms, "kind": self.kind.value, "from": self.from_region, "to": self.to_region,
-                "by": self.by, "reason": self.reason}
+        return merged(self.extra, {"at_ms": self.at_ms, "kind": str(self.kind), "from": self.from_region,
+                                   "to": self.to_region, "by": self.by, "reason": self.reason})
 
     @staticmethod
     def from_json(d: Mapping[str, object]) -> Change:
-        return Change(int(str(d.get("at_ms", 0))), ChangeKind(str(d.get("kind", ChangeKind.SWITCHOVER.value))),
-                      str(d.get("from", "")), str(d.get("to", "")), str(d.get("by", "")), str(d.get("reason", "")))
+        return Change(int(str(d.get("at_ms", 0))), kind_of(str(d.get("kind", ChangeKind.SWITCHOVER.value))),
+                      str(d.get("from", "")), str(d.get("to", "")), str(d.get("by", "")), str(d.get("reason", "")),
+                      unknown(d, _CHANGE_KEYS))
 
 
 @dataclass(frozen=True)
@@ -75,6 +94,7 @@ class RegionPolicy:
     failback_stable_ms: int = DEFAULT_FAILBACK_STABLE_MS
     history: tuple[Change, ...] = field(default=())  # oldest first, at most HISTORY_MAX
     affinity: AffinityPolicy = field(default=AffinityPolicy())  # worker affinity per pool (region/affinity.py)
+    extra: Extra = field(default_factory=dict, hash=False)  # keys a newer version wrote (region/compat.py)
 
     @property
     def last(self) -> Change | None:
@@ -97,7 +117,7 @@ class RegionPolicy:
     def reason(self) -> str:
         """What GetClusterStatus reports as the policy's reason: the operator's text, else the kind."""
         c = self.last
-        return "" if c is None else (c.reason or c.kind.value)
+        return "" if c is None else (c.reason or str(c.kind))
 
     @property
     def previous_primary(self) -> str:
@@ -114,16 +134,21 @@ class RegionPolicy:
 
 def encode(p: RegionPolicy) -> bytes:
     # `reason` and `updated_ms` repeat the last change for readers of the pre-regions format.
-    return json.dumps({"primary": p.primary, "standby": list(p.standby), "failover_grace_ms": p.failover_grace_ms,
-                       "failback": p.failback.value, "failback_stable_ms": p.failback_stable_ms,
-                       "history": [c.to_json() for c in p.history], "reason": p.reason,
-                       "updated_ms": p.updated_ms, "affinity": p.affinity.to_json()}, separators=(",", ":")).encode()
+    return json.dumps(merged(p.extra, {
+        "primary": p.primary, "standby": list(p.standby), "failover_grace_ms": p.failover_grace_ms,
+        "failback": p.failback.value, "failback_stable_ms": p.failback_stable_ms,
+        "history": [c.to_json() for c in p.history], "reason": p.reason, "updated_ms": p.updated_ms,
+        "affinity": p.affinity.to_json()}), separators=(",", ":")).encode()
 
 
 def decode(value: bytes) -> RegionPolicy:
     """Also reads the record AdminService.Switchover wrote before regions were acted on
-    (`{"primary", "reason", "updated_ms"}`): it becomes a policy with defaults and one history entry."""
+    (`{"primary", "reason", "updated_ms"}`): it becomes a policy with defaults and one history entry.
+    What a newer version added (a history kind, a key anywhere in the record) is kept for `encode`
+    (region/compat.py)."""
     d = json.loads(value)
+    if not isinstance(d, dict):
+        raise ValueError(f"the region policy is not a JSON object: {type(d).__name__}")
     history = tuple(Change.from_json(c) for c in d.get("history", ()))
     if not history and d.get("updated_ms"):
         history = (Change(int(d["updated_ms"]), ChangeKind.SWITCHOVER, "", str(d.get("primary", "")), "",
@@ -132,7 +157,8 @@ def decode(value: bytes) -> RegionPolicy:
                         failover_grace_ms=int(d.get("failover_grace_ms", DEFAULT_FAILOVER_GRACE_MS)),
                         failback=Failback(str(d.get("failback", Failback.MANUAL.value))),
                         failback_stable_ms=int(d.get("failback_stable_ms", DEFAULT_FAILBACK_STABLE_MS)),
-                        history=history, affinity=AffinityPolicy.from_json(d.get("affinity")))
+                        history=history, affinity=AffinityPolicy.from_json(d.get("affinity")),
+                        extra=unknown(d, _POLICY_KEYS))
 
 
 def validate(p: RegionPolicy) -> RegionPolicy:

@@ -300,6 +300,15 @@ def test_planner_keeps_running_as_before_and_drain_is_a_sub_action() -> None:
     assert args.action == "drain" and args.node_id == "p2" and args.server == "h:1"
 
 
+@pytest.mark.parametrize("verb", [["status"], ["affinity", "--pool", "p", "--mode", "strict"]])
+def test_every_region_verb_takes_the_request_timeout(verb: list[str]) -> None:
+    # switchover/failback redefine --timeout as their wait; that must not take it from the other verbs.
+    args = build_parser().parse_args(["region", *verb, "--timeout", "5"])
+    assert args.request_timeout == 5.0
+    args = build_parser().parse_args(["region", "switchover", "b", "--timeout", "7"])
+    assert args.wait_timeout == 7.0 and args.request_timeout is None
+
+
 @pytest.mark.parametrize("shell", ["bash", "zsh"])
 def test_completion_script_is_valid_shell(shell: str, tmp_path: Path) -> None:
     import shutil

@@ -50,6 +50,7 @@ class Worker:
     region: str
     port: int
     busy: float = 0.3
+    task_types: tuple[str, ...] = ("x",)
     got: list[float] = field(default_factory=list)  # monotonic receive time of each assignment
     task: asyncio.Task[None] | None = None
 
@@ -67,7 +68,7 @@ class Worker:
 
         async def requests() -> AsyncIterator[wpb.WorkerMessage]:
             yield wpb.WorkerMessage(hello=wpb.Hello(worker_id=self.worker_id, pool=self.pool, region=self.region,
-                                                    capacity=1, task_types=["x"]))
+                                                    capacity=1, task_types=list(self.task_types)))
             yield wpb.WorkerMessage(credits=wpb.Credits(credits=1))
             while True:
                 yield await outbox.get()
@@ -141,6 +142,40 @@ async def test_strict_prefer_any(kv: EtcdClient, key_prefix: str) -> None:
         assert "strict" not in cross and cross.get("prefer", 0) > 0 and cross.get("any", 0) > 0
     finally:
         for w in ws.values():
+            await w.stop()
+        node_task.cancel()
+        await asyncio.gather(node_task, return_exceptions=True)
+        with contextlib.suppress(Exception):
+            await server.stop(None)
+
+
+async def test_prefer_is_judged_per_task_type(kv: EtcdClient, key_prefix: str) -> None:
+    """An idle local worker of the pool that runs only "y" must not hold "x" work at home: once prefer_wait
+    is over with no local "x" worker, the other region's "x" worker gets it (before the fix: never)."""
+    ks = Keyspace(key_prefix.rstrip("/"))
+    policy = rp.with_affinity(RegionPolicy("a", ("b",), failover_grace_ms=60_000), "p",
+                              Affinity(Mode.PREFER, PREFER_WAIT_MS), by="test", now_ms=1)
+    await rstore.cas(kv, ks, 0, policy, timeout=2)
+    t0 = time.monotonic()  # before the dispatcher exists: its prefer_wait counts from no earlier
+    node = PlannerNode(kv, ks, replace(COORD, region="a"), SYSTEM_CLOCK, planner=FAST)
+    dispatcher = node.make_dispatcher()
+    server, port = await start_server(dispatcher, "127.0.0.1", 0)
+    node_task = asyncio.create_task(node.run())
+    await node.store.create(Schedule(id="x1", tenant="t", spec="* * * * * *", worker_pool="p", task_type="x"),
+                            SYSTEM_CLOCK.wall_ms())
+    local_y = Worker("p-a-y", "p", "a", port, task_types=("y",)).start()
+    remote_x = Worker("p-b-x", "p", "b", port).start()
+    try:
+        deadline = t0 + PREFER_WAIT_MS / 1000 + 6
+        while not remote_x.got and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        assert remote_x.got, "x work was held at home by a local worker that does not run x"
+        assert not local_y.got, "a 'y' worker was sent 'x' work"
+        # Not before prefer_wait: counted from the planning region's start, local workers get it to show up.
+        assert remote_x.got[0] - t0 >= PREFER_WAIT_MS / 1000 - 0.05, f"went abroad after {remote_x.got[0] - t0:.2f}s"
+        assert node.status().cross_region_assignments.get("p", 0) > 0
+    finally:
+        for w in (local_y, remote_x):
             await w.stop()
         node_task.cancel()
         await asyncio.gather(node_task, return_exceptions=True)

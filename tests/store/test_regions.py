@@ -6,6 +6,7 @@ The process-level proofs are in tests/integration/test_regions_drill.py."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 
@@ -199,3 +200,23 @@ async def test_an_unreadable_record_keeps_the_last_good_policy(fast_client: Etcd
     await asyncio.sleep(1.0)
     assert owned(planners, "a") == 8 and owned(planners, "b") == 0
     assert planners["b1"].guard.current.policy is not None and planners["b1"].guard.current.policy.primary == "a"
+
+
+async def test_a_record_from_a_newer_version_is_acted_on(fast_client: EtcdClient, key_prefix: str,
+                                                         planners: dict[str, Planner]) -> None:
+    """A history kind and keys this version does not know (region/compat.py) do not make the record
+    unreadable: the planners follow its primary, and the record is kept as it was."""
+    ks = Keyspace(key_prefix.rstrip("/"))
+    await rstore.cas(fast_client, ks, 0, RegionPolicy("a", ("b",)), timeout=2)
+    for node, region in (("a1", "a"), ("b1", "b")):
+        planners[node] = start(fast_client, ks, node, region)
+    await wait_until(lambda: owned(planners, "a") == 8)
+    newer = {"primary": "b", "standby": ["a"], "history": [
+        {"at_ms": 1, "kind": "quarantine", "from": "a", "to": "b", "by": "n9", "reason": "newer", "zones": [1]}],
+        "quarantined": {"a": 1}}
+    await fast_client.put(ks.region_policy, json.dumps(newer).encode())
+    await wait_until(lambda: owned(planners, "b") == 8)
+    got = await fast_client.get(ks.region_policy, timeout=2)
+    assert got is not None and json.loads(got.value) == newer  # nobody rewrote it meanwhile
+    p = planners["a1"].guard.current.policy
+    assert p is not None and p.history[0].kind == "quarantine" and p.extra == {"quarantined": {"a": 1}}

@@ -114,36 +114,36 @@ POLICY = AffinityPolicy(default=Affinity(Mode.PREFER, 2000), pools=(("s", STRICT
 def test_local_workers_always_qualify_and_strict_never_goes_abroad() -> None:
     g, clk = gate(POLICY)
     clk.t += 3600
-    assert g.allows("a", "s") and g.allows("a", "p") and g.allows("a", "y")
-    assert not g.allows("b", "s")
-    assert g.wait_left("s") == float("inf")
-    assert g.allows("b", "y")
+    assert g.allows("a", "s", "x") and g.allows("a", "p", "x") and g.allows("a", "y", "x")
+    assert not g.allows("b", "s", "x")
+    assert g.wait_left("s", "x") == float("inf")
+    assert g.allows("b", "y", "x")
 
 
 def test_prefer_falls_over_only_after_no_local_credit_for_the_wait() -> None:
     g, clk = gate(POLICY)
-    assert not g.allows("b", "p")  # just started: local workers get prefer_wait to show up
+    assert not g.allows("b", "p", "x")  # just started: local workers get prefer_wait to show up
     clk.t += 1.9
-    assert not g.allows("b", "p")
+    assert not g.allows("b", "p", "x")
     clk.t += 0.1
-    assert g.allows("b", "p")
+    assert g.allows("b", "p", "x")
     g.local_credit("p")  # a local worker has credit again: home first, the count restarts
-    assert not g.allows("b", "p") and g.wait_left("p") == pytest.approx(2.0)
+    assert not g.allows("b", "p", "x") and g.wait_left("p", "x") == pytest.approx(2.0)
     clk.t += 1.5
-    assert g.wait_left("p") == pytest.approx(0.5)
+    assert g.wait_left("p", "x") == pytest.approx(0.5)
     g.local_credit("other")  # another pool's local credit says nothing about this one
     clk.t += 0.5
-    assert g.allows("b", "p")
+    assert g.allows("b", "p", "x")
 
 
 def test_a_new_planning_region_restarts_the_count() -> None:
     g, clk = gate(POLICY)
     clk.t += 10
-    assert g.allows("b", "p")
+    assert g.allows("b", "p", "x")
     g.configure("b", POLICY)  # switchover to b: now a is the remote region
-    assert g.allows("b", "p") and g.allows("b", "s")
-    assert not g.allows("a", "p") and not g.allows("a", "s")
+    assert g.allows("b", "p", "x") and g.allows("b", "s", "x")
+    assert not g.allows("a", "p", "x") and not g.allows("a", "s", "x")
     clk.t += 2
-    assert g.allows("a", "p")
+    assert g.allows("a", "p", "x")
     g.configure(None, AffinityPolicy())  # the record is gone: this planner's own region, the defaults
-    assert g.planning_region == "a" and g.allows("b", "s") is False
+    assert g.planning_region == "a" and g.allows("b", "s", "x") is False
