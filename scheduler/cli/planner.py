@@ -9,10 +9,7 @@ import dataclasses
 import logging
 import signal
 import sys
-from typing import Any
-
-from prometheus_client import ProcessCollector
-from prometheus_client.registry import CollectorRegistry
+from typing import TYPE_CHECKING, Any
 
 from scheduler import logs
 from scheduler._gen.scheduler.v1 import cluster_pb2 as cpb
@@ -23,13 +20,16 @@ from scheduler.client import SchedulerClient
 from scheduler.clock import SYSTEM_CLOCK
 from scheduler.config import CoordinationSettings, EtcdSettings, parse_listen_address
 from scheduler.errors import InvalidArgument
-from scheduler.metrics.http import MetricsServer
-from scheduler.node import PlannerNode, etcd_client
-from scheduler.planner.ownership import ClusterMismatch
 from scheduler.planner.settings import PlannerSettings
-from scheduler.server import start_server
-from scheduler.store.keyspace import Keyspace
-from scheduler.tasks import cancel_and_wait
+
+if TYPE_CHECKING:
+    from prometheus_client.registry import CollectorRegistry
+
+    from scheduler.metrics.http import MetricsServer
+
+# The planner itself (scheduler.node: the engine, etcd, gRPC servers, aiohttp for /metrics) is imported by
+# the functions that run it, not here: every schedctl command imports this module for its flags, and
+# those imports are most of a second of start-up (`schedctl --help` 1.6 s before).
 
 log = logging.getLogger("scheduler.cli.planner")
 
@@ -160,6 +160,8 @@ def run(args: argparse.Namespace) -> int:
     except InvalidArgument as e:
         return fail_invalid(e)
     logs.setup(args.log_level)
+    from scheduler.planner.ownership import ClusterMismatch
+
     try:
         return asyncio.run(_main(etcd, coord, planner))  # type: ignore[arg-type]
     except InvalidArgument as e:  # found only when acting on it (an address already in use)
@@ -170,6 +172,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _main(etcd: EtcdSettings, coord: CoordinationSettings, planner: PlannerSettings) -> int:
+    from scheduler.node import PlannerNode, etcd_client
+    from scheduler.server import start_server
+    from scheduler.store.keyspace import Keyspace
+    from scheduler.tasks import cancel_and_wait
+
     kv = etcd_client(etcd, coord.rpc_timeout)
     # Bind first: the address workers should dial is registered with the node's membership.
     node = PlannerNode(kv, Keyspace(etcd.etcd_prefix), coord, SYSTEM_CLOCK, planner=planner)
@@ -204,6 +211,10 @@ async def serve_metrics(registry: CollectorRegistry, address: str) -> MetricsSer
     where = parse_listen_address("metrics_address", address)
     if where is None:
         return None
+    from prometheus_client import ProcessCollector
+
+    from scheduler.metrics.http import MetricsServer
+
     # Process metrics (CPU, memory, open files) too, on this process's registry only.
     ProcessCollector(registry=registry)
     server = MetricsServer(registry)

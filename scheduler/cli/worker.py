@@ -13,8 +13,7 @@ from scheduler import logs
 from scheduler.cli.output import Exit, fail_invalid
 from scheduler.cli.planner import add_settings_flags, serve_metrics
 from scheduler.errors import InvalidArgument
-from scheduler.worker import Worker, WorkerSettings
-from scheduler.worker.executors import register_builtin
+from scheduler.worker.settings import WorkerSettings
 
 log = logging.getLogger("scheduler.cli.worker")
 
@@ -44,6 +43,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _main(settings: WorkerSettings) -> int:
+    from scheduler.worker import Worker  # the SDK, loaded when a worker runs (cli/planner.py says why)
+    from scheduler.worker.executors import register_builtin
+
     worker = Worker(settings=settings)
     metrics = await serve_metrics(worker.metrics.registry, settings.metrics_address)  # first: fails fast
     register_builtin(worker, settings)
