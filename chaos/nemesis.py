@@ -143,9 +143,8 @@ class Nemesis:
         """Region loss. `single-region`: every planner and worker of the one region dies (etcd stays);
         after the window they come back, a site loss recovered from etcd alone. `multi-region`: the
         region's planners, workers *and* etcd members die together (SIGKILL), the other regions keep
-        quorum and take its partitions over. Until the regions issue (11) lands every planner plans
-        wherever it runs, so this is the loss of one active region of an active-active cluster, not yet
-        a primary's failover to a standby."""
+        quorum and take its partitions over: with a region policy a standby's failover (chaos/regions.py
+        judges it), without one the loss of one active region of an active-active cluster."""
         region = w.target
         c = self.live.scenario.cluster
         planners = [p for p in c.planners() if self.live.region_of(p) == region]
