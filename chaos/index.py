@@ -140,15 +140,6 @@ class HistoryIndex:
         i = bisect.bisect_right(self.claim_tokens.get(partition, []), rev) - 1
         return cs[i] if i >= 0 and cs[i].held_at(rev) else None
 
-    def planning_region_at(self, rev: int) -> str | None:
-        """The primary of the policy current at `rev` (None: no policy, every region plans)."""
-        cur = None
-        for r, _, p in self.policies:
-            if r > rev:
-                break
-            cur = p.primary
-        return cur
-
     def watermark_before(self, partition: int, harness_ms: int) -> int | None:
         wm = None
         for _, t, w in self.checkpoints.get(partition, []):

@@ -28,7 +28,12 @@ class RegionChecks(Context):
         if not pols:
             return
         i6 = self.inv["I6"]
-        changes = [(rev, t, p.primary) for rev, t, p in pols]
+        # (rev, since when its primary has planned, primary): a rewrite that kept the primary (an affinity
+        # change) does not restart the count.
+        changes: list[tuple[int, int, str]] = []
+        for rev, t, p in pols:
+            same = changes and changes[-1][2] == p.primary
+            changes.append((rev, changes[-1][1] if same else t, p.primary))
         for c in self.idx.claims():
             i6.checked += 1
             region = self.node_region(c.node)

@@ -11,7 +11,8 @@ from chaos.check import Verdict, _Checker, check_run
 from chaos.record import FaultRecord, OpRecord, load_run, write_run
 from chaos.report import render_markdown
 from chaos.scenario import loads
-from scheduler.region.policy import Change, ChangeKind, RegionPolicy, encode, moved
+from scheduler.region.affinity import Affinity, Mode
+from scheduler.region.policy import Change, ChangeKind, RegionPolicy, encode, moved, with_affinity
 from tests.chaos.synth import SCENARIO, T0, clean_run
 
 FIRST = RegionPolicy("r1", ("r2",), failover_grace_ms=6000,
@@ -87,3 +88,11 @@ def test_runs_around_a_switchover_are_judged_as_its_pause(tmp_path: Path) -> Non
     # settle_s 4: the runs planned in [40 s, 44.1 s] of 13 every-second schedules.
     assert v.stats["lag"]["switchover"]["n"] == 5 * 13 - 2, v.stats["lag"]  # the slow one skips odd seconds
     assert "| switchover |" in render_markdown(v, None)
+
+
+def test_a_rewrite_that_keeps_the_primary_does_not_restart_the_grace(tmp_path: Path) -> None:
+    # Planning moved to r2 at T0 + 1 s; an affinity change rewrites the record 1 s before r1-p2's claims.
+    to_r2 = moved(FIRST, "r2", ChangeKind.SWITCHOVER, by="api", now_ms=T0 + 1000)
+    rewrite = with_affinity(to_r2, None, Affinity(Mode.ANY), by="api", now_ms=T0 + 21_500)
+    v = judged(tmp_path / "run", [(T0 - 7000, FIRST), (T0 + 1000, to_r2), (T0 + 21_500, rewrite)])
+    assert v.invariants["I6"].count == 2, v.invariants["I6"].examples
