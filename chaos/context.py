@@ -51,6 +51,7 @@ class Context:
         self.phases: dict[str, list[int]] = {"before": [], "during": [], "after": []}
         self._exposures: dict[int, list[tuple[int, int]]] = {}
         self._fenced_out: dict[Path, list[int]] = {}  # log -> times of its fenced_out events
+        self._failed_over: dict[int, bool] = {}  # fault index -> a standby's failover answered it
 
     def bump(self, k: str, n: int = 1) -> None:
         self.counts[k] = self.counts.get(k, 0) + n
@@ -153,9 +154,12 @@ class Context:
         (and settle time): the policy history shows the move away from the lost region (chaos/regions.py)."""
         if f.type != "F5":
             return False
-        end = (f.end_ms if f.end_ms is not None else self.meta.end_ms) + int(self.s.lag.settle_s * 1000)
-        return any(f.start_ms < t <= end and p.last is not None and p.last.kind is ChangeKind.FAILOVER
-                   and p.last.from_region == f.target for _, t, p in self.idx.policies)
+        if f.index not in self._failed_over:  # asked per planned time by window_of and I3: once per fault
+            end = (f.end_ms if f.end_ms is not None else self.meta.end_ms) + int(self.s.lag.settle_s * 1000)
+            self._failed_over[f.index] = any(
+                f.start_ms < t <= end and p.last is not None and p.last.kind is ChangeKind.FAILOVER
+                and p.last.from_region == f.target for _, t, p in self.idx.policies)
+        return self._failed_over[f.index]
 
     def outage(self, f: FaultRecord) -> bool:
         """Nothing can start while the fault lasts (quorum loss, the only planning region lost), so lag is

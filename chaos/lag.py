@@ -8,6 +8,7 @@ import bisect
 import math
 from collections.abc import Iterable
 
+from chaos import faults as catalogue
 from chaos.context import SLACK_MS, Context
 from scheduler.execution import Trigger
 from scheduler.ids import execution_id
@@ -85,11 +86,11 @@ class LagChecks(Context):
             else:
                 eff = raw
                 bound_s = lag.fault_max_s
-                if self.outage(f):
-                    eff = started - max(planned_h, f.end_ms if f.end_ms is not None else self.meta.end_ms)
+                if catalogue.is_outage(f.type, f.params):
+                    # A failed-over region loss too: failover_grace, then the standby's claims and catch-up.
                     bound_s = max(lag.fault_max_s, lag.outage_max_s)
-                elif self.failed_over(f):  # failover_grace, then the standby's claims and catch-up
-                    bound_s = max(lag.fault_max_s, lag.outage_max_s)
+                    if self.outage(f):  # nothing could start until the heal: lag counts from it
+                        eff = started - max(planned_h, f.end_ms if f.end_ms is not None else self.meta.end_ms)
                 phases["during"].append(eff)
                 if eff > bound_s * 1000:
                     i3.fail(f"[lag-during] {eid}: started {eff / 1000:.2f}s late in/after fault #{f.index} {f.type} "

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import random
 import time
@@ -33,8 +34,8 @@ from chaos.record import RunWriter, WatchProgress, record_watch
 from chaos.scenario import Scenario
 from chaos.sink import EffectSink
 from scheduler.clock import SYSTEM_CLOCK
+from scheduler.region import policy as rp
 from scheduler.region import store as rstore
-from scheduler.region.policy import Change, ChangeKind, RegionPolicy
 from scheduler.store.etcd import EtcdClient, EtcdError
 from scheduler.store.keyspace import Keyspace
 
@@ -140,9 +141,10 @@ class LiveCluster:
         that standby planners never plan and the watch records the policy from the run's first revisions."""
         c = self.scenario.cluster
         assert self.kv is not None and c.primary is not None
-        policy = RegionPolicy(primary=c.primary, standby=c.standby(), failover_grace_ms=c.failover_grace_ms(),
-                              history=(Change(SYSTEM_CLOCK.wall_ms(), ChangeKind.SWITCHOVER, "", c.primary,
-                                              "drill", "the scenario's region policy"),))
+        first = rp.initial(c.primary, c.regions, by="drill", now_ms=SYSTEM_CLOCK.wall_ms(),
+                           reason="the scenario's region policy")
+        # The scenario's standby order (initial() orders by name) and grace.
+        policy = dataclasses.replace(first, standby=c.standby(), failover_grace_ms=c.failover_grace_ms())
         await rstore.cas(self.kv, self.ks, 0, policy, timeout=3.0)
 
     def region_of(self, node: str) -> str:

@@ -35,7 +35,7 @@ if [ "$#" -gt 0 ]; then
   run_pytest "$@"
 else
   step "pytest, in parallel: ${PARALLEL[*]}"
-  run_pytest -n 2 --dist loadgroup "${PARALLEL[@]}"
+  run_pytest -n 2 --dist loadfile "${PARALLEL[@]}"
   step "pytest, one at a time: the rest of tests/"
   run_pytest tests "${PARALLEL[@]/#/--ignore=}"
 fi

@@ -43,25 +43,16 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
 _ETCD_FIXTURES = frozenset({"etcd_binary", "etcd_server", "etcd_factory", "etcd_cluster3", "etcd_client"})
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks added here
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # A test that reaches etcd through a fixture is an `etcd` test even if its module forgot the mark,
     # so that `-m "not etcd"` never starts a server by accident.
     full = os.environ.get("SCHED_FULL") == "1"
-    # Only with the plugin loaded: its marker is unknown to --strict-markers otherwise (`-p no:xdist`).
-    xdist = bool(items) and items[0].config.pluginmanager.hasplugin("xdist")
     for item in items:
         if _ETCD_FIXTURES.intersection(getattr(item, "fixturenames", ())) and not item.get_closest_marker("etcd"):
             item.add_marker(pytest.mark.etcd)
         # The quick (CI) mode leaves out long runs; SCHED_FULL=1 (scripts/test.sh) includes them.
         if not full and item.get_closest_marker("slow"):
             item.add_marker(pytest.mark.skip(reason="long-running (marked slow): set SCHED_FULL=1 to run it"))
-        # Under pytest-xdist (`--dist loadgroup`, scripts/test.sh) a module's tests stay on one worker, so
-        # a module-scoped server or drill is set up once; the smoke drill's session fixture is shared by
-        # two modules, so their tests form one group.
-        if xdist and not item.get_closest_marker("xdist_group"):
-            group = "smoke_run" if "smoke_run" in getattr(item, "fixturenames", ()) else item.nodeid.split("::", 1)[0]
-            item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture(scope="session")

@@ -167,7 +167,8 @@ def _affinity_text(a: Any) -> str:
 
 def show_affinity(pol: Any) -> str:
     """The policy's worker affinity, one line: default, then each pool's override."""
-    default = _affinity_text(pol.default_affinity) if pol.HasField("default_affinity") else "prefer (wait 2s)"
+    default = _affinity_text(pol.default_affinity) if pol.HasField("default_affinity") \
+        else f"prefer (wait {duration_text(ra.DEFAULT_PREFER_WAIT_MS)})"
     pools = "; ".join(f"{p.pool} {_affinity_text(p.affinity)}" for p in pol.pool_affinity)
     return f"worker affinity: default {default}" + (f"; {pools}" if pools else "")
 
