@@ -13,7 +13,8 @@ log() { printf '[setup] %s\n' "$*"; }
 # --- system packages -------------------------------------------------------
 need_apt=()
 for pkg in iproute2 iptables faketime curl; do
-  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need_apt+=("$pkg")
+  # No pipe into `grep -q`: under pipefail its early exit can SIGPIPE the writer and fail the test.
+  [ "$(dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null || true)" = "install ok installed" ] || need_apt+=("$pkg")
 done
 if ((${#need_apt[@]})); then
   log "apt-get install ${need_apt[*]}"
@@ -41,7 +42,9 @@ if ! "$ETCD_DIR/root/usr/bin/etcd" --version >/dev/null 2>&1; then
   for d in "$A"/etcd-*.deb; do dpkg -x "$d" "$ETCD_DIR/root"; done
   rm -rf "$A"
 fi
-"$ETCD_DIR/root/usr/bin/etcd" --version | head -1
+# Not `| head -1`: head exits after one line and, under pipefail, etcd's SIGPIPE (exit 141) fails setup.
+ETCD_VERSION=$("$ETCD_DIR/root/usr/bin/etcd" --version)
+echo "${ETCD_VERSION%%$'\n'*}"
 
 # --- Python --------------------------------------------------------------------
 PY=${PYTHON:-python3}
