@@ -29,7 +29,7 @@ from scheduler.ids import FencingToken, execution_id, schedule_of
 from scheduler.metrics.planner import PlannerMetrics
 from scheduler.planner.clock_guard import ClockGuard, GuardedClock
 from scheduler.planner.ownership import LostReason, MemberInfo, NotOwner, Ownership
-from scheduler.planner.partition import DispatchSink, PartitionPlanner, Restart
+from scheduler.planner.partition import DispatchSink, PartitionPlanner, PlannerStats, Restart
 from scheduler.planner.region_guard import RegionGuard
 from scheduler.planner.settings import PlannerSettings
 from scheduler.region.policy import RegionPolicy
@@ -127,6 +127,7 @@ class PlannerNode:
         self.store = ScheduleStore(kv, ks, settings.partitions, timeout=settings.rpc_timeout)
         self.ledger = Ledger(ks, settings.partitions)
         self.fence_stats = FenceStats()
+        self.loop_stats = PlannerStats()  # over every partition loop this node ran (rounds: a spin shows)
         self.combiner = WriteCombiner(kv, max_ops=settings.max_txn_ops, max_bytes=settings.max_txn_bytes,
                                       timeout=settings.rpc_timeout, disable_fencing=settings.unsafe_disable_fencing,
                                       stats=self.fence_stats)
@@ -209,7 +210,7 @@ class PlannerNode:
                             for c in d.conns.values())
         return NodeStatus(now_ms=self.clock.wall_ms(), owned=parts, queue_depth=depth, workers=workers,
                           fenced_txns=self.fence_stats.txns, fencing_rejections=self.fence_stats.fenced_out,
-                          restarts=dict(self.restart_reasons),
+                          restarts=dict(self.restart_reasons), rounds=self.loop_stats.rounds,
                           clock=self.clock_guard.state(), region=self.region_guard.state(),
                           cross_region_assignments=cross)
 
@@ -324,6 +325,7 @@ class PlannerNode:
                 node_id=self.s.node_id, rpc_timeout=self.s.rpc_timeout,
                 disable_fencing=self.s.unsafe_disable_fencing, fence_stats=self.fence_stats,
                 max_ops=self.s.max_txn_ops, combiner=self.combiner, metrics=self.metrics,
+                node_stats=self.loop_stats,
             )
             self.planners[partition] = planner
             started = self.clock.monotonic()

@@ -65,6 +65,7 @@ class NodeStatus:
     fenced_txns: int = 0
     fencing_rejections: int = 0
     restarts: dict[str, int] = field(default_factory=dict)  # partition loop reloads by reason
+    rounds: int = 0  # partition loop rounds this node ran, all partitions (about partitions / loop_interval a second)
     clock: ClockStatus = field(default_factory=ClockStatus)
     region: RegionStatus = field(default_factory=RegionStatus)
     # pool -> assignments this node sent to workers outside the planning region (worker affinity)

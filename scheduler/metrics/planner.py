@@ -140,6 +140,9 @@ def _node_gauges(st: NodeStatus) -> Iterable[Metric]:
     yield CounterMetricFamily("scheduler_fencing_rejections",
                               "Owner writes etcd refused because the fencing token was stale.",
                               value=st.fencing_rejections)
+    yield CounterMetricFamily("scheduler_planner_rounds",
+                              "Partition loop rounds this node ran, over all its partitions: about the partitions "
+                              "owned / loop_interval a second; far above, a loop spins.", value=st.rounds)
     yield counter_family("scheduler_partition_restarts",
                          "Partition planners reloaded from etcd, by reason (stale_state, outcome_unknown, "
                          "compare_failed, etcd_error; malformed_txn is a bug).", "reason", st.restarts)

@@ -156,6 +156,13 @@ class Materializer:
             self.push_next(sch, sch.owed_from)
         return runs, skips
 
+    def more_due(self, horizon_ms: int) -> bool:
+        """Whether planned times at or before the horizon are left for the next round (the last round hit
+        its limit). Not whether its watermark reached the horizon: a paused schedule holds the watermark
+        before its next planned time until that time is due, and a loop that took that for more work ran
+        its next round at once, thousands a second while anything was paused (a drill found it)."""
+        return bool(self.heap) and self.heap[0][0] <= horizon_ms
+
     def plan_round(
         self, now_ms: int, horizon_ms: int, limit: int | None = None
     ) -> tuple[list[Execution], list[tuple[str, SkipRange]], int]:

@@ -163,6 +163,7 @@ async def test_planner_and_worker_metrics_move_as_executions_run(etcd_server: Et
             assert value(s, "scheduler_lease_renew_latency_seconds_count") > 0
             assert value(s, "scheduler_fenced_txns_total") > 0
             assert value(s, "scheduler_fencing_rejections_total") == 0
+            assert value(s, "scheduler_planner_rounds_total") > 0
             assert value(s, "process_cpu_seconds_total") > 0
 
             w = await until(worker_metrics, lambda w: (

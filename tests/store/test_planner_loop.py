@@ -362,3 +362,71 @@ async def test_a_takeover_mid_catch_up_knows_the_catch_up_runs(kv: EtcdClient, k
     assert by_planned[1000].state is ExecState.DISPATCHED, by_planned[1000]  # the catch-up goes on, in order
     assert by_planned[2000].state is ExecState.SCHEDULED, by_planned[2000]
     assert "overlap_skip" not in {by_planned[1000].skip_reason, by_planned[2000].skip_reason}
+
+
+class SlowDispatcher(FakeDispatcher):
+    """Every run takes `hold_s`: longer than its period, so each next run's overlap decision asks for
+    confirming reads while results keep landing."""
+
+    def __init__(self, kv: EtcdClient, node: PlannerNode, hold_s: float) -> None:
+        super().__init__(kv, node)
+        self.hold_s = hold_s
+
+    async def _finish(self, e: Execution) -> None:
+        await asyncio.sleep(self.hold_s)
+        await super()._finish(e)
+
+
+def _rounds(node: PlannerNode) -> int:
+    return node.status().rounds  # what scheduler_planner_rounds_total exports
+
+
+async def test_a_confirm_whose_run_has_ended_does_not_spin_the_loop(kv: EtcdClient, key_prefix: str) -> None:
+    # Found by the smoke drill: a confirming read asked for in a round whose run's result landed during
+    # that round's commit stayed asked for ever (the record had left `pending`, so no read took it), and
+    # each round then asked for the next one at once: 2,600 rounds a second on one partition, a core.
+    ks = Keyspace(key_prefix.rstrip("/"))
+    node = PlannerNode(kv, ks, COORD, SYSTEM_CLOCK, planner=FAST)
+    node.dispatcher = SlowDispatcher(kv, node, hold_s=1.2)
+    now = SYSTEM_CLOCK.wall_ms()
+    for i in range(40):
+        await node.store.create(sched(i, policies=Policies(overlap=Overlap.SKIP)), now)
+    t = asyncio.create_task(node.run())
+    try:
+        await asyncio.sleep(1.5)  # claims, loads, first runs
+        before, t0 = _rounds(node), SYSTEM_CLOCK.monotonic()
+        await asyncio.sleep(4.0)
+        rate = (_rounds(node) - before) / (SYSTEM_CLOCK.monotonic() - t0)
+        stuck = {p: gone for p, pl in node.planners.items()
+                 if (gone := {x for x in pl._confirm if x not in pl.pending})}
+    finally:
+        t.cancel()
+        await asyncio.gather(t, return_exceptions=True)
+    # Polling alone is partitions / loop_interval = 80 rounds a second; wakes for results and starts add a
+    # few per run (40 schedules, one run a second each at most). A spinning partition adds thousands.
+    assert rate < 600, f"{rate:.0f} rounds a second on {COORD.partitions} partitions: a loop spins ({stuck})"
+
+
+async def test_a_paused_schedule_does_not_spin_the_loop(kv: EtcdClient, key_prefix: str) -> None:
+    # Found by the smoke drill: a paused schedule holds its partition's watermark before its next planned
+    # time until that time is due, and the loop took "watermark short of the horizon" for "more to plan
+    # now": for the whole lookahead before each paused planned time it ran round after round, 4,000 a
+    # second for the 15 s every2-001 was paused.
+    ks = Keyspace(key_prefix.rstrip("/"))
+    node = PlannerNode(kv, ks, COORD, SYSTEM_CLOCK, planner=FAST)
+    node.dispatcher = FakeDispatcher(kv, node)
+    now = SYSTEM_CLOCK.wall_ms()
+    for i in range(4):
+        await node.store.create(sched(i, state=ScheduleState.PAUSED), now)
+    t = asyncio.create_task(node.run())
+    try:
+        await asyncio.sleep(1.5)
+        before, t0 = _rounds(node), SYSTEM_CLOCK.monotonic()
+        await asyncio.sleep(3.0)
+        rate = (_rounds(node) - before) / (SYSTEM_CLOCK.monotonic() - t0)
+    finally:
+        t.cancel()
+        await asyncio.gather(t, return_exceptions=True)
+    assert rate < 400, f"{rate:.0f} rounds a second on {COORD.partitions} partitions: a loop spins"
+    skips = [kv_ for p in range(COORD.partitions) for kv_ in (await kv.range(ks.skips(p), prefix=True)).kvs]
+    assert len(skips) >= 4 * 3, "the paused planned times are still recorded as skipped when due"

@@ -59,6 +59,16 @@ def test_a_paused_schedule_is_skipped_when_due_and_holds_the_watermark() -> None
     assert not execs and [(r.after_ms, r.through_ms, r.reason.value) for _, r in skips] == [(T + 999, T + 1_000,
                                                                                               "paused")]
     assert reached == T + 1_999, "the next paused planned time is not passed before it is due"
+    assert not m.more_due(T + 3_500), "a watermark held by a pause is no work left for the next round"
+
+
+def test_more_due_only_when_the_limit_left_planned_times() -> None:
+    m = mat()
+    m.track(stored(T, 10), T)
+    execs, _, reached = m.plan_round(T, T + 3_000, limit=2)
+    assert len(execs) == 2 and reached == T + 2_999 and m.more_due(T + 3_000)
+    execs, _, reached = m.plan_round(T, T + 3_000, limit=2)
+    assert [e.planned_ms for e in execs] == [T + 3_000] and reached == T + 3_000 and not m.more_due(T + 3_000)
 
 
 def test_a_held_schedule_whose_activation_ends_is_settled_by_its_policy() -> None:
