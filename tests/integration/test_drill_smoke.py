@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import ipaddress
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -30,27 +29,19 @@ needs_netns = pytest.mark.skipif(not OK, reason=f"network namespaces unavailable
 REQUIRED = {"F1", "F2", "F3", "F5", "F6", "F7"}
 
 
-FULL = os.environ.get("SCHED_FULL") == "1"
-SAFETY = ("I1", "I2", "I4", "I5", "I6", "I7", "I8")
+def test_the_smoke_drill_passes(smoke_run: DrillResult) -> None:
+    """Every CI run: valid, and every invariant I1 to I8 holds, I3's steady-state lag bounds included.
 
-
-def test_the_smoke_drill_is_valid_and_safe(smoke_run: DrillResult) -> None:
-    """Every CI run: valid, and every invariant but I3's steady-state bounds clean. Full mode: a pass.
-
-    Why I3 is judged in full mode only: on this 2-core machine the drill's last runs (smoke12, 2026-12-01)
-    kept I3 failing on a handful of runs outside any fault window, 4 runs over the 2 s steady bound out of
-    5,218 (worst 4.19 s), while every fault's own lag bound and every other invariant held. A CI verdict
-    that fails on that much noise would block every landing; one that ignored I3 silently would hide it.
-    So I3 is printed here, counted, and required in full mode (docs/drills.md, "Status")."""
+    I3 was judged in full mode only while the drill's last runs (smoke12) kept a handful of runs outside
+    any fault window over the 2 s bound. Their cause was two spinning partition loops that kept the
+    machine saturated before any fault (docs/drills.md, "What the smoke drill found"); with those fixed,
+    four runs in a row passed with the worst such run 1.36 s late and F5 back in bounds 12.5-18.3 s after
+    the heal (I7 allows 25 s)."""
     v = smoke_run.verdict
     print("\n" + smoke_run.report["md"].read_text()[:6000])
     assert not v.invalid, v.invalid
-    bad = {k: i.examples[:5] for k, i in v.invariants.items() if i.count and (FULL or k in SAFETY)}
+    bad = {k: i.examples[:5] for k, i in v.invariants.items() if i.count}
     assert not bad, bad
-    i3 = v.invariants["I3"]
-    print(f"I3: {i3.count} violation(s) {i3.examples[:3]}")
-    during = [x for x in i3.examples if x.startswith("[lag-during]") or x.startswith("[early]")]
-    assert not during, during  # a fault's own lag bound, and nothing early, hold in every run
     assert {r.type for r in v.faults} >= REQUIRED
     assert v.stats["silent_misses"] == 0 and v.stats["duplicates"] == 0
     # F2 froze a planner with a write held in its etcd link; etcd refused it after the takeover (the
