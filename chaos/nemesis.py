@@ -28,6 +28,7 @@ from typing import Any
 from chaos.infra.etcd import find_binary
 from chaos.links import LinkFaultUnsupported
 from chaos.live import LiveCluster
+from chaos.netns_cluster import NetnsNetwork
 from chaos.plan import FaultWindow
 from scheduler.clock import SYSTEM_CLOCK
 
@@ -60,8 +61,13 @@ class Nemesis:
     def __init__(self, live: LiveCluster) -> None:
         self.live = live
 
-    def supported(self, fault_type: str) -> str | None:
-        """None if this cluster can make `fault_type`, else why not."""
+    def supported(self, fault_type: str, params: dict[str, Any] | None = None) -> str | None:
+        """None if this cluster can make `fault_type` (with `params`: a variant may need more), else why not."""
+        if fault_type == "F5" and (params or {}).get("variant") == "cut":
+            if self.live.network.kind != "netns":
+                return "a region cut needs network namespaces (root; the run fell back to loopback)"
+            if len(self.live.scenario.cluster.regions) < 2:
+                return "a region cut needs at least 2 regions (there is nothing to cut one from)"
         links = self.live.links.kind != "direct"
         members = len(self.live.scenario.cluster.etcd_members())
         why = {
@@ -86,7 +92,7 @@ class Nemesis:
 
     async def inject(self, w: FaultWindow) -> Active:
         fn: Callable[[FaultWindow], Awaitable[Active]] | None = getattr(self, f"_{w.type.lower()}", None)
-        if fn is None or (why := self.supported(w.type)) is not None:
+        if fn is None or (why := self.supported(w.type, w.params)) is not None:
             raise Unsupported(f"{w.type} ({w.name}): {why or 'no nemesis'}")
         return await fn(w)
 
@@ -146,6 +152,8 @@ class Nemesis:
         quorum and take its partitions over: with a region policy a standby's failover (chaos/regions.py
         judges it), without one the loss of one active region of an active-active cluster."""
         region = w.target
+        if w.params.get("variant") == "cut":
+            return await self._f5_cut(w)
         c = self.live.scenario.cluster
         planners = [p for p in c.planners() if self.live.region_of(p) == region]
         workers = [x for x in c.workers() if self.live.region_of(x) == region]
@@ -170,6 +178,21 @@ class Nemesis:
 
         return Active(w, heal, f"killed {len(members)} etcd member(s), {len(planners)} planners and {len(workers)} "
                                f"workers of {region}")
+
+    async def _f5_cut(self, w: FaultWindow) -> Active:
+        """Region loss by the network: every process of the region keeps running, cut from every other
+        region (iptables in its namespaces, both ways; the planner<->etcd links across its border stalled:
+        chaos/netns_cluster.py, `partition_region`). Its etcd member is left in a minority, so its planners
+        can neither renew nor write, while its workers finish what they hold and cannot report it; the
+        harness reaches both sides. The heal rejoins the region; nothing restarts."""
+        network = self.live.network
+        assert isinstance(network, NetnsNetwork)  # supported() refused the others
+        cut = await network.partition(w.target, mode=w.params.get("mode", "drop"))
+
+        async def heal() -> str:
+            return await cut.heal()
+
+        return Active(w, heal, cut.describe(), detail={"cut": w.target})
 
     async def _f7(self, w: FaultWindow) -> Active:
         """A worker crash mid-execution: waits (up to 3 s) until the worker has an effect under way, so

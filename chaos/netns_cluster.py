@@ -236,32 +236,16 @@ class NetnsEtcdCluster(EtcdCluster):
     def endpoints(self) -> tuple[str, ...]:
         return tuple(f"{self._addr(m)}:{m.client_port}" for m in self.members)
 
-    def _args(self, m: Member) -> list[str]:
-        assert self.binary is not None and self.net is not None
-        a = self._addr(m)
-        initial = ",".join(f"{x.name}={self._peer_url(x)}" for x in self.members if not x.removed)
-        args = [
-            *self.net.prefix(m.slot or m.name), self.binary,
-            f"--name={m.name}",
-            f"--data-dir={m.data_dir}",
-            f"--listen-client-urls=http://{a}:{m.client_port}",
-            f"--advertise-client-urls=http://{a}:{m.client_port}",
-            f"--listen-peer-urls=http://{a}:{m.peer_port}",
-            f"--initial-advertise-peer-urls=http://{a}:{m.peer_port}",
-            f"--initial-cluster={initial}",
-            f"--initial-cluster-state={m.cluster_state}",
-            f"--initial-cluster-token=sched-netns-{self.net.run_id}",
-            "--log-level=warn",
-        ]
-        if self.auto_compaction_mode:
-            args.append(f"--auto-compaction-mode={self.auto_compaction_mode}")
-        if self.auto_compaction_retention:
-            args.append(f"--auto-compaction-retention={self.auto_compaction_retention}")
-        if self.progress_notify_interval:
-            args.append(f"--experimental-watch-progress-notify-interval={self.progress_notify_interval}")
-        if self.unsafe_no_fsync:
-            args.append("--unsafe-no-fsync")
-        return [*args, *self.extra_args]
+    def _client_url(self, m: Member) -> str:
+        return f"http://{self._addr(m)}:{m.client_port}"
+
+    def _launcher(self, m: Member) -> list[str]:
+        assert self.net is not None
+        return self.net.prefix(m.slot or m.name)
+
+    def _cluster_token(self) -> str:
+        assert self.net is not None
+        return f"sched-netns-{self.net.run_id}"
 
     def _spawn(self, m: Member) -> None:
         """Spawn on the event loop's thread when called from another (LiveCluster starts and restarts

@@ -141,6 +141,10 @@ def _params(rng: random.Random, c: Cluster, fid: str, given: dict[str, Any], *, 
         if k in out or not isinstance(allowed, tuple):
             continue
         choices = allowed
+        if fid == "F5" and k == "mode":
+            continue  # a cut's, given or dropped below: never drawn
+        if fid == "F5" and k == "variant":
+            choices = ("multi-region", "single-region")  # a cut only when asked for (it needs namespaces)
         if fid == "F4" and k == "members":
             choices = tuple(m for m in allowed if m <= len(c.etcd_members()))
         out[k] = rng.choice(choices) if draw else choices[0]
@@ -149,6 +153,12 @@ def _params(rng: random.Random, c: Cluster, fid: str, given: dict[str, Any], *, 
                                               f"{len(c.etcd_members())} etcd member(s)")
     if fid == "F5" and "variant" not in given:
         out["variant"] = "single-region" if len(c.regions) == 1 else "multi-region"
+    if fid == "F5" and out["variant"] == "cut":
+        if len(c.regions) < 2:
+            raise ScenarioError("params.variant", "a region cut needs at least 2 regions")
+        out.setdefault("mode", "drop")
+    elif fid == "F5" and "mode" in given:
+        raise ScenarioError("params.mode", "only a region cut (variant = \"cut\") takes a mode")
     if fid == "F2" and draw and "ttl_multiple" not in given:
         out["ttl_multiple"] = rng.choice((0.5, 1.5, 3.0))  # drills.md: d in {0.5T, 1.5T, 3T}
     if fid == "F9" and draw and "probability" not in given:

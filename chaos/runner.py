@@ -106,7 +106,7 @@ def _clocks(directory: Path, s: Scenario, plan: Plan) -> tuple[PlannerClocks | N
 def unsupported_faults(plan: Plan, nemesis: Nemesis) -> list[str]:
     out = {}
     for f in plan.faults:
-        why = nemesis.supported(f.type)
+        why = nemesis.supported(f.type, f.params)
         if why is not None:
             out[f.type] = f"{f.type} ({f.name}): {why}"
     return [out[k] for k in sorted(out, key=lambda k: int(k[1:]))]

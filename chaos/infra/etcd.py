@@ -245,12 +245,24 @@ class EtcdCluster:
                 m.log_path.rename(m.log_path.with_suffix(f".bind{self.bind_retries}.log"))
             m.client_port, m.peer_port = pick_port(), pick_port()
 
+    def _client_url(self, m: Member) -> str:
+        return f"{self.scheme}://127.0.0.1:{m.client_port}"
+
+    def _launcher(self, m: Member) -> list[str]:
+        """What the etcd command line is run under (a subclass: `ip netns exec NS`)."""
+        return []
+
+    def _cluster_token(self) -> str:
+        return f"sched-test-{id(self):x}"
+
     def _args(self, m: Member) -> list[str]:
+        """One member's command line: the addresses from the hooks above, every setting of this cluster
+        after them (the same for every subclass: one list of flags, not one per place etcd runs)."""
         assert self.binary is not None
         initial = ",".join(f"{x.name}={self._peer_url(x)}" for x in self.members if not x.removed)
-        client_url = f"{self.scheme}://127.0.0.1:{m.client_port}"
+        client_url = self._client_url(m)
         args = [
-            self.binary,
+            *self._launcher(m), self.binary,
             f"--name={m.name}",
             f"--data-dir={m.data_dir}",
             f"--listen-client-urls={client_url}",
@@ -259,7 +271,7 @@ class EtcdCluster:
             f"--initial-advertise-peer-urls={self._peer_url(m)}",
             f"--initial-cluster={initial}",
             f"--initial-cluster-state={m.cluster_state}",
-            f"--initial-cluster-token=sched-test-{id(self):x}",
+            f"--initial-cluster-token={self._cluster_token()}",
             "--log-level=warn",
         ]
         if self.auto_compaction_mode:

@@ -229,6 +229,18 @@ def test_a_bad_run_directory_names_the_file(tmp_path: Path) -> None:
         load_run(tmp_path / "r")
 
 
+def test_a_late_run_outside_the_faults_fails_i3_and_is_named(tmp_path: Path) -> None:
+    """The steady bound names the run that broke it: an operator re-reading the report finds it."""
+    x, _ = clean_run(tmp_path / "run")
+    late = execution_id("s-004", T0 + 50_000)
+    x.effects = [replace(e, t_ms=e.t_ms + 3_000) if e.exec_id == late else e for e in x.effects]
+    run = x.build(tmp_path / "run")
+    write_run(run)
+    v = check_run(load_run(run.directory))
+    assert v.result == "fail" and v.invariants["I3"].count == 1
+    assert v.invariants["I3"].examples[0].startswith("[lag-after]") and late in v.invariants["I3"].examples[0]
+
+
 def test_a_run_long_before_its_time_fails_i3(tmp_path: Path) -> None:
     """A planner whose clock runs ahead (F6 left in place, say) must not fire planned times early."""
     x, _ = clean_run(tmp_path / "run")

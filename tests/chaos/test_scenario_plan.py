@@ -170,6 +170,21 @@ def test_a_region_policy_and_a_switchover_plan() -> None:
     assert [(o.op, o.schedule_id) for o in make_plan(s).operations] == [("switchover", "r3")]
 
 
+def test_a_region_cut_only_when_asked_for_and_only_across_regions() -> None:
+    three = "[cluster]\nregions = [\"r1\", \"r2\", \"r3\"]\nprimary = \"r1\"\n"
+    cut = "[[faults.fixed]]\ntype = \"F5\"\nat_s = 30\ntarget = \"r1\"\nparams = { variant = \"cut\" }\n"
+    f5 = make_plan(loads(with_(three + cut))).faults[0]
+    assert f5.params == {"variant": "cut", "mode": "drop"}
+    drawn = with_(three + "[faults.random]\nweights = { F5 = 1 }\ninterval_s = [20, 30]\n")
+    assert {f.params["variant"] for f in make_plan(loads(drawn)).faults} == {"multi-region"}, "never drawn"
+    killed_with_mode = cut.replace('variant = "cut"', 'variant = "multi-region", mode = "reset"')
+    for text, field in ((with_(cut), "params.variant"),  # one region: nothing to cut it from
+                        (with_(three + killed_with_mode), "params.mode")):
+        with pytest.raises(ScenarioError) as err:
+            make_plan(loads(text))
+        assert err.value.field.endswith(field), str(err.value)
+
+
 def test_find_by_name_or_path() -> None:
     assert find("smoke") == SCENARIO_DIR / "smoke.toml"
     assert find(str(SCENARIO_DIR / "smoke.toml")) == SCENARIO_DIR / "smoke.toml"
