@@ -47,10 +47,11 @@ step "benchmark smoke (ratios only; the full runs are documented in bench/README
 # The drills on real processes (docs/drills.md) beyond those in the test suite. The smoke drill (F1, F2 beyond
 # the lease, F3, F5, F6, F7; about 5 minutes) and the region drill (the primary's failover, a switchover
 # back; about 3) are in the suite, so in every CI run (tests/integration/test_drill_smoke.py,
-# test_drill_regions.py); full mode adds one regression drill per audit finding and the 30-minute game day.
+# test_drill_regions.py); full mode adds one regression drill per audit finding, the region cut and the
+# 30-minute game day.
 if [ "${SCHED_FULL:-0}" = "1" ]; then
   runs=${SCHED_DRILL_DIR:-$(mktemp -d)}
-  for scenario in chaos/scenarios/regress-*.toml chaos/scenarios/game-day.toml; do
+  for scenario in chaos/scenarios/regress-*.toml chaos/scenarios/regions-cut.toml chaos/scenarios/game-day.toml; do
     name=$(basename "$scenario" .toml)
     step "drill $name (run directory $runs/$name)"
     if ! .venv/bin/schedctl drill run "$scenario" --report "$runs/$name"; then
