@@ -555,10 +555,9 @@ class PartitionPlanner:
         # once, and a drill found partitions spinning at 2,600 rounds a second, a core of CPU.
         taken = list(itertools.islice(self._confirm, 64))
         self._confirm.difference_update(taken)
-        ids = [eid for eid in taken if eid in self.pending]
         if len(self._confirmed) > 4 * max(64, len(self.pending)):
             self._confirmed = {k: v for k, v in self._confirmed.items() if k in self.pending}
-        records = [x for x in (self.pending.get(eid) for eid in ids) if x is not None]
+        records = [x for eid in taken if (x := self.pending.get(eid)) is not None]
         if not records:
             return
         sent = self.clock.wall_ms()
