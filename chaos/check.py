@@ -30,6 +30,7 @@ Exit codes (`Verdict.exit_code`): 0 pass, 1 fail, 3 invalid (2 is the CLI's bad 
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import statistics
 from pathlib import Path
@@ -123,10 +124,51 @@ class _Checker(OnceChecks, FencingChecks, OwedChecks, LagChecks, ValidityChecks,
         }
 
 
+# How far before its last recorded event a history that stopped short is trusted: events etcd committed
+# just before the watch died may not have reached it (a lagging watch is seconds behind on 2 cores).
+HISTORY_MARGIN_MS = 5_000
+
+
+def judged_part(run: Run) -> tuple[Run, str]:
+    """The part of `run` its history can judge, and why it is cut ("" when it is whole).
+
+    A history that stopped short (the harness's watch died or fell behind: `history_complete` false) holds
+    nothing after its last event, so every check that reads etcd would see the rest as lost: acknowledged
+    operations missing, planned times never run, faults that no ownership change followed. Those are the
+    harness's failure, not the cluster's. The run is judged up to the last event less a margin, moved back
+    to the start of a fault still under way there (its window would be judged half-seen), with only the
+    faults, operations and attempts begun before that point. The run stays invalid (its harness error says
+    so); a violation inside the judged part still fails it."""
+    if run.meta.history_complete:
+        return run, ""
+    last = max((w.t_ms for w in run.watch), default=run.meta.start_ms)
+    cut = min(run.meta.end_ms, last - HISTORY_MARGIN_MS)
+    for f in sorted(run.faults, key=lambda f: f.start_ms, reverse=True):
+        if f.start_ms < cut and (f.end_ms is None or f.end_ms > cut):
+            cut = f.start_ms
+    cut = max(cut, run.meta.start_ms)
+    begun = {(e.exec_id, e.attempt) for e in run.effects if e.phase == "start" and e.t_ms <= cut}
+    part = dataclasses.replace(
+        run, meta=dataclasses.replace(run.meta, end_ms=cut),
+        effects=[e for e in run.effects if (e.exec_id, e.attempt) in begun],
+        ops=[o for o in run.ops if o.t_ms <= cut], faults=[f for f in run.faults if f.start_ms < cut])
+
+    def rel(t: int) -> str:
+        return f"t+{(t - run.meta.start_ms) / 1000:.1f}s"
+
+    return part, (f"the etcd history stops at {rel(last)}: the run was judged up to {rel(cut)} only, with "
+                  f"{len(run.faults) - len(part.faults)} of {len(run.faults)} faults and "
+                  f"{len(run.ops) - len(part.ops)} of {len(run.ops)} operations after it left out")
+
+
 def check_run(run: Run, scenario: Scenario | None = None) -> Verdict:
     """Judge `run`. The scenario defaults to the run's own scenario.toml (its bounds and thresholds)."""
     if scenario is None:
         if not run.scenario_toml:
             raise RunError(f"{Path(run.directory) / 'scenario.toml'}: missing; pass the scenario explicitly")
         scenario = loads(run.scenario_toml, str(run.directory / "scenario.toml"))
-    return _Checker(run, scenario).verdict()
+    part, cut = judged_part(run)
+    checker = _Checker(part, scenario)
+    if cut:
+        checker.invalid.append(cut)
+    return checker.verdict()

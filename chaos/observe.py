@@ -136,14 +136,20 @@ async def observe(scenario: Scenario, opts: ObserveOptions) -> tuple[Verdict, di
                 say(f"harness error: {e!r} (the run will be invalid)")
         await asyncio.sleep(max(scenario.lag.judge_grace_s, 2.0))
         stop.set()
-        await watcher
+        history_complete = True
+        try:
+            await watcher
+        except Exception as e:  # the history stops short: judged up to where it ends, and invalid
+            history_complete = False
+            harness_errors.append(f"the etcd watch ended early: {e!r}")
+            say(f"harness error: the etcd watch ended early: {e!r} (the run will be invalid)")
     await sink.close()
     if commands is not None:
         commands.close()
     meta = RunMeta(scenario=scenario.name, seed=plan.seed, prefix=opts.prefix, partitions=partitions,
                    lease_ttl_s=opts.lease_ttl_s, start_ms=start_ms, end_ms=end_ms, plan_fingerprint=plan.fingerprint,
                    versions={"sched": __version__, "python": sys.version.split()[0]}, target="observed",
-                   watch_from_rev=rev + 1, harness_errors=harness_errors,
+                   watch_from_rev=rev + 1, harness_errors=harness_errors, history_complete=history_complete,
                    command_errors=list(commands.errors) if commands is not None else [])
     rec.finish(meta)
     verdict = check_run(load_run(opts.directory))

@@ -85,6 +85,9 @@ class RunMeta:
     # An observed run's fault commands that failed (chaos/fault_commands.py), with their stderr's tail: the
     # run is invalid, since its windows are not what the scenario planned.
     command_errors: list[str] = field(default_factory=list)
+    # False: the harness's etcd watch stopped short (it ended early, or never caught up), so the history is
+    # complete only up to its last recorded event; the checker judges the part before it (check.judged_part).
+    history_complete: bool = True
 
     @staticmethod
     def from_json(d: dict[str, Any]) -> RunMeta:

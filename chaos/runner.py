@@ -149,6 +149,7 @@ async def run_drill(scenario: Scenario, opts: RunOptions) -> DrillResult:
     start_ms = end_ms = SYSTEM_CLOCK.wall_ms()
     steady_before = steady_after = False
     errors: list[str] = []
+    history_complete = True
     try:
         await live.start()
         say(f"cluster up: {len(live.live_planners())} planners, {len(live.workers)} workers, "
@@ -187,6 +188,7 @@ async def run_drill(scenario: Scenario, opts: RunOptions) -> DrillResult:
             say(f"never healthy again after the window: {h}")
         if (why := await live.watch_complete()) is not None:
             errors.append(why)
+            history_complete = False
             say(f"harness error: {why} (the run will be invalid)")
     finally:
         await live.close()
@@ -196,7 +198,7 @@ async def run_drill(scenario: Scenario, opts: RunOptions) -> DrillResult:
         versions=_versions(), late_grace_ms=int(s.cluster.planner.get("late_grace_ms", 2000)),
         lookahead_ms=int(s.cluster.planner.get("lookahead_ms", 1000)), nodes=live.nodes(),
         steady_before=steady_before, steady_after=steady_after, target="local", harness_errors=errors,
-        clock_offset_ms=offset_ms,
+        clock_offset_ms=offset_ms, history_complete=history_complete,
     )
     rec.finish(meta)
     verdict = check_run(load_run(opts.directory))

@@ -335,3 +335,29 @@ def test_a_fenced_out_in_the_paused_planners_log_is_evidence_enough(tmp_path: Pa
         '{"ts": "2026-12-01T12:00:26.100Z", "level": "warning", "msg": "fenced out", "event": "fenced_out"}\n')
     v = check_run(load_run(tmp_path / "run"))
     assert (v.result, v.invalid) == ("pass", []) and v.faults[0].stale_rejected == 1
+
+
+def test_a_history_that_stops_short_is_judged_up_to_its_end_and_invalid(tmp_path: Path) -> None:
+    """The game day's harness watch died at t+402 s of 1,800: judged whole, the rest of the run looked lost
+    (6,611 planned times, every later fault without a takeover) and the verdict said FAIL. The history is
+    judged up to where it ends; the run is invalid, not failed, unless something fails inside that part."""
+    from chaos.record import OpRecord
+
+    x, _ = clean_run(tmp_path / "run")
+    stop = T0 + 40_000
+    x.watch = [w for w in x.watch if w.t_ms <= stop]  # the watch died here; the cluster went on
+    x.ops.append(OpRecord(T0 + 50_000, "pause", "s-007", True, T0 + 50_020))  # acknowledged: in etcd, not seen
+    # Judged as if the history were whole, the acknowledged pause is "lost": the check the cut replaces.
+    verdict, fails, _ = judged(x.build(tmp_path / "whole"))
+    assert verdict == "fail" and fails == {"I2": 1}, fails
+    verdict, fails, invalid = judged(x.build(tmp_path / "cut", history_complete=False,
+                                             harness_errors=["the etcd watch ended early"]))
+    assert (verdict, fails) == ("invalid", {}), (fails, invalid)
+    assert any("judged up to t+34.6s only" in why and "2 of 3 operations" in why for why in invalid), invalid
+    # A violation inside the judged part still fails the run.
+    eid = execution_id("s-003", T0 + 10_000)
+    first = next(e for e in x.effects if e.exec_id == eid and e.phase == "start")
+    x.effect(eid, 1, token_of(x, "s-003"), "r1-w2", first.t_ms + 5_000, first.t_ms + 5_100)
+    verdict, fails, _ = judged(x.build(tmp_path / "dup", history_complete=False,
+                                       harness_errors=["the etcd watch ended early"]))
+    assert verdict == "fail" and fails == {"I1": 1}, fails

@@ -41,6 +41,8 @@ def _rpc_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
         pytest.param(_S.DEADLINE_EXCEEDED, "Deadline Exceeded", Unavailable, OutcomeUnknown, id="deadline"),
         pytest.param(_S.UNAVAILABLE, "etcdserver: request timed out", Unavailable, OutcomeUnknown, id="etcd-timeout"),
         pytest.param(_S.UNKNOWN, "stream reset", EtcdError, OutcomeUnknown, id="unknown"),
+        pytest.param(_S.INTERNAL, "Internal error from Core", Unavailable, OutcomeUnknown, id="grpc-core-internal"),
+        pytest.param(_S.INTERNAL, "etcdserver: something broke", EtcdError, OutcomeUnknown, id="internal"),
         pytest.param(_S.OUT_OF_RANGE, "etcdserver: mvcc: required revision has been compacted", Compacted,
                      Compacted, id="compacted"),
         pytest.param(_S.OUT_OF_RANGE, "etcdserver: mvcc: required revision is a future revision", EtcdError,

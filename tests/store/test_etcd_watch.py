@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+import grpc
 import pytest
 
 from chaos.infra.etcd import EtcdFactory
@@ -158,3 +159,32 @@ async def test_watch_notices_a_frozen_member_by_keepalive_and_resumes(etcd_facto
         (event,) = await pending
         assert event.revision == put.revision
         await watcher.close()
+
+
+async def test_watch_resumes_after_grpc_core_internal_error(etcd_client: EtcdClient, key_prefix: str) -> None:
+    """grpc.aio reports a call its core lost (a stream the server ended while we wrote to it) as INTERNAL
+    "Internal error from Core", with etcd's real status gone. The game day's harness watch ended on it when
+    an F4 killed a member; it is a broken stream like any other and the watch resumes where it was."""
+    start = (await etcd_client.put(f"{key_prefix}0", b"0")).revision
+    watcher = etcd_client.watch(key_prefix, prefix=True, start_revision=start)
+    seen = await _events(watcher, 1)
+    call = watcher._call
+    assert call is not None
+    real_read = call.read
+    failed = False
+
+    async def read_once_broken() -> object:
+        nonlocal failed
+        if not failed:
+            failed = True
+            raise grpc.aio.AioRpcError(grpc.StatusCode.INTERNAL, grpc.aio.Metadata(), grpc.aio.Metadata(),
+                                       "Internal error from Core", None)
+        return await real_read()
+
+    call.read = read_once_broken
+    for i in (1, 2, 3):
+        await etcd_client.put(f"{key_prefix}{i}", str(i).encode())
+    seen += await _events(watcher, 3)
+    assert [e.kv.value for e in seen] == [b"0", b"1", b"2", b"3"]  # none lost, none repeated
+    assert failed and watcher.reconnects == 1
+    await watcher.close()

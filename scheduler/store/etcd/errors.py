@@ -115,6 +115,11 @@ _RULES: tuple[_Rule, ...] = (
     _Rule(_S.DEADLINE_EXCEEDED, None, Unavailable, OutcomeUnknown),
     _Rule(_S.CANCELLED, None, Unavailable, OutcomeUnknown),
     _Rule(_S.UNKNOWN, None, EtcdError, OutcomeUnknown),
+    # grpc.aio's own status for a batch that failed inside the client's core (`set_internal_error`): the
+    # transport lost the call, typically a stream whose server ended it while we wrote to it, so the real
+    # status is gone. It is no answer from etcd: a read may be sent again. The game day's harness watch
+    # died of it when an F4 took a member down (docs/drills.md), as a planner's watch would have.
+    _Rule(_S.INTERNAL, "Internal error from Core", Unavailable, OutcomeUnknown),
     _Rule(_S.INTERNAL, None, EtcdError, OutcomeUnknown),
 )
 
