@@ -8,11 +8,18 @@ where they will be used:
 - every stream first gets one "probe" credit, so any planner can start sending work;
 - a stream that uses credits asks for more: each assignment received adds two to its `want` (one to
   replace the credit it used, one to grow), so a busy planner's window doubles every round trip;
+- a stream that has used every credit it held asks at once for its fair share (capacity / streams):
+  its planner has more work than credits. A planner that has just taken over partitions is handed
+  their runs all at once; doubling from its probe took 5-6 round trips while the other streams, busy
+  for longer, took the slots freed meanwhile (the smoke drill's runs after a rebalance started up to
+  3.1 s late on CI, 1.5 s here; replayed in `tests/worker/test_credit_ramp.py`);
 - free slots go first to the streams holding the fewest unused credits, then to the one granted
   least recently, so planners with work share the slots round-robin;
 - a stream that has received nothing for `idle_after` seconds wants no more than its probe back.
 Credits parked on an idle planner while another planner starves are reclaimed by re-opening the idle
-stream (`reclaim()`): closing a stream is the only way the protocol returns credits.
+stream (`reclaim()`): closing a stream is the only way the protocol returns credits. A stream that
+still sends now and then but holds far more than it used in the last `idle_after` (the fair share it
+asked for in a burst, then a trickle) counts as idle for this.
 """
 
 from __future__ import annotations
@@ -28,6 +35,9 @@ class _Line:
     last_used: float | None = None  # monotonic time of the last assignment received
     last_grant: int = -1  # sequence number of the last grant, for round-robin
     closing: bool = False  # we half-closed the stream: grant nothing more, but honour what it holds
+    used: int = 0  # assignments received since `used_from`
+    used_from: float = 0.0  # start of the current `idle_after` count
+    used_before: int = -1  # ... and in the count before it (-1: none ended yet)
 
 
 class CreditBook:
@@ -49,7 +59,7 @@ class CreditBook:
 
     def open(self, key: str, now: float) -> None:
         """A stream got its Welcome: it holds no credits yet (credits never carry over streams)."""
-        self._lines[key] = _Line(opened_at=now)
+        self._lines[key] = _Line(opened_at=now, used_from=now)
 
     def quiesce(self, key: str) -> None:
         """We are ending the stream: it gets no more credits, and its unused ones stay counted until
@@ -72,8 +82,29 @@ class CreditBook:
         line.unused -= ok
         self.busy += ok
         line.want = min(self.capacity, line.want + 2 * ok)
+        if ok and line.unused == 0:  # it sent all it could: its planner has more work than credits
+            line.want = max(line.want, self._share())
         line.last_used = now
+        self._count(line, ok, now)
         return ok
+
+    def _share(self) -> int:
+        return max(1, self.capacity // max(1, sum(1 for line in self._lines.values() if not line.closing)))
+
+    def _count(self, line: _Line, n: int, now: float) -> None:
+        if now - line.used_from >= self.idle_after:
+            # A count ended: a gap of more than one count is a count of nothing.
+            line.used_before = line.used if now - line.used_from < 2 * self.idle_after else 0
+            line.used, line.used_from = 0, now
+        line.used += n
+
+    def _parked(self, line: _Line, now: float) -> bool:
+        """Holding credits it does not use: nothing received for `idle_after`, or far more unused than
+        it received in the last whole `idle_after` (so a stream that trickles keeps no fair share)."""
+        if line.last_used is None or now - line.last_used >= self.idle_after:
+            return True
+        self._count(line, 0, now)
+        return line.used_before >= 0 and line.unused > 2 * line.used_before + 1
 
     def finished(self, n: int = 1) -> None:
         """`n` attempts ended (or were handed back, or were duplicates): their slots are free."""
@@ -120,6 +151,6 @@ class CreditBook:
             and not line.closing
             and line.unused > 0
             and now - line.opened_at >= self.idle_after
-            and (line.last_used is None or now - line.last_used >= self.idle_after)
+            and self._parked(line, now)
         ]
         return max(idle)[1] if idle else None

@@ -19,18 +19,42 @@ def _invariant(book: CreditBook, *keys: str) -> None:
 
 
 def test_probe_then_the_window_doubles_with_use() -> None:
-    book = CreditBook(capacity=8, idle_after=5)
+    book = CreditBook(capacity=16, idle_after=5)
     book.open("a", T0)
-    assert book.allocate(T0) == {"a": 1}
+    book.open("b", T0)
+    assert book.allocate(T0) == {"a": 1, "b": 1}
     assert book.allocate(T0) == {}, "an unused probe asks for nothing more"
-    steps = []
-    for _ in range(3):
-        book.received("a", book.unused("a"), T0)
-        steps.append(book.allocate(T0).get("a", 0))
-        _invariant(book, "a")
-    assert steps == [2, 4, 1], "1 -> 2 -> 4, then only what is left of the 8 slots"
-    book.finished(3)
-    assert book.allocate(T0) == {"a": 3}, "freed slots go back to the stream that keeps using them"
+    book.received("a", 1, T0)  # every credit it held: its planner has more work than credits
+    assert book.allocate(T0) == {"a": 8}, "its fair share at once (16 slots, two streams), not 2"
+    book.received("a", 4, T0)  # half of them: the window grows by two per credit used
+    assert book.allocate(T0) == {"a": 6}, "what is left of the 16 slots (5 busy, 4 + 1 unused)"
+    _invariant(book, "a", "b")
+    book.finished(5)
+    assert book.allocate(T0) == {"a": 2}, "freed slots go back to the stream that keeps using them"
+    _invariant(book, "a", "b")
+
+
+def test_a_stream_that_trickles_keeps_no_fair_share_from_a_starved_one() -> None:
+    """The fair share asked for in a burst is parked by a planner that then sends one run now and then:
+    it counts as idle for reclaim() once it holds far more than it used in the last idle_after."""
+    book = CreditBook(capacity=16, idle_after=5)
+    book.open("a", T0)
+    book.open("b", T0)
+    book.allocate(T0)
+    book.received("a", 1, T0)  # a's burst: its fair share of 8
+    book.allocate(T0)
+    book.finished()
+    for _ in range(4):  # b gets busy with long runs and takes every slot left
+        book.received("b", book.unused("b"), T0 + 1)
+        book.allocate(T0 + 1)
+    book.received("b", book.unused("b"), T0 + 1)
+    assert (book.free, book.unused("b"), book.unused("a")) == (0, 0, 8), "b starves while a parks 8"
+    book.received("a", 1, T0 + 3)  # a trickles: a second run in its first count of 5 s
+    assert book.reclaim(T0 + 4) is None, "a's first count has not ended: nothing to judge it by yet"
+    assert book.reclaim(T0 + 7) == "a", "2 runs in the count that ended, 7 credits parked: re-open a"
+    book.received("a", 2, T0 + 7)
+    assert book.reclaim(T0 + 7) is None, "5 held, within 2 x 2 + 1 of what it used"
+    _invariant(book, "a", "b")
 
 
 def test_every_stream_gets_a_probe_and_starved_streams_take_turns() -> None:
