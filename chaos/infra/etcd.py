@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from chaos.infra.ports import is_bind_error, pick_port
-from chaos.infra.procs import forget, spawn
+from chaos.infra.procs import forget, freeze, spawn
 from scheduler.store.etcd import EtcdConfig
 
 log = logging.getLogger(__name__)
@@ -340,7 +340,7 @@ class EtcdCluster:
 
     def pause(self, i: int) -> None:
         m = self.members[i]
-        os.kill(m.pid, signal.SIGSTOP)
+        freeze(m.pid)
         m.paused = True
 
     def resume(self, i: int) -> None:

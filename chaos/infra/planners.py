@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from chaos.infra.ports import is_bind_error
-from chaos.infra.procs import forget, spawn
+from chaos.infra.procs import forget, freeze, spawn
 from scheduler.store.etcd.errors import EtcdError
 from scheduler.store.etcd.types import EventType
 from scheduler.store.keyspace import Keyspace
@@ -200,7 +200,7 @@ class PlannerProcess:
         return self.terminate(0.1)
 
     def pause(self) -> None:
-        os.kill(self.pid, signal.SIGSTOP)
+        freeze(self.pid)
         self.paused = True
 
     def resume(self) -> None:

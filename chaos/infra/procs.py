@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -49,3 +50,32 @@ def spawn(argv: Sequence[str], log_path: Path, *, env: Mapping[str, str] | None 
 def forget(pid: int) -> None:
     """The process was stopped and reaped by its owner."""
     _LIVE.pop(pid, None)
+
+
+def _all_stopped(pid: int) -> bool:
+    """Every thread of `pid` is in the stopped state (or the process is gone)."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:
+        return True
+    for tid in tids:
+        try:
+            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # the thread ended
+        if stat[stat.rindex(")") + 2] not in "Tt":  # the state field follows the parenthesised name
+            return False
+    return True
+
+
+def freeze(pid: int, timeout: float = 1.0) -> None:
+    """SIGSTOP `pid` and return once every thread of it has stopped. kill() only queues the stop: a
+    multi-threaded process (etcd's Go runtime, a planner's gRPC threads) still runs on the other core
+    for a moment, and CI saw a write to an etcd "paused" this way succeed (test_etcd_errors). Not on
+    Linux, or past `timeout`, it returns anyway: the stop is under way."""
+    os.kill(pid, signal.SIGSTOP)
+    if sys.platform != "linux":
+        return
+    deadline = time.monotonic() + timeout
+    while not _all_stopped(pid) and time.monotonic() < deadline:
+        time.sleep(0.001)
