@@ -1,15 +1,15 @@
 """The region drill (issues 10 and 11): chaos/scenarios/regions.toml on real processes, judged by the harness's
 checker. Three regions, r1 primary; F5 kills r1's planners, worker and etcd member, and r2 must take planning
 over by automatic failover; then a pause beyond the lease and a skewed clock in r2, and a switchover back to
-r1 by command. Every CI run: valid, every invariant but I3's steady-state bounds clean, no run over a fault's
-or the switchover's own bound, and the policy's history showing the failover and the move back. Full mode
-(SCHED_FULL=1): a pass, I3 included. The smoke drill requires I3 in every CI run since its spinning loops were
-fixed (tests/integration/test_drill_smoke.py); this one has not yet been measured over enough runs to."""
+r1 by command. Every CI run: valid, every invariant I1 to I8 clean, I3's steady-state bounds included, no run
+over a fault's or the switchover's own bound, and the policy's history showing the failover and the move back.
+I3 was judged in full mode only until the worker credit fix (a planner handed partitions got slots within a few
+round trips, not 5-6): two runs after it had p99 0.25-0.30 s outside faults and a worst run of 0.38 s, against
+1.5 s and 2 s (regions1 had p99 1.01 s before it; docs/drills.md, "Status")."""
 
 from __future__ import annotations
 
 import asyncio
-import os
 from pathlib import Path
 
 import pytest
@@ -20,8 +20,6 @@ from chaos.scenario import load
 pytestmark = [pytest.mark.etcd]
 
 REGIONS = Path(__file__).resolve().parents[2] / "chaos" / "scenarios" / "regions.toml"
-FULL = os.environ.get("SCHED_FULL") == "1"
-SAFETY = ("I1", "I2", "I4", "I5", "I6", "I7", "I8")
 
 
 def test_the_primary_fails_over_and_planning_comes_back_by_switchover(tmp_path: Path) -> None:
@@ -29,7 +27,7 @@ def test_the_primary_fails_over_and_planning_comes_back_by_switchover(tmp_path: 
     v = r.verdict
     print("\n" + r.report["md"].read_text()[:6000])
     assert not v.invalid, v.invalid
-    bad = {k: i.examples[:5] for k, i in v.invariants.items() if i.count and (FULL or k in SAFETY)}
+    bad = {k: i.examples[:5] for k, i in v.invariants.items() if i.count}
     assert not bad, bad
     bounded = [x for x in v.invariants["I3"].examples
                if x.startswith(("[lag-during]", "[lag-switchover]", "[early]"))]
