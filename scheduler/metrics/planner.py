@@ -13,6 +13,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import CollectorRegistry
 
+from scheduler import __version__
 from scheduler.execution import ErrorClass, ExecState, Execution, Trigger
 from scheduler.metrics.core import (
     SECONDS_BUCKETS,
@@ -113,7 +114,17 @@ class PlannerMetrics:
 
 def _node_gauges(st: NodeStatus) -> Iterable[Metric]:
     now_ms = st.now_ms
+    # Which process is which node: Prometheus knows a target by its address, operators (drain, cluster
+    # status, owner keys) by node id; and during a rolling upgrade, which planners run which version.
+    info = GaugeMetricFamily("scheduler_planner_info", "1, labelled with this planner's node id, region and version.",
+                             labels=["node_id", "region", "version"])
+    info.add_metric([st.node_id, st.region.region, __version__], 1)
+    yield info
     yield GaugeMetricFamily("scheduler_partitions_owned", "Partitions this node owns now.", value=len(st.owned))
+    # P itself, so that "partitions without an owner" (P - sum of owned) needs no constant in alert rules.
+    if st.partitions:
+        yield GaugeMetricFamily("scheduler_partitions", "The cluster's partition count P (setting `partitions`).",
+                                value=st.partitions)
     lag = GaugeMetricFamily("scheduler_lag_seconds",
                             "Now minus the oldest due time not yet dispatched, per owned partition (0: none).",
                             labels=["partition"])

@@ -212,3 +212,20 @@ def test_region_gauges() -> None:
     assert 'scheduler_region_policy_changes_total{kind="automatic failover"} 1.0' in text
     assert 'scheduler_region_policy_changes_total{kind="switchover"} 0.0' in text
     assert "scheduler_region_primary_last_seen_seconds 2.5" in text
+
+
+def test_planner_info_and_partition_count() -> None:
+    """`scheduler_planner_info` maps a scrape target to its node id (what drain and cluster status name) and
+    version; `scheduler_partitions` is P, so "unowned partitions" is `max(P) - sum(owned)` in a rule."""
+    from scheduler import __version__
+    from scheduler.status import PartitionStatus
+
+    m = PlannerMetrics()
+    m.observe(lambda: NodeStatus(now_ms=5_000, owned=(PartitionStatus(3, 6_000, None),), node_id="r1-p1",
+                                 partitions=16, region=RegionStatus(region="r1", role="primary")))
+    s = samples(generate_latest(m.registry))
+    assert s[("scheduler_planner_info", (("node_id", "r1-p1"), ("region", "r1"), ("version", __version__)))] == 1
+    assert s[("scheduler_partitions", ())] == 16
+    assert s[("scheduler_partitions_owned", ())] == 1
+    m.observe(lambda: NodeStatus(now_ms=0, owned=()))  # P unknown (a status built without settings): no series
+    assert ("scheduler_partitions", ()) not in samples(generate_latest(m.registry))
