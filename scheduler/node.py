@@ -212,7 +212,7 @@ class PlannerNode:
                           fenced_txns=self.fence_stats.txns, fencing_rejections=self.fence_stats.fenced_out,
                           restarts=dict(self.restart_reasons), rounds=self.loop_stats.rounds,
                           clock=self.clock_guard.state(), region=self.region_guard.state(),
-                          cross_region_assignments=cross)
+                          cross_region_assignments=cross, node_id=self.s.node_id, partitions=self.s.partitions)
 
     def planner_infos(self) -> list[cluster_pb2.PlannerInfo]:
         out = []

@@ -70,6 +70,8 @@ class NodeStatus:
     region: RegionStatus = field(default_factory=RegionStatus)
     # pool -> assignments this node sent to workers outside the planning region (worker affinity)
     cross_region_assignments: dict[str, int] = field(default_factory=dict)
+    node_id: str = ""
+    partitions: int = 0  # P, the cluster's partition count (the `partitions` setting); 0: unknown
 
     def connected_workers(self) -> dict[str, int]:
         out: dict[str, int] = {}

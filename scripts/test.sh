@@ -29,7 +29,11 @@ run_pytest() {
 # tests on real processes, runs alone afterwards, since their bounds assume the machine is theirs
 # (in parallel the smoke drill and two coordination drills failed their bounds). A new test
 # directory is serial until it is listed here.
-PARALLEL=(tests/unit tests/worker tests/chaos tests/client tests/store)
+# tests/deploy: its pure validators (files checked by hadolint, promtool, kustomize, ...) run here; the ones
+# that start etcd, planners or Prometheus (test_image_commands, test_prometheus_live, test_etcd_restore) do not.
+PARALLEL=(tests/unit tests/worker tests/chaos tests/client tests/store
+          tests/deploy/test_metric_names.py tests/deploy/test_prometheus_rules.py tests/deploy/test_dashboard.py
+          tests/deploy/test_compose.py tests/deploy/test_kubernetes.py tests/deploy/test_dockerfile.py)
 if [ "$#" -gt 0 ]; then
   step "pytest $*"
   run_pytest "$@"

@@ -7,7 +7,8 @@ etcd is one cluster with a member per region, so that stopping one region's memb
 others on ports of their own. Once every planner serves, the region policy is written (`region
 switchover --to r1` with the other regions as standbys, in order): only r1 plans, the rest stand by,
 and `schedctl region switchover --to r2` moves planning. Everything stops on Ctrl-C as in one region
-(workers, then planners, then etcd).
+(workers, then planners, then etcd). Every planner and worker serves /metrics on a free loopback port,
+printed as in one region (`metrics  NAME: URL`; the dashboard's live test scrapes them).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from scheduler.cli.dev import (
     _api_serving,
     _etcd_healthy,
     _free_port,
+    _http_ok,
     _schedctl,
     serve_until_stopped,
 )
@@ -65,6 +67,13 @@ def run_regions(args: argparse.Namespace, sup: Supervisor, etcd_bin: str, host: 
     env = {k: v for k, v in os.environ.items() if not k.startswith("SCHED_")}
     apis: dict[str, str] = {}
     planners = []
+    metrics: list[tuple[str, str]] = []  # (child, URL): every planner and worker serves /metrics, as in one region
+
+    def metrics_flags(name: str) -> list[str]:
+        address = f"127.0.0.1:{_free_port()}"
+        metrics.append((name, f"http://{address}/metrics"))
+        return ["--metrics-address", address]
+
     for i, r in enumerate(topo.regions):
         for n in r.planners:
             api = f"{host}:{port}" if i == 0 else f"{host}:{_free_port(host)}"
@@ -72,7 +81,7 @@ def run_regions(args: argparse.Namespace, sup: Supervisor, etcd_bin: str, host: 
             planners.append(sup.spawn(f"planner-{n.name}", [
                 *_schedctl(), "planner", "--node-id", n.name, "--region", r.name, "--etcd-endpoints", endpoints,
                 "--partitions", str(args.partitions), "--api-host", host, "--api-port", api.rpartition(":")[2],
-                "--log-level", args.log_level,
+                "--log-level", args.log_level, *metrics_flags(n.name),
             ], env))
     for node_id, address in apis.items():
         sup.wait_until(f"planner {node_id} serves on {address}", functools.partial(_api_serving, address), 60,
@@ -81,7 +90,7 @@ def run_regions(args: argparse.Namespace, sup: Supervisor, etcd_bin: str, host: 
     for w in topo.workers:
         sup.spawn(f"worker-{w.name}", [
             *_schedctl(), "worker", "--worker-id", w.name, "--region", w.region, "--planners", every,
-            "--pool", "default", "--drain-grace", "5", "--log-level", args.log_level,
+            "--pool", "default", "--drain-grace", "5", "--log-level", args.log_level, *metrics_flags(w.name),
         ], env)
     first = topo.region_names[0]
     policy = subprocess.run([*_schedctl(), "region", "switchover", "--to", first, "--standby",
@@ -89,6 +98,8 @@ def run_regions(args: argparse.Namespace, sup: Supervisor, etcd_bin: str, host: 
                              f"{host}:{port}", "--timeout", "60"], capture_output=True, text=True, env=env, check=False)
     if policy.returncode != 0:
         raise RuntimeError(f"writing the region policy failed ({policy.returncode}): {policy.stderr.strip()}")
+    for name, url in metrics:  # "ready" includes the workers, as in one region
+        sup.wait_until(f"{name} serves {url}", functools.partial(_http_ok, url), 60, sup.children)
     out = sys.stdout
     out.write(f"schedctl dev: {len(topo.regions)}-region cluster ready (Ctrl-C stops it); data in {sup.base}"
               f"{' (temporary)' if args.data_dir is None else ''}\n")
@@ -97,6 +108,8 @@ def run_regions(args: argparse.Namespace, sup: Supervisor, etcd_bin: str, host: 
         e = r.etcd[0].name
         ps = ", ".join(f"{n.name} {apis[n.name]}" for n in r.planners)
         out.write(f"  {r.name} ({role}): etcd {e} {client[e]}; planner {ps}; workers {len(r.workers)}\n")
+    for name, url in metrics:
+        out.write(f"  metrics  {name}: {url}\n")
     out.write(f"\nTry, in another shell (export SCHED_SERVER={host}:{port}):\n"
               f"  schedctl region status\n"
               f"  schedctl region switchover --to {topo.region_names[1]} --dry-run\n")

@@ -16,6 +16,7 @@ from scheduler.cli import (
     dlq,
     drill,
     executions,
+    health,
     planner,
     preview,
     region,
@@ -41,6 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     dev.register(sub)
     drill.register(sub)
     completion.register(sub)
+    health.register(sub)
     return ap
 
 

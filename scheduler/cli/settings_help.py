@@ -45,6 +45,8 @@ HELP: dict[str, str] = {
     "api_port": "gRPC API port (0: pick a free one and log it)",
     "api_host": "address the gRPC API listens on",
     "metrics_address": "host:port of the Prometheus /metrics endpoint (port 0: pick one; empty or off: none)",
+    "health_address": "worker: host:port of a gRPC health service for probes, `schedctl health` (port 0: pick "
+                      "one; empty or off: none)",
     "metrics_schedule_limit": "schedules with their own start-lag series; the rest share `_other`",
     "overlap_settle_ms": "milliseconds; an overlap skip is decided only if the run before is still in flight "
                          "this long after the skipped run's due time (a result in transit is no overlap)",

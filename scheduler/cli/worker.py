@@ -8,12 +8,17 @@ import asyncio
 import dataclasses
 import logging
 import signal
+from typing import TYPE_CHECKING
 
 from scheduler import logs
 from scheduler.cli.output import Exit, fail_invalid
 from scheduler.cli.planner import add_settings_flags, serve_metrics
+from scheduler.config import parse_listen_address
 from scheduler.errors import InvalidArgument
 from scheduler.worker.settings import WorkerSettings
+
+if TYPE_CHECKING:
+    from scheduler.worker.health import HealthServer
 
 log = logging.getLogger("scheduler.cli.worker")
 
@@ -48,6 +53,7 @@ async def _main(settings: WorkerSettings) -> int:
 
     worker = Worker(settings=settings)
     metrics = await serve_metrics(worker.metrics.registry, settings.metrics_address)  # first: fails fast
+    health = await serve_health(settings.health_address)
     register_builtin(worker, settings)
     loop = asyncio.get_running_loop()
     stopping: list[asyncio.Task[None]] = []
@@ -69,6 +75,24 @@ async def _main(settings: WorkerSettings) -> int:
         if stopping:
             await asyncio.gather(*stopping, return_exceptions=True)
     finally:
+        if health is not None:
+            await health.stop()
         if metrics is not None:
             await metrics.stop()
     return Exit.OK
+
+
+async def serve_health(address: str) -> HealthServer | None:
+    """Serve the gRPC health service when `health_address` is set (validated with the settings)."""
+    where = parse_listen_address("health_address", address)
+    if where is None:
+        return None
+    from scheduler.worker.health import HealthServer
+
+    server = HealthServer()
+    try:
+        port = await server.start(*where)
+    except OSError as e:
+        raise InvalidArgument("health_address", f"cannot listen on {address}: {e}") from None
+    log.info("health serving", extra={"event": "health_serving", "address": f"{where[0]}:{port}"})
+    return server

@@ -13,6 +13,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import CollectorRegistry
 
+from scheduler import __version__
 from scheduler.execution import ErrorClass, ExecState, Execution, Trigger
 from scheduler.metrics.core import (
     SECONDS_BUCKETS,
@@ -29,6 +30,14 @@ DEFAULT_SCHEDULE_LIMIT = 100  # schedules with their own start-lag series per pr
 TASK_TYPE_LIMIT = 100  # task types with their own dead_letter_total series per process
 
 ATTEMPT_STATUSES = ("succeeded", "failed", "timeout")
+# Every value a `reason` label can take, exported at 0 from the start: a labelled counter whose series
+# appears only at its first increment hides that increment from rate() and increase(), so the first lost
+# lease would never show on a dashboard or fire an alert. (tests/unit/test_metrics.py ties each tuple to
+# the code that produces the reasons: LostReason, LeaseLostReason, the keeper, the partition restarts.)
+RENEW_FAILURE_REASONS = ("stream_error", "stalled")
+LEASE_LOST_REASONS = ("expired", "local_deadline")
+PARTITION_LOST_REASONS = ("fenced_out", "owner_changed", "session_lost", "released")
+RESTART_REASONS = ("stale_state", "outcome_unknown", "compare_failed", "etcd_error", "malformed_txn")
 
 
 def attempt_status(e: Execution) -> str:
@@ -46,9 +55,9 @@ class PlannerMetrics:
         self.dead_letters = GuardedCounter(task_type_limit)
         self.start_lag = GuardedHistograms(schedule_limit, SECONDS_BUCKETS)
         self.renew_latency = LoopHistogram(SECONDS_BUCKETS)
-        self.renew_failures: dict[str, int] = {}
-        self.leases_lost: dict[str, int] = {}
-        self.partitions_lost: dict[str, int] = {}
+        self.renew_failures: dict[str, int] = dict.fromkeys(RENEW_FAILURE_REASONS, 0)
+        self.leases_lost: dict[str, int] = dict.fromkeys(LEASE_LOST_REASONS, 0)
+        self.partitions_lost: dict[str, int] = dict.fromkeys(PARTITION_LOST_REASONS, 0)
         self._status: Callable[[], NodeStatus] | None = None
         self.registry.register(CallbackCollector(self.collect))
 
@@ -113,7 +122,17 @@ class PlannerMetrics:
 
 def _node_gauges(st: NodeStatus) -> Iterable[Metric]:
     now_ms = st.now_ms
+    # Which process is which node: Prometheus knows a target by its address, operators (drain, cluster
+    # status, owner keys) by node id; and during a rolling upgrade, which planners run which version.
+    info = GaugeMetricFamily("scheduler_planner_info", "1, labelled with this planner's node id, region and version.",
+                             labels=["node_id", "region", "version"])
+    info.add_metric([st.node_id, st.region.region, __version__], 1)
+    yield info
     yield GaugeMetricFamily("scheduler_partitions_owned", "Partitions this node owns now.", value=len(st.owned))
+    # P itself, so that "partitions without an owner" (P - sum of owned) needs no constant in alert rules.
+    if st.partitions:
+        yield GaugeMetricFamily("scheduler_partitions", "The cluster's partition count P (setting `partitions`).",
+                                value=st.partitions)
     lag = GaugeMetricFamily("scheduler_lag_seconds",
                             "Now minus the oldest due time not yet dispatched, per owned partition (0: none).",
                             labels=["partition"])
@@ -145,7 +164,8 @@ def _node_gauges(st: NodeStatus) -> Iterable[Metric]:
                               "owned / loop_interval a second; far above, a loop spins.", value=st.rounds)
     yield counter_family("scheduler_partition_restarts",
                          "Partition planners reloaded from etcd, by reason (stale_state, outcome_unknown, "
-                         "compare_failed, etcd_error; malformed_txn is a bug).", "reason", st.restarts)
+                         "compare_failed, etcd_error; malformed_txn is a bug).", "reason",
+                         dict.fromkeys(RESTART_REASONS, 0) | st.restarts)
     depth = GaugeMetricFamily("scheduler_dispatch_queue_depth", "Executions waiting for a worker, per pool.",
                               labels=["pool"])
     workers = GaugeMetricFamily("scheduler_connected_workers", "Worker streams connected to this node, per pool.",

@@ -50,6 +50,8 @@ class WorkerSettings(Settings):
     http_timeout: float = 30.0  # http executor: default when the payload has no timeout_s
     log_level: str = "info"
     metrics_address: str = ""  # host:port of the Prometheus endpoint (port 0: pick one); empty or "off": none
+    # host:port of a gRPC health service for probes (`schedctl health`; port 0: pick one); empty or "off": none
+    health_address: str = ""
     # Tests only: run an assignment delivered twice twice (no dedupe by execution id + attempt), to show
     # that a drill's I1 check catches it (drill fault F9). Refused outside test mode.
     unsafe_disable_dedupe: bool = False
@@ -81,6 +83,7 @@ class WorkerSettings(Settings):
         if self.reconnect_backoff_max < self.reconnect_backoff_min:
             raise InvalidArgument("reconnect_backoff_max", "must be >= reconnect_backoff_min")
         parse_listen_address("metrics_address", self.metrics_address)
+        parse_listen_address("health_address", self.health_address)
         if self.unsafe_disable_dedupe and not test_mode():
             raise InvalidArgument("unsafe_disable_dedupe",
                                   f"is refused outside test mode ({TEST_MODE_ENV}=1): it reruns repeated deliveries")

@@ -212,3 +212,41 @@ def test_region_gauges() -> None:
     assert 'scheduler_region_policy_changes_total{kind="automatic failover"} 1.0' in text
     assert 'scheduler_region_policy_changes_total{kind="switchover"} 0.0' in text
     assert "scheduler_region_primary_last_seen_seconds 2.5" in text
+
+
+def test_planner_info_and_partition_count() -> None:
+    """`scheduler_planner_info` maps a scrape target to its node id (what drain and cluster status name) and
+    version; `scheduler_partitions` is P, so "unowned partitions" is `max(P) - sum(owned)` in a rule."""
+    from scheduler import __version__
+    from scheduler.status import PartitionStatus
+
+    m = PlannerMetrics()
+    m.observe(lambda: NodeStatus(now_ms=5_000, owned=(PartitionStatus(3, 6_000, None),), node_id="r1-p1",
+                                 partitions=16, region=RegionStatus(region="r1", role="primary")))
+    s = samples(generate_latest(m.registry))
+    assert s[("scheduler_planner_info", (("node_id", "r1-p1"), ("region", "r1"), ("version", __version__)))] == 1
+    assert s[("scheduler_partitions", ())] == 16
+    assert s[("scheduler_partitions_owned", ())] == 1
+    m.observe(lambda: NodeStatus(now_ms=0, owned=()))  # P unknown (a status built without settings): no series
+    assert ("scheduler_partitions", ()) not in samples(generate_latest(m.registry))
+
+
+def test_reason_counters_start_at_zero_for_every_reason_the_code_produces() -> None:
+    """increase() cannot see a counter's first increment if the series is born with it, so every reason is
+    exported at 0 from the start; the tuples must name exactly the reasons the code produces."""
+    from scheduler.metrics import planner as pm
+    from scheduler.planner.ownership import LostReason
+    from scheduler.store.etcd.deadline import LeaseLostReason
+
+    assert set(pm.PARTITION_LOST_REASONS) == {r.value for r in LostReason}
+    assert set(pm.LEASE_LOST_REASONS) == {r.name.lower() for r in LeaseLostReason}  # deadline.py's label
+    m = PlannerMetrics()
+    m.observe(lambda: NodeStatus(now_ms=0, owned=(), restarts={"etcd_error": 2}))
+    s = samples(generate_latest(m.registry))
+    for name, reasons in (("scheduler_lease_renew_failures_total", pm.RENEW_FAILURE_REASONS),
+                          ("scheduler_leases_lost_total", pm.LEASE_LOST_REASONS),
+                          ("scheduler_partitions_lost_total", pm.PARTITION_LOST_REASONS),
+                          ("scheduler_partition_restarts_total", pm.RESTART_REASONS)):
+        assert {r for (n, labels), _ in s.items() if n == name for _, r in labels} == set(reasons), name
+    assert s[("scheduler_partition_restarts_total", (("reason", "etcd_error"),))] == 2
+    assert s[("scheduler_partition_restarts_total", (("reason", "stale_state"),))] == 0

@@ -1,0 +1,79 @@
+"""`schedctl health [ADDRESS]`: ask a planner's or a worker's gRPC health service whether it serves.
+
+Built for container health checks (the image's HEALTHCHECK, compose) and for people: exit 0 and
+`ADDRESS: SERVING`, or exit 1 and why not, on one line. Only 0 and 1: Docker reserves every other exit
+code of a health check, so an unreachable address or a timeout is 1 too, with its reason. A planner
+serves health on its API port; a worker on `health_address` (scheduler/worker/health.py).
+
+The gRPC imports are made inside `check`: this module is imported by every schedctl command for its flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import NamedTuple
+
+from scheduler.cli.output import Exit
+
+DEFAULT_ADDRESS = "127.0.0.1:7000"  # the image's API port (planner) and health port (worker)
+# Where the image's HEALTHCHECK (which names no address) looks when a deployment moved the port.
+ADDRESS_ENV = "SCHED_HEALTHCHECK_ADDRESS"
+
+
+class Answer(NamedTuple):
+    healthy: bool
+    message: str
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "health", help="check a planner's or worker's gRPC health service (exit 0 serving, 1 not)",
+        description="Ask the standard gRPC health service at ADDRESS (a planner's API address or a worker's "
+                    "health_address) whether it serves. Exit 0 when it answers SERVING, else 1 with the reason "
+                    "(NOT_SERVING, unknown service, unreachable, no answer within --timeout). For container "
+                    "health checks and probes.")
+    p.add_argument("address", nargs="?", default=None, metavar="ADDRESS",
+                   help=f"host:port (default: ${ADDRESS_ENV}, else {DEFAULT_ADDRESS})")
+    p.add_argument("--service", default="", metavar="NAME",
+                   help="a service name to ask about, e.g. scheduler.v1.ScheduleService (default: the server "
+                        "as a whole)")
+    p.add_argument("--timeout", type=float, default=3.0, metavar="SECONDS",
+                   help="how long to wait for the answer (default %(default)s)")
+    p.add_argument("--quiet", "-q", action="store_true", help="print nothing when healthy")
+    p.set_defaults(func=run)
+
+
+def check(address: str, service: str = "", timeout: float = 3.0) -> Answer:
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    what = f"{address}{' ' + service if service else ''}"
+    try:
+        with grpc.insecure_channel(address) as ch:
+            r = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=service),
+                                                     timeout=timeout, wait_for_ready=False)
+    except grpc.RpcError as e:
+        code = e.code() if isinstance(e, grpc.Call) else None
+        if code is grpc.StatusCode.NOT_FOUND:
+            return Answer(False, f"{what}: the server does not know this service")
+        if code is grpc.StatusCode.DEADLINE_EXCEEDED:
+            return Answer(False, f"{what}: no answer within {timeout:g}s")
+        if code is grpc.StatusCode.UNIMPLEMENTED:
+            return Answer(False, f"{what}: no gRPC health service there")
+        detail = e.details() if isinstance(e, grpc.Call) else str(e)
+        return Answer(False, f"{what}: cannot reach it ({code.name if code else 'error'}: {detail})")
+    name = health_pb2.HealthCheckResponse.ServingStatus.Name(r.status)
+    return Answer(r.status == health_pb2.HealthCheckResponse.SERVING, f"{what}: {name}")
+
+
+def run(args: argparse.Namespace) -> int:
+    address = args.address or os.environ.get(ADDRESS_ENV) or DEFAULT_ADDRESS
+    answer = check(address, args.service, args.timeout)
+    if answer.healthy:
+        if not args.quiet:
+            print(answer.message)
+        return Exit.OK
+    print(f"schedctl health: {answer.message}", file=sys.stderr)
+    return Exit.FAILURE
