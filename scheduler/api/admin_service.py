@@ -336,7 +336,9 @@ class AdminService:
         if request.standby_regions:
             new = replace(new, standby=tuple(request.standby_regions))
         if request.failback:
-            new = replace(new, failback=rp.Failback(request.failback))
+            # The operator chose the mode: a newer version's unread mode is not written back over it.
+            new = replace(new, failback=rp.Failback(request.failback),
+                          unread={k: v for k, v in new.unread.items() if k != "failback"})
         if request.HasField("failover_grace"):
             new = replace(new, failover_grace_ms=request.failover_grace.ToMilliseconds())
         if request.HasField("failback_stable"):

@@ -128,6 +128,10 @@ class RegionGuard:
             log.error("unreadable region policy (version %d): %s; keeping the previous one", version, e,
                       extra={"event": "region_policy_unreadable"})
             return
+        if new.policy is not None and (unread := new.policy.unread_values()):
+            log.warning("region policy version %d holds values a newer version wrote: %s; acting on the fallbacks "
+                        "until every planner is upgraded", version, ", ".join(unread),
+                        extra={"event": "region_policy_newer_values", "version": version})
         old = self.current
         self.current = new
         self.on_policy(new.policy)

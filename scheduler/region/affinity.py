@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from scheduler.errors import InvalidArgument
-from scheduler.region.compat import Extra, merged, unknown
+from scheduler.region.compat import Extra, Unread, describe, merged, read_enum, restored, unknown
 
 # A couple of seconds: longer than a worker's reconnect after a planner restart or a credit round trip,
 # short enough that a region whose workers are gone does not stall a pool for long.
@@ -40,6 +40,9 @@ class Affinity:
     # Keys a newer version wrote (region/compat.py); a change of the pool's affinity replaces the whole
     # entry, so they only survive rewrites of other parts of the record.
     extra: Extra = field(default_factory=dict, hash=False, compare=False)  # an Affinity compares by what it means
+    # A mode a newer version wrote (region/compat.py): `mode` holds the fallback, `prefer`, the default,
+    # which neither holds work at home for ever nor sends it abroad while local workers have credit.
+    unread: Unread = field(default_factory=dict, hash=False, compare=False)
 
     def text(self) -> str:
         return f"prefer ({self.prefer_wait_ms} ms)" if self.mode is Mode.PREFER else self.mode.value
@@ -48,12 +51,14 @@ class Affinity:
         d: dict[str, object] = {"mode": self.mode.value}
         if self.mode is Mode.PREFER:
             d["prefer_wait_ms"] = self.prefer_wait_ms
-        return merged(self.extra, d)
+        return restored(self.unread, merged(self.extra, d))
 
     @staticmethod
     def from_json(d: Mapping[str, object]) -> Affinity:
-        return Affinity(Mode(str(d.get("mode", Mode.PREFER.value))),
-                        int(str(d.get("prefer_wait_ms", DEFAULT_PREFER_WAIT_MS))), unknown(d, _AFFINITY_KEYS))
+        unread: dict[str, tuple[object, object]] = {}
+        mode = read_enum(d, "mode", Mode, Mode.PREFER, unread)
+        return Affinity(mode, int(str(d.get("prefer_wait_ms", DEFAULT_PREFER_WAIT_MS))), unknown(d, _AFFINITY_KEYS),
+                        unread)
 
 
 _AFFINITY_KEYS = frozenset({"mode", "prefer_wait_ms"})
@@ -81,6 +86,13 @@ class AffinityPolicy:
 
     def to_json(self) -> dict[str, object]:
         return merged(self.extra, {"default": self.default.to_json(), "pools": {n: a.to_json() for n, a in self.pools}})
+
+    def unread_values(self) -> list[str]:
+        """Values a newer version wrote that this one reads as a fallback (region/compat.py)."""
+        out = describe(self.default.unread, "affinity.default.")
+        for name, a in self.pools:
+            out += describe(a.unread, f"affinity.pools[{name}].")
+        return out
 
     @staticmethod
     def from_json(d: Mapping[str, object] | None) -> AffinityPolicy:

@@ -18,7 +18,7 @@ from enum import StrEnum
 from scheduler.errors import InvalidArgument
 from scheduler.region import affinity as ra
 from scheduler.region.affinity import AffinityPolicy
-from scheduler.region.compat import Extra, merged, unknown
+from scheduler.region.compat import Extra, Unread, describe, merged, read_enum, restored, unknown
 
 # "A few lease TTLs" of the default lease (5 s): a primary planner that is merely slow to renew, or
 # restarting, must not cause a failover.
@@ -95,6 +95,9 @@ class RegionPolicy:
     history: tuple[Change, ...] = field(default=())  # oldest first, at most HISTORY_MAX
     affinity: AffinityPolicy = field(default=AffinityPolicy())  # worker affinity per pool (region/affinity.py)
     extra: Extra = field(default_factory=dict, hash=False)  # keys a newer version wrote (region/compat.py)
+    # A failback mode a newer version wrote (region/compat.py): read as `manual`, which never moves
+    # planning on its own.
+    unread: Unread = field(default_factory=dict, hash=False)
 
     @property
     def last(self) -> Change | None:
@@ -128,17 +131,21 @@ class RegionPolicy:
     def regions(self) -> tuple[str, ...]:
         return (self.primary, *self.standby)
 
+    def unread_values(self) -> list[str]:
+        """Values a newer version wrote that this one reads as a fallback (region/compat.py)."""
+        return describe(self.unread) + self.affinity.unread_values()
+
 
 # ---- codec ------------------------------------------------------------------------------------------
 
 
 def encode(p: RegionPolicy) -> bytes:
     # `reason` and `updated_ms` repeat the last change for readers of the pre-regions format.
-    return json.dumps(merged(p.extra, {
+    return json.dumps(restored(p.unread, merged(p.extra, {
         "primary": p.primary, "standby": list(p.standby), "failover_grace_ms": p.failover_grace_ms,
         "failback": p.failback.value, "failback_stable_ms": p.failback_stable_ms,
         "history": [c.to_json() for c in p.history], "reason": p.reason, "updated_ms": p.updated_ms,
-        "affinity": p.affinity.to_json()}), separators=(",", ":")).encode()
+        "affinity": p.affinity.to_json()})), separators=(",", ":")).encode()
 
 
 def decode(value: bytes) -> RegionPolicy:
@@ -150,15 +157,17 @@ def decode(value: bytes) -> RegionPolicy:
     if not isinstance(d, dict):
         raise ValueError(f"the region policy is not a JSON object: {type(d).__name__}")
     history = tuple(Change.from_json(c) for c in d.get("history", ()))
+    unread: dict[str, tuple[object, object]] = {}
+    failback = read_enum(d, "failback", Failback, Failback.MANUAL, unread)
     if not history and d.get("updated_ms"):
         history = (Change(int(d["updated_ms"]), ChangeKind.SWITCHOVER, "", str(d.get("primary", "")), "",
                           str(d.get("reason", ""))),)
     return RegionPolicy(primary=str(d.get("primary", "")), standby=tuple(str(r) for r in d.get("standby", ())),
                         failover_grace_ms=int(d.get("failover_grace_ms", DEFAULT_FAILOVER_GRACE_MS)),
-                        failback=Failback(str(d.get("failback", Failback.MANUAL.value))),
+                        failback=failback,
                         failback_stable_ms=int(d.get("failback_stable_ms", DEFAULT_FAILBACK_STABLE_MS)),
                         history=history, affinity=AffinityPolicy.from_json(d.get("affinity")),
-                        extra=unknown(d, _POLICY_KEYS))
+                        extra=unknown(d, _POLICY_KEYS), unread=unread)
 
 
 def validate(p: RegionPolicy) -> RegionPolicy:

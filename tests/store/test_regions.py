@@ -18,6 +18,7 @@ from scheduler.planner.ownership import MemberInfo, Ownership
 from scheduler.planner.region_guard import RegionGuard
 from scheduler.region import policy as rp
 from scheduler.region import store as rstore
+from scheduler.region.affinity import Mode
 from scheduler.region.policy import ChangeKind, RegionPolicy
 from scheduler.store.etcd import EtcdClient
 from scheduler.store.keyspace import Keyspace
@@ -198,7 +199,8 @@ async def test_an_unreadable_record_keeps_the_last_good_policy(fast_client: Etcd
     for node, region in (("a1", "a"), ("b1", "b")):
         planners[node] = start(fast_client, ks, node, region)
     await wait_until(lambda: owned(planners, "a") == 8)
-    await fast_client.put(ks.region_policy, b'{"primary": "b", "failback": "sometimes"}')
+    # Malformed, not merely newer (an unknown failback mode is read as manual: region/compat.py).
+    await fast_client.put(ks.region_policy, b'{"primary": "b", "failover_grace_ms": "soon"}')
     await asyncio.sleep(1.0)
     assert owned(planners, "a") == 8 and owned(planners, "b") == 0
     assert planners["b1"].guard.current.policy is not None and planners["b1"].guard.current.policy.primary == "a"
@@ -213,12 +215,14 @@ async def test_a_record_from_a_newer_version_is_acted_on(fast_client: EtcdClient
     for node, region in (("a1", "a"), ("b1", "b")):
         planners[node] = start(fast_client, ks, node, region)
     await wait_until(lambda: owned(planners, "a") == 8)
-    newer = {"primary": "b", "standby": ["a"], "history": [
+    # An unknown history kind, unknown keys, and unknown values of known fields (failback, affinity mode).
+    newer = {"primary": "b", "standby": ["a"], "failback": "scheduled", "history": [
         {"at_ms": 1, "kind": "quarantine", "from": "a", "to": "b", "by": "n9", "reason": "newer", "zones": [1]}],
-        "quarantined": {"a": 1}}
+        "quarantined": {"a": 1}, "affinity": {"default": {"mode": "nearest"}}}
     await fast_client.put(ks.region_policy, json.dumps(newer).encode())
     await wait_until(lambda: owned(planners, "b") == 8)
     got = await fast_client.get(ks.region_policy, timeout=2)
     assert got is not None and json.loads(got.value) == newer  # nobody rewrote it meanwhile
     p = planners["a1"].guard.current.policy
     assert p is not None and p.history[0].kind == "quarantine" and p.extra == {"quarantined": {"a": 1}}
+    assert p.failback is rp.Failback.MANUAL and p.affinity.default.mode is Mode.PREFER

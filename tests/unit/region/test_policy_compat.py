@@ -6,7 +6,10 @@ everything it did not understand intact."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
+
+import pytest
 
 from scheduler.region import policy as rp
 from scheduler.region.affinity import Affinity, Mode
@@ -63,3 +66,50 @@ def test_this_versions_own_record_has_no_extra_keys() -> None:
     assert set(json.loads(rp.encode(p))) == {"primary", "standby", "failover_grace_ms", "failback",
                                               "failback_stable_ms", "history", "reason", "updated_ms", "affinity"}
     assert p.extra == {} and p.history[0].extra == {}
+
+
+# A newer version's values of fields this one knows: a failback mode and affinity modes it has never heard of.
+NEWER_VALUES: dict[str, Any] = {
+    **{k: v for k, v in NEWER.items() if k not in ("affinity", "failback")},
+    "failback": "scheduled",
+    "affinity": {"default": {"mode": "nearest"}, "pools": {"gpu": {"mode": "strict"}, "etl": {"mode": "pinned",
+                                                                                              "prefer_wait_ms": 500}}},
+}
+
+
+def test_an_unknown_value_of_a_known_field_is_read_as_its_fallback() -> None:
+    # Before: Failback("scheduled") raised, the record was unreadable and the planner ignored every later
+    # failover and switchover until the value was gone.
+    p = rp.decode(json.dumps(NEWER_VALUES).encode())
+    assert p.failback is rp.Failback.MANUAL  # never moves planning on its own
+    assert p.affinity.default.mode is Mode.PREFER and p.affinity.for_pool("etl") == Affinity(Mode.PREFER, 500)
+    assert p.affinity.for_pool("gpu") == Affinity(Mode.STRICT)
+    rp.validate(p)  # the CAS paths validate what they write: the fallbacks must pass
+    assert p.unread_values() == ["failback='scheduled' (read as 'manual')",
+                                 "affinity.default.mode='nearest' (read as 'prefer')",
+                                 "affinity.pools[etl].mode='pinned' (read as 'prefer')"]
+
+
+def test_an_unknown_value_is_written_back_unless_this_writer_changed_the_field() -> None:
+    p = rp.decode(json.dumps(NEWER_VALUES).encode())
+    out = json.loads(rp.encode(p))
+    assert out["failback"] == "scheduled"
+    assert out["affinity"]["default"]["mode"] == "nearest"
+    assert out["affinity"]["pools"]["etl"] == {"mode": "pinned", "prefer_wait_ms": 500}
+    # A failover rewrites the record: the values it did not change survive it.
+    moved = rp.moved(p, "a", ChangeKind.FAILOVER, by="a1", now_ms=3)
+    assert json.loads(rp.encode(moved))["failback"] == "scheduled"
+    # Changing the pool's affinity replaces its entry as a whole; the others keep theirs.
+    changed = rp.with_affinity(moved, "etl", Affinity(Mode.ANY), by="n1", now_ms=4)
+    out = json.loads(rp.encode(changed))
+    assert out["affinity"]["pools"]["etl"] == {"mode": "any"}
+    assert out["affinity"]["default"]["mode"] == "nearest"
+    # A writer that sets the field to another value wins.
+    auto = rp.decode(rp.encode(replace(changed, failback=rp.Failback.AUTO)))
+    assert auto.failback is rp.Failback.AUTO and auto.unread == {}
+
+
+def test_a_malformed_value_is_still_refused() -> None:
+    # Not a newer version's value: a record nobody can act on stays unreadable (logged, previous policy kept).
+    with pytest.raises(ValueError, match="invalid literal"):
+        rp.decode(json.dumps({**NEWER, "failover_grace_ms": "fifteen seconds"}).encode())
