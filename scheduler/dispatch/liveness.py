@@ -224,15 +224,27 @@ class Liveness:
 
     async def reattach(self, c: Conn, running: Sequence[wpb.RunningAttempt]) -> wpb.PlannerMessage:
         """A Hello's running attempts: accepted where the ledger still shows that attempt in flight, else
-        rejected (the worker stops it at once, without a result). Returns the Reattached answer."""
+        rejected (the worker stops it at once, without a result). An attempt whose record could not be
+        read (etcd unreachable from here, a read timeout) is neither: not knowing is no reason to stop a
+        run, and a rejection would cut short an attempt the ledger still has in flight, which the owner
+        then times out and retries while the worker's handler had been stopped mid-effect (the game day
+        saw 17 such runs, each during a link fault or a quorum loss). The worker keeps it on its origin
+        stream, under the same heartbeat timeout as any orphan, and the owner adopts it from a heartbeat.
+        Returns the Reattached answer."""
         c.reported = len(running)
         accepted, rejected = [], []
+        unread = 0
         for ra in running:
             try:
                 eid = ExecutionId.parse(ra.execution_id)
-                e = await self.ledger.get(self.kv, eid.schedule_id, eid.planned_ms)
             except SchedError:
-                e = None
+                e = None  # not an execution id at all: nothing to re-attach
+            else:
+                try:
+                    e = await self.ledger.get(self.kv, eid.schedule_id, eid.planned_ms)
+                except SchedError:
+                    unread += 1
+                    continue
             why = reattach_refusal(e, ra.attempt)
             if not why:
                 assert e is not None
@@ -240,6 +252,10 @@ class Liveness:
                 accepted.append(wpb.AttemptRef(execution_id=ra.execution_id, attempt=ra.attempt))
             else:
                 rejected.append(wpb.RejectedAttempt(execution_id=ra.execution_id, attempt=ra.attempt, reason=why))
+        if unread:
+            log.warning("re-attach: %d running attempt(s) of worker %s left unanswered, their records unreadable",
+                        unread, c.worker_id, extra={"event": "reattach_unread", "worker": c.worker_id,
+                                                    "count": unread})
         return wpb.PlannerMessage(reattached=wpb.Reattached(accepted=accepted, rejected=rejected))
 
     def adopt(self, c: Conn, running: Sequence[wpb.RunningAttempt]) -> None:

@@ -174,3 +174,28 @@ def test_heartbeats_keep_the_stream_to_what_its_worker_holds() -> None:
     assert not c.running and env.released == ["x", "x"], "never listed: the worker does not hold it"
     env.live.forget(c, [fresh])
     assert env.released == ["x", "x"], "let go once: its task-type slot is freed once"
+
+
+def test_a_reattach_whose_record_cannot_be_read_is_neither_accepted_nor_rejected() -> None:
+    """The game day's two-at-once runs: a planner whose etcd link was down answered a worker's Hello with
+    "unknown execution" for attempts the ledger still had in flight, the worker stopped them mid-effect,
+    and the owner retried them. A read that fails decides nothing."""
+    from scheduler.store.etcd import Unavailable
+
+    gone = "gone@2026-01-01T00:00:02.000Z"
+    unreadable = "flaky@2026-01-01T00:00:03.000Z"
+
+    class Ledger:
+        async def get(self, kv: object, schedule_id: str, planned_ms: int, **_: object) -> Execution | None:
+            if schedule_id == "flaky":
+                raise Unavailable("etcd unreachable")
+            return in_flight() if schedule_id == "s1" else None
+
+    env = Env()
+    env.live.ledger = cast(Any, Ledger())
+    c = env.conn()
+    msg = asyncio.run(env.live.reattach(c, [wpb.RunningAttempt(execution_id=i, attempt=1)
+                                            for i in (EID, gone, unreadable)]))
+    assert [r.execution_id for r in msg.reattached.accepted] == [EID]
+    assert [(r.execution_id, r.reason) for r in msg.reattached.rejected] == [(gone, "unknown execution")]
+    assert (EID, 1) in c.running and (unreadable, 1) not in c.running
