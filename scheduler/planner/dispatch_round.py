@@ -198,6 +198,35 @@ def overlapped_by_ended(ended: Sequence[Execution], x: Execution, catchup: Set[s
     return out
 
 
+def _newest_cancel_other(waiting: Sequence[Execution], view: ScheduleView,
+                         cas: Mapping[str, object]) -> int | None:
+    """The planned time of the newest due run under `cancel_other` (its own policy or the schedule's) that
+    is a new run, not a retry; None if there is none."""
+    out = None
+    for y in waiting:
+        if (y.id not in cas and y.state is ExecState.SCHEDULED
+                and (y.overlap or view.overlap) is Overlap.CANCEL_OTHER):
+            out = y.planned_ms if out is None else max(out, y.planned_ms)
+    return out
+
+
+def _superseded(inp: RoundInput, x: Execution, in_flight: Sequence[Execution], ended: Sequence[Execution]) -> bool:
+    """Under `cancel_other`, a due run x that a later due run supersedes is skipped (`overlap_skip`) instead
+    of started and cancelled at once, when another run was really in progress at x's due time, as the
+    skip reason requires (docs/time.md). Temporal keeps only the newest buffered start under
+    CANCEL_OTHER for the same reason. Without it each run of a backlog was started, then cancelled by the
+    next, each waiting for the stop of the one before: with a stop slower than the period (a 2 s schedule
+    whose cancels took 2.5-3.5 s to be confirmed) the backlog grew for ever; the game day saw one 340 s
+    behind at its end. Only a run of the schedule's own policy (not a trigger's or backfill's), only once
+    `overlap_settle_ms` has passed since x's due time, and only on records the planner has confirmed."""
+    if x.state is not ExecState.SCHEDULED or x.overlap is not None or inp.now_ms < x.due_ms + inp.overlap_settle_ms:
+        return False
+    real, unconfirmed = overlapping(in_flight, x, inp.catchup, inp.confirmed, x.due_ms)
+    if real and not unconfirmed:
+        return True
+    return bool(overlapped_by_ended(ended, x, inp.catchup, inp.overlap_settle_ms))
+
+
 def plan_dispatch(inp: RoundInput) -> DispatchPlan:
     plan = DispatchPlan(dict(inp.transitions))
     cas = plan.transitions
@@ -248,8 +277,13 @@ def _plan_schedule(inp: RoundInput, plan: DispatchPlan, budget: dict[str, int], 
     # held by the policy behind a run really in progress (BUFFER_ONE counts them)
     buffered: list[str] = [eid for eid, by_policy in parked.items() if by_policy]
     waited: list[int] = []  # BUFFER_ONE: planned times of runs that waited behind a run that has left flight
+    newest = _newest_cancel_other(waiting, view, cas)
     for x in waiting:
         if x.id in cas:
+            continue
+        if newest is not None and x.planned_ms < newest and _superseded(inp, x, in_flight, ended):
+            # cancel_other, newest wins: x would start only to be cancelled by a later run that is due too.
+            cas[x.id] = (x, skip(x, SkipReason.OVERLAP_SKIP.value))
             continue
         if parked_first is not None and parked_first < x.planned_ms:
             held = held_behind = True
