@@ -358,6 +358,12 @@ class PartitionPlanner:
         old = self.schedules.get(sid)
         if old is not None and old.stored.schedule.version >= st.schedule.version:
             return
+        if old is not None and old.stored.schedule.policies.overlap != st.schedule.policies.overlap:
+            # Runs parked behind a run in flight were parked by the old policy: decided again by the new.
+            # Left parked, a run behind one in flight waits until no run of its schedule is in flight, which
+            # under allow_all may never be (the game day: a skip schedule made allow_all with one run
+            # parked; that run stayed unstarted to the end while the later ones ran).
+            self.pending.release_all_behind(sid)
         if old is not None and old.stored.activation_rev == st.activation_rev:
             if old.stored.schedule.worker_pool != st.schedule.worker_pool:
                 self._pools = None

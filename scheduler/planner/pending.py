@@ -283,6 +283,16 @@ class PendingIndex:
         if not behind:
             del self._behind[schedule_id]
 
+    def release_all_behind(self, schedule_id: str) -> None:
+        """Every run of the schedule waiting behind one in flight goes back to the heap, to be decided again
+        (its overlap policy changed: what held it back may not any more)."""
+        for eid in list(self._behind.pop(schedule_id, {})):
+            self._wake.pop(eid, None)
+            self._ordered.discard(eid)
+            cur = self._by_id.get(eid)
+            if cur is not None:
+                self.defer(cur)
+
     def unpark(self, schedule_id: str) -> None:
         for e in self._parked.pop(schedule_id, {}).values():
             cur = self._by_id.get(e.id)

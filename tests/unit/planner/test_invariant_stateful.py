@@ -565,3 +565,18 @@ async def test_an_operators_rerun_of_a_time_skipped_as_paused_is_not_a_run_left_
     bad = await w.check()
     assert not bad, "\n".join(bad[:15])
     await _judge(w, kv)
+
+
+async def test_runs_parked_behind_a_run_in_flight_are_decided_again_when_the_overlap_policy_changes() -> None:
+    """The game day: a skip schedule of 3.5 s runs every 2 s had a run parked behind the one in flight when an
+    update made it allow_all; the later runs started at once, one always in flight, and the parked run waited
+    for a moment with nothing in flight that never came: unstarted at the end, 72 s after its time."""
+    w, kv = await _world()
+    w.workers.plan.extend([("slow", 1_600)] * 40)
+    await w.create(1, False, "a", default_policies(MissedRuns.SKIP, 1, 3, Overlap.BUFFER_ALL))
+    await w.advance(3_500)  # runs queue behind the slow one
+    await w.update("s1", overlap=Overlap.ALLOW_ALL)
+    await w.advance(12_000)  # every run 1.6 s, one a second: always one in flight
+    bad = await w.check()
+    assert not bad, "\n".join(bad[:15]) + "\noperations:\n" + describe(w.log)
+    await _judge(w, kv)
