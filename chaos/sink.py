@@ -5,7 +5,8 @@ workers really did. Both built-in executors reach it:
 - the `http` executor POSTs to `<url>/effect?phase=once[&hold_ms=N]` (`http_payload`); its headers carry
   the identity (scheduler/worker/executors/http.py): `Idempotency-Key` (execution id), `X-Fencing-Token`
   (`<partition>:<revision>`), `X-Attempt`, `X-Scheduled-At`;
-- a `shell` command (`shell_command`) calls `phase=start`, sleeps, then `phase=end` with curl, the same
+- a `shell` command (`shell_command`) calls `phase=once&hold_ms=N` (with a hold) or `phase=start` then
+  `phase=end` (without) with curl, the same
   headers filled from the executor's `SCHED_*` environment, and `X-Worker` from `$CHAOS_WORKER` (the
   runner sets it per worker process; the http executor cannot say who it is, so the peer address
   stands in).
@@ -93,7 +94,12 @@ def http_payload(sink_url: str, hold_ms: int = 0) -> dict[str, Any]:
 
 
 def shell_command(sink_url: str, hold_ms: int = 0) -> str:
-    """A `shell` executor command: start, sleep `hold_ms`, end. A refusal (409) or an unreachable sink
+    """A `shell` executor command. Without a hold: start, then end. With one, a single call that the sink
+    holds for `hold_ms` (`phase=once`), so that the job's effect lasts as long as its process: a job the
+    worker stops (a cancel, a timeout, a rejected re-attach) or that dies with its worker closes the
+    connection, and the sink records the effect cut short (`abort`) at that instant. With start, sleep,
+    end the sink never learnt when a stopped job ended, and the checker had to assume it ran until its
+    worker died, taking the next attempt for a second run at once. A refusal (409) or an unreachable sink
     exits 65 (EX_DATAERR: permanent, never retried), as a fenced-off job should stop."""
     url = shlex.quote(sink_url.rstrip("/") + "/effect")
     headers = ('-H "Idempotency-Key: $SCHED_EXECUTION_ID" -H "X-Fencing-Token: $SCHED_FENCING_TOKEN" '
@@ -101,11 +107,9 @@ def shell_command(sink_url: str, hold_ms: int = 0) -> str:
     def call(phase: str) -> str:
         return f"curl -fsS -o /dev/null -X POST {headers} {url}?phase={phase} || exit 65"
 
-    parts = [call("start")]
     if hold_ms:
-        parts.append(f"sleep {hold_ms / 1000:.3f}")
-    parts.append(call("end"))
-    return "; ".join(parts)
+        return call(rf"once\&hold_ms={int(hold_ms)}")
+    return "; ".join([call("start"), call("end")])
 
 
 class _BadRequest(Exception):

@@ -302,6 +302,21 @@ def test_an_acknowledged_pause_missing_from_etcd_fails_i2(tmp_path: Path) -> Non
     assert verdict == "fail" and fails.get("I2") == 1
 
 
+def test_a_pause_of_a_paused_schedule_writes_nothing_and_is_no_lost_op(tmp_path: Path) -> None:
+    """The game day paused s twice in a row: the second pause changes nothing, writes nothing, and is
+    acknowledged rightly. A resume of a paused schedule that writes nothing is still a lost op."""
+    from chaos.record import OpRecord
+
+    x, _ = clean_run(tmp_path / "run")
+    x.ops.append(OpRecord(T0 + 31_000, "pause", "s-005", True, T0 + 31_020))  # paused since T0 + 30 s
+    x.ops.append(OpRecord(T0 + 36_000, "resume", "s-005", True, T0 + 36_020))  # active since T0 + 35 s
+    verdict, fails, _ = judged(x.build(tmp_path / "run"))
+    assert "I2" not in fails, fails
+    x.ops.append(OpRecord(T0 + 32_000, "resume", "s-005", True, T0 + 32_020))  # paused then: must have landed
+    verdict, fails, _ = judged(x.build(tmp_path / "run2"))
+    assert verdict == "fail" and fails.get("I2") == 1
+
+
 def test_the_cross_check_catches_a_time_engine_that_drops_a_time() -> None:
     """The second computation is not decoration: a plan that loses one instant is reported."""
     plan = parse_spec("* * * * * *", schedule_id="x")

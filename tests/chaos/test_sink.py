@@ -4,6 +4,7 @@ executors as drill workers call it: it records every call and refuses a stale fe
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -89,6 +90,31 @@ async def test_a_shell_command_reports_start_and_end_and_stops_when_refused(tmp_
                                                                  ("start", 2, False)]
     assert {r.worker for r in recs} == {"r1-w2"}
     assert recs[1].t_ms - recs[0].t_ms >= 190
+
+
+async def test_a_shell_job_stopped_mid_effect_is_recorded_cut_short(tmp_path: Path) -> None:
+    """A job the worker stops (cancel, timeout, rejected re-attach) closes its call to the sink, which records
+    the effect cut short at that instant: the checker then knows when it ended (with start, sleep, end, a
+    stopped job never said so, and its effect seemed to run until its worker died)."""
+    log = tmp_path / "effects.jsonl"
+    ex = ShellExecutor()
+    async with EffectSink(log) as sink:
+        payload = json.dumps({"command": shell_command(sink.url, hold_ms=5_000)}).encode()
+        job = asyncio.create_task(ex(make_ctx(attempt=1, fencing_token=FencingToken(7, 50)), payload))
+        for _ in range(200):
+            if sink.accepted:
+                break
+            await asyncio.sleep(0.02)
+        job.cancel()  # what the worker's stop does: the executor kills the job's process group
+        with contextlib.suppress(asyncio.CancelledError):
+            await job
+        for _ in range(100):
+            if len(read_effects(log)) == 2:
+                break
+            await asyncio.sleep(0.02)
+    recs = read_effects(log)
+    assert [(r.phase, r.attempt) for r in recs] == [("start", 1), ("abort", 1)]
+    assert recs[1].t_ms - recs[0].t_ms < 4_000
 
 
 async def test_fencing_off_is_for_tests_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
