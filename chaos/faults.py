@@ -38,8 +38,12 @@ class FaultKind:
 
 
 CATALOGUE: dict[str, FaultKind] = {k.id: k for k in (
+    # `at = "write"`: SIGKILL the instant the planner's next etcd write reaches its link, and drop that
+    # write (drills.md's "planner restarts after dispatch, before checkpoint"): the crash lands between
+    # two writes of one round instead of wherever the planner happened to be.
     FaultKind("F1", "planner crash", "planner", ("planner",), (0.0, 2.0),
-              {"restart": bool}, expects_takeover=True, invariants=("I1", "I2", "I3", "I6")),
+              {"restart": bool, "at": ("any", "write")}, expects_takeover=True,
+              invariants=("I1", "I2", "I3", "I6")),
     FaultKind("F2", "planner pause", "planner", ("planner",), (0.5, 3.0),
               {"ttl_multiple": float}, expects_takeover=True, expects_stale_reject_beyond_ttl=True,
               invariants=("I4", "I1", "I6")),

@@ -37,6 +37,8 @@ class Links(Protocol):
 
     async def held_bytes(self, planner: str) -> int: ...
 
+    async def drop_held(self, planner: str) -> int: ...
+
     async def fenced_requests(self, planner: str) -> int: ...
 
     async def heal(self, planner: str) -> str: ...
@@ -75,6 +77,9 @@ class DirectLinks:
 
     async def held_bytes(self, planner: str) -> int:
         return 0
+
+    async def drop_held(self, planner: str) -> int:
+        raise LinkFaultUnsupported("direct links: no proxy to hold a txn in")
 
     async def fenced_requests(self, planner: str) -> int:
         return 0

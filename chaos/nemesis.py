@@ -99,7 +99,12 @@ class Nemesis:
     # ---- processes -----------------------------------------------------------------------------
 
     async def _f1(self, w: FaultWindow) -> Active:
-        self.live.planner(w.target).kill()
+        p = self.live.planner(w.target)
+        note, at = "", None
+        if w.params.get("at") == "write":
+            note, at = await self._kill_at_write(w.target, p.kill)
+        else:
+            p.kill()
 
         async def heal() -> str:
             if w.params.get("restart", True):
@@ -107,7 +112,34 @@ class Nemesis:
                 return f"restarted on {address}"
             return "not restarted"
 
-        return Active(w, heal)
+        return Active(w, heal, note, at)
+
+    async def _kill_at_write(self, planner: str, kill: Callable[[], None]) -> tuple[str, int]:
+        """SIGKILL `planner` the instant its next etcd write is read by its link's proxy, with that write held
+        there, then drop it: the write never reaches etcd, as when a process dies between building a txn and
+        sending it. Planners write every round (materialization, dispatch records, the checkpoint), so
+        this lands between two writes of one round: after a dispatch, before its checkpoint, and the like.
+        Returns the note and when the kill happened (the fault takes hold then, up to 5 s into its window)."""
+        if self.live.links.kind == "direct":
+            kill()
+            return "direct links: no write to catch, killed at once", SYSTEM_CLOCK.wall_ms()
+        caught = asyncio.Event()
+        killed_ms = [0]
+
+        def at_write() -> None:
+            kill()
+            killed_ms[0] = SYSTEM_CLOCK.wall_ms()
+            caught.set()
+
+        self.live.links.arm_freeze(planner, at_write)
+        try:
+            await asyncio.wait_for(caught.wait(), timeout=5.0)
+        except TimeoutError:
+            self.live.links.disarm(planner)
+            kill()
+            return "no write within 5 s: killed anyway", SYSTEM_CLOCK.wall_ms()
+        dropped = await self.live.links.drop_held(planner)
+        return f"killed at a write; {dropped} held byte(s) dropped, never sent to etcd", killed_ms[0]
 
     async def _f2(self, w: FaultWindow) -> Active:
         p = self.live.planner(w.target)

@@ -10,7 +10,9 @@ How the catalogue's link faults map (the planner is the client; `up` is planner 
 - F10: latency +- jitter on both directions, and `drop` as the share of chunks that arrive one
   retransmission timeout late (a TCP stream cannot lose bytes and stay valid).
 - hold (F2 beyond the TTL): the planner's outgoing bytes are read but not forwarded, so the nemesis
-  can see a write caught in flight before it freezes the planner.
+  can see a write caught in flight before it freezes the planner. F1 `at = "write"` kills the planner
+  there instead and drops what was held: a crash between two writes of a round (after a dispatch,
+  before its checkpoint), aimed rather than left to chance.
 """
 
 from __future__ import annotations
@@ -107,6 +109,16 @@ class ProxyLinks:
 
     async def held_bytes(self, planner: str) -> int:
         return sum(x.held[Direction.UP] for x in self.proxies.get(planner, []))
+
+    async def drop_held(self, planner: str) -> int:
+        """Throw away what the planner's links hold (F1 at a write: the planner died before its write
+        left the machine): every open connection is reset, which discards its held bytes unsent, and the
+        links pass new connections again. Returns how many bytes were dropped."""
+        dropped = await self.held_bytes(planner)
+        for x in self.proxies[planner]:
+            x.reset(refuse=False)
+            x.heal()
+        return dropped
 
     async def fenced_requests(self, planner: str) -> int:
         """Txns that write the cluster's keys this planner has sent so far (its wire witnesses' count),

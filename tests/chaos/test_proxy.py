@@ -16,7 +16,7 @@ import pytest
 
 from chaos.infra.etcd import EtcdCluster
 from chaos.infra.ports import unused_port
-from chaos.proxy import FaultProxy
+from chaos.proxy import Direction, FaultProxy
 from scheduler.store.etcd import EtcdClient, OutcomeUnknown, Unavailable, _pb
 
 T = TypeVar("T")
@@ -214,6 +214,30 @@ async def test_stall_holds_bytes_and_delivers_them_on_heal() -> None:
         assert proxy.heal() == 0  # nothing was lost, nothing is reset
         assert await asyncio.wait_for(r.readexactly(4), 5) == b"back"
         close(w)
+
+
+async def test_reset_discards_held_bytes_unsent() -> None:
+    """What ProxyLinks.drop_held relies on (F1 `at = "write"`): bytes caught by a hold and then reset never
+    reach the server, not even after the heal, and new connections pass again."""
+    async with echo_proxy() as (echo, proxy):
+        r, w = await connect(proxy)
+        assert await roundtrip(r, w, b"before") == b"before"
+        proxy.hold("up")
+        w.write(b"doomed-write")
+        for _ in range(200):
+            if proxy.held[Direction.UP] >= len(b"doomed-write"):
+                break
+            await asyncio.sleep(0.01)
+        assert proxy.held[Direction.UP] == len(b"doomed-write")
+        assert proxy.reset(refuse=False) == 1
+        proxy.heal()
+        await asyncio.sleep(0.2)
+        assert b"doomed" not in echo.received
+        close(w)
+        r2, w2 = await connect(proxy)
+        assert await roundtrip(r2, w2, b"after") == b"after"
+        assert b"doomed" not in echo.received
+        close(w2)
 
 
 async def test_refuse_resets_new_connections_only() -> None:
