@@ -250,6 +250,23 @@ class LiveCluster:
             await asyncio.sleep(0.25)
         return None, h
 
+    async def wait_owning(self, planner: str, timeout: float) -> bool:
+        """Poll until `planner` owns at least one partition (True) or `timeout` passes (False). A planner
+        fault aimed at one that owns nothing exercises nothing (validity says so): a planner restarted by an
+        earlier fault gets partitions back only as rebalancing hands them over, a few seconds later."""
+        assert self.kv is not None
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                owners = await self.kv.range(self.ks.owners, prefix=True, timeout=2.0)
+                if any(_owner_node(x.value) == planner for x in owners.kvs):
+                    return True
+            except EtcdError:
+                pass
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(0.25)
+
     # ---- stop ---------------------------------------------------------------------------------
 
     async def watch_complete(self, timeout: float = 20.0) -> str | None:

@@ -212,6 +212,11 @@ def _source_text(s: Scenario) -> str:
     return p.read_text() if p is not None and p.exists() else ""
 
 
+# How long a planner fault waits for its target to own a partition (rebalancing after its restart by an
+# earlier fault takes a few seconds; a standby region's planner never will, and is faulted anyway).
+OWNING_WAIT_S = 15.0
+
+
 def _tail_s(s: Scenario) -> float:
     hold = max((g.hold_ms for g in s.load), default=0) / 1000
     return max(s.lag.judge_grace_s, hold + 1.0)
@@ -229,6 +234,9 @@ async def _faults(plan: Plan, s: Scenario, start_ms: int, live: LiveCluster, nem
             # previous window's healthy_ms is None), and nothing is injected into a sick cluster.
             say(f"fault #{w.index} {w.type} not injected: the cluster is not healthy ({h})")
             return
+        planner = w.target.split("->", 1)[0]
+        if planner in live.live_planners() and not await live.wait_owning(planner, OWNING_WAIT_S):
+            say(f"fault #{w.index} {w.type}: {planner} owns no partition after {OWNING_WAIT_S:g} s; injected anyway")
         await _one(w, live, nemesis, rec, s, say)
 
 
