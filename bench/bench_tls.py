@@ -47,7 +47,7 @@ async def _stream(requests: AsyncIterator[bytes], context: Any) -> AsyncIterator
         yield r
 
 
-def _handler() -> grpc.GenericRpcHandler:
+def _handler() -> grpc.GenericRpcHandler[Any, Any]:
     return grpc.method_handlers_generic_handler(SERVICE, {
         "Unary": grpc.unary_unary_rpc_method_handler(_unary, _identity, _identity),
         "Stream": grpc.stream_stream_rpc_method_handler(_stream, _identity, _identity),
@@ -73,7 +73,9 @@ async def _unary_rtt(ch: grpc.aio.Channel, n: int) -> float:
 
 
 async def _stream_rtt(ch: grpc.aio.Channel, n: int) -> float:
-    call = ch.stream_stream(f"/{SERVICE}/Stream", request_serializer=_identity, response_deserializer=_identity)()
+    method: Any = ch.stream_stream(f"/{SERVICE}/Stream", request_serializer=_identity,
+                                   response_deserializer=_identity)
+    call = method()  # no request iterator: written to with call.write()
     await call.write(MESSAGE)
     await call.read()
     t0 = time.perf_counter()

@@ -145,7 +145,8 @@ def write_leaf(directory: Path, name: str, cert: x509.Certificate, key: ec.Ellip
     write_public(directory / f"{name}.crt", cert_pem(cert))
 
 
-_DNS = re.compile(r"^(\*\.)?[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
+_LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+_DNS = re.compile(rf"^(\*\.)?{_LABEL}(\.{_LABEL})*$")
 
 
 def validate_san(name: str) -> str:

@@ -244,4 +244,4 @@ def peer_identity(context: Any) -> dict[str, list[str]]:
     `x509_subject_alternative_name`, ...), decoded; empty on a plaintext connection. For authorization."""
     auth = context.auth_context() or {}
     return {k: [v.decode(errors="replace") for v in vs] for k, vs in auth.items()
-            if k.startswith("x509_") and k != "x509_pem_cert" or k == "transport_security_type"}
+            if (k.startswith("x509_") and k != "x509_pem_cert") or k == "transport_security_type"}

@@ -89,7 +89,7 @@ class ClockGuard:
                     log.warning("clock probe round failed: %s", e)
                 await asyncio.sleep(max(0.0, self.s.clock_probe_interval - (self.clock.monotonic() - started)))
         finally:
-            for _, ch in self._channels.values():
+            for *_, ch in self._channels.values():
                 with contextlib.suppress(Exception):
                     await ch.close(None)
             self._channels.clear()

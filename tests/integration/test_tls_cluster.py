@@ -118,9 +118,9 @@ def _health(address: str, creds: grpc.ChannelCredentials | None) -> str:
         ch = grpc.secure_channel(address, creds) if creds is not None else grpc.insecure_channel(address)
         with ch:
             r = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=5)
-        return health_pb2.HealthCheckResponse.ServingStatus.Name(r.status)
+        return str(health_pb2.HealthCheckResponse.ServingStatus.Name(r.status))
     except grpc.RpcError as e:
-        return e.code().name  # type: ignore[attr-defined, no-any-return]
+        return str(e.code().name)
 
 
 def _creds(certs: Path, ca: str = "ca.crt", cert: str | None = None) -> grpc.ChannelCredentials:
@@ -166,7 +166,11 @@ async def test_the_client_and_schedctl_over_mutual_tls(secured: Secured) -> None
         with pytest.raises(ClientError) as e:
             await plain.cluster_status()
         assert e.value.code is grpc.StatusCode.UNAVAILABLE
-    # schedctl health, as the image's HEALTHCHECK runs it with the planner's own files in SCHED_TLS_*.
+
+
+def test_schedctl_health_on_the_mutual_tls_port(secured: Secured) -> None:
+    """With the planner's own files in SCHED_TLS_* (its certificate is a client one too), and without."""
+    s = secured
     r = subprocess.run([SCHEDCTL, "health", s.addresses["p2"]], env=CLEAN_ENV | {
         "SCHED_TLS_CA_FILE": s.f("ca.crt"), "SCHED_TLS_CERT_FILE": s.f("planner.crt"),
         "SCHED_TLS_KEY_FILE": s.f("planner.key")}, capture_output=True, text=True, timeout=30, check=False)

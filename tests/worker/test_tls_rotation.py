@@ -1,6 +1,10 @@
 """Certificate rotation without a restart, under grpc.aio on real sockets: the server's dynamic credentials
 pick up new files at the next handshake, established streams keep their session, a client that trusts only
-the new CA gets in, a half-swapped pair is not served, and a worker re-dials with its new files."""
+the new CA gets in, a half-swapped pair is not served, and a worker re-dials with its new files.
+
+Shown to fail with the protections removed: without the key/certificate pair check in ServerTls._fetch the
+half-swapped pair is loaded (reloads 2, not 1); without PlannerStream._fresh_channel the worker keeps its
+old channel and is not let in after the planner restarts."""
 
 from __future__ import annotations
 
@@ -70,9 +74,9 @@ async def check(address: str, d: Path) -> str:
     try:
         async with Dialer(tls).aio_channel(address) as ch:
             r = await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=5)
-        return health_pb2.HealthCheckResponse.ServingStatus.Name(r.status)
+        return str(health_pb2.HealthCheckResponse.ServingStatus.Name(r.status))
     except grpc.aio.AioRpcError as e:
-        return e.code().name
+        return str(e.code().name)
 
 
 async def test_server_rotation_takes_new_connections_and_keeps_streams(served: HealthServer, tmp_path: Path,
@@ -133,10 +137,14 @@ async def test_a_worker_redials_with_rotated_files(tmp_path: Path, cas: tuple[Pa
         install(new, worker_live, WORKER_FILES)
         await asyncio.sleep(0.3)
         assert not conn.closed  # the stream opened before the rotation goes on
-        conn.abort()  # then it breaks: the worker re-dials, and must use the new files to be let in
-        await planner.conn(2, timeout=10)
+        # Then the planner restarts (the connection is gone, not just the stream): the worker's next dial is a
+        # new TLS handshake, which it passes only with the new files (the old CA does not verify the server).
+        port = planner.port
+        await planner.stop()
+        planner = await FakePlanner(tls=tls, port=port).start()
+        await planner.conn(1, timeout=10)
         stream = next(iter(w.streams.values()))
         assert stream.channels_made == 2
-        assert planner.identities[1]["x509_common_name"] == ["worker"]
+        assert planner.identities[0]["x509_common_name"] == ["worker"]
     finally:
         await planner.stop()
