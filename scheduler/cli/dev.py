@@ -400,7 +400,7 @@ def _run(args: argparse.Namespace, sup: Supervisor, etcd_bin: str, host: str, po
 
 def tls_lines(tls: DevTls | None) -> str:
     if tls is None:
-        return "  TLS      off (plaintext on loopback; --tls turns it on)\n"
+        return "  TLS      off (--tls turns it on)\n"
     env = " ".join(f"{k}={v}" for k, v in tls.client_env().items())
     return (f"  TLS      mutual TLS everywhere (etcd too); certificates in {tls.dir}\n"
             f"           schedctl needs: export {env}\n")
