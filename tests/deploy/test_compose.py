@@ -40,7 +40,7 @@ def test_three_etcd_members_form_one_cluster() -> None:
     assert sorted(etcds) == [f"etcd-{r}" for r in REGIONS]
     initial = {flag.partition("=")[2] for s in etcds.values() for flag in s["command"]
                if flag.startswith("--initial-cluster=")}
-    assert initial == {",".join(f"etcd-{r}=http://etcd-{r}:2380" for r in REGIONS)}
+    assert initial == {",".join(f"etcd-{r}=https://etcd-{r}:2380" for r in REGIONS)}  # peers over TLS
     for name, s in etcds.items():
         assert f"--name={name}" in s["command"] and "--auto-compaction-mode=periodic" in s["command"]
 
