@@ -9,7 +9,8 @@ measurements, interleaved in rounds so that the machine's load hits both alike:
 Messages are 512 bytes (an assignment with a small payload). Prints microseconds per round trip, the best
 round of each (on a shared 2-core machine other work only ever adds time, so the fastest round is the one
 closest to the path's own cost; the median is printed too), and the ratio TLS / plaintext; absolute numbers
-vary with the machine, the ratios are what to compare. Handshakes are timed too: a new connection's cost (a planner restart re-dials every worker).
+vary with the machine, the ratios are what to compare. Handshakes are timed too: a new connection's cost
+(a planner restart re-dials every worker).
 
     python bench/bench_tls.py            # full: 2,000 round trips per round, 15 rounds, 15 x 20 handshakes
     python bench/bench_tls.py --quick    # smoke: 300 round trips, 3 rounds, 3 x 5 handshakes

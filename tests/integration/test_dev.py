@@ -244,8 +244,8 @@ def test_plaintext_is_said_once_and_tls_is_one_flag_away(dev_factory: list[Dev],
     assert dev.stop(signal.SIGTERM) == 0, dev.text()
     assert (certs / "ca.crt").exists()  # --certs is kept
 
-    plain = Dev(tmp_path / "plain", workers=0) if (tmp_path / "plain").mkdir() is None else None
-    assert plain is not None
+    (tmp_path / "plain").mkdir()
+    plain = Dev(tmp_path / "plain", workers=0)
     dev_factory.append(plain)
     plain.wait_ready()
     text = plain.text()
@@ -273,6 +273,8 @@ def test_bad_options_exit_2_naming_the_field() -> None:
     assert r.returncode == 2 and "listen: 'localhost' is not host:port" in r.stderr
     r = schedctl("dev", "--workers", "-1")
     assert r.returncode == 2 and "workers: -1 is outside 0-64" in r.stderr
+    r = schedctl("dev", "--listen", f"127.0.0.1:{free_port()}", "--certs", "/nonexistent")
+    assert r.returncode == 2 and "certs: --certs goes with --tls" in r.stderr, r.stderr
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
