@@ -178,7 +178,7 @@ class LiveCluster:
         w = self.workers.get(name)
         if w is None:
             env = dict(self.clock.env_for(name)) if self.clock is not None else {}
-            settings = {"concurrency": "64"}
+            settings = {"concurrency": "64", **self.network.worker_settings(name)}
             if self.unsafe_dedupe_off:
                 env["SCHED_TEST_MODE"] = "1"
                 settings["unsafe_disable_dedupe"] = "true"

@@ -195,3 +195,79 @@ class CoordinationSettings(Settings):
             raise InvalidArgument(
                 "unsafe_disable_fencing", f"is refused outside test mode ({TEST_MODE_ENV}=1): it breaks safety"
             )
+
+
+def is_loopback(host: str) -> bool:
+    """`localhost` or a loopback IP literal (127.0.0.0/8, ::1). Any other name or address (0.0.0.0 included:
+    it listens on every interface) is not."""
+    import ipaddress
+
+    h = host.strip().strip("[]").lower()
+    if h == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(h).is_loopback
+    except ValueError:
+        return False
+
+
+def check_tls_files(prefix: str, cert_file: str | None, key_file: str | None, ca_file: str | None) -> None:
+    """Refuse (naming the field) a certificate without its key, an unreadable or non-PEM file, and a key that
+    does not belong to its certificate: found at start, not at the first handshake."""
+    if (cert_file is None) != (key_file is None):
+        raise InvalidArgument(f"{prefix}key_file", f"{prefix}cert_file and {prefix}key_file go together")
+    if cert_file is None and key_file is None and ca_file is None:
+        return
+    from scheduler.tls import TlsFileError, load_pair, read_ca  # cryptography: only when TLS is configured
+
+    try:
+        if ca_file is not None:
+            read_ca(ca_file, field=f"{prefix}ca_file")
+        if cert_file is not None and key_file is not None:
+            load_pair(cert_file, key_file, cert_field=f"{prefix}cert_file", key_field=f"{prefix}key_file")
+    except TlsFileError as e:
+        raise InvalidArgument(e.field, e.reason) from None
+
+
+@dataclass(frozen=True)
+class TlsSettings(Settings):
+    """A planner's TLS: the API port (clients, workers, peers) serves with `tls_cert_file`/`tls_key_file`
+    and verifies client certificates against `tls_ca_file`; the planner dials its peers with the same
+    files (its certificate is a server and a client one). Files are re-read when they change."""
+
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+    tls_ca_file: str | None = None
+    tls_require_client_cert: bool = True  # mutual TLS on the API port (needs tls_ca_file)
+    # Peers' certificates are checked for this name instead of their address's host (pod IPs are in no
+    # certificate: `sched-planner` is, on Kubernetes). None: the address's host.
+    tls_server_name: str | None = None
+    insecure: bool = False  # allow plaintext on a non-loopback address (API or etcd)
+
+    @property
+    def enabled(self) -> bool:
+        return self.tls_cert_file is not None
+
+    def validate(self) -> None:
+        check_tls_files("tls_", self.tls_cert_file, self.tls_key_file, self.tls_ca_file)
+        if self.tls_ca_file is not None and self.tls_cert_file is None:
+            raise InvalidArgument("tls_cert_file", "a planner with tls_ca_file needs its own certificate and key "
+                                  "(tls_cert_file, tls_key_file) to serve TLS")
+        if self.enabled and self.tls_require_client_cert and self.tls_ca_file is None:
+            raise InvalidArgument("tls_ca_file", "tls_require_client_cert needs the CA bundle that signs client "
+                                  "certificates (or set tls_require_client_cert = false)")
+
+
+def refuse_plaintext(what: str, address: str, field: str, *, secure: bool, insecure: bool) -> None:
+    """A planner or worker does not listen on / dial a non-loopback address in plaintext unless `insecure` is
+    set explicitly: a cluster is secure by default outside one machine (docs/operations.md, "Security")."""
+    if secure or insecure:
+        return
+    host = address
+    for scheme in ("http://", "https://", "dns:///", "ipv4:", "ipv6:"):
+        host = host.removeprefix(scheme)
+    if not is_loopback(host):  # a bare host (api_host), else host:port or [v6]:port
+        host = host[1:host.index("]")] if host.startswith("[") and "]" in host else host.rpartition(":")[0] or host
+    if not is_loopback(host):
+        raise InvalidArgument("insecure", f"refusing plaintext {what} on non-loopback {address} ({field}): configure "
+                              "TLS (docs/operations.md, \"Security\") or set insecure = true explicitly")

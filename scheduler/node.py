@@ -46,6 +46,7 @@ from scheduler.store.kv import KV
 from scheduler.store.ledger import Ledger
 from scheduler.store.notices import notice_op, parse_notice
 from scheduler.store.schedules import ScheduleStore, StoredSchedule
+from scheduler.tls import PLAINTEXT, Dialer
 
 log = logging.getLogger("scheduler.node")
 
@@ -103,8 +104,10 @@ class PlannerNode:
         planner: PlannerSettings | None = None,
         dispatcher: DispatchSink | None = None,
         metrics: PlannerMetrics | None = None,
+        peers: Dialer = PLAINTEXT,
     ) -> None:
         self.kv, self.ks, self.s, self.clock = kv, ks, settings, clock
+        self.peers = peers  # channels to other planners (clock probes, status fan-out): mutual TLS when set
         self.planner_settings = planner or PlannerSettings()
         self.dispatcher: DispatchSink = dispatcher or NullDispatcher()
         self.ownership = Ownership(kv, ks, settings, clock, listener=self, eligible=self._eligible)
@@ -112,7 +115,7 @@ class PlannerNode:
         # and bounds the wall time the partition loops plan with (`plan_clock`). The API's GetTime and
         # the guard's own probes keep the raw clock: peers must measure the real skew.
         self.clock_guard = ClockGuard(node_id=settings.node_id, clock=clock, ownership=self.ownership,
-                                      settings=self.planner_settings)
+                                      settings=self.planner_settings, dial=peers)
         self.plan_clock = GuardedClock(clock, self.clock_guard)
         # The region guard: only planners of the region policy's primary region are eligible (no policy:
         # all are); it also makes this planner's automatic moves (failover, failback=auto).
@@ -191,7 +194,7 @@ class PlannerNode:
         admin = AdminService(kv=self.kv, ks=self.ks, ownership=self.ownership, clock=self.clock,
                              node_id=self.s.node_id, region=self.s.region, partitions=self.s.partitions,
                              local=LocalView(self.status), rpc_timeout=self.s.rpc_timeout,
-                             primary_last_seen_ago_ms=self.region_guard.primary_last_seen_ago_ms)
+                             primary_last_seen_ago_ms=self.region_guard.primary_last_seen_ago_ms, dial=self.peers)
         return schedules, admin
 
     def status(self) -> NodeStatus:

@@ -18,6 +18,7 @@ from scheduler._gen.scheduler.v1 import (
 from scheduler.api.admin_service import AdminService
 from scheduler.api.schedule_service import ScheduleService
 from scheduler.dispatch.service import Dispatcher
+from scheduler.tls import ServerTls
 
 # Big enough for a batch of assignments carrying 64 KiB payloads each.
 _MAX_MESSAGE = 32 * 1024 * 1024
@@ -34,7 +35,11 @@ async def start_server(
     *,
     schedules: ScheduleService | None = None,
     admin: AdminService | None = None,
+    tls: ServerTls | None = None,
 ) -> tuple[grpc.aio.Server, int]:
+    """Serve on host:port (0: a free port), plaintext or with `tls` (its files re-read on change; with
+    `require_client_cert`, every connection must present a certificate the CA bundle verifies, and the
+    servicers see it in `context.auth_context()`)."""
     server = grpc.aio.server(options=[
         ("grpc.max_receive_message_length", _MAX_MESSAGE),
         ("grpc.max_send_message_length", _MAX_MESSAGE),
@@ -58,7 +63,8 @@ async def start_server(
     health_pb2_grpc.add_HealthServicer_to_server(hs, server)
     reflection.enable_server_reflection((*names, reflection.SERVICE_NAME, health.SERVICE_NAME), server)
     try:
-        bound = server.add_insecure_port(f"{host}:{port}")
+        address = f"{host}:{port}"
+        bound = server.add_insecure_port(address) if tls is None else server.add_secure_port(address, tls.credentials())
     except RuntimeError as e:  # grpcio >= 1.5x raises where older versions returned 0
         raise OSError(f"cannot listen on {host}:{port}: {e}") from None
     if bound == 0:

@@ -37,6 +37,7 @@ from scheduler.store.etcd.ops import Compare, delete, put
 from scheduler.store.keyspace import Keyspace
 from scheduler.store.kv import KV
 from scheduler.timeconv import ms_to_duration, ms_to_timestamp
+from scheduler.tls import PLAINTEXT, Dialer
 
 log = logging.getLogger("scheduler.api.admin")
 
@@ -115,7 +116,9 @@ class AdminService:
 
     def __init__(self, *, kv: KV, ks: Keyspace, ownership: Ownership, clock: Clock, node_id: str, region: str,
                  partitions: int, local: LocalView, rpc_timeout: float,
-                 primary_last_seen_ago_ms: Callable[[], int | None] = lambda: None) -> None:
+                 primary_last_seen_ago_ms: Callable[[], int | None] = lambda: None,
+                 dial: Dialer = PLAINTEXT) -> None:
+        self.dial = dial  # channels to peers for the status fan-out (mutual TLS when configured)
         self.kv, self.ks, self.own, self.clock = kv, ks, ownership, clock
         self.node_id, self.region, self.partitions, self.local = node_id, region, partitions, local
         self.timeout = rpc_timeout
@@ -159,7 +162,7 @@ class AdminService:
         if not m.api_address:
             return None, None
         try:
-            async with grpc.aio.insecure_channel(m.api_address) as ch:
+            async with self.dial.aio_channel(m.api_address) as ch:
                 # The midpoint on the monotonic clock: a wall-clock step during the call moves nothing.
                 w0, t0 = self.clock.wall_ms(), self.clock.monotonic()
                 r: apb.GetClusterStatusResponse = await agrpc.AdminServiceStub(ch).GetClusterStatus(

@@ -22,7 +22,7 @@ from google.protobuf.message import Message
 
 from scheduler.cli.output import Exit
 from scheduler.client import ClientError, SchedulerClient, load_client_settings
-from scheduler.config import CoordinationSettings, EtcdSettings
+from scheduler.config import CoordinationSettings, EtcdSettings, TlsSettings
 from scheduler.errors import InvalidArgument
 from scheduler.ids import format_rfc3339_ms
 from scheduler.planner.settings import PlannerSettings
@@ -41,7 +41,7 @@ _EXIT = {
 
 # One config file may hold a planner's or worker's settings and the CLI's `server`.
 _SHARED_KEYS = frozenset(
-    f for cls in (EtcdSettings, CoordinationSettings, PlannerSettings, WorkerSettings)
+    f for cls in (EtcdSettings, CoordinationSettings, PlannerSettings, WorkerSettings, TlsSettings)
     for f in cls.__dataclass_fields__
 )
 
@@ -57,7 +57,23 @@ def client_parent() -> argparse.ArgumentParser:
     g.add_argument("--timeout", type=float, metavar="SECONDS", dest="request_timeout",
                    help="deadline per call, retries included (default 10)")
     g.add_argument("--json", action="store_true", help="print JSON (the proto JSON mapping) for machines")
+    add_tls_flags(g)
     return p
+
+
+def add_tls_flags(g: argparse._ArgumentGroup) -> None:
+    """--tls-ca-file, --tls-cert-file, --tls-key-file, --tls-server-name (env SCHED_TLS_*, config file keys)."""
+    g.add_argument("--tls-ca-file", metavar="FILE", help="CA bundle (PEM) that signs the planners' certificates; "
+                   "any --tls-* flag turns TLS on (default: $SCHED_TLS_CA_FILE, then the config file)")
+    g.add_argument("--tls-cert-file", metavar="FILE", help="client certificate (PEM) for mutual TLS "
+                   "(with --tls-key-file; env SCHED_TLS_CERT_FILE)")
+    g.add_argument("--tls-key-file", metavar="FILE", help="client key (PEM) (env SCHED_TLS_KEY_FILE)")
+    g.add_argument("--tls-server-name", metavar="NAME", help="the name the server's certificate must carry, when "
+                   "not the address's host (env SCHED_TLS_SERVER_NAME)")
+
+
+def tls_flags(args: argparse.Namespace) -> dict[str, Any]:
+    return {k: getattr(args, k, None) for k in ("tls_ca_file", "tls_cert_file", "tls_key_file", "tls_server_name")}
 
 
 def _hint(err: ClientError, server: str) -> str:
@@ -79,14 +95,14 @@ def _hint(err: ClientError, server: str) -> str:
 def run_call(args: argparse.Namespace, body: Callable[[SchedulerClient], Awaitable[int]]) -> int:
     """Load the connection settings, run `body` with a connected client, map failures to exit codes."""
     try:
-        settings = load_client_settings({"server": args.server, "request_timeout": args.request_timeout},
-                                        config=args.config, shared_keys=_SHARED_KEYS)
+        settings = load_client_settings({"server": args.server, "request_timeout": args.request_timeout,
+                                         **tls_flags(args)}, config=args.config, shared_keys=_SHARED_KEYS)
     except InvalidArgument as e:
         print(f"schedctl: {e}", file=sys.stderr)
         return Exit.INVALID
 
     async def main() -> int:
-        async with SchedulerClient(settings.server, timeout=settings.request_timeout) as client:
+        async with SchedulerClient(settings.server, timeout=settings.request_timeout, tls=settings.tls()) as client:
             return await body(client)
 
     try:

@@ -21,6 +21,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -29,11 +30,15 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
 
 from scheduler.cli.output import Exit
 from scheduler.errors import InvalidArgument
 from scheduler.planner.settings import PlannerSettings
 from scheduler.worker.settings import WorkerSettings
+
+if TYPE_CHECKING:
+    from scheduler.tls import ClientTls
 
 _PR_SET_PDEATHSIG = 1
 
@@ -52,7 +57,71 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="spread the cluster over N regions r1..rN (an etcd member, a planner and --workers workers "
                         "each; r1 primary, the others standby); default %(default)s")
     p.add_argument("--log-level", default="info", help="children's log level (their logs go to DIR/logs/)")
+    p.add_argument("--tls", action="store_true",
+                   help="run everything over mutual TLS (etcd included), with certificates from `schedctl certs dev` "
+                        "written to a temporary directory, or to --certs")
+    p.add_argument("--certs", metavar="DIR", help="with --tls: the certificates' directory (made with `schedctl certs "
+                   "dev DIR` if it holds no CA yet; kept after exit)")
     p.set_defaults(func=run)
+
+
+@dataclasses.dataclass(frozen=True)
+class DevTls:
+    """Which certificate each child uses (the layout of scheduler/certs.py); None: plaintext on loopback."""
+
+    dir: Path
+
+    def file(self, name: str) -> str:
+        return str(self.dir / name)
+
+    def etcd_server(self) -> list[str]:
+        return [f"--cert-file={self.file('etcd-server.crt')}", f"--key-file={self.file('etcd-server.key')}",
+                "--client-cert-auth", f"--trusted-ca-file={self.file('ca.crt')}"]
+
+    def etcd_peer(self) -> list[str]:
+        return [f"--peer-cert-file={self.file('etcd-server.crt')}", f"--peer-key-file={self.file('etcd-server.key')}",
+                "--peer-client-cert-auth", f"--peer-trusted-ca-file={self.file('ca.crt')}"]
+
+    def planner(self) -> list[str]:
+        return ["--tls-cert-file", self.file("planner.crt"), "--tls-key-file", self.file("planner.key"),
+                "--tls-ca-file", self.file("ca.crt"), "--etcd-ca-file", self.file("ca.crt"),
+                "--etcd-cert-file", self.file("etcd-client.crt"), "--etcd-key-file", self.file("etcd-client.key")]
+
+    def worker(self) -> list[str]:
+        return ["--tls-ca-file", self.file("ca.crt"), "--tls-cert-file", self.file("worker.crt"),
+                "--tls-key-file", self.file("worker.key")]
+
+    def client_env(self) -> dict[str, str]:
+        """What schedctl needs (the admin certificate), as environment variables."""
+        return {"SCHED_TLS_CA_FILE": self.file("ca.crt"), "SCHED_TLS_CERT_FILE": self.file("admin.crt"),
+                "SCHED_TLS_KEY_FILE": self.file("admin.key")}
+
+    def client_tls(self) -> ClientTls:
+        from scheduler.tls import ClientTls
+
+        return ClientTls(self.file("ca.crt"), self.file("admin.crt"), self.file("admin.key"))
+
+    def ssl_context(self) -> ssl.SSLContext:
+        ctx = ssl.create_default_context(cafile=self.file("ca.crt"))
+        ctx.load_cert_chain(self.file("etcd-root.crt"), self.file("etcd-root.key"))
+        return ctx
+
+
+def _dev_tls(args: argparse.Namespace, base: Path) -> DevTls | None:
+    if not args.tls:
+        if args.certs:
+            raise InvalidArgument("certs", "--certs goes with --tls")
+        return None
+    from scheduler.certs import dev_certs
+
+    where = Path(args.certs).resolve() if args.certs else base / "certs"
+    if not (where / "ca.crt").exists():
+        dev_certs(where)
+    missing = [n for n in ("ca.crt", "planner.crt", "worker.crt", "admin.crt", "etcd-server.crt", "etcd-client.crt",
+                           "etcd-root.crt") if not (where / n).exists()]
+    if missing:
+        raise InvalidArgument("certs", f"{where} lacks {', '.join(missing)} (make it with `schedctl certs dev DIR`)")
+    return DevTls(where)
 
 
 def find_etcd() -> str | None:
@@ -100,6 +169,7 @@ class Supervisor:
         self.logs.mkdir(parents=True, exist_ok=True)
         self.log_level = log_level
         self.children: list[Child] = []
+        self.tls: DevTls | None = None  # `--tls`: every child over mutual TLS
         self.stopping: str | None = None  # the signal's name once one arrived
         self.signals = 0
 
@@ -167,9 +237,9 @@ def _tail(path: Path, lines: int = 15) -> str:
         return "(no log)"
 
 
-def _etcd_healthy(client_url: str) -> bool:
+def _etcd_healthy(client_url: str, context: ssl.SSLContext | None = None) -> bool:
     try:
-        with urllib.request.urlopen(client_url + "/health", timeout=1) as r:
+        with urllib.request.urlopen(client_url + "/health", timeout=1, context=context) as r:
             return bool(json.loads(r.read()).get("health") == "true")
     except (OSError, ValueError):
         return False
@@ -183,12 +253,14 @@ def _http_ok(url: str) -> bool:
         return False
 
 
-def _api_serving(address: str) -> bool:
+def _api_serving(address: str, tls: ClientTls | None = None) -> bool:
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+    from scheduler.tls import Dialer
+
     try:
-        with grpc.insecure_channel(address) as ch:
+        with Dialer(tls).channel(address) as ch:
             r = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=1)
             return bool(r.status == health_pb2.HealthCheckResponse.SERVING)
     except grpc.RpcError:
@@ -240,11 +312,18 @@ def run(args: argparse.Namespace) -> int:
         signal.signal(sig, sup.on_signal)
     rc: int = Exit.OK
     try:
+        sup.tls = _dev_tls(args, base)
+        if sup.tls is None:  # said once, at start: the secure path is one flag away
+            print(f"schedctl dev: plaintext on loopback ({host}); `schedctl dev --tls` runs it over mutual TLS",
+                  file=sys.stderr, flush=True)
         if args.regions > 1:
             from scheduler.cli.dev_regions import run_regions  # imports this module: only when asked for
             rc = run_regions(args, sup, etcd, host, port)
         else:
             rc = _run(args, sup, etcd, host, port)
+    except InvalidArgument as e:
+        print(f"schedctl: {e}", file=sys.stderr)
+        rc = Exit.INVALID
     except Stop:
         rc = Exit.OK
     except RuntimeError as e:
@@ -260,16 +339,18 @@ def run(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace, sup: Supervisor, etcd_bin: str, host: str, port: int) -> int:
     ports = _ports(sup.base)
-    client_url = f"http://127.0.0.1:{ports['client']}"
-    peer_url = f"http://127.0.0.1:{ports['peer']}"
+    tls = sup.tls
+    client_url = f"{'https' if tls else 'http'}://127.0.0.1:{ports['client']}"
+    peer_url = f"http://127.0.0.1:{ports['peer']}"  # one member: no peer traffic
     etcd = sup.spawn("etcd", [
         etcd_bin, "--name=dev", f"--data-dir={sup.base / 'etcd'}", f"--listen-client-urls={client_url}",
         f"--advertise-client-urls={client_url}", f"--listen-peer-urls={peer_url}",
         f"--initial-advertise-peer-urls={peer_url}", f"--initial-cluster=dev={peer_url}",
         "--initial-cluster-state=new", "--log-level=warn",
-        "--auto-compaction-mode=periodic", "--auto-compaction-retention=10m",
+        "--auto-compaction-mode=periodic", "--auto-compaction-retention=10m", *(tls.etcd_server() if tls else []),
     ])
-    sup.wait_until("etcd is healthy", lambda: _etcd_healthy(client_url), 30, [etcd])
+    etcd_ctx = tls.ssl_context() if tls else None
+    sup.wait_until("etcd is healthy", lambda: _etcd_healthy(client_url, etcd_ctx), 30, [etcd])
     api = f"{host}:{port}"
     env = {k: v for k, v in os.environ.items() if not k.startswith("SCHED_")}  # the flags say everything
     metrics: list[tuple[str, str]] = []
@@ -285,13 +366,15 @@ def _run(args: argparse.Namespace, sup: Supervisor, etcd_bin: str, host: str, po
     planner = sup.spawn("planner", [
         *_schedctl(), "planner", "--node-id", "dev-planner", "--etcd-endpoints", f"127.0.0.1:{ports['client']}",
         "--partitions", str(args.partitions), "--api-host", host, "--api-port", str(port),
-        "--log-level", args.log_level, *metrics_flags("planner", PlannerSettings),
+        "--log-level", args.log_level, *metrics_flags("planner", PlannerSettings), *(tls.planner() if tls else []),
     ], env)
     workers = [sup.spawn(f"worker-{i}", [
         *_schedctl(), "worker", "--worker-id", f"dev-worker-{i}", "--planners", api, "--pool", "default",
         "--drain-grace", "5", "--log-level", args.log_level, *metrics_flags(f"worker-{i}", WorkerSettings),
+        *(tls.worker() if tls else []),
     ], env) for i in range(1, args.workers + 1)]
-    sup.wait_until(f"the API serves on {api}", lambda: _api_serving(api), 30, [etcd, planner])
+    api_tls = tls.client_tls() if tls else None
+    sup.wait_until(f"the API serves on {api}", lambda: _api_serving(api, api_tls), 30, [etcd, planner])
     # "Ready" includes the workers: their metrics endpoints answer once they have started.
     for name, url in metrics:
         sup.wait_until(f"{name} serves {url}", functools.partial(_http_ok, url), 30, sup.children)
@@ -307,11 +390,20 @@ def _run(args: argparse.Namespace, sup: Supervisor, etcd_bin: str, host: str, po
         out.write(f"  metrics  {name}: {url}\n")
     if not metrics:
         out.write("  metrics  (not available in this build)\n")
+    out.write(tls_lines(tls))
     out.write(f"\nTry, in another shell:\n"
               f"  schedctl schedule create --server {api} --id hello --cron '*/5 * * * * *' --command 'echo hello'\n"
               f"  schedctl exec list --server {api} --schedule hello\n")
     out.flush()
     return serve_until_stopped(sup, "workers, planner, etcd")
+
+
+def tls_lines(tls: DevTls | None) -> str:
+    if tls is None:
+        return "  TLS      off (--tls turns it on)\n"
+    env = " ".join(f"{k}={v}" for k, v in tls.client_env().items())
+    return (f"  TLS      mutual TLS everywhere (etcd too); certificates in {tls.dir}\n"
+            f"           schedctl needs: export {env}\n")
 
 
 def serve_until_stopped(sup: Supervisor, what: str) -> int:

@@ -30,6 +30,7 @@ from scheduler.cli.dev import (
     _http_ok,
     _schedctl,
     serve_until_stopped,
+    tls_lines,
 )
 from scheduler.topology import Topology
 
@@ -50,8 +51,10 @@ def run_regions(args: argparse.Namespace, sup: Supervisor, etcd_bin: str, host: 
     topo = Topology.from_counts(args.regions, planners_per_region=1, workers_per_region=args.workers)
     members = [m.name for m in topo.etcd_members]
     ports = _member_ports(sup.base, members)
-    peer = {m: f"http://127.0.0.1:{ports[m]['peer']}" for m in members}
-    client = {m: f"http://127.0.0.1:{ports[m]['client']}" for m in members}
+    tls = sup.tls
+    scheme = "https" if tls else "http"
+    peer = {m: f"{scheme}://127.0.0.1:{ports[m]['peer']}" for m in members}
+    client = {m: f"{scheme}://127.0.0.1:{ports[m]['client']}" for m in members}
     initial = ",".join(f"{m}={peer[m]}" for m in members)
     state = "existing" if (sup.base / "etcd" / members[0]).exists() else "new"
     etcds = [sup.spawn(f"etcd-{m}", [
@@ -59,12 +62,15 @@ def run_regions(args: argparse.Namespace, sup: Supervisor, etcd_bin: str, host: 
         f"--advertise-client-urls={client[m]}", f"--listen-peer-urls={peer[m]}",
         f"--initial-advertise-peer-urls={peer[m]}", f"--initial-cluster={initial}",
         f"--initial-cluster-state={state}", "--initial-cluster-token=schedctl-dev", "--log-level=warn",
-        "--auto-compaction-mode=periodic", "--auto-compaction-retention=10m",
+        "--auto-compaction-mode=periodic", "--auto-compaction-retention=10m", *(tls.etcd_server() if tls else []),
+        *(tls.etcd_peer() if tls else []),
     ]) for m in members]
+    ctx = tls.ssl_context() if tls else None
     for m in members:
-        sup.wait_until(f"etcd member {m} is healthy", functools.partial(_etcd_healthy, client[m]), 60, etcds)
-    endpoints = ",".join(u.removeprefix("http://") for u in client.values())
+        sup.wait_until(f"etcd member {m} is healthy", functools.partial(_etcd_healthy, client[m], ctx), 60, etcds)
+    endpoints = ",".join(u.removeprefix(f"{scheme}://") for u in client.values())
     env = {k: v for k, v in os.environ.items() if not k.startswith("SCHED_")}
+    client_env = {**env, **(tls.client_env() if tls else {})}  # schedctl region switchover below
     apis: dict[str, str] = {}
     planners = []
     metrics: list[tuple[str, str]] = []  # (child, URL): every planner and worker serves /metrics, as in one region
@@ -81,21 +87,24 @@ def run_regions(args: argparse.Namespace, sup: Supervisor, etcd_bin: str, host: 
             planners.append(sup.spawn(f"planner-{n.name}", [
                 *_schedctl(), "planner", "--node-id", n.name, "--region", r.name, "--etcd-endpoints", endpoints,
                 "--partitions", str(args.partitions), "--api-host", host, "--api-port", api.rpartition(":")[2],
-                "--log-level", args.log_level, *metrics_flags(n.name),
+                "--log-level", args.log_level, *metrics_flags(n.name), *(tls.planner() if tls else []),
             ], env))
     for node_id, address in apis.items():
-        sup.wait_until(f"planner {node_id} serves on {address}", functools.partial(_api_serving, address), 60,
+        sup.wait_until(f"planner {node_id} serves on {address}",
+                       functools.partial(_api_serving, address, tls.client_tls() if tls else None), 60,
                        [*etcds, *planners])
     every = ",".join(apis.values())
     for w in topo.workers:
         sup.spawn(f"worker-{w.name}", [
             *_schedctl(), "worker", "--worker-id", w.name, "--region", w.region, "--planners", every,
             "--pool", "default", "--drain-grace", "5", "--log-level", args.log_level, *metrics_flags(w.name),
+            *(tls.worker() if tls else []),
         ], env)
     first = topo.region_names[0]
     policy = subprocess.run([*_schedctl(), "region", "switchover", "--to", first, "--standby",
                              ",".join(topo.region_names[1:]), "--reason", "schedctl dev", "--server",
-                             f"{host}:{port}", "--timeout", "60"], capture_output=True, text=True, env=env, check=False)
+                             f"{host}:{port}", "--timeout", "60"], capture_output=True, text=True, env=client_env,
+                            check=False)
     if policy.returncode != 0:
         raise RuntimeError(f"writing the region policy failed ({policy.returncode}): {policy.stderr.strip()}")
     for name, url in metrics:  # "ready" includes the workers, as in one region
@@ -110,6 +119,7 @@ def run_regions(args: argparse.Namespace, sup: Supervisor, etcd_bin: str, host: 
         out.write(f"  {r.name} ({role}): etcd {e} {client[e]}; planner {ps}; workers {len(r.workers)}\n")
     for name, url in metrics:
         out.write(f"  metrics  {name}: {url}\n")
+    out.write(tls_lines(tls))
     out.write(f"\nTry, in another shell (export SCHED_SERVER={host}:{port}):\n"
               f"  schedctl region status\n"
               f"  schedctl region switchover --to {topo.region_names[1]} --dry-run\n")

@@ -18,7 +18,7 @@ from scheduler.cli.output import Exit, fail_invalid
 from scheduler.cli.settings_help import DEFAULT_TEXT, HELP
 from scheduler.client import SchedulerClient
 from scheduler.clock import SYSTEM_CLOCK
-from scheduler.config import CoordinationSettings, EtcdSettings, parse_listen_address
+from scheduler.config import CoordinationSettings, EtcdSettings, TlsSettings, parse_listen_address, refuse_plaintext
 from scheduler.errors import InvalidArgument
 from scheduler.planner.settings import PlannerSettings
 
@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from prometheus_client.registry import CollectorRegistry
 
     from scheduler.metrics.http import MetricsServer
+    from scheduler.tls import Dialer, ServerTls
 
 # The planner itself (scheduler.node: the engine, etcd, gRPC servers, aiohttp for /metrics) is imported by
 # the functions that run it, not here: every schedctl command imports this module for its flags, and
@@ -39,7 +40,8 @@ def _flag(name: str) -> str:
 
 
 _GROUPS = {"EtcdSettings": "etcd", "CoordinationSettings": "coordination (sessions, partitions, timing)",
-           "PlannerSettings": "planner loop, API and retention", "WorkerSettings": "worker"}
+           "PlannerSettings": "planner loop, API and retention", "WorkerSettings": "worker",
+           "TlsSettings": "TLS (API port, worker streams, peers; docs/operations.md, \"Security\")"}
 UNSAFE_TITLE = "UNSAFE, FOR TESTS ONLY (they switch off safety checks; never set them in production)"
 
 
@@ -96,7 +98,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                     "`schedctl planner drain|undrain NODE_ID` steer a running planner instead.")
     p.add_argument("--config", metavar="FILE", help="TOML file with settings (flat keys, as the flag names)")
     p.add_argument("--log-level", default="info", help="debug, info, warning or error (default: info)")
-    add_settings_flags(p, EtcdSettings, CoordinationSettings, PlannerSettings)
+    add_settings_flags(p, EtcdSettings, CoordinationSettings, PlannerSettings, TlsSettings)
     p.set_defaults(func=run)
     # `schedctl planner drain NODE` is an optional sub-action: without it, `schedctl planner [flags]`
     # runs a planner exactly as before.
@@ -150,20 +152,21 @@ def _names(cls: type[Any]) -> frozenset[str]:
 
 def run(args: argparse.Namespace) -> int:
     flags = vars(args)
-    classes = (EtcdSettings, CoordinationSettings, PlannerSettings)
+    classes = (EtcdSettings, CoordinationSettings, PlannerSettings, TlsSettings)
     every = frozenset().union(*(_names(c) for c in classes))
     try:
-        etcd, coord, planner = (
+        etcd, coord, planner, tls = (
             c.load({k: flags[k] for k in _names(c)}, toml_file=args.config, shared_keys=every - _names(c))
             for c in classes
         )
+        check_transport(etcd, planner, tls)  # type: ignore[arg-type]
     except InvalidArgument as e:
         return fail_invalid(e)
     logs.setup(args.log_level)
     from scheduler.planner.ownership import ClusterMismatch
 
     try:
-        return asyncio.run(_main(etcd, coord, planner))  # type: ignore[arg-type]
+        return asyncio.run(_main(etcd, coord, planner, tls))  # type: ignore[arg-type]
     except InvalidArgument as e:  # found only when acting on it (an address already in use)
         return fail_invalid(e)
     except ClusterMismatch as e:
@@ -171,23 +174,64 @@ def run(args: argparse.Namespace) -> int:
         return Exit.INVALID
 
 
-async def _main(etcd: EtcdSettings, coord: CoordinationSettings, planner: PlannerSettings) -> int:
+def check_transport(etcd: EtcdSettings, planner: PlannerSettings, tls: TlsSettings) -> None:
+    """Plaintext only on loopback unless `insecure` (docs/operations.md, "Security")."""
+    refuse_plaintext("API", planner.api_host, "api_host", secure=tls.enabled, insecure=tls.insecure)
+    etcd_tls = etcd.etcd_ca_file is not None or etcd.etcd_cert_file is not None
+    for i, endpoint in enumerate(etcd.etcd_endpoints):
+        refuse_plaintext("etcd connection", endpoint, f"etcd_endpoints[{i}]", secure=etcd_tls, insecure=tls.insecure)
+
+
+def warn_plaintext(planner: PlannerSettings, tls: TlsSettings) -> None:
+    if not tls.enabled:  # once, at start
+        log.warning("the API serves plaintext (no tls_cert_file)%s",
+                    " on a non-loopback address: insecure = true" if tls.insecure else " on loopback",
+                    extra={"event": "plaintext", "api_host": planner.api_host})
+
+
+def server_tls(tls: TlsSettings) -> ServerTls | None:
+    from scheduler.tls import ServerTls
+
+    if not tls.enabled:
+        return None
+    assert tls.tls_cert_file is not None and tls.tls_key_file is not None
+    return ServerTls(tls.tls_cert_file, tls.tls_key_file, tls.tls_ca_file,
+                     require_client_cert=tls.tls_require_client_cert)
+
+
+def peer_dialer(tls: TlsSettings) -> Dialer:
+    """Peers are dialled with this planner's own certificate (server and client usage) and CA bundle."""
+    from scheduler.tls import Dialer, client_tls
+
+    if not tls.enabled:
+        return Dialer()
+    return Dialer(client_tls(tls.tls_ca_file, tls.tls_cert_file, tls.tls_key_file, tls.tls_server_name))
+
+
+async def _main(etcd: EtcdSettings, coord: CoordinationSettings, planner: PlannerSettings, tls: TlsSettings) -> int:
     from scheduler.node import PlannerNode, etcd_client
     from scheduler.server import start_server
     from scheduler.store.keyspace import Keyspace
     from scheduler.tasks import cancel_and_wait
 
+    warn_plaintext(planner, tls)
     kv = etcd_client(etcd, coord.rpc_timeout)
     # Bind first: the address workers should dial is registered with the node's membership.
-    node = PlannerNode(kv, Keyspace(etcd.etcd_prefix), coord, SYSTEM_CLOCK, planner=planner)
+    node = PlannerNode(kv, Keyspace(etcd.etcd_prefix), coord, SYSTEM_CLOCK, planner=planner,
+                       peers=peer_dialer(tls))
+    from scheduler.cli.worker import serve_health
+
     metrics = await serve_metrics(node.metrics.registry, planner.metrics_address)  # first: fails fast
+    health = await serve_health(planner.health_address)  # plaintext, health only: for probes
     dispatcher = node.make_dispatcher()  # heartbeat timing from the planner settings
     schedules, admin = node.make_api()
     server, port = await start_server(dispatcher, planner.api_host, planner.api_port, schedules=schedules,
-                                      admin=admin)
+                                      admin=admin, tls=server_tls(tls))
     if not coord.api_address:
         node.advertise(f"{planner.api_host}:{port}")
-    log.info("serving", extra={"event": "serving", "address": f"{planner.api_host}:{port}"})
+    log.info("serving", extra={"event": "serving", "address": f"{planner.api_host}:{port}",
+                               "tls": "mutual" if tls.enabled and tls.tls_require_client_cert else
+                               "server" if tls.enabled else "off"})
     task = asyncio.create_task(node.run())
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -200,6 +244,8 @@ async def _main(etcd: EtcdSettings, coord: CoordinationSettings, planner: Planne
             await asyncio.wait_for(node.ownership.drain(), timeout=coord.lease_ttl)
     await cancel_and_wait(task)
     await server.stop(grace=1.0)
+    if health is not None:
+        await health.stop()
     if metrics is not None:
         await metrics.stop()
     await kv.close()

@@ -45,8 +45,8 @@ HELP: dict[str, str] = {
     "api_port": "gRPC API port (0: pick a free one and log it)",
     "api_host": "address the gRPC API listens on",
     "metrics_address": "host:port of the Prometheus /metrics endpoint (port 0: pick one; empty or off: none)",
-    "health_address": "worker: host:port of a gRPC health service for probes, `schedctl health` (port 0: pick "
-                      "one; empty or off: none)",
+    "health_address": "host:port of a plaintext gRPC health service for probes, `schedctl health` (health only; "
+                      "port 0: pick one; empty or off: none)",
     "metrics_schedule_limit": "schedules with their own start-lag series; the rest share `_other`",
     "overlap_settle_ms": "milliseconds; an overlap skip is decided only if the run before is still in flight "
                          "this long after the skipped run's due time (a result in transit is no overlap)",
@@ -84,6 +84,15 @@ HELP: dict[str, str] = {
     "shell_kill_grace": "seconds; shell executor: SIGTERM, then SIGKILL the process group after this",
     "http_timeout": "seconds; http executor request timeout when the payload sets no timeout_s",
     "log_level": "debug, info, warning or error",
+    # TLS (docs/operations.md, "Security")
+    "tls_cert_file": "certificate chain (PEM): a planner serves the API with it and dials peers with it; a worker "
+                     "presents it to planners (mutual TLS)",
+    "tls_key_file": "private key (PEM, unencrypted) of --tls-cert-file; files are re-read when they change",
+    "tls_ca_file": "CA bundle (PEM): what verifies the other side's certificate (clients, workers, peers, planners)",
+    "tls_require_client_cert": "true/false; the API port requires a client certificate signed by --tls-ca-file",
+    "tls_server_name": "the name the planners' certificates carry, checked instead of the dialled address's host",
+    "insecure": "true/false; allow plaintext on a non-loopback address (API, etcd, worker streams); off loopback "
+                "without TLS the process refuses to start unless this is true",
 }
 
 # Defaults computed at start-up, where the settings class holds a placeholder (None or "").

@@ -28,6 +28,7 @@ from scheduler.client.errors import ClientError, from_rpc_error
 from scheduler.client.instants import Instant, timestamp
 from scheduler.client.retry import READS, RETRYABLE, RetryPolicy
 from scheduler.client.settings import DEFAULT_SERVER
+from scheduler.tls import ClientTls, Dialer
 
 T = TypeVar("T")
 # Payloads up to 64 KiB and pages of 1,000 schedules fit well below this.
@@ -50,11 +51,14 @@ class SchedulerClient:
     """One channel to one planner node (any node answers for any schedule)."""
 
     def __init__(self, address: str = DEFAULT_SERVER, *, timeout: float = 10.0,
-                 retry: RetryPolicy | None = None, channel: grpc.aio.Channel | None = None) -> None:
+                 retry: RetryPolicy | None = None, channel: grpc.aio.Channel | None = None,
+                 tls: ClientTls | None = None) -> None:
+        """`tls`: TLS (mutual with a certificate) with files read now; a client made after a certificate
+        rotation uses the new files (scheduler/tls.py). None: plaintext."""
         self.address = address
         self.timeout = timeout
         self.retry = retry or RetryPolicy()
-        self._channel = channel or grpc.aio.insecure_channel(address, options=[
+        self._channel = channel or Dialer(tls).aio_channel(address, options=[
             ("grpc.max_receive_message_length", _MAX_MESSAGE),
             ("grpc.max_send_message_length", _MAX_MESSAGE),
         ])

@@ -11,10 +11,13 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from scheduler.config import Settings
+from scheduler.config import Settings, check_tls_files
 from scheduler.errors import InvalidArgument
+
+if TYPE_CHECKING:
+    from scheduler.tls import ClientTls
 
 DEFAULT_SERVER = "127.0.0.1:7000"  # `schedctl dev` and `schedctl planner --api-port 7000` listen here
 
@@ -23,6 +26,17 @@ DEFAULT_SERVER = "127.0.0.1:7000"  # `schedctl dev` and `schedctl planner --api-
 class ClientSettings(Settings):
     server: str = DEFAULT_SERVER  # host:port of any planner node
     request_timeout: float = 10.0  # seconds per call (retries included)
+    # TLS (docs/operations.md, "Security"): any of these turns it on. The CA bundle that signs the planners'
+    # certificates (none: the system's roots), and a client certificate and key for mutual TLS.
+    tls_ca_file: str | None = None
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+    tls_server_name: str | None = None  # verify the server's certificate against this name, not the address
+
+    def tls(self) -> ClientTls | None:
+        from scheduler.tls import client_tls
+
+        return client_tls(self.tls_ca_file, self.tls_cert_file, self.tls_key_file, self.tls_server_name)
 
     def validate(self) -> None:
         host, sep, port = self.server.rpartition(":")
@@ -30,6 +44,7 @@ class ClientSettings(Settings):
             raise InvalidArgument("server", f"{self.server!r} is not host:port (e.g. 127.0.0.1:7000)")
         if self.request_timeout <= 0:
             raise InvalidArgument("request_timeout", "must be positive")
+        check_tls_files("tls_", self.tls_cert_file, self.tls_key_file, self.tls_ca_file)
 
 
 def default_config_file(env: Mapping[str, str] | None = None) -> Path | None:

@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 from scheduler.client.client import SchedulerClient
 from scheduler.client.retry import RetryPolicy
 from scheduler.client.settings import DEFAULT_SERVER
+from scheduler.tls import ClientTls
 
 T = TypeVar("T")
 
@@ -24,14 +25,15 @@ async def _wrap(aw: Awaitable[T]) -> T:
 
 class SyncSchedulerClient:
     def __init__(self, address: str = DEFAULT_SERVER, *, timeout: float = 10.0,
-                 retry: RetryPolicy | None = None) -> None:
+                 retry: RetryPolicy | None = None, tls: ClientTls | None = None) -> None:
         self._runner = asyncio.Runner()
         # The channel must be created on the runner's loop.
-        self._client: SchedulerClient = self._run(self._make(address, timeout, retry))
+        self._client: SchedulerClient = self._run(self._make(address, timeout, retry, tls))
 
     @staticmethod
-    async def _make(address: str, timeout: float, retry: RetryPolicy | None) -> SchedulerClient:
-        return SchedulerClient(address, timeout=timeout, retry=retry)
+    async def _make(address: str, timeout: float, retry: RetryPolicy | None,
+                    tls: ClientTls | None) -> SchedulerClient:
+        return SchedulerClient(address, timeout=timeout, retry=retry, tls=tls)
 
     def _run(self, aw: Awaitable[T]) -> T:
         return self._runner.run(_wrap(aw))

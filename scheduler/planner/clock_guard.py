@@ -31,6 +31,7 @@ from scheduler.planner.ownership import MemberInfo, Ownership
 from scheduler.planner.settings import PlannerSettings
 from scheduler.planner.skew import STABLE_ROUNDS, Anchor, Hysteresis, Verdict, bounded_now, judge
 from scheduler.status import ClockStatus
+from scheduler.tls import PLAINTEXT, Dialer
 
 log = logging.getLogger("scheduler.planner.clock")
 
@@ -39,8 +40,10 @@ ANCHOR_ROUNDS = 10  # the majority's clock is carried forward at most this many 
 
 
 class ClockGuard:
-    def __init__(self, *, node_id: str, clock: Clock, ownership: Ownership, settings: PlannerSettings) -> None:
+    def __init__(self, *, node_id: str, clock: Clock, ownership: Ownership, settings: PlannerSettings,
+                 dial: Dialer = PLAINTEXT) -> None:
         self.node_id, self.clock, self.own, self.s = node_id, clock, ownership, settings
+        self.dial = dial
         self.enabled = not settings.unsafe_disable_clock_guard
         self.skew_ms = round(settings.max_clock_skew * 1000)
         self.hysteresis = Hysteresis(stable_s=STABLE_ROUNDS * settings.clock_probe_interval)
@@ -49,7 +52,8 @@ class ClockGuard:
         self.verdict: Verdict | None = None
         self.peer_offsets: dict[str, int | None] = {}
         self.anchor: Anchor | None = None
-        self._channels: dict[str, tuple[str, grpc.aio.Channel]] = {}  # node -> (address, channel)
+        # node -> (address, TLS files generation, channel): a channel is re-made when either changed
+        self._channels: dict[str, tuple[str, int, grpc.aio.Channel]] = {}
 
     # ---- what the node reads ----------------------------------------------------------------------
 
@@ -85,7 +89,7 @@ class ClockGuard:
                     log.warning("clock probe round failed: %s", e)
                 await asyncio.sleep(max(0.0, self.s.clock_probe_interval - (self.clock.monotonic() - started)))
         finally:
-            for _, ch in self._channels.values():
+            for *_, ch in self._channels.values():
                 with contextlib.suppress(Exception):
                     await ch.close(None)
             self._channels.clear()
@@ -156,17 +160,18 @@ class ClockGuard:
 
     def _channel(self, m: MemberInfo) -> grpc.aio.Channel:
         have = self._channels.get(m.node_id)
-        if have is not None and have[0] == m.api_address:
-            return have[1]
+        generation = self.dial.generation()  # rotated TLS files: the next probes dial with the new ones
+        if have is not None and have[:2] == (m.api_address, generation):
+            return have[2]
         if have is not None:
-            asyncio.get_running_loop().create_task(have[1].close(None))
-        ch = grpc.aio.insecure_channel(m.api_address)
-        self._channels[m.node_id] = (m.api_address, ch)
+            asyncio.get_running_loop().create_task(have[2].close(None))
+        ch = self.dial.aio_channel(m.api_address)
+        self._channels[m.node_id] = (m.api_address, generation, ch)
         return ch
 
     async def _forget_gone(self, live: set[str]) -> None:
         for nid in [n for n in self._channels if n not in live]:
-            _, ch = self._channels.pop(nid)
+            _, _, ch = self._channels.pop(nid)
             with contextlib.suppress(Exception):
                 await ch.close(None)
 

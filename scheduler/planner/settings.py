@@ -22,6 +22,9 @@ class PlannerSettings(Settings):
     api_port: int = 0  # gRPC port (0: pick a free one)
     api_host: str = "127.0.0.1"
     metrics_address: str = ""  # host:port of the Prometheus endpoint (port 0: pick one); empty or "off": none
+    # host:port of a plaintext gRPC health service (health only: probes cannot present a client certificate to
+    # the mutual-TLS API port); empty or "off": none (the API port answers health too)
+    health_address: str = ""
     metrics_schedule_limit: int = 100  # schedules with their own start-lag series; the rest share "_other"
     # Workers heartbeat every interval (told in the Welcome); a stream silent for the timeout is ended and
     # its attempts, unless re-attached within the timeout again, are timed out and retried. Keep the
@@ -69,6 +72,7 @@ class PlannerSettings(Settings):
         if self.retention_count < 1:
             raise InvalidArgument("retention_count", "must be at least 1")
         parse_listen_address("metrics_address", self.metrics_address)
+        parse_listen_address("health_address", self.health_address)
         if not 0 <= self.overlap_settle_ms <= 60_000:
             raise InvalidArgument("overlap_settle_ms", "must be in 0-60000")
         if not 0.01 <= self.heartbeat_interval <= 60:

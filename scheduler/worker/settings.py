@@ -7,7 +7,7 @@ import os
 import socket
 from dataclasses import dataclass
 
-from scheduler.config import TEST_MODE_ENV, Settings, parse_listen_address, test_mode
+from scheduler.config import TEST_MODE_ENV, Settings, check_tls_files, parse_listen_address, refuse_plaintext, test_mode
 from scheduler.errors import InvalidArgument
 from scheduler.ids import ID_RE
 from scheduler.model import MAX_NAME_LEN
@@ -52,9 +52,20 @@ class WorkerSettings(Settings):
     metrics_address: str = ""  # host:port of the Prometheus endpoint (port 0: pick one); empty or "off": none
     # host:port of a gRPC health service for probes (`schedctl health`; port 0: pick one); empty or "off": none
     health_address: str = ""
+    # TLS to the planners (docs/operations.md, "Security"): the CA bundle that signs the planners' certificates
+    # (none: the system's roots), and this worker's client certificate and key for mutual TLS.
+    tls_ca_file: str | None = None
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+    tls_server_name: str | None = None  # verify the planners' certificates against this name, not their address
+    insecure: bool = False  # allow plaintext streams to non-loopback planners
     # Tests only: run an assignment delivered twice twice (no dedupe by execution id + attempt), to show
     # that a drill's I1 check catches it (drill fault F9). Refused outside test mode.
     unsafe_disable_dedupe: bool = False
+
+    @property
+    def tls_enabled(self) -> bool:
+        return self.tls_ca_file is not None or self.tls_cert_file is not None
 
     @property
     def resolved_worker_id(self) -> str:
@@ -71,6 +82,10 @@ class WorkerSettings(Settings):
             raise InvalidArgument("planners", "at least one planner address is required")
         for i, address in enumerate(self.planners):
             _check_address(f"planners[{i}]", address)
+        check_tls_files("tls_", self.tls_cert_file, self.tls_key_file, self.tls_ca_file)
+        for i, address in enumerate(self.planners):  # the ones discovered later are dialled the same way
+            refuse_plaintext("worker stream", address, f"planners[{i}]", secure=self.tls_enabled,
+                             insecure=self.insecure)
         if not 1 <= self.concurrency <= 10_000:
             raise InvalidArgument("concurrency", f"{self.concurrency} is outside 1-10000")
         for name in ("heartbeat_interval", "result_ack_timeout", "credit_idle_after", "reconnect_backoff_min",

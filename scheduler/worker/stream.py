@@ -17,6 +17,7 @@ import grpc
 from scheduler._gen.scheduler.v1 import worker_service_pb2 as wpb
 from scheduler._gen.scheduler.v1 import worker_service_pb2_grpc as wgrpc
 from scheduler.tasks import cancel_and_wait
+from scheduler.tls import Dialer, client_tls
 from scheduler.worker.backoff import Backoff
 from scheduler.worker.settings import WorkerSettings
 
@@ -38,9 +39,15 @@ class ProtocolError(Exception):
     pass
 
 
-def channel(address: str, settings: WorkerSettings) -> grpc.aio.Channel:
+def dialer(settings: WorkerSettings) -> Dialer:
+    """Plaintext, or TLS (mutual with a certificate) from the files in the settings, re-read on change."""
+    return Dialer(client_tls(settings.tls_ca_file, settings.tls_cert_file, settings.tls_key_file,
+                             settings.tls_server_name))
+
+
+def channel(address: str, settings: WorkerSettings, dial: Dialer | None = None) -> grpc.aio.Channel:
     keepalive_ms = int(settings.keepalive_time * 1000)
-    return grpc.aio.insecure_channel(address, options=[
+    return (dial or dialer(settings)).aio_channel(address, options=[
         ("grpc.keepalive_time_ms", keepalive_ms),
         ("grpc.keepalive_timeout_ms", keepalive_ms),
         ("grpc.http2.max_pings_without_data", 0),
@@ -63,8 +70,11 @@ class PlannerStream:
         self.sessions = 0  # Welcomes received, for tests and logs
         self._owner = owner
         self._settings = settings
-        self._channel = channel(address, settings)
+        self._dial = dialer(settings)
+        self._generation = self._dial.generation()  # of the TLS files the channel was made with
+        self._channel = channel(address, settings, self._dial)
         self.stub = wgrpc.WorkerServiceStub(self._channel)
+        self.channels_made = 1  # a new one after a certificate rotation (tests)
         self._backoff = Backoff(settings.reconnect_backoff_min, settings.reconnect_backoff_max)
         self._queue: asyncio.Queue[wpb.WorkerMessage | None] | None = None  # None: nothing can be sent
         self._call: Any = None
@@ -118,9 +128,28 @@ class PlannerStream:
             await cancel_and_wait(self._task)
         await self._channel.close(None)
 
+    async def _fresh_channel(self) -> None:
+        """Before each (re)connection: rotated TLS files mean a new channel (credentials are fixed per channel);
+        the session that ran is over, so nothing is lost by closing the old one."""
+        try:
+            generation = self._dial.generation()
+        except OSError as e:  # unreadable files and no credentials yet: the dial below fails and is retried
+            log.warning("cannot read TLS files: %s", e, extra={"planner": self.address})
+            return
+        if generation == self._generation:
+            return
+        old = self._channel
+        self._generation = generation
+        self._channel = channel(self.address, self._settings, self._dial)
+        self.stub = wgrpc.WorkerServiceStub(self._channel)
+        self.channels_made += 1
+        log.info("TLS files changed: new channel", extra={"planner": self.address, "event": "tls_redial"})
+        await old.close(None)
+
     async def _run(self) -> None:
         while not self._stopping:
             try:
+                await self._fresh_channel()
                 await self._session()
             except asyncio.CancelledError:
                 task = asyncio.current_task()

@@ -40,7 +40,7 @@ def test_three_etcd_members_form_one_cluster() -> None:
     assert sorted(etcds) == [f"etcd-{r}" for r in REGIONS]
     initial = {flag.partition("=")[2] for s in etcds.values() for flag in s["command"]
                if flag.startswith("--initial-cluster=")}
-    assert initial == {",".join(f"etcd-{r}=http://etcd-{r}:2380" for r in REGIONS)}
+    assert initial == {",".join(f"etcd-{r}=https://etcd-{r}:2380" for r in REGIONS)}  # peers over TLS
     for name, s in etcds.items():
         assert f"--name={name}" in s["command"] and "--auto-compaction-mode=periodic" in s["command"]
 
@@ -82,7 +82,31 @@ def test_prometheus_scrapes_every_planner_worker_and_etcd_member() -> None:
                for role in ("planner", "worker")}
     assert _targets("planners") == by_role["planner"]
     assert _targets("workers") == by_role["worker"]
-    assert _targets("etcd") == {f"etcd-{r}:2379" for r in REGIONS}
+    # etcd's client port requires a client certificate: its /metrics are scraped on --listen-metrics-urls.
+    assert _targets("etcd") == {f"etcd-{r}:2381" for r in REGIONS}
+    for r in REGIONS:
+        assert "--listen-metrics-urls=http://0.0.0.0:2381" in svcs[f"etcd-{r}"]["command"]
+
+
+def test_mutual_tls_everywhere() -> None:
+    """Secure by default: every etcd member requires client certificates (peers too), every planner and worker
+    gets certificate files, nothing sets insecure, and the certificates name every service dialled."""
+    svcs = services()
+    env_files = {n: [(COMPOSE_DIR / f).read_text() for f in s.get("env_file", ())] for n, s in svcs.items()}
+    sans = svcs["certs"]["command"]
+    for name, s in svcs.items():
+        cmd = s.get("command", [])
+        assert "SCHED_INSECURE" not in str(s.get("environment", {})) + "".join(env_files[name]), name
+        if name.startswith("etcd-"):
+            assert {"--client-cert-auth", "--peer-client-cert-auth"} <= set(cmd), name
+            assert all(u.startswith("https://") for c in cmd if c.startswith(("--listen-client", "--advertise"))
+                       for u in [c.partition("=")[2]]), name
+            assert name in sans
+        elif cmd and cmd[0] in ("planner", "worker"):
+            text = "".join(env_files[name])
+            assert "SCHED_TLS_CERT_FILE=" in text and "SCHED_TLS_CA_FILE=" in text, name
+            if cmd[0] == "planner":
+                assert "SCHED_ETCD_CERT_FILE=" in text and name in sans, name
 
 
 def test_mounted_files_exist() -> None:

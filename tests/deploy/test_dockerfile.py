@@ -47,9 +47,10 @@ def test_one_healthcheck_for_both_roles() -> None:
     assert cmd[:2] == ["schedctl", "health"]
     assert {"interval", "timeout", "start-period", "retries"} <= set(opts)
     env = dockerfile.env()
-    # schedctl health's default address is 127.0.0.1:7000: where the planner's API and the worker's
-    # health service listen in the image.
-    assert env["SCHED_API_PORT"] == "7000" and env["SCHED_HEALTH_ADDRESS"].endswith(":7000")
+    # Both roles serve plaintext health on 7001 (the planner's API on 7000 may require client certificates,
+    # which no probe has), and the HEALTHCHECK asks there.
+    assert env["SCHED_API_PORT"] == "7000" and env["SCHED_HEALTH_ADDRESS"].endswith(":7001")
+    assert env["SCHED_HEALTHCHECK_ADDRESS"] == "127.0.0.1:7001"
 
 
 def test_the_build_context_keeps_what_the_build_copies() -> None:

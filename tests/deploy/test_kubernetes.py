@@ -24,7 +24,7 @@ REGIONS = ("region-r1", "region-r2", "region-r3")
 K8S_VERSIONS = ("1.29.0", "1.37.0")
 CRD_GROUPS = ("monitoring.coreos.com/",)  # Prometheus Operator kinds: no schema in kubernetes-validate
 # Made by the operator, not by kustomize (docs/deploy.md, "Kubernetes").
-EXTERNAL_SECRETS = frozenset({"sched-etcd-client-tls"})
+EXTERNAL_SECRETS = frozenset({"sched-etcd-client-tls", "sched-planner-tls", "sched-worker-tls"})
 
 
 @functools.cache
@@ -92,7 +92,8 @@ def test_planners_and_workers_are_probed_on_grpc_health(overlay: str) -> None:
     for w in sched_workloads(overlay):
         c = w["spec"]["template"]["spec"]["containers"][0]
         kinds[c["args"][0]] = w["kind"]
-        assert c["livenessProbe"]["grpc"]["port"] == 7000 and c["readinessProbe"]["grpc"]["port"] == 7000
+        # The plaintext health port: the kubelet's gRPC probe presents no client certificate to the mTLS API.
+        assert c["livenessProbe"]["grpc"]["port"] == 7001 and c["readinessProbe"]["grpc"]["port"] == 7001
         # CPU throttling freezes a planner past its lease: no CPU limit (docs/deploy.md, "Sizing").
         assert "cpu" not in c["resources"]["limits"]
     assert kinds == {"planner": "StatefulSet", "worker": "Deployment"}
@@ -146,6 +147,25 @@ def test_node_ids_are_pod_names_unique_across_regions() -> None:
         first = cm["data"]["SCHED_ETCD_ENDPOINTS"].split(",")[0]
         assert first.startswith(f"etcd-{overlay.removeprefix('region-')}."), "this region's member first"
     assert len(set(sets)) == len(REGIONS), sets
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_mutual_tls_unless_the_try_out_says_insecure(overlay: str) -> None:
+    """Secure by default: planners and workers get certificate files from secrets; only the try-out runs
+    plaintext, and says so with SCHED_INSECURE=true (without it they would refuse to start off loopback)."""
+    insecure = [c["data"].get("SCHED_INSECURE") for c in of_kind(overlay, "ConfigMap") if "SCHED_INSECURE" in
+                c.get("data", {})]
+    for w in sched_workloads(overlay):
+        pod = w["spec"]["template"]["spec"]
+        e = env(pod["containers"][0])
+        if overlay == "try-out":
+            assert not [n for n in e if n.startswith("SCHED_TLS_")], w["metadata"]["name"]
+            assert not [v for v in pod["volumes"] if "secret" in v]
+        else:
+            assert {"SCHED_TLS_CERT_FILE", "SCHED_TLS_KEY_FILE", "SCHED_TLS_CA_FILE"} <= set(e), w["metadata"]["name"]
+            mounts = {m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
+            assert str(Path(e["SCHED_TLS_CERT_FILE"]).parent) in mounts  # a directory mount: renewals reach it
+    assert insecure == (["true"] if overlay == "try-out" else [])
 
 
 def test_try_out_points_the_planners_at_its_own_etcd_without_tls() -> None:

@@ -92,8 +92,9 @@ class Dev:
 
     ATTEMPTS = 5
 
-    def __init__(self, tmp: Path, workers: int = 2, data_dir: Path | None = None, regions: int = 1) -> None:
-        self.tmp, self.workers, self.data_dir, self.regions = tmp, workers, data_dir, regions
+    def __init__(self, tmp: Path, workers: int = 2, data_dir: Path | None = None, regions: int = 1,
+                 extra: tuple[str, ...] = ()) -> None:
+        self.tmp, self.workers, self.data_dir, self.regions, self.extra = tmp, workers, data_dir, regions, extra
         self.log = tmp / "dev.log"
         self.bind_retries = 0
         self._spawn()
@@ -106,7 +107,7 @@ class Dev:
             argv += ["--regions", str(self.regions)]
         if self.data_dir is not None:
             argv += ["--data-dir", str(self.data_dir)]
-        self.proc = spawn(argv, self.log, env=CLEAN_ENV)
+        self.proc = spawn([*argv, *self.extra], self.log, env=CLEAN_ENV)
 
     def text(self) -> str:
         return self.log.read_text(errors="replace")
@@ -208,6 +209,50 @@ def test_readme_quickstart(dev_factory: list[Dev], tmp_path: Path) -> None:
     assert not data_dir.exists(), "the temporary data directory was not removed"
 
 
+def test_plaintext_is_said_once_and_tls_is_one_flag_away(dev_factory: list[Dev], tmp_path: Path) -> None:
+    """`schedctl dev --tls --certs DIR`: etcd, the planner and the worker over mutual TLS with `schedctl certs
+    dev` certificates; schedctl gets in with the printed SCHED_TLS_* and not without."""
+    certs = tmp_path / "certs"
+    dev = Dev(tmp_path, workers=1, extra=("--tls", "--certs", str(certs)))
+    dev_factory.append(dev)
+    dev.wait_ready()
+    out = dev.text()
+    assert "plaintext on loopback" not in out and "mutual TLS everywhere" in out, out
+    env_line = re.search(r"schedctl needs: export (.+)", out)
+    assert env_line is not None, out
+    tls_env = dict(kv.split("=", 1) for kv in env_line[1].split())
+    assert tls_env["SCHED_TLS_CERT_FILE"] == str(certs / "admin.crt")
+    etcd_url = re.search(r"etcd     pid \d+, (\S+),", out)
+    assert etcd_url is not None and etcd_url[1].startswith("https://"), out
+
+    def run(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([SCHEDCTL, *args, "--server", dev.server], env=CLEAN_ENV | env, capture_output=True,
+                              text=True, timeout=60, check=False)
+
+    r = run("schedule", "create", "--id", "tls-hello", "--cron", "*/2 * * * * *", "--command", "echo hi", env=tls_env)
+    assert r.returncode == 0, r.stderr + dev.text()
+    deadline = time.monotonic() + 60
+    while True:
+        r = run("exec", "list", "--schedule", "tls-hello", "--state", "succeeded", "--json", env=tls_env)
+        assert r.returncode == 0, r.stderr
+        if json.loads(r.stdout)["executions"]:
+            break
+        assert time.monotonic() < deadline, "no successful run over mutual TLS in 60 s"
+        time.sleep(1)
+    r = run("exec", "list", "--schedule", "tls-hello", "--timeout", "3", env={})  # plaintext: refused
+    assert r.returncode == 5, r.stderr
+    assert dev.stop(signal.SIGTERM) == 0, dev.text()
+    assert (certs / "ca.crt").exists()  # --certs is kept
+
+    (tmp_path / "plain").mkdir()
+    plain = Dev(tmp_path / "plain", workers=0)
+    dev_factory.append(plain)
+    plain.wait_ready()
+    text = plain.text()
+    assert text.count("plaintext on loopback") == 1 and "TLS      off" in text, text
+    assert plain.stop(signal.SIGTERM) == 0
+
+
 def test_sigkilled_dev_leaves_no_orphans(dev_factory: list[Dev], tmp_path: Path) -> None:
     data = tmp_path / "data"
     dev = Dev(tmp_path, workers=1, data_dir=data)
@@ -228,6 +273,8 @@ def test_bad_options_exit_2_naming_the_field() -> None:
     assert r.returncode == 2 and "listen: 'localhost' is not host:port" in r.stderr
     r = schedctl("dev", "--workers", "-1")
     assert r.returncode == 2 and "workers: -1 is outside 0-64" in r.stderr
+    r = schedctl("dev", "--listen", f"127.0.0.1:{free_port()}", "--certs", "/nonexistent")
+    assert r.returncode == 2 and "certs: --certs goes with --tls" in r.stderr, r.stderr
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()

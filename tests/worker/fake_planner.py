@@ -22,6 +22,7 @@ from scheduler._gen.scheduler.v1 import cluster_pb2 as cpb
 from scheduler._gen.scheduler.v1 import execution_pb2 as epb
 from scheduler._gen.scheduler.v1 import worker_service_pb2 as wpb
 from scheduler._gen.scheduler.v1 import worker_service_pb2_grpc as wgrpc
+from scheduler.tls import ServerTls, peer_identity
 
 RECORDED = wpb.RESULT_DISPOSITION_RECORDED
 _ABORT = object()
@@ -112,8 +113,10 @@ class Conn:
 
 class FakePlanner(wgrpc.WorkerServiceServicer):  # type: ignore[misc]  # generated, untyped
     def __init__(self, planner_id: str = "planner-1", region: str = "r1", heartbeat_interval: float = 0.05,
-                 port: int = 0) -> None:
+                 port: int = 0, tls: ServerTls | None = None) -> None:
         self.planner_id = planner_id
+        self.tls = tls  # serve TLS (mutual with require_client_cert) instead of plaintext
+        self.identities: list[dict[str, list[str]]] = []  # each stream's verified peer (auth_context)
         self.region = region
         self.heartbeat_interval = heartbeat_interval
         self.conns: list[Conn] = []
@@ -150,7 +153,9 @@ class FakePlanner(wgrpc.WorkerServiceServicer):  # type: ignore[misc]  # generat
             ("grpc.http2.max_ping_strikes", 0),
         ])
         wgrpc.add_WorkerServiceServicer_to_server(self, self._server)
-        self.port = self._server.add_insecure_port(f"127.0.0.1:{self.port}")
+        where = f"127.0.0.1:{self.port}"
+        self.port = (self._server.add_insecure_port(where) if self.tls is None
+                     else self._server.add_secure_port(where, self.tls.credentials()))
         self.address = f"127.0.0.1:{self.port}"
         await self._server.start()
         return self
@@ -180,6 +185,7 @@ class FakePlanner(wgrpc.WorkerServiceServicer):  # type: ignore[misc]  # generat
         if first.WhichOneof("body") != "hello":
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "first message must be a Hello")
         conn = Conn(hello=first.hello)
+        self.identities.append(peer_identity(context))
         self.conns.append(conn)
         reader = asyncio.create_task(self._read(conn, request_iterator))
         try:
