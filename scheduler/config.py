@@ -131,6 +131,9 @@ class EtcdSettings(Settings):
     etcd_ca_file: str | None = None
     etcd_cert_file: str | None = None
     etcd_key_file: str | None = None
+    # The name to verify in etcd's server certificate instead of each endpoint's host: needed when several
+    # endpoints are IP literals (one gRPC target `ipv4:a,b,c`, which carries no host name of its own).
+    etcd_tls_server_name: str | None = None
 
     def validate(self) -> None:
         if not self.etcd_endpoints:

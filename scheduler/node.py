@@ -60,6 +60,7 @@ def etcd_client(s: EtcdSettings, rpc_timeout: float) -> EtcdClient:
             ca_file=s.etcd_ca_file,
             cert_file=s.etcd_cert_file,
             key_file=s.etcd_key_file,
+            tls_server_name=s.etcd_tls_server_name,
             timeout=rpc_timeout,
         )
     )

@@ -85,7 +85,9 @@ class DevTls:
     def planner(self) -> list[str]:
         return ["--tls-cert-file", self.file("planner.crt"), "--tls-key-file", self.file("planner.key"),
                 "--tls-ca-file", self.file("ca.crt"), "--etcd-ca-file", self.file("ca.crt"),
-                "--etcd-cert-file", self.file("etcd-client.crt"), "--etcd-key-file", self.file("etcd-client.key")]
+                "--etcd-cert-file", self.file("etcd-client.crt"), "--etcd-key-file", self.file("etcd-client.key"),
+                # Several IP endpoints (--regions) make one `ipv4:a,b,c` target with no host name to verify.
+                "--etcd-tls-server-name", "localhost"]
 
     def worker(self) -> list[str]:
         return ["--tls-ca-file", self.file("ca.crt"), "--tls-cert-file", self.file("worker.crt"),

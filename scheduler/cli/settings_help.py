@@ -16,6 +16,7 @@ HELP: dict[str, str] = {
     "etcd_ca_file": "CA bundle (PEM) to verify etcd's TLS certificate",
     "etcd_cert_file": "client certificate (PEM) for etcd mTLS (with --etcd-key-file)",
     "etcd_key_file": "client key (PEM) for etcd mTLS (with --etcd-cert-file)",
+    "etcd_tls_server_name": "name to verify in etcd's certificate instead of the endpoint hosts (several IP endpoints)",
     # coordination
     "node_id": "this planner's unique name in the cluster",
     "region": "region this node runs in (planners of the primary region own partitions; `region switchover`)",
