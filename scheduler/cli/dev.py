@@ -289,6 +289,7 @@ def _run(args: argparse.Namespace, sup: Supervisor, etcd_bin: str, host: str, po
     ], env)
     workers = [sup.spawn(f"worker-{i}", [
         *_schedctl(), "worker", "--worker-id", f"dev-worker-{i}", "--planners", api, "--pool", "default",
+        "--allow-shell", "true",  # the quick start's `--command` schedules: a loopback cluster of your own
         "--drain-grace", "5", "--log-level", args.log_level, *metrics_flags(f"worker-{i}", WorkerSettings),
     ], env) for i in range(1, args.workers + 1)]
     sup.wait_until(f"the API serves on {api}", lambda: _api_serving(api), 30, [etcd, planner])

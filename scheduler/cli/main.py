@@ -10,6 +10,7 @@ import sys
 
 from scheduler import __version__
 from scheduler.cli import (
+    auth,
     cluster,
     completion,
     dev,
@@ -43,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     drill.register(sub)
     completion.register(sub)
     health.register(sub)
+    auth.register(sub)
     return ap
 
 

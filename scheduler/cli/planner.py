@@ -69,7 +69,9 @@ def add_settings_flags(p: argparse.ArgumentParser, *classes: type[Any]) -> None:
             if f.name.startswith("unsafe_"):
                 unsafe.append((f, text))
                 continue
-            group.add_argument(_flag(f.name), dest=f.name, default=None, metavar=_metavar(f), help=text)
+            # A bool setting works as a bare switch too (`--allow-shell`, `--insecure`) as well as with a value.
+            extra: dict[str, Any] = {"nargs": "?", "const": "true"} if "bool" in str(f.type) else {}
+            group.add_argument(_flag(f.name), dest=f.name, default=None, metavar=_metavar(f), help=text, **extra)
     if unsafe:  # last, under their own heading
         group = p.add_argument_group(UNSAFE_TITLE)
         for f, text in unsafe:
@@ -184,7 +186,7 @@ async def _main(etcd: EtcdSettings, coord: CoordinationSettings, planner: Planne
     dispatcher = node.make_dispatcher()  # heartbeat timing from the planner settings
     schedules, admin = node.make_api()
     server, port = await start_server(dispatcher, planner.api_host, planner.api_port, schedules=schedules,
-                                      admin=admin)
+                                      admin=admin, interceptors=[node.security.interceptor])
     if not coord.api_address:
         node.advertise(f"{planner.api_host}:{port}")
     log.info("serving", extra={"event": "serving", "address": f"{planner.api_host}:{port}"})

@@ -45,6 +45,11 @@ HELP: dict[str, str] = {
     "api_port": "gRPC API port (0: pick a free one and log it)",
     "api_host": "address the gRPC API listens on",
     "metrics_address": "host:port of the Prometheus /metrics endpoint (port 0: pick one; empty or off: none)",
+    "auth_file": "authorization file (TOML: JWT keys, token file, certificate identities, pool restrictions); "
+                 "empty: auth off, every call allowed (refused off loopback unless --insecure)",
+    "insecure": "accept running without auth (and, with TLS, plaintext) on a non-loopback address",
+    "token_file": "file holding the bearer token this process presents to planners (peers, workers)",
+    "audit_max_events": "events the audit log keeps (the oldest are deleted beyond it)",
     "health_address": "worker: host:port of a gRPC health service for probes, `schedctl health` (port 0: pick "
                       "one; empty or off: none)",
     "metrics_schedule_limit": "schedules with their own start-lag series; the rest share `_other`",
@@ -81,6 +86,8 @@ HELP: dict[str, str] = {
     "discovery_interval": "seconds between planner list refreshes",
     "keepalive_time": "seconds between gRPC keepalive pings (so a frozen planner is noticed)",
     "flush_timeout": "seconds; at shutdown, how long to wait for the last results to be acknowledged",
+    "allow_shell": "run the shell executor's commands (off: shell executions fail permanently; a remote-code-"
+                   "execution surface for whoever may create schedules on this pool)",
     "shell_kill_grace": "seconds; shell executor: SIGTERM, then SIGKILL the process group after this",
     "http_timeout": "seconds; http executor request timeout when the payload sets no timeout_s",
     "log_level": "debug, info, warning or error",

@@ -24,6 +24,7 @@ from scheduler._gen.scheduler.v1 import execution_pb2 as epb
 from scheduler._gen.scheduler.v1 import schedule_pb2 as spb
 from scheduler._gen.scheduler.v1 import schedule_service_pb2 as sspb
 from scheduler._gen.scheduler.v1 import schedule_service_pb2_grpc as ssgrpc
+from scheduler.auth.bearer import bearer_interceptors
 from scheduler.client.errors import ClientError, from_rpc_error
 from scheduler.client.instants import Instant, timestamp
 from scheduler.client.retry import READS, RETRYABLE, RetryPolicy
@@ -50,11 +51,14 @@ class SchedulerClient:
     """One channel to one planner node (any node answers for any schedule)."""
 
     def __init__(self, address: str = DEFAULT_SERVER, *, timeout: float = 10.0,
-                 retry: RetryPolicy | None = None, channel: grpc.aio.Channel | None = None) -> None:
+                 retry: RetryPolicy | None = None, channel: grpc.aio.Channel | None = None,
+                 token: str | None = None) -> None:
+        """`token`: a bearer token sent on every call (`authorization: Bearer <token>`), for a cluster with
+        auth on (docs/operations.md, "Security"); `read_token_file` reads one from a file."""
         self.address = address
         self.timeout = timeout
         self.retry = retry or RetryPolicy()
-        self._channel = channel or grpc.aio.insecure_channel(address, options=[
+        self._channel = channel or grpc.aio.insecure_channel(address, interceptors=bearer_interceptors(token), options=[
             ("grpc.max_receive_message_length", _MAX_MESSAGE),
             ("grpc.max_send_message_length", _MAX_MESSAGE),
         ])
@@ -325,6 +329,14 @@ class SchedulerClient:
 
     async def get_time(self, *, timeout: float | None = None) -> Any:
         return await self._call("GetTime", self._admin.GetTime, apb.GetTimeRequest(), timeout)
+
+    def iter_audit_events(self, *, limit: int | None = None, newest_first: bool = False, page_size: int = 0,
+                          timeout: float | None = None) -> AsyncIterator[Any]:
+        """The audit log's `AuditEvent`s (system:admin), oldest first unless `newest_first`, at most `limit`."""
+        async def fetch(token: str) -> Any:
+            req = apb.ListAuditEventsRequest(page_size=page_size, page_token=token, newest_first=newest_first)
+            return await self._call("ListAuditEvents", self._admin.ListAuditEvents, req, timeout)
+        return _pages(fetch, "events", limit)
 
 
 __all__ = ["ClientError", "SchedulerClient"]

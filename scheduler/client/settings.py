@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from scheduler.auth.bearer import read_token_file
 from scheduler.config import Settings
 from scheduler.errors import InvalidArgument
 
@@ -23,6 +24,7 @@ DEFAULT_SERVER = "127.0.0.1:7000"  # `schedctl dev` and `schedctl planner --api-
 class ClientSettings(Settings):
     server: str = DEFAULT_SERVER  # host:port of any planner node
     request_timeout: float = 10.0  # seconds per call (retries included)
+    token_file: str = ""  # a file holding the bearer token to send (a cluster with auth on); empty: none
 
     def validate(self) -> None:
         host, sep, port = self.server.rpartition(":")
@@ -30,6 +32,10 @@ class ClientSettings(Settings):
             raise InvalidArgument("server", f"{self.server!r} is not host:port (e.g. 127.0.0.1:7000)")
         if self.request_timeout <= 0:
             raise InvalidArgument("request_timeout", "must be positive")
+
+    def token(self) -> str | None:
+        """The bearer token from token_file (InvalidArgument naming `token_file` if unreadable), or None."""
+        return read_token_file(self.token_file) if self.token_file else None
 
 
 def default_config_file(env: Mapping[str, str] | None = None) -> Path | None:

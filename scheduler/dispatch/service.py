@@ -57,6 +57,9 @@ from scheduler.region.affinity import AffinityPolicy, Mode
 from scheduler.region.policy import RegionPolicy
 from scheduler.store.kv import KV
 from scheduler.store.ledger import Ledger
+from scheduler.auth.access import OPEN, Authz
+from scheduler.auth.current import current
+from scheduler.auth.principal import Role
 from scheduler.timeconv import ms_to_duration, ms_to_timestamp
 
 log = logging.getLogger(__name__)
@@ -101,8 +104,13 @@ class Dispatcher:
         type_caps: dict[str, int] | None = None,
         tenant_weights: dict[str, int] | None = None,
         duplicate_file: str = "",
+        authz: Authz = OPEN,
     ) -> None:
         self.node_id, self.region, self.kv, self.ledger, self.clock = node_id, region, kv, ledger, clock
+        # Which principal may serve which pool (checked on Hello), and which tenants a pool may run
+        # (checked on every submit: enforced here, never trusted to the worker).
+        self.authz = authz
+        self.refused_tenant = 0  # executions not sent because their pool does not serve their tenant
         self._planners, self._on_transition = planners, on_transition
         self._lookup = lookup
         self._on_capacity = on_capacity  # new credits: wake planner loops waiting for capacity
@@ -224,6 +232,15 @@ class Dispatcher:
         self.liveness.expect(attempts)
 
     def submit(self, e: Execution, payload: bytes, token: FencingToken) -> None:
+        allowed = self.authz.pools.get(e.pool)
+        if allowed is not None and e.tenant not in allowed:
+            # A schedule created before its pool was restricted (create and update refuse it now): its runs
+            # never reach the pool's workers. They stay DISPATCHED until start-by and are dispatched again,
+            # and again refused here, until the schedule moves to a pool that serves its tenant.
+            self.refused_tenant += 1
+            log.error("execution not sent: its pool does not serve its tenant", extra={
+                "event": "dispatch_refused_tenant", "execution_id": e.id, "pool": e.pool, "tenant": e.tenant})
+            return
         self.queue.put(e.pool, e.tenant, e.task_type, _Item(e, payload, token))
         # Pumped at the end of this loop iteration, so a round's dispatches share one Assignments message.
         if not self._pump_pending:
@@ -382,6 +399,13 @@ class Dispatcher:
         if not h.worker_id or not h.pool:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "hello.worker_id and hello.pool are required")
             return
+        if self.authz.enabled:
+            p = current()
+            if p is None or not p.may(Role.WORKER, h.pool):
+                who = p.name if p else "an unauthenticated caller"
+                await context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                                    f"hello.pool: {who} may not serve pool {h.pool!r} (it needs {h.pool}:worker)")
+                return
         if self.duplicate is not None:
             self.duplicate.start()  # polled from the first stream on: without workers there is nothing to repeat
         conn_id = next(self._ids)

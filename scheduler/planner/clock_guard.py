@@ -50,6 +50,7 @@ class ClockGuard:
         self.peer_offsets: dict[str, int | None] = {}
         self.anchor: Anchor | None = None
         self._channels: dict[str, tuple[str, grpc.aio.Channel]] = {}  # node -> (address, channel)
+        self.peer_metadata: tuple[tuple[str, str], ...] = ()  # this planner's bearer token (auth on)
 
     # ---- what the node reads ----------------------------------------------------------------------
 
@@ -145,7 +146,8 @@ class ClockGuard:
         bound = self.s.probe_rtt_bound
         t0 = self.clock.monotonic()
         try:
-            r: apb.GetTimeResponse = await agrpc.AdminServiceStub(ch).GetTime(apb.GetTimeRequest(), timeout=bound)
+            r: apb.GetTimeResponse = await agrpc.AdminServiceStub(ch).GetTime(apb.GetTimeRequest(), timeout=bound,
+                                                                                metadata=self.peer_metadata)
         except (grpc.RpcError, TimeoutError, OSError) as e:
             log.debug("clock probe of %s failed: %s", m.node_id, e)
             return None

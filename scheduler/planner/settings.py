@@ -2,10 +2,23 @@
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass
 
 from scheduler.config import TEST_MODE_ENV, Settings, parse_listen_address, test_mode
 from scheduler.errors import InvalidArgument
+
+
+def is_loopback(host: str) -> bool:
+    """127.0.0.0/8, ::1 and `localhost`: reachable only from this machine. `0.0.0.0`, `::` and every other
+    address are not (a name is not resolved: only `localhost` counts)."""
+    h = host.strip("[]")
+    if h == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(h).is_loopback
+    except ValueError:
+        return False
 
 
 @dataclass(frozen=True)
@@ -49,6 +62,14 @@ class PlannerSettings(Settings):
     # twice. Empty: never. A product that repeats its deliveries on purpose is no product: refused outside
     # test mode, as the other unsafe_ switches.
     unsafe_duplicate_delivery_file: str = ""
+    # Security (docs/operations.md, "Security"). auth_file: the authorization file (principals, roles, pool
+    # restrictions; scheduler/auth/config.py); empty: every call is allowed, which a planner accepts only on
+    # a loopback address unless `insecure` is set. token_file: the bearer token this planner presents to its
+    # peers (clock probes, the status fan-out), a principal with `system:planner`.
+    auth_file: str = ""
+    insecure: bool = False
+    token_file: str = ""
+    audit_max_events: int = 10_000  # the audit log keeps this many events (the oldest are deleted)
 
     @property
     def probe_rtt_bound(self) -> float:
@@ -88,6 +109,11 @@ class PlannerSettings(Settings):
         if self.unsafe_disable_clock_guard and not test_mode():
             raise InvalidArgument("unsafe_disable_clock_guard",
                                   f"is refused outside test mode ({TEST_MODE_ENV}=1): it breaks safety")
+        if not 10 <= self.audit_max_events <= 1_000_000:
+            raise InvalidArgument("audit_max_events", "must be in 10-1000000")
+        if not self.auth_file and not self.insecure and not is_loopback(self.api_host):
+            raise InvalidArgument("auth_file", f"the API would listen on {self.api_host} with every call allowed: "
+                                  "set auth_file (docs/operations.md, Security), or `insecure = true` to accept that")
         if self.unsafe_duplicate_delivery_file and not test_mode():
             raise InvalidArgument("unsafe_duplicate_delivery_file",
                                   f"is refused outside test mode ({TEST_MODE_ENV}=1): it delivers assignments twice")

@@ -14,6 +14,8 @@ from typing import Any, Protocol
 
 import grpc
 
+from scheduler.auth.bearer import bearer_interceptors, read_token_file
+
 from scheduler._gen.scheduler.v1 import worker_service_pb2 as wpb
 from scheduler._gen.scheduler.v1 import worker_service_pb2_grpc as wgrpc
 from scheduler.tasks import cancel_and_wait
@@ -40,7 +42,9 @@ class ProtocolError(Exception):
 
 def channel(address: str, settings: WorkerSettings) -> grpc.aio.Channel:
     keepalive_ms = int(settings.keepalive_time * 1000)
-    return grpc.aio.insecure_channel(address, options=[
+    # The token is read on every dial, so a rotated token file is picked up at the next reconnect.
+    token = read_token_file(settings.token_file) if settings.token_file else None
+    return grpc.aio.insecure_channel(address, interceptors=bearer_interceptors(token), options=[
         ("grpc.keepalive_time_ms", keepalive_ms),
         ("grpc.keepalive_timeout_ms", keepalive_ms),
         ("grpc.http2.max_pings_without_data", 0),
