@@ -372,7 +372,9 @@ class NetnsNetwork:
         return self._net().prefix(node)
 
     def planner_settings(self, node: str) -> dict[str, str]:
-        return {"api_host": self._net().addr(node), "api_port": str(PLANNER_API_PORT)}
+        # A private address inside the harness's own network namespaces, no auth (the drills test coordination,
+        # not security): the explicit opt-out a planner off loopback needs.
+        return {"api_host": self._net().addr(node), "api_port": str(PLANNER_API_PORT), "insecure": "true"}
 
     def reach(self, address: str) -> str:
         """The harness-side endpoint (a portal) for a node's `addr:port`; other addresses as they are."""

@@ -71,7 +71,7 @@ def _rel(base: Path, p: str) -> str:
 def _str(d: Mapping[str, Any], key: str, where: str, default: str | None = None) -> str:
     v = d.get(key, default)
     if not isinstance(v, str) or not v:
-        raise InvalidArgument(f"{where}.{key}", "is required (a non-empty string)")
+        raise InvalidArgument(f"{where}.{key}" if where else key, "is required (a non-empty string)")
     return v
 
 

@@ -61,8 +61,11 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
             code = next((c for c in grpc.StatusCode if c.value[0] == code), grpc.StatusCode.UNKNOWN)
         if code is None:
             code = grpc.StatusCode.OK if error is None else grpc.StatusCode.UNKNOWN
+        details = context.details() if hasattr(context, "details") else ""
+        if isinstance(details, bytes):
+            details = details.decode(errors="replace")
         await self.audit.record(p.name if p else "anonymous", method.rsplit("/", 1)[-1], target_of(request),
-                                code.name, (context.details() or "") if hasattr(context, "details") else "")
+                                code.name, str(details or ""))
 
     async def intercept_service(
         self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],

@@ -80,8 +80,8 @@ class JwtVerifier:
                 claims: dict[str, Any] = jwt.decode(
                     token, key, algorithms=list(self.s.algorithms), audience=self.s.audience, issuer=self.s.issuer,
                     leeway=self.s.leeway_s, options={"require": ["exp", "iss", "aud"]})
-            except jwt.InvalidSignatureError as e:
-                last = e
+            except (jwt.InvalidSignatureError, jwt.InvalidKeyError) as e:
+                last = e  # not this key (another key, or a key of another type): try the next
                 continue
             except jwt.PyJWTError as e:  # expired, not yet valid, wrong audience or issuer, malformed
                 raise Unauthenticated(f"bearer token refused: {e}") from None
@@ -97,17 +97,18 @@ def load_jwks(path: str) -> list[tuple[str | None, Any]]:
         keyset = jwt.PyJWKSet.from_dict(data)
     except (OSError, ValueError, jwt.PyJWTError) as e:
         raise InvalidArgument("jwt.jwks_file", f"cannot read a JWKS from {path}: {e}") from None
-    return [(k.key_id, k) for k in keyset.keys]
+    return [(k.key_id, k.key) for k in keyset.keys]
 
 
 def load_pem_keys(paths: Sequence[str]) -> list[tuple[str | None, Any]]:
+    from cryptography.exceptions import UnsupportedAlgorithm
     from cryptography.hazmat.primitives.serialization import load_pem_public_key
 
     out: list[tuple[str | None, Any]] = []
     for i, p in enumerate(paths):
         try:
             out.append((None, load_pem_public_key(Path(p).read_bytes())))
-        except (OSError, ValueError, TypeError) as e:
+        except (OSError, ValueError, TypeError, UnsupportedAlgorithm) as e:
             raise InvalidArgument(f"jwt.public_key_files[{i}]", f"cannot read a PEM public key from {p}: {e}") \
                 from None
     return out

@@ -364,3 +364,36 @@ async def test_mtls_certificate_identity_is_the_principal(env: AuthEnv) -> None:
                 assert code is grpc.StatusCode.UNAVAILABLE  # the handshake fails: no call reaches a handler
     finally:
         await server.stop(None)
+
+
+async def test_schedctl_sends_its_token_and_says_why_it_was_refused(env: AuthEnv, tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    import asyncio
+
+    from scheduler.cli.main import main
+
+    monkeypatch.delenv("SCHED_TOKEN_FILE", raising=False)
+    monkeypatch.setenv("SCHED_CONFIG", str(tmp_path / "none.toml"))  # no user config file
+    (tmp_path / "none.toml").write_text("")
+    for who in ("alice", "root"):
+        (tmp_path / f"{who}.token").write_text(env.tokens[who] + "\n")
+
+    async def schedctl(*argv: str) -> int:
+        return await asyncio.to_thread(main, [*argv, "--server", env.address])
+
+    await env.schedules.CreateSchedule(spb.CreateScheduleRequest(schedule=sched("pay-1", "payments")),
+                                       metadata=env.md("alice"))
+    assert await schedctl("schedule", "list", "--token-file", str(tmp_path / "alice.token")) == 0
+    assert "pay-1" in capsys.readouterr().out
+    assert await schedctl("schedule", "list") == 7  # no token
+    assert "--token-file" in capsys.readouterr().err
+    assert await schedctl("cluster", "status", "--token-file", str(tmp_path / "alice.token")) == 8
+    assert "permission denied: token:alice may not call GetClusterStatus" in capsys.readouterr().err
+    monkeypatch.setenv("SCHED_TOKEN_FILE", str(tmp_path / "root.token"))
+    assert await schedctl("audit", "list") == 0
+    out = capsys.readouterr().out
+    assert "token:alice" in out and "CreateSchedule" in out
+    monkeypatch.setenv("SCHED_TOKEN_FILE", str(tmp_path / "missing.token"))
+    assert await schedctl("schedule", "list") == 2
+    assert "token_file: cannot read" in capsys.readouterr().err
