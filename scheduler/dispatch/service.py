@@ -234,18 +234,28 @@ class Dispatcher:
     def submit(self, e: Execution, payload: bytes, token: FencingToken) -> None:
         allowed = self.authz.pools.get(e.pool)
         if allowed is not None and e.tenant not in allowed:
-            # A schedule created before its pool was restricted (create and update refuse it now): its runs
-            # never reach the pool's workers. They stay DISPATCHED until start-by and are dispatched again,
-            # and again refused here, until the schedule moves to a pool that serves its tenant.
-            self.refused_tenant += 1
-            log.error("execution not sent: its pool does not serve its tenant", extra={
-                "event": "dispatch_refused_tenant", "execution_id": e.id, "pool": e.pool, "tenant": e.tenant})
+            self._refuse_tenant(e, token)
             return
         self.queue.put(e.pool, e.tenant, e.task_type, _Item(e, payload, token))
         # Pumped at the end of this loop iteration, so a round's dispatches share one Assignments message.
         if not self._pump_pending:
             self._pump_pending = True
             asyncio.get_running_loop().call_soon(self._pump)
+
+    def _refuse_tenant(self, e: Execution, token: FencingToken) -> None:
+        """An execution of a tenant its pool does not serve (a schedule stored before the pool was restricted:
+        create and update refuse it now) never reaches the pool's workers. Its attempt is recorded as a
+        permanent failure, as a worker's result would be, so it ends in the dead-letter list with the reason
+        instead of being dispatched again and again; replay it after moving the schedule to a pool that
+        serves its tenant."""
+        self.refused_tenant += 1
+        why = f"pool {e.pool!r} does not serve tenant {e.tenant!r} (auth file [pools]): not sent to its workers"
+        log.error("execution not sent: its pool does not serve its tenant", extra={
+            "event": "dispatch_refused_tenant", "execution_id": e.id, "pool": e.pool, "tenant": e.tenant})
+        self.recorder.enqueue(self, f"planner:{self.node_id}", [wpb.Result(
+            execution_id=e.id, attempt=e.attempt, fencing_token=fencing_token_pb(token),
+            outcome=execution_pb2.ATTEMPT_OUTCOME_FAILED, error_class=execution_pb2.ERROR_CLASS_PERMANENT,
+            message=why)], lambda report: None)
 
     def cancel(self, e: Execution, reason: str) -> None:
         self.cancel_attempt(e.id, e.attempt, reason)

@@ -397,3 +397,53 @@ async def test_schedctl_sends_its_token_and_says_why_it_was_refused(env: AuthEnv
     monkeypatch.setenv("SCHED_TOKEN_FILE", str(tmp_path / "missing.token"))
     assert await schedctl("schedule", "list") == 2
     assert "token_file: cannot read" in capsys.readouterr().err
+
+
+async def test_a_restricted_pool_worker_never_receives_another_tenants_execution(
+        env: AuthEnv, tmp_path: Path) -> None:
+    """A real planner loop and a real SDK worker of pool `payments-pool` (token `payments-pool:worker`). A
+    billing schedule stored on that pool before the restriction (written past the API, which refuses it now)
+    is triggered: its run never reaches the worker and is dead-lettered naming the pool, while payments' run
+    on the same pool runs."""
+    import asyncio
+    import dataclasses
+
+    from scheduler.execution import ExecState
+    from scheduler.model import Schedule
+    from scheduler.worker import ExecutionContext, Worker
+    from tests.store.test_operations import WORKER
+
+    await env.node.store.create(Schedule(id="old-billing", tenant="billing", spec=YEARLY, worker_pool="payments-pool",
+                                         task_type="t"), SYSTEM_CLOCK.wall_ms() - HOUR)
+    await env.schedules.CreateSchedule(spb.CreateScheduleRequest(schedule=sched("pay-w", "payments", "payments-pool")),
+                                       metadata=env.md("alice"))
+    (tmp_path / "worker.token").write_text(env.tokens["worker"])
+    worker = Worker(settings=dataclasses.replace(WORKER, pool="payments-pool", planners=(env.address,),
+                                                 token_file=str(tmp_path / "worker.token")))
+    ran: list[str] = []
+
+    @worker.task("t")
+    async def handler(ctx: ExecutionContext, payload: bytes) -> None:
+        ran.append(ctx.execution_id)
+
+    node_task = asyncio.create_task(env.node.run())
+    await worker.start()
+    try:
+        bad = await env.schedules.TriggerSchedule(spb.TriggerScheduleRequest(id="old-billing"),
+                                                  metadata=env.md("bob"))
+        good = await env.schedules.TriggerSchedule(spb.TriggerScheduleRequest(id="pay-w"), metadata=env.md("alice"))
+        async with asyncio.timeout(20):
+            while True:
+                b = await env.node.ledger.get(env.kv, "old-billing", bad.execution.planned_at.ToMilliseconds())
+                g = await env.node.ledger.get(env.kv, "pay-w", good.execution.planned_at.ToMilliseconds())
+                if b is not None and g is not None and b.state is ExecState.DEAD_LETTER \
+                        and g.state is ExecState.SUCCEEDED:
+                    break
+                await asyncio.sleep(0.1)
+        assert ran == [good.execution.id]
+        assert b.current is not None and "does not serve tenant 'billing'" in b.current.message
+        assert env.node.dispatcher.refused_tenant == 1  # type: ignore[attr-defined]
+    finally:
+        await worker.close()
+        node_task.cancel()
+        await asyncio.gather(node_task, return_exceptions=True)
