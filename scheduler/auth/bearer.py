@@ -36,8 +36,8 @@ def bearer_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
 
 
 def _with_token(details: Any, token: str) -> Any:
-    md = list(details.metadata or ())
-    md.append((AUTHORIZATION, f"Bearer {token}"))
+    md = grpc.aio.Metadata(*tuple(details.metadata or ()))
+    md.add(AUTHORIZATION, f"Bearer {token}")
     return grpc.aio.ClientCallDetails(details.method, details.timeout, md, details.credentials,
                                       details.wait_for_ready)
 

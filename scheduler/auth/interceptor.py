@@ -20,7 +20,8 @@ import grpc
 from scheduler.auth.audit import AuditLog, audited, target_of
 from scheduler.auth.authn import Authenticator
 from scheduler.auth.current import set_current
-from scheduler.auth.principal import Principal
+from scheduler.auth.principal import Principal, Role
+from scheduler.auth.ratelimit import RateLimiter
 from scheduler.auth.rules import Need, Rule, rule_for
 from scheduler.errors import Unauthenticated
 
@@ -30,8 +31,9 @@ Context = grpc.aio.ServicerContext[Any, Any]
 
 
 class AuthInterceptor(grpc.aio.ServerInterceptor):
-    def __init__(self, authn: Authenticator | None, audit: AuditLog | None = None) -> None:
-        self.authn, self.audit = authn, audit
+    def __init__(self, authn: Authenticator | None, audit: AuditLog | None = None,
+                 limiter: RateLimiter | None = None) -> None:
+        self.authn, self.audit, self.limiter = authn, audit, limiter
 
     async def _admit(self, method: str, rule: Rule | None, context: Context) -> Principal | None:
         """The call's principal, or abort with UNAUTHENTICATED / PERMISSION_DENIED."""
@@ -50,6 +52,10 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         if not rule.admits(p):
             await context.abort(grpc.StatusCode.PERMISSION_DENIED,
                                 f"{p.name} may not call {method.rsplit('/', 1)[-1]}: it needs {rule.describe()}")
+        if self.limiter is not None and rule.need is not Need.WORKER and not p.has_system(Role.PLANNER):
+            wait = self.limiter.take(p.name)
+            if wait > 0:
+                await _abort_rate_limited(context, p.name, wait)
         return p
 
     async def _record(self, method: str, p: Principal | None, request: Any, context: Context,
@@ -77,6 +83,23 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
             return handler
         rule = rule_for(method)
         return _wrap(handler, method, rule, self)
+
+
+async def _abort_rate_limited(context: Context, name: str, wait: float) -> None:
+    """RESOURCE_EXHAUSTED with a google.rpc.RetryInfo detail (the standard retry hint) and the wait in the text."""
+    from google.protobuf import any_pb2
+    from google.protobuf.duration_pb2 import Duration
+    from google.rpc import code_pb2, error_details_pb2, status_pb2
+    from grpc_status import rpc_status
+
+    delay = Duration()
+    delay.FromMilliseconds(max(1, round(wait * 1000)))
+    info = any_pb2.Any()
+    info.Pack(error_details_pb2.RetryInfo(retry_delay=delay))
+    st = rpc_status.to_status(status_pb2.Status(
+        code=code_pb2.RESOURCE_EXHAUSTED, details=[info],
+        message=f"{name} is over its request rate on this planner; retry in {wait:.3f} s"))
+    await context.abort(st.code, st.details, trailing_metadata=st.trailing_metadata)
 
 
 def _wrap(h: grpc.RpcMethodHandler, method: str, rule: Rule | None, ic: AuthInterceptor) -> grpc.RpcMethodHandler:

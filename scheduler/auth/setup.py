@@ -12,6 +12,7 @@ from scheduler.auth.authn import Authenticator
 from scheduler.auth.bearer import bearer_metadata, read_token_file
 from scheduler.auth.config import AuthConfig, load_auth_file
 from scheduler.auth.interceptor import AuthInterceptor
+from scheduler.auth.ratelimit import RateLimiter
 from scheduler.clock import Clock
 from scheduler.planner.settings import PlannerSettings
 from scheduler.store.keyspace import Keyspace
@@ -41,5 +42,7 @@ def build_security(s: PlannerSettings, kv: KV, ks: Keyspace, clock: Clock, node_
     else:
         authz = Authz(enabled=True, pools=cfg.pools)
     token = read_token_file(s.token_file) if s.token_file else None
-    return Security(cfg, authz, audit, AuthInterceptor(Authenticator(cfg) if cfg else None, audit),
+    limiter = RateLimiter(s.rate_limit_rps, s.rate_limit_burst or max(1, round(2 * s.rate_limit_rps)),
+                          clock.monotonic) if s.rate_limit_rps > 0 else None
+    return Security(cfg, authz, audit, AuthInterceptor(Authenticator(cfg) if cfg else None, audit, limiter),
                     bearer_metadata(token))

@@ -50,6 +50,8 @@ HELP: dict[str, str] = {
     "insecure": "accept running without auth (and, with TLS, plaintext) on a non-loopback address",
     "token_file": "file holding the bearer token this process presents to planners (peers, workers)",
     "audit_max_events": "events the audit log keeps (the oldest are deleted beyond it)",
+    "rate_limit_rps": "requests per second each principal may make to this planner (0: no limit; needs auth_file)",
+    "rate_limit_burst": "token bucket size of rate_limit_rps (0: twice the rate)",
     "health_address": "worker: host:port of a gRPC health service for probes, `schedctl health` (port 0: pick "
                       "one; empty or off: none)",
     "metrics_schedule_limit": "schedules with their own start-lag series; the rest share `_other`",

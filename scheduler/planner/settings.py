@@ -70,6 +70,10 @@ class PlannerSettings(Settings):
     insecure: bool = False
     token_file: str = ""
     audit_max_events: int = 10_000  # the audit log keeps this many events (the oldest are deleted)
+    # Requests per second each principal may make to this planner (a token bucket of rate_limit_burst, 0:
+    # twice the rate); over it: RESOURCE_EXHAUSTED with a retry hint. 0: no limit. Needs auth (principals).
+    rate_limit_rps: float = 0.0
+    rate_limit_burst: int = 0
 
     @property
     def probe_rtt_bound(self) -> float:
@@ -109,6 +113,10 @@ class PlannerSettings(Settings):
         if self.unsafe_disable_clock_guard and not test_mode():
             raise InvalidArgument("unsafe_disable_clock_guard",
                                   f"is refused outside test mode ({TEST_MODE_ENV}=1): it breaks safety")
+        if not 0 <= self.rate_limit_rps <= 1_000_000:
+            raise InvalidArgument("rate_limit_rps", "must be in 0-1000000 (0: no limit)")
+        if not 0 <= self.rate_limit_burst <= 10_000_000:
+            raise InvalidArgument("rate_limit_burst", "must be in 0-10000000 (0: twice rate_limit_rps)")
         if not 10 <= self.audit_max_events <= 1_000_000:
             raise InvalidArgument("audit_max_events", "must be in 10-1000000")
         if not self.auth_file and not self.insecure and not is_loopback(self.api_host):

@@ -447,3 +447,27 @@ async def test_a_restricted_pool_worker_never_receives_another_tenants_execution
         await worker.close()
         node_task.cancel()
         await asyncio.gather(node_task, return_exceptions=True)
+
+
+async def test_requests_per_second_per_principal(kv: EtcdClient, key_prefix: str, tmp_path: Path) -> None:
+    """Over its rate a principal gets RESOURCE_EXHAUSTED with a google.rpc.RetryInfo hint; another principal
+    and planners' peer calls are not held back."""
+    from google.rpc import error_details_pb2
+    from grpc_status import rpc_status
+
+    from scheduler.planner.settings import PlannerSettings
+
+    async for env in start_auth_env(kv, key_prefix, tmp_path, PlannerSettings(rate_limit_rps=1, rate_limit_burst=3)):
+        s = env.schedules
+        for _ in range(3):
+            await s.ListSchedules(spb.ListSchedulesRequest(), metadata=env.md("alice"))
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await s.ListSchedules(spb.ListSchedulesRequest(), metadata=env.md("alice"))
+        assert e.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED and "retry in" in (e.value.details() or "")
+        st = rpc_status.from_call(e.value)  # type: ignore[arg-type]
+        assert st is not None
+        info = error_details_pb2.RetryInfo()
+        assert st.details[0].Unpack(info) and 0 < info.retry_delay.ToMilliseconds() <= 1000
+        await s.ListSchedules(spb.ListSchedulesRequest(), metadata=env.md("bob"))
+        for _ in range(5):
+            await env.admin.GetTime(apb.GetTimeRequest(), metadata=env.md("planner"))
