@@ -20,7 +20,6 @@ from typing import TypeVar
 from scheduler._gen.scheduler.v1 import schedule_pb2 as pb
 from scheduler._gen.scheduler.v1 import schedule_service_pb2 as spb
 from scheduler.api import inputs, masks, paging
-from scheduler.auth.access import OPEN, Access, Authz
 from scheduler.api.convert import (
     dead_letter_to_pb,
     execution_state_from_pb,
@@ -34,6 +33,7 @@ from scheduler.api.errors import Context, grpc_errors, grpc_stream_errors
 from scheduler.api.ports import OperationsPort
 from scheduler.api.reads import page, prefix_range, scan
 from scheduler.api.selector import parse_selector
+from scheduler.auth.access import OPEN, Access, Authz
 from scheduler.auth.principal import Role
 from scheduler.clock import Clock
 from scheduler.errors import InvalidArgument, NotFound, VersionMismatch
@@ -199,7 +199,8 @@ class ScheduleService:
         while True:
             chunk, cursor = await self.store.scan(after_key=cursor)
             matches += [st for st in chunk if (not tenant or st.schedule.tenant == tenant)
-                        and acc.readable(st.schedule.tenant) and (want is None or st.schedule.state is want) and selector.matches(st.schedule.labels)
+                        and acc.readable(st.schedule.tenant)
+                        and (want is None or st.schedule.state is want) and selector.matches(st.schedule.labels)
                         and (after is None or st.schedule.id > after)]
             if not cursor:
                 break

@@ -43,6 +43,9 @@ import grpc
 from scheduler._gen.scheduler.v1 import cluster_pb2, execution_pb2
 from scheduler._gen.scheduler.v1 import worker_service_pb2 as wpb
 from scheduler.api.convert import fencing_token_pb
+from scheduler.auth.access import OPEN, Authz
+from scheduler.auth.current import current
+from scheduler.auth.principal import Role
 from scheduler.clock import Clock
 from scheduler.dispatch.affinity import AffinityGate
 from scheduler.dispatch.conn import AttemptKey, Conn
@@ -57,9 +60,6 @@ from scheduler.region.affinity import AffinityPolicy, Mode
 from scheduler.region.policy import RegionPolicy
 from scheduler.store.kv import KV
 from scheduler.store.ledger import Ledger
-from scheduler.auth.access import OPEN, Authz
-from scheduler.auth.current import current
-from scheduler.auth.principal import Role
 from scheduler.timeconv import ms_to_duration, ms_to_timestamp
 
 log = logging.getLogger(__name__)

@@ -14,10 +14,9 @@ from typing import Any, Protocol
 
 import grpc
 
-from scheduler.auth.bearer import bearer_interceptors, read_token_file
-
 from scheduler._gen.scheduler.v1 import worker_service_pb2 as wpb
 from scheduler._gen.scheduler.v1 import worker_service_pb2_grpc as wgrpc
+from scheduler.auth.bearer import bearer_interceptors, read_token_file
 from scheduler.tasks import cancel_and_wait
 from scheduler.worker.backoff import Backoff
 from scheduler.worker.settings import WorkerSettings
