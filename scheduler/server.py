@@ -4,6 +4,7 @@ standard health service and server reflection (listing all of them) so generic t
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -36,7 +37,7 @@ async def start_server(
     *,
     schedules: ScheduleService | None = None,
     admin: AdminService | None = None,
-    interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+    interceptors: Sequence[grpc.aio.ServerInterceptor[Any, Any]] = (),
 ) -> tuple[grpc.aio.Server, int]:
     """`interceptors`: the node's AuthInterceptor (scheduler/auth/interceptor.py: every call authenticated
     and checked against the per-method rules, admin and operator actions audited)."""

@@ -10,13 +10,25 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
 from scheduler.errors import InvalidArgument
 
 AUTHORIZATION = "authorization"
+
+# grpc-stubs make the interceptor bases generic; grpcio's classes are not subscriptable at run time.
+if TYPE_CHECKING:
+    _UnaryUnaryBase = grpc.aio.UnaryUnaryClientInterceptor[Any, Any]
+    _UnaryStreamBase = grpc.aio.UnaryStreamClientInterceptor[Any, Any]
+    _StreamUnaryBase = grpc.aio.StreamUnaryClientInterceptor[Any, Any]
+    _StreamStreamBase = grpc.aio.StreamStreamClientInterceptor[Any, Any]
+else:
+    _UnaryUnaryBase = grpc.aio.UnaryUnaryClientInterceptor
+    _UnaryStreamBase = grpc.aio.UnaryStreamClientInterceptor
+    _StreamUnaryBase = grpc.aio.StreamUnaryClientInterceptor
+    _StreamStreamBase = grpc.aio.StreamStreamClientInterceptor
 
 
 def read_token_file(path: str, field_name: str = "token_file") -> str:
@@ -42,7 +54,7 @@ def _with_token(details: Any, token: str) -> Any:
                                       details.wait_for_ready)
 
 
-class _UnaryUnary(grpc.aio.UnaryUnaryClientInterceptor):
+class _UnaryUnary(_UnaryUnaryBase):
     def __init__(self, token: str) -> None:
         self.token = token
 
@@ -51,7 +63,7 @@ class _UnaryUnary(grpc.aio.UnaryUnaryClientInterceptor):
         return await continuation(_with_token(client_call_details, self.token), request)
 
 
-class _UnaryStream(grpc.aio.UnaryStreamClientInterceptor):
+class _UnaryStream(_UnaryStreamBase):
     def __init__(self, token: str) -> None:
         self.token = token
 
@@ -60,7 +72,7 @@ class _UnaryStream(grpc.aio.UnaryStreamClientInterceptor):
         return await continuation(_with_token(client_call_details, self.token), request)
 
 
-class _StreamUnary(grpc.aio.StreamUnaryClientInterceptor):
+class _StreamUnary(_StreamUnaryBase):
     def __init__(self, token: str) -> None:
         self.token = token
 
@@ -69,7 +81,7 @@ class _StreamUnary(grpc.aio.StreamUnaryClientInterceptor):
         return await continuation(_with_token(client_call_details, self.token), request_iterator)
 
 
-class _StreamStream(grpc.aio.StreamStreamClientInterceptor):
+class _StreamStream(_StreamStreamBase):
     def __init__(self, token: str) -> None:
         self.token = token
 
@@ -78,8 +90,9 @@ class _StreamStream(grpc.aio.StreamStreamClientInterceptor):
         return await continuation(_with_token(client_call_details, self.token), request_iterator)
 
 
-def bearer_interceptors(token: str | None) -> list[grpc.aio.ClientInterceptor]:
-    """For `grpc.aio.insecure_channel(..., interceptors=...)` (or a secure one); none without a token."""
+def bearer_interceptors(token: str | None) -> list[Any]:
+    """For `grpc.aio.insecure_channel(..., interceptors=...)` (or a secure one); none without a token. (Typed
+    Any: grpc-stubs declare the channel's interceptor list as a placeholder type.)"""
     if not token:
         return []
     return [_UnaryUnary(token), _UnaryStream(token), _StreamUnary(token), _StreamStream(token)]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import inspect
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
@@ -28,9 +28,13 @@ from scheduler.errors import Unauthenticated
 log = logging.getLogger("scheduler.auth")
 
 Context = grpc.aio.ServicerContext[Any, Any]
+if TYPE_CHECKING:  # generic in grpc-stubs, not subscriptable at run time
+    _ServerInterceptor = grpc.aio.ServerInterceptor[Any, Any]
+else:
+    _ServerInterceptor = grpc.aio.ServerInterceptor
 
 
-class AuthInterceptor(grpc.aio.ServerInterceptor):
+class AuthInterceptor(_ServerInterceptor):
     def __init__(self, authn: Authenticator | None, audit: AuditLog | None = None,
                  limiter: RateLimiter | None = None) -> None:
         self.authn, self.audit, self.limiter = authn, audit, limiter
@@ -45,7 +49,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         if rule.need is Need.OPEN:
             return None
         try:
-            p = self.authn.authenticate(context.invocation_metadata(), context.auth_context())
+            p = self.authn.authenticate(context.invocation_metadata(), context.auth_context())  # type: ignore[arg-type]
         except Unauthenticated as e:
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(e))
             raise AssertionError("unreachable") from None
@@ -74,11 +78,11 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
                                 code.name, str(details or ""))
 
     async def intercept_service(
-        self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any]]],
         handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
+    ) -> grpc.RpcMethodHandler[Any, Any]:
         handler = await continuation(handler_call_details)
-        method: str = handler_call_details.method  # type: ignore[attr-defined]  # the stubs miss it
+        method: str = handler_call_details.method
         if handler is None or (self.authn is None and not (self.audit and audited(method))):
             return handler
         rule = rule_for(method)
@@ -102,7 +106,8 @@ async def _abort_rate_limited(context: Context, name: str, wait: float) -> None:
     await context.abort(st.code, st.details, trailing_metadata=st.trailing_metadata)
 
 
-def _wrap(h: grpc.RpcMethodHandler, method: str, rule: Rule | None, ic: AuthInterceptor) -> grpc.RpcMethodHandler:
+def _wrap(h: grpc.RpcMethodHandler[Any, Any], method: str, rule: Rule | None,
+          ic: AuthInterceptor) -> grpc.RpcMethodHandler[Any, Any]:
     if h.unary_unary is not None:
         inner_uu = h.unary_unary
 
@@ -110,7 +115,7 @@ def _wrap(h: grpc.RpcMethodHandler, method: str, rule: Rule | None, ic: AuthInte
             p = await ic._admit(method, rule, context)
             set_current(p)
             try:
-                out = await inner_uu(request, context)  # type: ignore[misc]
+                out = await inner_uu(request, context)  # type: ignore[arg-type]
             except BaseException as e:
                 await ic._record(method, p, request, context, e)
                 raise
@@ -125,7 +130,7 @@ def _wrap(h: grpc.RpcMethodHandler, method: str, rule: Rule | None, ic: AuthInte
             p = await ic._admit(method, rule, context)
             set_current(p)
             try:
-                async for item in _stream(inner_us(request, context)):
+                async for item in _stream(inner_us(request, context)):  # type: ignore[arg-type]
                     yield item
             except BaseException as e:
                 await ic._record(method, p, request, context, e)
@@ -139,7 +144,7 @@ def _wrap(h: grpc.RpcMethodHandler, method: str, rule: Rule | None, ic: AuthInte
         async def su(request_iterator: Any, context: Context) -> Any:
             p = await ic._admit(method, rule, context)
             set_current(p)
-            return await inner_su(request_iterator, context)  # type: ignore[misc]
+            return await inner_su(request_iterator, context)  # type: ignore[arg-type]
 
         return grpc.stream_unary_rpc_method_handler(su, h.request_deserializer, h.response_serializer)
     inner_ss = h.stream_stream
@@ -148,7 +153,7 @@ def _wrap(h: grpc.RpcMethodHandler, method: str, rule: Rule | None, ic: AuthInte
     async def ss(request_iterator: Any, context: Context) -> AsyncIterator[Any]:
         p = await ic._admit(method, rule, context)
         set_current(p)
-        async for item in _stream(inner_ss(request_iterator, context)):
+        async for item in _stream(inner_ss(request_iterator, context)):  # type: ignore[arg-type]
             yield item
 
     return grpc.stream_stream_rpc_method_handler(ss, h.request_deserializer, h.response_serializer)

@@ -47,7 +47,7 @@ class Rule:
             return "a worker role on a pool"
         if self.need is Need.SYSTEM:
             return " or ".join(f"system:{r.value}" for r in self.roles)
-        return self.need.value
+        return str(self.need.value)
 
 
 OPEN = Rule(Need.OPEN)

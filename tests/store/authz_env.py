@@ -141,8 +141,9 @@ class Pem:
 
 
 def _key_pem(key: Any) -> bytes:
-    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                             serialization.NoEncryption())
+    out: bytes = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                   serialization.NoEncryption())
+    return out
 
 
 def make_ca(name: str = "test CA") -> tuple[Pem, Any, Any]:
@@ -200,8 +201,8 @@ async def start_tls_server(env: AuthEnv, ca: Pem, server_pem: Pem) -> tuple[grpc
 
     schedules, admin = env.node.make_api()
     server = grpc.aio.server(interceptors=[env.node.security.interceptor])
-    schedule_service_pb2_grpc.add_ScheduleServiceServicer_to_server(schedules, server)  # type: ignore[no-untyped-call]
-    admin_service_pb2_grpc.add_AdminServiceServicer_to_server(admin, server)  # type: ignore[no-untyped-call]
+    schedule_service_pb2_grpc.add_ScheduleServiceServicer_to_server(schedules, server)
+    admin_service_pb2_grpc.add_AdminServiceServicer_to_server(admin, server)
     creds = grpc.ssl_server_credentials([(server_pem.key, server_pem.cert)], root_certificates=ca.cert,
                                         require_client_auth=True)
     port = server.add_secure_port("127.0.0.1:0", creds)

@@ -58,7 +58,7 @@ async def status_of(aw: Awaitable[Any]) -> tuple[grpc.StatusCode, str]:
     try:
         r = aw
         if hasattr(r, "__aiter__"):
-            async for _ in r:  # type: ignore[attr-defined]
+            async for _ in r:
                 pass
         else:
             await r
@@ -287,11 +287,11 @@ async def test_dispatch_never_sends_another_tenants_execution_to_a_restricted_po
         return new_execution(id=f"s-{tenant}@2026-01-01T00:00:00.000Z", schedule_id=f"s-{tenant}", tenant=tenant,
                              pool="payments-pool", task_type="t", planned_ms=0, due_ms=0, trigger=Trigger.SCHEDULED,
                              retry=RetryPolicy(), timeout_ms=1000)
-    d.submit(ex("billing"), b"", FencingToken(0, 1))  # type: ignore[attr-defined]
-    assert d.queue.depth("payments-pool") == 0  # type: ignore[attr-defined]
+    d.submit(ex("billing"), b"", FencingToken(0, 1))
+    assert d.queue.depth("payments-pool") == 0
     assert d.refused_tenant == 1  # type: ignore[attr-defined]
-    d.submit(ex("payments"), b"", FencingToken(0, 1))  # type: ignore[attr-defined]
-    assert d.queue.depth("payments-pool") == 1  # type: ignore[attr-defined]
+    d.submit(ex("payments"), b"", FencingToken(0, 1))
+    assert d.queue.depth("payments-pool") == 1
 
 
 async def test_audit_log_records_who_did_what(env: AuthEnv) -> None:

@@ -76,7 +76,7 @@ def test_admin_methods_need_admin() -> None:
 # ---- the interceptor refuses a method with no rule (a real server on a socket) -----------------------
 
 
-def _echo_handler() -> grpc.GenericRpcHandler:
+def _echo_handler() -> grpc.GenericRpcHandler[bytes, bytes]:
     async def echo(request: bytes, context: grpc.aio.ServicerContext[bytes, bytes]) -> bytes:
         return request
 
@@ -100,7 +100,7 @@ async def unlisted_server() -> AsyncIterator[tuple[str, str]]:
 async def test_a_method_without_a_rule_is_refused_even_for_admin(unlisted_server: tuple[str, str]) -> None:
     address, token = unlisted_server
     async with grpc.aio.insecure_channel(address) as ch:
-        echo = ch.unary_unary("/test.Unlisted/Echo")
+        echo = ch.unary_unary("/test.Unlisted/Echo", None, None)
         with pytest.raises(grpc.aio.AioRpcError) as e:
             await echo(b"hi", metadata=(("authorization", f"Bearer {token}"),), timeout=5)
         assert e.value.code() is grpc.StatusCode.PERMISSION_DENIED

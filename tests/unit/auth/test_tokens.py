@@ -23,7 +23,9 @@ ISS, AUD = "https://idp.test", "sched"
 
 
 def pem(key: Any) -> bytes:
-    return key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    out: bytes = key.public_key().public_bytes(serialization.Encoding.PEM,
+                                               serialization.PublicFormat.SubjectPublicKeyInfo)
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -72,14 +74,14 @@ def test_bad_claims_are_unauthenticated(tmp_path: Path, keys: tuple[Any, Any], w
 
 
 def test_token_signed_by_another_key_is_unauthenticated(tmp_path: Path, keys: tuple[Any, Any]) -> None:
-    with pytest.raises(Unauthenticated, match="(?i)signature"):
+    with pytest.raises(Unauthenticated, match=r"(?i)signature"):
         auth_with_pem(tmp_path, keys[0]).authenticate(bearer(sign(keys[1])), None)
 
 
 def test_hmac_with_the_public_key_and_alg_none_are_refused(tmp_path: Path, keys: tuple[Any, Any]) -> None:
     a = auth_with_pem(tmp_path, keys[0])
     unsigned = jwt.encode({"iss": ISS, "aud": AUD, "exp": int(time.time()) + 60, "permissions": ["system:admin"]},
-                          None, algorithm="none")
+                          None, algorithm="none")  # type: ignore[arg-type]  # unsigned on purpose
     with pytest.raises(Unauthenticated):
         a.authenticate(bearer(unsigned), None)
     # The algorithm-confusion attack: an HMAC keyed with the (public) PEM. PyJWT refuses to even sign it;
@@ -191,7 +193,7 @@ def test_permission_format() -> None:
 def test_roles_imply_reader_and_wildcards() -> None:
     op = Principal("x", frozenset({Grant("payments", Role.OPERATOR)}))
     assert op.may(Role.READER, "payments") and not op.may(Role.WRITER, "payments")
-    assert op.tenants(Role.READER) == {"payments"} and op.tenants(Role.WRITER) == frozenset()
+    assert op.tenants(Role.READER) == frozenset({"payments"}) and op.tenants(Role.WRITER) == frozenset()
     every = Principal("y", frozenset({Grant(ALL, Role.READER)}))
     assert every.may(Role.READER, "anything") and every.tenants(Role.READER) is None
     assert not every.may(Role.WRITER, "anything")
