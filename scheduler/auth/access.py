@@ -43,6 +43,11 @@ class Access:
         self.p, self.pools = principal, pools
 
     @property
+    def enforcing(self) -> bool:
+        """A principal to check: auth is on. Off, the services skip the reads made only for the check."""
+        return self.p is not None
+
+    @property
     def name(self) -> str:
         return self.p.name if self.p else "anonymous"
 
