@@ -36,7 +36,7 @@ from scheduler.api.selector import parse_selector
 from scheduler.auth.access import OPEN, Access, Authz
 from scheduler.auth.principal import Role
 from scheduler.clock import Clock
-from scheduler.errors import InvalidArgument, NotFound, VersionMismatch
+from scheduler.errors import AlreadyExists, InvalidArgument, NotFound, VersionMismatch
 from scheduler.execution import ExecState, Execution, dead_reason
 from scheduler.ids import ExecutionId
 from scheduler.model import Schedule, ScheduleState, validate_schedule
@@ -114,6 +114,9 @@ class ScheduleService:
         acc.require_named(Role.WRITER, s.tenant)
         acc.check_pool(s.worker_pool, s.tenant)
         st = await self.store.create(s, self.clock.wall_ms(), request_id=rid)
+        if acc.enforcing and st.schedule.tenant != s.tenant:
+            # A "retry" (same request_id) of a create another tenant made: never hand its schedule over.
+            raise AlreadyExists(f"schedule {s.id!r} already exists")
         return spb.CreateScheduleResponse(schedule=stored_to_pb(st))
 
     @grpc_errors

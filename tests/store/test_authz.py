@@ -221,6 +221,12 @@ async def test_credentials_unauthenticated_and_roles_permission_denied(env: Auth
                  s.DeleteSchedule(spb.DeleteScheduleRequest(id="pay-9"), metadata=r)):
         code, details = await status_of(call)
         assert code is grpc.StatusCode.PERMISSION_DENIED, details
+    # A "retry" of bob's create (his request_id) by alice does not hand bob's schedule over.
+    await s.CreateSchedule(spb.CreateScheduleRequest(schedule=sched("b-9", "billing"), request_id="r-1"),
+                           metadata=env.md("bob"))
+    code, details = await status_of(s.CreateSchedule(spb.CreateScheduleRequest(
+        schedule=sched("b-9", "payments"), request_id="r-1"), metadata=env.md("alice")))
+    assert (code, details) == (grpc.StatusCode.ALREADY_EXISTS, "schedule 'b-9' already exists")
     # alice may create in her tenant only.
     code, details = await status_of(s.CreateSchedule(spb.CreateScheduleRequest(schedule=sched("b-2", "billing")),
                                                      metadata=env.md("alice")))
