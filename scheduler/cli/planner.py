@@ -20,7 +20,7 @@ from scheduler.client import SchedulerClient
 from scheduler.clock import SYSTEM_CLOCK
 from scheduler.config import CoordinationSettings, EtcdSettings, parse_listen_address
 from scheduler.errors import InvalidArgument
-from scheduler.planner.settings import PlannerSettings
+from scheduler.planner.settings import PlannerSettings, refuse_open_api
 
 if TYPE_CHECKING:
     from prometheus_client.registry import CollectorRegistry
@@ -159,6 +159,8 @@ def run(args: argparse.Namespace) -> int:
             c.load({k: flags[k] for k in _names(c)}, toml_file=args.config, shared_keys=every - _names(c))
             for c in classes
         )
+        assert isinstance(planner, PlannerSettings)
+        refuse_open_api(planner.api_host, planner.auth_file, insecure=planner.insecure)
     except InvalidArgument as e:
         return fail_invalid(e)
     logs.setup(args.log_level)

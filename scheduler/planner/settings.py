@@ -9,6 +9,15 @@ from scheduler.config import TEST_MODE_ENV, Settings, parse_listen_address, test
 from scheduler.errors import InvalidArgument
 
 
+def refuse_open_api(api_host: str, auth_file: str, *, insecure: bool) -> None:
+    """A planner whose API every caller may use (no auth_file) listens only on loopback, unless `insecure` is
+    set explicitly. Called by `schedctl planner` once every settings class is loaded (the `insecure` switch is
+    shared with the transport's plaintext refusal)."""
+    if not auth_file and not insecure and not is_loopback(api_host):
+        raise InvalidArgument("auth_file", f"the API would listen on {api_host} with every call allowed: set "
+                              "auth_file (docs/operations.md, Security), or `insecure = true` to accept that")
+
+
 def is_loopback(host: str) -> bool:
     """127.0.0.0/8, ::1 and `localhost`: reachable only from this machine. `0.0.0.0`, `::` and every other
     address are not (a name is not resolved: only `localhost` counts)."""
@@ -119,9 +128,6 @@ class PlannerSettings(Settings):
             raise InvalidArgument("rate_limit_burst", "must be in 0-10000000 (0: twice rate_limit_rps)")
         if not 10 <= self.audit_max_events <= 1_000_000:
             raise InvalidArgument("audit_max_events", "must be in 10-1000000")
-        if not self.auth_file and not self.insecure and not is_loopback(self.api_host):
-            raise InvalidArgument("auth_file", f"the API would listen on {self.api_host} with every call allowed: "
-                                  "set auth_file (docs/operations.md, Security), or `insecure = true` to accept that")
         if self.unsafe_duplicate_delivery_file and not test_mode():
             raise InvalidArgument("unsafe_duplicate_delivery_file",
                                   f"is refused outside test mode ({TEST_MODE_ENV}=1): it delivers assignments twice")

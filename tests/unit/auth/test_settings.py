@@ -10,7 +10,7 @@ import pytest
 from scheduler.auth.tokens import StaticTokens
 from scheduler.cli.main import main
 from scheduler.errors import InvalidArgument
-from scheduler.planner.settings import PlannerSettings, is_loopback
+from scheduler.planner.settings import PlannerSettings, is_loopback, refuse_open_api
 
 
 @pytest.mark.parametrize(("host", "loopback"), [("127.0.0.1", True), ("127.5.0.1", True), ("::1", True),
@@ -22,11 +22,12 @@ def test_loopback(host: str, loopback: bool) -> None:
 
 def test_a_planner_off_loopback_needs_auth_or_insecure() -> None:
     with pytest.raises(InvalidArgument) as e:
-        PlannerSettings.load({"api_host": "0.0.0.0"}, env={})
+        refuse_open_api("0.0.0.0", "", insecure=False)
     assert e.value.field == "auth_file" and "insecure" in e.value.reason
-    assert PlannerSettings.load({"api_host": "0.0.0.0", "insecure": "true"}, env={}).insecure
-    assert PlannerSettings.load({"api_host": "0.0.0.0", "auth_file": "/etc/sched/auth.toml"}, env={}).auth_file
-    assert PlannerSettings.load({}, env={}).api_host == "127.0.0.1"  # the default stays open, on loopback
+    refuse_open_api("0.0.0.0", "", insecure=True)
+    refuse_open_api("0.0.0.0", "/etc/sched/auth.toml", insecure=False)
+    refuse_open_api(PlannerSettings().api_host, "", insecure=False)  # the default stays open, on loopback
+    assert PlannerSettings.load({"insecure": None}, env={"SCHED_INSECURE": "1"}).insecure
 
 
 def test_schedctl_planner_off_loopback_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
