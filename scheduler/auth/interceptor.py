@@ -10,10 +10,9 @@ loopback) every call passes as no principal, and the audit log still records who
 
 from __future__ import annotations
 
-import inspect
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import grpc
 
@@ -130,8 +129,12 @@ def _wrap(h: grpc.RpcMethodHandler[Any, Any], method: str, rule: Rule | None,
             p = await ic._admit(method, rule, context)
             set_current(p)
             try:
-                async for item in _stream(inner_us(request, context)):  # type: ignore[arg-type]
-                    yield item
+                result = inner_us(request, context)  # type: ignore[arg-type]
+                if hasattr(result, "__aiter__"):  # an async generator (ours): one extra hop per message
+                    async for item in result:
+                        yield item
+                else:  # a coroutine writing with context.write
+                    await cast(Awaitable[Any], result)
             except BaseException as e:
                 await ic._record(method, p, request, context, e)
                 raise
@@ -153,16 +156,11 @@ def _wrap(h: grpc.RpcMethodHandler[Any, Any], method: str, rule: Rule | None,
     async def ss(request_iterator: Any, context: Context) -> AsyncIterator[Any]:
         p = await ic._admit(method, rule, context)
         set_current(p)
-        async for item in _stream(inner_ss(request_iterator, context)):  # type: ignore[arg-type]
-            yield item
+        result = inner_ss(request_iterator, context)  # type: ignore[arg-type]
+        if hasattr(result, "__aiter__"):  # the worker stream: one extra hop per message, nothing more
+            async for item in result:
+                yield item
+        else:
+            await cast(Awaitable[Any], result)
 
     return grpc.stream_stream_rpc_method_handler(ss, h.request_deserializer, h.response_serializer)
-
-
-async def _stream(result: Any) -> AsyncIterator[Any]:
-    """A streaming handler is an async generator, or a coroutine that writes with context.write."""
-    if inspect.isasyncgen(result) or hasattr(result, "__aiter__"):
-        async for item in result:
-            yield item
-    else:
-        await result
