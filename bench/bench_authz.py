@@ -114,7 +114,7 @@ async def main(quick: bool) -> int:
     unary: dict[str, list[float]] = {c[0]: [] for c in cases}
     stream: dict[str, list[float]] = {c[0]: [] for c in cases}
     for _ in range(rounds):  # interleaved, so drift of the machine's load hits every case alike
-        for name, _server_, address, md in servers:
+        for name, _, address, md in servers:
             unary[name].append(await _unary(address, md, n))
             stream[name].append(await _stream(address, md, n))
     base_u, base_s = statistics.median(unary[cases[0][0]]), statistics.median(stream[cases[0][0]])
