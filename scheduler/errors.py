@@ -54,3 +54,12 @@ class FailedPrecondition(SchedError):
 
 class ResourceExhausted(SchedError):
     """A limit was hit (too many planned times in a backfill, too many schedules in a page)."""
+
+
+class Unauthenticated(SchedError):
+    """A call that needs a principal came without valid credentials (no token, a bad signature, expired)."""
+
+
+class PermissionDenied(SchedError):
+    """The caller is known but its roles do not allow the call. Never raised for another tenant's object:
+    that one is `NotFound`, so that its existence does not leak (docs/operations.md, "Security")."""

@@ -20,6 +20,8 @@ from scheduler.api.admin_service import AdminService, LocalView
 from scheduler.api.operations import Operations
 from scheduler.api.ports import OperationsPort
 from scheduler.api.schedule_service import ScheduleService
+from scheduler.auth.config import AuthConfig
+from scheduler.auth.setup import build_security
 from scheduler.clock import Clock
 from scheduler.config import CoordinationSettings, EtcdSettings
 from scheduler.dispatch.service import Dispatcher
@@ -106,6 +108,7 @@ class PlannerNode:
         dispatcher: DispatchSink | None = None,
         metrics: PlannerMetrics | None = None,
         peers: Dialer = PLAINTEXT,
+        auth_config: AuthConfig | None = None,
     ) -> None:
         self.kv, self.ks, self.s, self.clock = kv, ks, settings, clock
         self.peers = peers  # channels to other planners (clock probes, status fan-out): mutual TLS when set
@@ -129,6 +132,10 @@ class PlannerNode:
         self.ownership.lease_observer = self.metrics
         self.ownership.release_settle = self._settle_starts
         self.store = ScheduleStore(kv, ks, settings.partitions, timeout=settings.rpc_timeout)
+        # Who may do what (scheduler/auth/): from auth_file, or open (logged once) without one.
+        self.security = build_security(self.planner_settings, kv, ks, clock, settings.node_id, settings.rpc_timeout,
+                                       config=auth_config)
+        self.clock_guard.peer_metadata = self.security.peer_metadata
         self.ledger = Ledger(ks, settings.partitions)
         self.fence_stats = FenceStats()
         self.loop_stats = PlannerStats()  # over every partition loop this node ran (rounds: a spin shows)
@@ -160,6 +167,7 @@ class PlannerNode:
         options.setdefault("heartbeat_interval", self.planner_settings.heartbeat_interval)
         options.setdefault("heartbeat_timeout", self.planner_settings.heartbeat_timeout)
         options.setdefault("duplicate_file", self.planner_settings.unsafe_duplicate_delivery_file)  # tests only
+        options.setdefault("authz", self.security.authz)
         # A result or start for a partition another node owns carries a notice in the same txn, telling
         # that owner to re-read the record (`_notice_unless_owned`: nothing on the common path, the owner).
         # The guarded clock here too: a skewed planner that still serves worker streams (it owns nothing once
@@ -190,12 +198,13 @@ class PlannerNode:
         if ops is None:
             ops = default_operations(self)
         schedules = ScheduleService(kv=self.kv, ks=self.ks, store=self.store, ledger=self.ledger, clock=self.plan_clock,
-                                    ops=ops, rpc_timeout=self.s.rpc_timeout)
+                                    ops=ops, rpc_timeout=self.s.rpc_timeout, authz=self.security.authz)
 
         admin = AdminService(kv=self.kv, ks=self.ks, ownership=self.ownership, clock=self.clock,
                              node_id=self.s.node_id, region=self.s.region, partitions=self.s.partitions,
                              local=LocalView(self.status), rpc_timeout=self.s.rpc_timeout,
-                             primary_last_seen_ago_ms=self.region_guard.primary_last_seen_ago_ms, dial=self.peers)
+                             primary_last_seen_ago_ms=self.region_guard.primary_last_seen_ago_ms, dial=self.peers,
+                             audit=self.security.audit, peer_metadata=self.security.peer_metadata)
         return schedules, admin
 
     def status(self) -> NodeStatus:

@@ -3,6 +3,9 @@ standard health service and server reflection (listing all of them) so generic t
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
@@ -36,11 +39,14 @@ async def start_server(
     schedules: ScheduleService | None = None,
     admin: AdminService | None = None,
     tls: ServerTls | None = None,
+    interceptors: Sequence[grpc.aio.ServerInterceptor[Any, Any]] = (),
 ) -> tuple[grpc.aio.Server, int]:
     """Serve on host:port (0: a free port), plaintext or with `tls` (its files re-read on change; with
     `require_client_cert`, every connection must present a certificate the CA bundle verifies, and the
-    servicers see it in `context.auth_context()`)."""
-    server = grpc.aio.server(options=[
+    servicers see it in `context.auth_context()`). `interceptors`: the node's AuthInterceptor
+    (scheduler/auth/interceptor.py: every call authenticated and checked against the per-method rules,
+    admin and operator actions audited)."""
+    server = grpc.aio.server(interceptors=list(interceptors), options=[
         ("grpc.max_receive_message_length", _MAX_MESSAGE),
         ("grpc.max_send_message_length", _MAX_MESSAGE),
         # Workers ping every 10 s so that they notice a frozen planner; let them (docs/workers.md).

@@ -216,10 +216,13 @@ class Dialer:
         """Compare before re-using a long-lived channel: a different value means new files."""
         return 0 if self.tls is None else self.tls.refresh()
 
-    def aio_channel(self, address: str, options: Options = ()) -> grpc.aio.Channel:
+    def aio_channel(self, address: str, options: Options = (),
+                    interceptors: Sequence[grpc.aio.ClientInterceptor] | None = None) -> grpc.aio.Channel:
+        """`interceptors`: e.g. the bearer token's (scheduler/auth/bearer.py)."""
         if self.tls is None:
-            return grpc.aio.insecure_channel(address, options=list(options))
-        return grpc.aio.secure_channel(address, self.tls.credentials(), options=[*options, *self.tls.options()])
+            return grpc.aio.insecure_channel(address, options=list(options), interceptors=interceptors)
+        return grpc.aio.secure_channel(address, self.tls.credentials(), options=[*options, *self.tls.options()],
+                                       interceptors=interceptors)
 
     def channel(self, address: str, options: Options = ()) -> grpc.Channel:
         """A blocking channel (health checks, `schedctl dev`'s readiness probe)."""

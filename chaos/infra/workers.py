@@ -99,7 +99,9 @@ class WorkerProcess:
 
     def argv(self) -> list[str]:
         args = [*self.prefix, schedctl_binary(), "worker", "--worker-id", self.name, "--pool", self.pool,
-                "--region", self.region, "--planners", ",".join(self.planners), "--metrics-address", "127.0.0.1:0"]
+                "--region", self.region, "--planners", ",".join(self.planners), "--metrics-address", "127.0.0.1:0",
+                # The drills' load runs shell commands (chaos/load.py); shell is opt-in per worker.
+                "--allow-shell", "true"]
         for k, v in self.settings.items():
             args += ["--" + k.replace("_", "-"), v]
         return args

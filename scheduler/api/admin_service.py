@@ -22,9 +22,10 @@ from google.protobuf.duration_pb2 import Duration
 from scheduler._gen.scheduler.v1 import admin_service_pb2 as apb
 from scheduler._gen.scheduler.v1 import admin_service_pb2_grpc as agrpc
 from scheduler._gen.scheduler.v1 import cluster_pb2 as cpb
-from scheduler.api import inputs
+from scheduler.api import inputs, paging
 from scheduler.api.convert import fencing_token_pb
 from scheduler.api.errors import Context, grpc_errors
+from scheduler.auth.audit import AuditLog
 from scheduler.clock import Clock
 from scheduler.errors import FailedPrecondition, InvalidArgument, NotFound, VersionMismatch
 from scheduler.ids import FencingToken
@@ -117,9 +118,12 @@ class AdminService:
     def __init__(self, *, kv: KV, ks: Keyspace, ownership: Ownership, clock: Clock, node_id: str, region: str,
                  partitions: int, local: LocalView, rpc_timeout: float,
                  primary_last_seen_ago_ms: Callable[[], int | None] = lambda: None,
-                 dial: Dialer = PLAINTEXT) -> None:
+                 dial: Dialer = PLAINTEXT, audit: AuditLog | None = None,
+                 peer_metadata: tuple[tuple[str, str], ...] = ()) -> None:
         self.dial = dial  # channels to peers for the status fan-out (mutual TLS when configured)
         self.kv, self.ks, self.own, self.clock = kv, ks, ownership, clock
+        # The audit log (ListAuditEvents) and this planner's own bearer token for the status fan-out.
+        self.audit, self.peer_metadata = audit, peer_metadata
         self.node_id, self.region, self.partitions, self.local = node_id, region, partitions, local
         self.timeout = rpc_timeout
         self.primary_last_seen_ago_ms = primary_last_seen_ago_ms
@@ -166,7 +170,8 @@ class AdminService:
                 # The midpoint on the monotonic clock: a wall-clock step during the call moves nothing.
                 w0, t0 = self.clock.wall_ms(), self.clock.monotonic()
                 r: apb.GetClusterStatusResponse = await agrpc.AdminServiceStub(ch).GetClusterStatus(
-                    apb.GetClusterStatusRequest(), timeout=PEER_TIMEOUT, metadata=((LOCAL_ONLY, "1"),))
+                    apb.GetClusterStatusRequest(), timeout=PEER_TIMEOUT,
+                    metadata=((LOCAL_ONLY, "1"), *self.peer_metadata))
                 t1 = self.clock.monotonic()
             return r, ms_to_duration(r.server_time.ToMilliseconds() - (w0 + round((t1 - t0) * 500)))
         except (TimeoutError, grpc.RpcError, OSError) as e:
@@ -419,6 +424,23 @@ class AdminService:
     async def GetTime(self, request: apb.GetTimeRequest, context: Context) -> apb.GetTimeResponse:
         return apb.GetTimeResponse(server_time=ms_to_timestamp(self.clock.wall_ms()), node_id=self.node_id,
                                    region=self.region)
+
+    @grpc_errors
+    async def ListAuditEvents(self, request: apb.ListAuditEventsRequest,
+                              context: Context) -> apb.ListAuditEventsResponse:
+        size = paging.page_size(request.page_size)
+        filters = ["audit", request.newest_first]
+        after = paging.decode_token(request.page_token, filters)
+        if after is not None and not (isinstance(after, str) and after):
+            raise InvalidArgument("page_token", "is not a token this server issued")
+        if self.audit is None:
+            return apb.ListAuditEventsResponse()
+        events, last = await self.audit.list(after=after or "", limit=size, newest_first=request.newest_first)
+        return apb.ListAuditEventsResponse(
+            events=[apb.AuditEvent(id=e.key, time=ms_to_timestamp(e.at_ms), principal=e.who, action=e.action,
+                                   target=e.target, result=e.result, message=e.message, node_id=e.node)
+                    for e in events],
+            next_page_token=paging.encode_token(filters, last) if last else "")
 
 
 def _merge_pools(a: list[apb.WorkerPoolStatus], b: list[apb.WorkerPoolStatus]) -> list[apb.WorkerPoolStatus]:

@@ -41,6 +41,8 @@ _CODES: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (errors.FailedPrecondition, grpc.StatusCode.FAILED_PRECONDITION),
     (TransitionError, grpc.StatusCode.FAILED_PRECONDITION),
     (errors.ResourceExhausted, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (errors.Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),
+    (errors.PermissionDenied, grpc.StatusCode.PERMISSION_DENIED),
     (errors.OutcomeUnknown, grpc.StatusCode.UNAVAILABLE),
     (EtcdError, grpc.StatusCode.UNAVAILABLE),
     (errors.FencedOut, grpc.StatusCode.UNAVAILABLE),

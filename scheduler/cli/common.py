@@ -4,7 +4,8 @@ call, turning a ClientError into a message that says what to fix and an exit cod
 Exit codes (docs/cli.md): 0 ok; 1 the server failed the call (INTERNAL, RESOURCE_EXHAUSTED, ...);
 2 bad usage or INVALID_ARGUMENT (`field: reason` on stderr); 3 NOT_FOUND; 4 conflict: ALREADY_EXISTS,
 ABORTED (stale version) or FAILED_PRECONDITION (state forbids it); 5 UNAVAILABLE or
-DEADLINE_EXCEEDED (retrying may help); 6 a wait ran out (`region switchover --timeout`); 130 interrupted.
+DEADLINE_EXCEEDED (retrying may help); 6 a wait ran out (`region switchover --timeout`); 7 UNAUTHENTICATED
+(no token, or a refused one); 8 PERMISSION_DENIED (the token's roles do not allow it); 130 interrupted.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ _EXIT = {
     grpc.StatusCode.FAILED_PRECONDITION: Exit.CONFLICT,
     grpc.StatusCode.UNAVAILABLE: Exit.UNAVAILABLE,
     grpc.StatusCode.DEADLINE_EXCEEDED: Exit.UNAVAILABLE,
+    grpc.StatusCode.UNAUTHENTICATED: Exit.UNAUTHENTICATED,
+    grpc.StatusCode.PERMISSION_DENIED: Exit.PERMISSION_DENIED,
 }
 
 # One config file may hold a planner's or worker's settings and the CLI's `server`.
@@ -56,6 +59,9 @@ def client_parent() -> argparse.ArgumentParser:
                    "(default: $SCHED_CONFIG, then ~/.config/schedctl/config.toml if it exists)")
     g.add_argument("--timeout", type=float, metavar="SECONDS", dest="request_timeout",
                    help="deadline per call, retries included (default 10)")
+    g.add_argument("--token-file", metavar="FILE", dest="token_file",
+                   help="file holding the bearer token to send, for a cluster with auth on "
+                        "(default: $SCHED_TOKEN_FILE, then `token_file` in the config file)")
     g.add_argument("--json", action="store_true", help="print JSON (the proto JSON mapping) for machines")
     add_tls_flags(g)
     return p
@@ -87,6 +93,11 @@ def _hint(err: ClientError, server: str) -> str:
                 "is it older than schedctl?")
     if err.code is grpc.StatusCode.ABORTED:
         return f"{err.describe()} (it changed since you read it: get it again, then retry with its version)"
+    if err.code is grpc.StatusCode.UNAUTHENTICATED:
+        return (f"not authenticated by {server}: {err.message}. Pass a token with --token-file FILE, "
+                "SCHED_TOKEN_FILE or `token_file` in the config file.")
+    if err.code is grpc.StatusCode.PERMISSION_DENIED:
+        return f"permission denied: {err.message}. Ask an admin for the role (docs/operations.md, Security)."
     if err.code is grpc.StatusCode.ALREADY_EXISTS:
         return f"{err.describe()} (pick another id, or change the existing one with `update`)"
     return err.describe()
@@ -96,13 +107,16 @@ def run_call(args: argparse.Namespace, body: Callable[[SchedulerClient], Awaitab
     """Load the connection settings, run `body` with a connected client, map failures to exit codes."""
     try:
         settings = load_client_settings({"server": args.server, "request_timeout": args.request_timeout,
-                                         **tls_flags(args)}, config=args.config, shared_keys=_SHARED_KEYS)
+                                         **tls_flags(args), "token_file": getattr(args, "token_file", None)},
+                                        config=args.config, shared_keys=_SHARED_KEYS)
+        token = settings.token()
     except InvalidArgument as e:
         print(f"schedctl: {e}", file=sys.stderr)
         return Exit.INVALID
 
     async def main() -> int:
-        async with SchedulerClient(settings.server, timeout=settings.request_timeout, tls=settings.tls()) as client:
+        async with SchedulerClient(settings.server, timeout=settings.request_timeout, tls=settings.tls(),
+                                   token=token) as client:
             return await body(client)
 
     try:

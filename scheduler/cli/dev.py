@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 
 from scheduler.cli.output import Exit
 from scheduler.errors import InvalidArgument
-from scheduler.planner.settings import PlannerSettings
+from scheduler.planner.settings import PlannerSettings, is_loopback
 from scheduler.worker.settings import WorkerSettings
 
 if TYPE_CHECKING:
@@ -284,6 +284,10 @@ def _check(args: argparse.Namespace) -> tuple[str, int]:
     host, sep, port = args.listen.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65_536:
         raise InvalidArgument("listen", f"{args.listen!r} is not host:port (e.g. 127.0.0.1:7000)")
+    if not is_loopback(host):
+        # The dev cluster runs without auth (every call allowed, shell on): only for this machine.
+        raise InvalidArgument("listen", f"{host} is not a loopback address; the dev cluster allows every call "
+                              "(no auth) and runs shell commands, so it listens on 127.0.0.1, ::1 or localhost only")
     if not 0 <= args.workers <= 64:
         raise InvalidArgument("workers", f"{args.workers} is outside 0-64")
     if not 1 <= args.regions <= 5:
@@ -372,6 +376,7 @@ def _run(args: argparse.Namespace, sup: Supervisor, etcd_bin: str, host: str, po
     ], env)
     workers = [sup.spawn(f"worker-{i}", [
         *_schedctl(), "worker", "--worker-id", f"dev-worker-{i}", "--planners", api, "--pool", "default",
+        "--allow-shell", "true",  # the quick start's `--command` schedules: a loopback cluster of your own
         "--drain-grace", "5", "--log-level", args.log_level, *metrics_flags(f"worker-{i}", WorkerSettings),
         *(tls.worker() if tls else []),
     ], env) for i in range(1, args.workers + 1)]

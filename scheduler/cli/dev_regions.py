@@ -97,8 +97,8 @@ def run_regions(args: argparse.Namespace, sup: Supervisor, etcd_bin: str, host: 
     for w in topo.workers:
         sup.spawn(f"worker-{w.name}", [
             *_schedctl(), "worker", "--worker-id", w.name, "--region", w.region, "--planners", every,
-            "--pool", "default", "--drain-grace", "5", "--log-level", args.log_level, *metrics_flags(w.name),
-            *(tls.worker() if tls else []),
+            "--pool", "default", "--allow-shell", "true", "--drain-grace", "5", "--log-level", args.log_level,
+            *metrics_flags(w.name), *(tls.worker() if tls else []),
         ], env)
     first = topo.region_names[0]
     policy = subprocess.run([*_schedctl(), "region", "switchover", "--to", first, "--standby",

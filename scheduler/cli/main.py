@@ -10,6 +10,7 @@ import sys
 
 from scheduler import __version__
 from scheduler.cli import (
+    auth,
     certs,
     cluster,
     completion,
@@ -45,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     completion.register(sub)
     health.register(sub)
     certs.register(sub)
+    auth.register(sub)
     return ap
 
 

@@ -17,6 +17,8 @@ class Exit(IntEnum):
     CONFLICT = 4  # already exists / version mismatch
     UNAVAILABLE = 5  # server or etcd unreachable: retrying may help
     TIMEOUT = 6  # a wait ran out (`region switchover`: the policy changed, the move is not complete)
+    UNAUTHENTICATED = 7  # no credentials, or refused ones (a bad, expired or foreign token)
+    PERMISSION_DENIED = 8  # known caller, but its roles do not allow the call
 
 
 def fail_invalid(err: InvalidArgument) -> int:

@@ -20,7 +20,7 @@ from scheduler.client import SchedulerClient
 from scheduler.clock import SYSTEM_CLOCK
 from scheduler.config import CoordinationSettings, EtcdSettings, TlsSettings, parse_listen_address, refuse_plaintext
 from scheduler.errors import InvalidArgument
-from scheduler.planner.settings import PlannerSettings
+from scheduler.planner.settings import PlannerSettings, refuse_open_api
 
 if TYPE_CHECKING:
     from prometheus_client.registry import CollectorRegistry
@@ -71,7 +71,9 @@ def add_settings_flags(p: argparse.ArgumentParser, *classes: type[Any]) -> None:
             if f.name.startswith("unsafe_"):
                 unsafe.append((f, text))
                 continue
-            group.add_argument(_flag(f.name), dest=f.name, default=None, metavar=_metavar(f), help=text)
+            # A bool setting works as a bare switch too (`--allow-shell`, `--insecure`) as well as with a value.
+            extra: dict[str, Any] = {"nargs": "?", "const": "true"} if "bool" in str(f.type) else {}
+            group.add_argument(_flag(f.name), dest=f.name, default=None, metavar=_metavar(f), help=text, **extra)
     if unsafe:  # last, under their own heading
         group = p.add_argument_group(UNSAFE_TITLE)
         for f, text in unsafe:
@@ -159,6 +161,9 @@ def run(args: argparse.Namespace) -> int:
             c.load({k: flags[k] for k in _names(c)}, toml_file=args.config, shared_keys=every - _names(c))
             for c in classes
         )
+        assert isinstance(planner, PlannerSettings) and isinstance(tls, TlsSettings)
+        # No auth off loopback first: the graver of the two (anyone may do anything), then plaintext.
+        refuse_open_api(planner.api_host, planner.auth_file, insecure=tls.insecure)
         check_transport(etcd, planner, tls)  # type: ignore[arg-type]
     except InvalidArgument as e:
         return fail_invalid(e)
@@ -226,7 +231,7 @@ async def _main(etcd: EtcdSettings, coord: CoordinationSettings, planner: Planne
     dispatcher = node.make_dispatcher()  # heartbeat timing from the planner settings
     schedules, admin = node.make_api()
     server, port = await start_server(dispatcher, planner.api_host, planner.api_port, schedules=schedules,
-                                      admin=admin, tls=server_tls(tls))
+                                      admin=admin, tls=server_tls(tls), interceptors=[node.security.interceptor])
     if not coord.api_address:
         node.advertise(f"{planner.api_host}:{port}")
     log.info("serving", extra={"event": "serving", "address": f"{planner.api_host}:{port}",

@@ -48,6 +48,12 @@ HELP: dict[str, str] = {
     "metrics_address": "host:port of the Prometheus /metrics endpoint (port 0: pick one; empty or off: none)",
     "health_address": "host:port of a plaintext gRPC health service for probes, `schedctl health` (health only; "
                       "port 0: pick one; empty or off: none)",
+    "auth_file": "authorization file (TOML: JWT keys, token file, certificate identities, pool restrictions); "
+                 "empty: auth off, every call allowed (refused off loopback unless --insecure)",
+    "token_file": "file holding the bearer token this process presents to planners (peers, workers)",
+    "audit_max_events": "events the audit log keeps (the oldest are deleted beyond it)",
+    "rate_limit_rps": "requests per second each principal may make to this planner (0: no limit; needs auth_file)",
+    "rate_limit_burst": "token bucket size of rate_limit_rps (0: twice the rate)",
     "metrics_schedule_limit": "schedules with their own start-lag series; the rest share `_other`",
     "overlap_settle_ms": "milliseconds; an overlap skip is decided only if the run before is still in flight "
                          "this long after the skipped run's due time (a result in transit is no overlap)",
@@ -82,6 +88,8 @@ HELP: dict[str, str] = {
     "discovery_interval": "seconds between planner list refreshes",
     "keepalive_time": "seconds between gRPC keepalive pings (so a frozen planner is noticed)",
     "flush_timeout": "seconds; at shutdown, how long to wait for the last results to be acknowledged",
+    "allow_shell": "run the shell executor's commands (off: shell executions fail permanently; a remote-code-"
+                   "execution surface for whoever may create schedules on this pool)",
     "shell_kill_grace": "seconds; shell executor: SIGTERM, then SIGKILL the process group after this",
     "http_timeout": "seconds; http executor request timeout when the payload sets no timeout_s",
     "log_level": "debug, info, warning or error",
@@ -92,8 +100,8 @@ HELP: dict[str, str] = {
     "tls_ca_file": "CA bundle (PEM): what verifies the other side's certificate (clients, workers, peers, planners)",
     "tls_require_client_cert": "true/false; the API port requires a client certificate signed by --tls-ca-file",
     "tls_server_name": "the name the planners' certificates carry, checked instead of the dialled address's host",
-    "insecure": "true/false; allow plaintext on a non-loopback address (API, etcd, worker streams); off loopback "
-                "without TLS the process refuses to start unless this is true",
+    "insecure": "true/false; allow plaintext (and, for a planner, no auth_file) on a non-loopback address; "
+                "off loopback without TLS the process refuses to start unless this is true",
 }
 
 # Defaults computed at start-up, where the settings class holds a placeholder (None or "").

@@ -7,6 +7,7 @@
 message, field violations). See docs/api.md, "Python client".
 """
 
+from scheduler.auth.bearer import read_token_file
 from scheduler.client.client import SchedulerClient
 from scheduler.client.errors import ClientError, FieldViolation
 from scheduler.client.retry import NO_RETRY, RetryPolicy
@@ -23,4 +24,5 @@ __all__ = [
     "SchedulerClient",
     "SyncSchedulerClient",
     "load_client_settings",
+    "read_token_file",
 ]

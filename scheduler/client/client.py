@@ -24,6 +24,7 @@ from scheduler._gen.scheduler.v1 import execution_pb2 as epb
 from scheduler._gen.scheduler.v1 import schedule_pb2 as spb
 from scheduler._gen.scheduler.v1 import schedule_service_pb2 as sspb
 from scheduler._gen.scheduler.v1 import schedule_service_pb2_grpc as ssgrpc
+from scheduler.auth.bearer import bearer_interceptors
 from scheduler.client.errors import ClientError, from_rpc_error
 from scheduler.client.instants import Instant, timestamp
 from scheduler.client.retry import READS, RETRYABLE, RetryPolicy
@@ -52,13 +53,15 @@ class SchedulerClient:
 
     def __init__(self, address: str = DEFAULT_SERVER, *, timeout: float = 10.0,
                  retry: RetryPolicy | None = None, channel: grpc.aio.Channel | None = None,
-                 tls: ClientTls | None = None) -> None:
+                 tls: ClientTls | None = None, token: str | None = None) -> None:
         """`tls`: TLS (mutual with a certificate) with files read now; a client made after a certificate
-        rotation uses the new files (scheduler/tls.py). None: plaintext."""
+        rotation uses the new files (scheduler/tls.py). None: plaintext. `token`: a bearer token sent on
+        every call (`authorization: Bearer <token>`), for a cluster with auth on (docs/operations.md,
+        "Security"); `read_token_file` reads one from a file."""
         self.address = address
         self.timeout = timeout
         self.retry = retry or RetryPolicy()
-        self._channel = channel or Dialer(tls).aio_channel(address, options=[
+        self._channel = channel or Dialer(tls).aio_channel(address, interceptors=bearer_interceptors(token), options=[
             ("grpc.max_receive_message_length", _MAX_MESSAGE),
             ("grpc.max_send_message_length", _MAX_MESSAGE),
         ])
@@ -329,6 +332,14 @@ class SchedulerClient:
 
     async def get_time(self, *, timeout: float | None = None) -> Any:
         return await self._call("GetTime", self._admin.GetTime, apb.GetTimeRequest(), timeout)
+
+    def iter_audit_events(self, *, limit: int | None = None, newest_first: bool = False, page_size: int = 0,
+                          timeout: float | None = None) -> AsyncIterator[Any]:
+        """The audit log's `AuditEvent`s (system:admin), oldest first unless `newest_first`, at most `limit`."""
+        async def fetch(token: str) -> Any:
+            req = apb.ListAuditEventsRequest(page_size=page_size, page_token=token, newest_first=newest_first)
+            return await self._call("ListAuditEvents", self._admin.ListAuditEvents, req, timeout)
+        return _pages(fetch, "events", limit)
 
 
 __all__ = ["ClientError", "SchedulerClient"]

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from scheduler.auth.bearer import read_token_file
 from scheduler.config import Settings, check_tls_files
 from scheduler.errors import InvalidArgument
 
@@ -32,6 +33,7 @@ class ClientSettings(Settings):
     tls_cert_file: str | None = None
     tls_key_file: str | None = None
     tls_server_name: str | None = None  # verify the server's certificate against this name, not the address
+    token_file: str = ""  # a file holding the bearer token to send (a cluster with auth on); empty: none
 
     def tls(self) -> ClientTls | None:
         from scheduler.tls import client_tls
@@ -45,6 +47,10 @@ class ClientSettings(Settings):
         if self.request_timeout <= 0:
             raise InvalidArgument("request_timeout", "must be positive")
         check_tls_files("tls_", self.tls_cert_file, self.tls_key_file, self.tls_ca_file)
+
+    def token(self) -> str | None:
+        """The bearer token from token_file (InvalidArgument naming `token_file` if unreadable), or None."""
+        return read_token_file(self.token_file) if self.token_file else None
 
 
 def default_config_file(env: Mapping[str, str] | None = None) -> Path | None:

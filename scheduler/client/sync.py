@@ -25,15 +25,15 @@ async def _wrap(aw: Awaitable[T]) -> T:
 
 class SyncSchedulerClient:
     def __init__(self, address: str = DEFAULT_SERVER, *, timeout: float = 10.0,
-                 retry: RetryPolicy | None = None, tls: ClientTls | None = None) -> None:
+                 retry: RetryPolicy | None = None, tls: ClientTls | None = None, token: str | None = None) -> None:
         self._runner = asyncio.Runner()
         # The channel must be created on the runner's loop.
-        self._client: SchedulerClient = self._run(self._make(address, timeout, retry, tls))
+        self._client: SchedulerClient = self._run(self._make(address, timeout, retry, tls, token))
 
     @staticmethod
     async def _make(address: str, timeout: float, retry: RetryPolicy | None,
-                    tls: ClientTls | None) -> SchedulerClient:
-        return SchedulerClient(address, timeout=timeout, retry=retry, tls=tls)
+                    tls: ClientTls | None, token: str | None) -> SchedulerClient:
+        return SchedulerClient(address, timeout=timeout, retry=retry, tls=tls, token=token)
 
     def _run(self, aw: Awaitable[T]) -> T:
         return self._runner.run(_wrap(aw))

@@ -43,6 +43,9 @@ import grpc
 from scheduler._gen.scheduler.v1 import cluster_pb2, execution_pb2
 from scheduler._gen.scheduler.v1 import worker_service_pb2 as wpb
 from scheduler.api.convert import fencing_token_pb
+from scheduler.auth.access import OPEN, Authz
+from scheduler.auth.current import current
+from scheduler.auth.principal import Role
 from scheduler.clock import Clock
 from scheduler.dispatch.affinity import AffinityGate
 from scheduler.dispatch.conn import AttemptKey, Conn
@@ -101,8 +104,13 @@ class Dispatcher:
         type_caps: dict[str, int] | None = None,
         tenant_weights: dict[str, int] | None = None,
         duplicate_file: str = "",
+        authz: Authz = OPEN,
     ) -> None:
         self.node_id, self.region, self.kv, self.ledger, self.clock = node_id, region, kv, ledger, clock
+        # Which principal may serve which pool (checked on Hello), and which tenants a pool may run
+        # (checked on every submit: enforced here, never trusted to the worker).
+        self.authz = authz
+        self.refused_tenant = 0  # executions not sent because their pool does not serve their tenant
         self._planners, self._on_transition = planners, on_transition
         self._lookup = lookup
         self._on_capacity = on_capacity  # new credits: wake planner loops waiting for capacity
@@ -224,11 +232,30 @@ class Dispatcher:
         self.liveness.expect(attempts)
 
     def submit(self, e: Execution, payload: bytes, token: FencingToken) -> None:
+        allowed = self.authz.pools.get(e.pool)
+        if allowed is not None and e.tenant not in allowed:
+            self._refuse_tenant(e, token)
+            return
         self.queue.put(e.pool, e.tenant, e.task_type, _Item(e, payload, token))
         # Pumped at the end of this loop iteration, so a round's dispatches share one Assignments message.
         if not self._pump_pending:
             self._pump_pending = True
             asyncio.get_running_loop().call_soon(self._pump)
+
+    def _refuse_tenant(self, e: Execution, token: FencingToken) -> None:
+        """An execution of a tenant its pool does not serve (a schedule stored before the pool was restricted:
+        create and update refuse it now) never reaches the pool's workers. Its attempt is recorded as a
+        permanent failure, as a worker's result would be, so it ends in the dead-letter list with the reason
+        instead of being dispatched again and again; replay it after moving the schedule to a pool that
+        serves its tenant."""
+        self.refused_tenant += 1
+        why = f"pool {e.pool!r} does not serve tenant {e.tenant!r} (auth file [pools]): not sent to its workers"
+        log.error("execution not sent: its pool does not serve its tenant", extra={
+            "event": "dispatch_refused_tenant", "execution_id": e.id, "pool": e.pool, "tenant": e.tenant})
+        self.recorder.enqueue(self, f"planner:{self.node_id}", [wpb.Result(
+            execution_id=e.id, attempt=e.attempt, fencing_token=fencing_token_pb(token),
+            outcome=execution_pb2.ATTEMPT_OUTCOME_FAILED, error_class=execution_pb2.ERROR_CLASS_PERMANENT,
+            message=why)], lambda report: None)
 
     def cancel(self, e: Execution, reason: str) -> None:
         self.cancel_attempt(e.id, e.attempt, reason)
@@ -382,6 +409,13 @@ class Dispatcher:
         if not h.worker_id or not h.pool:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "hello.worker_id and hello.pool are required")
             return
+        if self.authz.enabled:
+            p = current()
+            if p is None or not p.may(Role.WORKER, h.pool):
+                who = p.name if p else "an unauthenticated caller"
+                await context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                                    f"hello.pool: {who} may not serve pool {h.pool!r} (it needs {h.pool}:worker)")
+                return
         if self.duplicate is not None:
             self.duplicate.start()  # polled from the first stream on: without workers there is nothing to repeat
         conn_id = next(self._ids)

@@ -54,6 +54,7 @@ class ClockGuard:
         self.anchor: Anchor | None = None
         # node -> (address, TLS files generation, channel): a channel is re-made when either changed
         self._channels: dict[str, tuple[str, int, grpc.aio.Channel]] = {}
+        self.peer_metadata: tuple[tuple[str, str], ...] = ()  # this planner's bearer token (auth on)
 
     # ---- what the node reads ----------------------------------------------------------------------
 
@@ -149,7 +150,8 @@ class ClockGuard:
         bound = self.s.probe_rtt_bound
         t0 = self.clock.monotonic()
         try:
-            r: apb.GetTimeResponse = await agrpc.AdminServiceStub(ch).GetTime(apb.GetTimeRequest(), timeout=bound)
+            r: apb.GetTimeResponse = await agrpc.AdminServiceStub(ch).GetTime(apb.GetTimeRequest(), timeout=bound,
+                                                                                metadata=self.peer_metadata)
         except (grpc.RpcError, TimeoutError, OSError) as e:
             log.debug("clock probe of %s failed: %s", m.node_id, e)
             return None

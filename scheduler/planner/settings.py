@@ -2,10 +2,32 @@
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass
 
 from scheduler.config import TEST_MODE_ENV, Settings, parse_listen_address, test_mode
 from scheduler.errors import InvalidArgument
+
+
+def refuse_open_api(api_host: str, auth_file: str, *, insecure: bool) -> None:
+    """A planner whose API every caller may use (no auth_file) listens only on loopback, unless `insecure` is
+    set explicitly. Called by `schedctl planner` once every settings class is loaded (the `insecure` switch is
+    shared with the transport's plaintext refusal)."""
+    if not auth_file and not insecure and not is_loopback(api_host):
+        raise InvalidArgument("auth_file", f"the API would listen on {api_host} with every call allowed: set "
+                              "auth_file (docs/operations.md, Security), or `insecure = true` to accept that")
+
+
+def is_loopback(host: str) -> bool:
+    """127.0.0.0/8, ::1 and `localhost`: reachable only from this machine. `0.0.0.0`, `::` and every other
+    address are not (a name is not resolved: only `localhost` counts)."""
+    h = host.strip("[]")
+    if h == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(h).is_loopback
+    except ValueError:
+        return False
 
 
 @dataclass(frozen=True)
@@ -52,6 +74,17 @@ class PlannerSettings(Settings):
     # twice. Empty: never. A product that repeats its deliveries on purpose is no product: refused outside
     # test mode, as the other unsafe_ switches.
     unsafe_duplicate_delivery_file: str = ""
+    # Security (docs/operations.md, "Security"). auth_file: the authorization file (principals, roles, pool
+    # restrictions; scheduler/auth/config.py); empty: every call is allowed, which a planner accepts only on
+    # a loopback address unless `insecure` (TlsSettings: one switch for both) is set. token_file: the bearer
+    # token this planner presents to its peers (clock probes, the status fan-out), a `system:planner`.
+    auth_file: str = ""
+    token_file: str = ""
+    audit_max_events: int = 10_000  # the audit log keeps this many events (the oldest are deleted)
+    # Requests per second each principal may make to this planner (a token bucket of rate_limit_burst, 0:
+    # twice the rate); over it: RESOURCE_EXHAUSTED with a retry hint. 0: no limit. Needs auth (principals).
+    rate_limit_rps: float = 0.0
+    rate_limit_burst: int = 0
 
     @property
     def probe_rtt_bound(self) -> float:
@@ -92,6 +125,12 @@ class PlannerSettings(Settings):
         if self.unsafe_disable_clock_guard and not test_mode():
             raise InvalidArgument("unsafe_disable_clock_guard",
                                   f"is refused outside test mode ({TEST_MODE_ENV}=1): it breaks safety")
+        if not 0 <= self.rate_limit_rps <= 1_000_000:
+            raise InvalidArgument("rate_limit_rps", "must be in 0-1000000 (0: no limit)")
+        if not 0 <= self.rate_limit_burst <= 10_000_000:
+            raise InvalidArgument("rate_limit_burst", "must be in 0-10000000 (0: twice rate_limit_rps)")
+        if not 10 <= self.audit_max_events <= 1_000_000:
+            raise InvalidArgument("audit_max_events", "must be in 10-1000000")
         if self.unsafe_duplicate_delivery_file and not test_mode():
             raise InvalidArgument("unsafe_duplicate_delivery_file",
                                   f"is refused outside test mode ({TEST_MODE_ENV}=1): it delivers assignments twice")

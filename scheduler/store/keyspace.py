@@ -166,6 +166,14 @@ class Keyspace:
         return self._k("drain", "")
 
     @property
+    def audit(self) -> bytes:
+        return self._k("audit", "")
+
+    def audit_event(self, at_ms: int, node_id: str, seq: int) -> bytes:
+        """Time first, so a prefix range lists the log oldest first and the oldest are the ones trimmed."""
+        return self._k("audit", f"{at_ms:0{_MS_WIDTH}d}-{node_id}-{seq:06d}")
+
+    @property
     def regions(self) -> bytes:
         return self._k("regions", "")
 

@@ -7,6 +7,7 @@ import os
 import socket
 from dataclasses import dataclass
 
+from scheduler.auth.bearer import read_token_file
 from scheduler.config import TEST_MODE_ENV, Settings, check_tls_files, parse_listen_address, refuse_plaintext, test_mode
 from scheduler.errors import InvalidArgument
 from scheduler.ids import ID_RE
@@ -59,6 +60,13 @@ class WorkerSettings(Settings):
     tls_key_file: str | None = None
     tls_server_name: str | None = None  # verify the planners' certificates against this name, not their address
     insecure: bool = False  # allow plaintext streams to non-loopback planners
+    # The shell executor runs the command a schedule names: a remote-code-execution surface for whoever may
+    # create schedules on this pool. Off by default: a worker without it fails shell executions permanently,
+    # naming this setting (docs/workers.md, "Shell").
+    allow_shell: bool = False
+    # The bearer token this worker presents to planners (a principal with `<pool>:worker`); empty: none
+    # (a cluster with auth on then refuses the worker, UNAUTHENTICATED). Read again on every re-dial.
+    token_file: str = ""
     # Tests only: run an assignment delivered twice twice (no dedupe by execution id + attempt), to show
     # that a drill's I1 check catches it (drill fault F9). Refused outside test mode.
     unsafe_disable_dedupe: bool = False
@@ -95,6 +103,8 @@ class WorkerSettings(Settings):
         for name in ("drain_grace", "cancel_grace", "flush_timeout", "shell_kill_grace"):
             if getattr(self, name) < 0:
                 raise InvalidArgument(name, "must not be negative")
+        if self.token_file:
+            read_token_file(self.token_file)  # fail at start, naming the setting, not at the first dial
         if self.reconnect_backoff_max < self.reconnect_backoff_min:
             raise InvalidArgument("reconnect_backoff_max", "must be >= reconnect_backoff_min")
         parse_listen_address("metrics_address", self.metrics_address)

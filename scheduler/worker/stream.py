@@ -16,6 +16,7 @@ import grpc
 
 from scheduler._gen.scheduler.v1 import worker_service_pb2 as wpb
 from scheduler._gen.scheduler.v1 import worker_service_pb2_grpc as wgrpc
+from scheduler.auth.bearer import bearer_interceptors, read_token_file
 from scheduler.tasks import cancel_and_wait
 from scheduler.tls import Dialer, client_tls
 from scheduler.worker.backoff import Backoff
@@ -47,7 +48,9 @@ def dialer(settings: WorkerSettings) -> Dialer:
 
 def channel(address: str, settings: WorkerSettings, dial: Dialer | None = None) -> grpc.aio.Channel:
     keepalive_ms = int(settings.keepalive_time * 1000)
-    return (dial or dialer(settings)).aio_channel(address, options=[
+    # The token is read on every dial, so a rotated token file is picked up at the next reconnect.
+    token = read_token_file(settings.token_file) if settings.token_file else None
+    return (dial or dialer(settings)).aio_channel(address, interceptors=bearer_interceptors(token), options=[
         ("grpc.keepalive_time_ms", keepalive_ms),
         ("grpc.keepalive_timeout_ms", keepalive_ms),
         ("grpc.http2.max_pings_without_data", 0),

@@ -32,7 +32,7 @@ async def main(args: argparse.Namespace) -> None:
     settings = WorkerSettings(
         worker_id=args.id, pool="pool", region=args.region, planners=tuple(args.planners.split(",")),
         concurrency=args.concurrency, discovery_interval=2.0, keepalive_time=1.0, result_ack_timeout=2.0,
-        drain_grace=args.drain_grace,
+        drain_grace=args.drain_grace, allow_shell=True,  # the API contract tests run shell schedules
     )
     worker = Worker(settings=settings)
     register_builtin(worker, settings)

@@ -102,7 +102,8 @@ def test_health_and_reflection_list_every_service(cluster: ApiCluster) -> None:
     methods = {m.name for m in pool.FindServiceByName("scheduler.v1.ScheduleService").methods}
     assert {"CreateSchedule", "ListExecutions", "ListSkips", "Backfill", "DiscardDeadLetter"} <= methods
     assert {m.name for m in pool.FindServiceByName("scheduler.v1.AdminService").methods} == \
-        {"GetClusterStatus", "Switchover", "SetWorkerAffinity", "DrainPlanner", "UndrainPlanner", "GetTime"}
+        {"GetClusterStatus", "Switchover", "SetWorkerAffinity", "DrainPlanner", "UndrainPlanner", "GetTime",
+         "ListAuditEvents"}
 
 
 # ---- create / get --------------------------------------------------------------------------------------

@@ -68,7 +68,8 @@ def cluster(etcd_server: EtcdCluster, key_prefix: str, tmp_path: Path) -> Iterat
     try:
         _, address = planners.start_serving("p1")  # on a port of its own choosing
         worker = spawn([SCHEDCTL, "worker", "--planners", address, "--worker-id", "w1",
-                        "--drain-grace", "1", "--shell-kill-grace", "0.2"], tmp_path / "worker.log", env=CLEAN_ENV)
+                        "--drain-grace", "1", "--shell-kill-grace", "0.2", "--allow-shell"], tmp_path / "worker.log",
+                       env=CLEAN_ENV)
         c = Cluster(address, tmp_path)
         c.wait("the planner to own every partition", lambda: c.run("cluster", "status", "--json").returncode == 0
                and len([p for p in json.loads(c.run("cluster", "status", "--json").stdout).get("partitions", [])

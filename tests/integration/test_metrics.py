@@ -140,7 +140,7 @@ async def test_planner_and_worker_metrics_move_as_executions_run(etcd_server: Et
             assert value(s, "execution_attempts_total", status="succeeded") == 0
             worker = spawn([schedctl_binary(), "worker", "--planners", api, "--worker-id", "w1",
                             "--metrics-address", "127.0.0.1:0", "--log-level", "debug",
-                            "--heartbeat-interval", "0.2"], worker_log, env=CLEAN_ENV)
+                            "--heartbeat-interval", "0.2", "--allow-shell", "true"], worker_log, env=CLEAN_ENV)
             worker_metrics = await logged_port(worker_log, worker, "metrics_serving")
 
             def planner_moved(s: Samples) -> bool:

@@ -75,6 +75,7 @@ SERVICES: dict[str, dict[str, tuple[str, str, str]]] = {
         "DrainPlanner": ("DrainPlannerRequest", "DrainPlannerResponse", UNARY),
         "UndrainPlanner": ("UndrainPlannerRequest", "UndrainPlannerResponse", UNARY),
         "GetTime": ("GetTimeRequest", "GetTimeResponse", UNARY),
+        "ListAuditEvents": ("ListAuditEventsRequest", "ListAuditEventsResponse", UNARY),
     },
 }
 
@@ -301,7 +302,7 @@ def test_execution_ids_are_the_key_everywhere() -> None:
 
 
 def test_list_methods_paginate() -> None:
-    for method in ("ListSchedules", "ListExecutions", "ListSkips", "ListDeadLetters"):
+    for method in ("ListSchedules", "ListExecutions", "ListSkips", "ListDeadLetters", "ListAuditEvents"):
         request, response = _message(f"{method}Request"), _message(f"{method}Response")
         assert _type_name(request.fields_by_name["page_size"]) == "int32", method
         assert _type_name(request.fields_by_name["page_token"]) == "string", method

@@ -53,7 +53,7 @@ async def test_runs_shell_tasks_logs_them_and_drains_on_sigterm(planner: FakePla
     cfg.write_text('pool = "from-toml"\nconcurrency = 1\nworker_id = "toml-id"\n')
     proc = await asyncio.create_subprocess_exec(
         SCHEDCTL, "worker", "--config", str(cfg), "--planners", planner.address, "--concurrency", "2",
-        "--heartbeat-interval", "0.05", "--drain-grace", "0.5", "--shell-kill-grace", "0.2",
+        "--heartbeat-interval", "0.05", "--drain-grace", "0.5", "--shell-kill-grace", "0.2", "--allow-shell", "true",
         "--log-level", "debug",  # per-execution lines are DEBUG
         env={**CLEAN_ENV, "SCHED_WORKER_ID": "cli-w", "SCHED_REGION": "eu"},
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

@@ -133,3 +133,22 @@ async def test_the_output_tails_and_the_exit_code_are_kept_for_the_attempt() -> 
         await ShellExecutor()(big, _payload("yes a | head -c 10000; echo END; exit 3"))
     assert big.output is not None and big.output.exit_code == 3
     assert len(big.output.stdout_tail) == 4096 and big.output.stdout_tail.endswith("a\nEND\n")
+
+
+async def test_a_worker_without_allow_shell_refuses_shell_executions() -> None:
+    """Shell is opt-in per worker (issue 14): without allow_shell the `shell` task type fails permanently
+    (dead letter at once, no retry), and says why and how to turn it on."""
+    from scheduler.worker import Worker, WorkerSettings
+    from scheduler.worker.errors import PermanentError
+    from scheduler.worker.executors import register_builtin
+
+    for allow, expect_refusal in ((False, True), (True, False)):
+        w = Worker(settings=WorkerSettings(worker_id="w", allow_shell=allow))
+        register_builtin(w, w.settings)
+        handler = w._handlers["shell"]
+        refused = getattr(handler, "__name__", "") == "refuse_shell"
+        assert refused is expect_refusal
+        if refused:
+            with pytest.raises(PermanentError, match="allow-shell"):
+                await handler(make_ctx(), b'{"command": "true"}')
+        await w.close()

@@ -1,6 +1,10 @@
 """Whatever a client sends, a ScheduleService call answers with a deliberate status: never INTERNAL
 (the server's "unexpected error"), and a refused create stores nothing. Property-based over the
-request fields (hypothesis), handlers called directly with a context that records the abort."""
+request fields (hypothesis), handlers called directly with a context that records the abort.
+
+Every test runs twice: with auth off, and with auth on as a principal drawn from one limited to tenant
+`t` (writer and operator), a reader of `t`, and one of another tenant (issue 14): PERMISSION_DENIED is
+then deliberate too, and a refused request changes nothing."""
 
 from __future__ import annotations
 
@@ -19,6 +23,9 @@ from scheduler._gen.scheduler.v1 import schedule_service_pb2 as spb
 from scheduler.api.errors import Context
 from scheduler.api.operations import Operations
 from scheduler.api.schedule_service import ScheduleService
+from scheduler.auth.access import Authz
+from scheduler.auth.current import set_current
+from scheduler.auth.principal import Grant, Principal, Role
 from scheduler.clock import FakeClock
 from scheduler.store.keyspace import Keyspace
 from scheduler.store.ledger import Ledger
@@ -62,11 +69,20 @@ def ctx() -> Context:
     return cast(Context, Ctx())
 
 
-def service() -> tuple[ScheduleService, MemoryKV]:
+FUZZER = Principal("token:fuzzer", frozenset({Grant("t", Role.WRITER), Grant("t", Role.OPERATOR)}))
+READER = Principal("token:reader", frozenset({Grant("t", Role.READER)}))
+OUTSIDER = Principal("token:outsider", frozenset({Grant("other", Role.WRITER), Grant("other", Role.OPERATOR)}))
+ADMIN = Principal("token:admin", frozenset({Grant("system", Role.ADMIN)}))
+principals = st.sampled_from([FUZZER, READER, OUTSIDER])
+modes = pytest.mark.parametrize("auth", [False, True], ids=["auth-off", "auth-on"])
+
+
+def service(auth: bool = False) -> tuple[ScheduleService, MemoryKV]:
     kv, ks, clock = MemoryKV(), Keyspace("/f"), FakeClock(NOW)
     store, ledger = ScheduleStore(kv, ks, 4), Ledger(ks, 4)
     ops = Operations(kv, ks, 4, store, ledger, clock, rpc_timeout=1.0)
-    return ScheduleService(kv=kv, ks=ks, store=store, ledger=ledger, clock=clock, ops=ops, rpc_timeout=1.0), kv
+    return ScheduleService(kv=kv, ks=ks, store=store, ledger=ledger, clock=clock, ops=ops, rpc_timeout=1.0,
+                           authz=Authz(enabled=auth, pools={"p": frozenset({"t"})} if auth else {})), kv
 
 
 async def attempt(aw: Awaitable[object]) -> tuple[grpc.StatusCode, str]:
@@ -77,8 +93,9 @@ async def attempt(aw: Awaitable[object]) -> tuple[grpc.StatusCode, str]:
     return grpc.StatusCode.OK, ""
 
 
-async def call(method: str, request: Any) -> grpc.StatusCode:
-    svc, kv = service()
+async def call(method: str, request: Any, auth: bool = False, who: Principal = FUZZER) -> grpc.StatusCode:
+    svc, kv = service(auth)
+    set_current(who if auth else None)
     try:
         await getattr(svc, method)(request, ctx())
         return grpc.StatusCode.OK
@@ -128,15 +145,18 @@ def schedules(draw: st.DrawFn) -> pb.Schedule:
     return s
 
 
-DELIBERATE = {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND}
+DELIBERATE = {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND,
+              grpc.StatusCode.PERMISSION_DENIED}
 FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
+@modes
 @FUZZ
-@given(schedules(), st.text(max_size=200))
-def test_create_never_internal(s: pb.Schedule, request_id: str) -> None:
+@given(schedules(), st.text(max_size=200), principals)
+def test_create_never_internal(auth: bool, s: pb.Schedule, request_id: str, who: Principal) -> None:
     async def run() -> None:
-        svc, kv = service()
+        svc, kv = service(auth)
+        set_current(who if auth else None)
         try:
             code, details = await attempt(svc.CreateSchedule(
                 spb.CreateScheduleRequest(schedule=s, request_id=request_id), ctx()))
@@ -150,20 +170,26 @@ def test_create_never_internal(s: pb.Schedule, request_id: str) -> None:
     _run(run())
 
 
+@modes
 @FUZZ
-@given(schedules(), st.lists(st.text(max_size=40), max_size=5))
-def test_update_never_internal(s: pb.Schedule, paths: list[str]) -> None:
+@given(schedules(), st.lists(st.text(max_size=40), max_size=5), principals)
+def test_update_never_internal(auth: bool, s: pb.Schedule, paths: list[str], who: Principal) -> None:
     async def run() -> None:
-        svc, kv = service()
+        svc, kv = service(auth)
         try:
+            set_current(ADMIN if auth else None)
             base = pb.Schedule(id="fz", tenant="t", spec="* * * * *", worker_pool="p", task_type="x")
             created = await svc.CreateSchedule(spb.CreateScheduleRequest(schedule=base), ctx())
             s.id = "fz"
             req = spb.UpdateScheduleRequest(schedule=s)
             req.update_mask.paths.extend(paths)
+            set_current(who if auth else None)
             code, details = await attempt(svc.UpdateSchedule(req, ctx()))
             assert code in DELIBERATE, (code, details)
+            if auth and who is not FUZZER:
+                assert code is not grpc.StatusCode.OK  # a reader, another tenant: never allowed to change it
             if code is not grpc.StatusCode.OK:
+                set_current(ADMIN if auth else None)
                 got = await svc.GetSchedule(spb.GetScheduleRequest(id="fz"), ctx())
                 assert got.schedule == created.schedule  # refused: unchanged
         finally:
@@ -172,35 +198,38 @@ def test_update_never_internal(s: pb.Schedule, paths: list[str]) -> None:
     _run(run())
 
 
+@modes
 @FUZZ
 @given(st.text(max_size=300), names, enums, st.integers(-5, 5000), st.text(max_size=100))
-def test_list_never_internal(selector: str, tenant: str, state: int, size: int, token: str) -> None:
+def test_list_never_internal(auth: bool, selector: str, tenant: str, state: int, size: int, token: str) -> None:
     code = _run(call("ListSchedules", spb.ListSchedulesRequest(
-        label_selector=selector, tenant=tenant, state=state, page_size=size, page_token=token)))  # type: ignore[arg-type]
+        label_selector=selector, tenant=tenant, state=state, page_size=size, page_token=token), auth))  # type: ignore[arg-type]
     assert code in DELIBERATE
 
 
+@modes
 @FUZZ
 @given(st.text(max_size=200), st.lists(enums, max_size=4), st.one_of(st.none(), stamps), st.text(max_size=50))
-def test_execution_reads_never_internal(eid: str, states: list[int], start: Any, token: str) -> None:
-    assert _run(call("GetExecution", spb.GetExecutionRequest(execution_id=eid))) in DELIBERATE
+def test_execution_reads_never_internal(auth: bool, eid: str, states: list[int], start: Any, token: str) -> None:
+    assert _run(call("GetExecution", spb.GetExecutionRequest(execution_id=eid), auth)) in DELIBERATE
     req = spb.ListExecutionsRequest(schedule_id=eid[:20], states=states, page_token=token)  # type: ignore[arg-type]
     if start is not None:
         req.planned.start.CopyFrom(start)
-    assert _run(call("ListExecutions", req)) in DELIBERATE
-    assert _run(call("ListDeadLetters", spb.ListDeadLettersRequest(task_type=eid[:70], page_token=token))) \
+    assert _run(call("ListExecutions", req, auth)) in DELIBERATE
+    assert _run(call("ListDeadLetters", spb.ListDeadLettersRequest(task_type=eid[:70], page_token=token), auth)) \
         in DELIBERATE
     skips = spb.ListSkipsRequest(schedule_id=eid[:20], page_token=token)
     if start is not None:
         skips.planned.start.CopyFrom(start)
-    assert _run(call("ListSkips", skips)) in DELIBERATE
+    assert _run(call("ListSkips", skips, auth)) in DELIBERATE
 
 
+@modes
 @FUZZ
 @given(specs, st.sampled_from(["", "UTC", "Europe/London", "x" * 300]), st.one_of(st.none(), stamps),
        st.integers(0, 2000), names)
-def test_preview_never_internal(spec: str, tz: str, after: Any, count: int, sid: str) -> None:
+def test_preview_never_internal(auth: bool, spec: str, tz: str, after: Any, count: int, sid: str) -> None:
     req = spb.PreviewScheduleRequest(spec=spb.PreviewSpec(spec=spec, time_zone=tz, schedule_id=sid), count=count)
     if after is not None:
         req.after.CopyFrom(after)
-    assert _run(call("PreviewSchedule", req)) in DELIBERATE
+    assert _run(call("PreviewSchedule", req, auth)) in DELIBERATE

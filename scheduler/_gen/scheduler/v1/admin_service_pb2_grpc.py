@@ -66,6 +66,11 @@ class AdminServiceStub:
                 request_serializer=scheduler_dot_v1_dot_admin__service__pb2.GetTimeRequest.SerializeToString,
                 response_deserializer=scheduler_dot_v1_dot_admin__service__pb2.GetTimeResponse.FromString,
                 _registered_method=True)
+        self.ListAuditEvents = channel.unary_unary(
+                '/scheduler.v1.AdminService/ListAuditEvents',
+                request_serializer=scheduler_dot_v1_dot_admin__service__pb2.ListAuditEventsRequest.SerializeToString,
+                response_deserializer=scheduler_dot_v1_dot_admin__service__pb2.ListAuditEventsResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -121,6 +126,14 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListAuditEvents(self, request, context):
+        """The audit log: every call that changed something (schedule writes, operator and admin actions),
+        who made it, when and how it ended, oldest first unless newest_first. Needs system:admin.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -153,6 +166,11 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.GetTime,
                     request_deserializer=scheduler_dot_v1_dot_admin__service__pb2.GetTimeRequest.FromString,
                     response_serializer=scheduler_dot_v1_dot_admin__service__pb2.GetTimeResponse.SerializeToString,
+            ),
+            'ListAuditEvents': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListAuditEvents,
+                    request_deserializer=scheduler_dot_v1_dot_admin__service__pb2.ListAuditEventsRequest.FromString,
+                    response_serializer=scheduler_dot_v1_dot_admin__service__pb2.ListAuditEventsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -318,6 +336,33 @@ class AdminService:
             '/scheduler.v1.AdminService/GetTime',
             scheduler_dot_v1_dot_admin__service__pb2.GetTimeRequest.SerializeToString,
             scheduler_dot_v1_dot_admin__service__pb2.GetTimeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListAuditEvents(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/scheduler.v1.AdminService/ListAuditEvents',
+            scheduler_dot_v1_dot_admin__service__pb2.ListAuditEventsRequest.SerializeToString,
+            scheduler_dot_v1_dot_admin__service__pb2.ListAuditEventsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,131 @@
+"""The audit log: every call that changes something (schedule writes, operator actions, admin actions),
+who made it, when, and how it ended, in etcd under `audit/` (docs/keyspace.md).
+
+One put per event, written before the call's answer leaves the server, so an answered call is in the
+log (a planner that dies between the change and the put loses that one event; the action itself is
+never undone for it). Bounded by count: every `trim_every` writes a node counts the log and deletes the
+oldest beyond `max_events`, so the log stays at most `max_events + trim_every x nodes` long. Two nodes
+trimming at once delete the same oldest keys: harmless.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from scheduler.clock import Clock
+from scheduler.store.etcd.errors import EtcdError
+from scheduler.store.keyspace import Keyspace
+from scheduler.store.kv import KV
+
+log = logging.getLogger("scheduler.audit")
+
+# Calls that change state; reads are not audited (they would drown the rest, and change nothing).
+_AUDITED = {
+    "ScheduleService": {"CreateSchedule", "UpdateSchedule", "DeleteSchedule", "PauseSchedule", "ResumeSchedule",
+                        "TriggerSchedule", "RerunExecution", "Backfill", "CancelExecution", "ReplayDeadLetter",
+                        "DiscardDeadLetter"},
+    "AdminService": {"Switchover", "SetWorkerAffinity", "DrainPlanner", "UndrainPlanner"},
+}
+_TARGET_FIELDS = ("execution_id", "schedule_id", "id", "node_id", "target_region", "pool")
+MAX_MESSAGE = 512
+
+
+def audited(method: str) -> bool:
+    """`/scheduler.v1.ScheduleService/TriggerSchedule` -> True."""
+    service, _, name = method.strip("/").partition("/")
+    return name in _AUDITED.get(service.rsplit(".", 1)[-1], set())
+
+
+def target_of(request: Any) -> str:
+    """What the call was about: the first id-like field the request has set (a schedule, an execution, a
+    planner, a region, a pool)."""
+    for name in _TARGET_FIELDS:
+        v = getattr(request, name, None)
+        if isinstance(v, str) and v:
+            return v
+    inner = getattr(request, "schedule", None)
+    v = getattr(inner, "id", None)
+    return v if isinstance(v, str) else ""
+
+
+@dataclass(frozen=True)
+class AuditEvent:
+    key: str
+    at_ms: int
+    who: str
+    action: str
+    target: str
+    result: str  # the gRPC status code name: OK, PERMISSION_DENIED, NOT_FOUND, ...
+    message: str
+    node: str
+
+    def encode(self) -> bytes:
+        return json.dumps({"at_ms": self.at_ms, "who": self.who, "action": self.action, "target": self.target,
+                           "result": self.result, "message": self.message, "node": self.node},
+                          separators=(",", ":")).encode()
+
+    @staticmethod
+    def decode(key: bytes, value: bytes) -> AuditEvent:
+        d = json.loads(value)
+        return AuditEvent(Keyspace.last_segment(key), int(d.get("at_ms", 0)), str(d.get("who", "")),
+                          str(d.get("action", "")), str(d.get("target", "")), str(d.get("result", "")),
+                          str(d.get("message", "")), str(d.get("node", "")))
+
+
+class AuditLog:
+    def __init__(self, kv: KV, ks: Keyspace, clock: Clock, node_id: str, *, max_events: int = 10_000,
+                 trim_every: int = 100, timeout: float = 1.0) -> None:
+        self.kv, self.ks, self.clock, self.node_id = kv, ks, clock, node_id
+        self.max_events, self.trim_every, self.timeout = max_events, trim_every, timeout
+        self._seq = itertools.count()
+        self._since_trim = trim_every  # trim on the first write: a restarted node may find the log over
+
+    async def record(self, who: str, action: str, target: str, result: str, message: str = "") -> None:
+        now = self.clock.wall_ms()
+        key = self.ks.audit_event(now, self.node_id, next(self._seq) % 1_000_000)
+        ev = AuditEvent(Keyspace.last_segment(key), now, who, action, target, result, message[:MAX_MESSAGE],
+                        self.node_id)
+        try:
+            await self.kv.put(key, ev.encode(), timeout=self.timeout)
+            self._since_trim += 1
+            if self._since_trim >= self.trim_every:
+                self._since_trim = 0
+                await self.trim()
+        except (EtcdError, TimeoutError) as e:
+            # The action already happened; failing its answer now would make the caller retry it.
+            log.error("audit event not recorded", extra={"event": "audit_lost", "who": who, "action": action,
+                                                          "target": target, "result": result, "error": str(e)})
+
+    async def trim(self) -> int:
+        """Delete the oldest events beyond max_events; returns how many."""
+        n = (await self.kv.range(self.ks.audit, prefix=True, count_only=True, timeout=self.timeout)).count
+        excess = n - self.max_events
+        if excess <= 0:
+            return 0
+        oldest = await self.kv.range(self.ks.audit, prefix=True, keys_only=True, limit=excess, timeout=self.timeout)
+        if not oldest.kvs:
+            return 0
+        await self.kv.delete(oldest.kvs[0].key, range_end=oldest.kvs[-1].key + b"\x00", timeout=self.timeout)
+        return len(oldest.kvs)
+
+    async def list(self, *, after: str = "", limit: int = 100, newest_first: bool = False) -> tuple[
+            list[AuditEvent], str]:
+        """A page of events oldest first (or newest first), after the key `after`; the next page's cursor
+        ("" at the end)."""
+        from scheduler.store.etcd.types import SortOrder, SortTarget
+
+        start, end = self.ks.audit, self.ks.audit[:-1] + b"0"  # `/audit/` .. `/audit0`: the whole prefix
+        if after:
+            if newest_first:
+                end = self.ks.audit + after.encode()
+            else:
+                start = self.ks.audit + after.encode() + b"\x00"
+        r = await self.kv.range(start, range_end=end, limit=limit + 1, timeout=self.timeout,
+                                sort_order=SortOrder.DESCEND if newest_first else SortOrder.ASCEND,
+                                sort_target=SortTarget.KEY)
+        events = [AuditEvent.decode(x.key, x.value) for x in r.kvs[:limit]]
+        return events, (events[-1].key if len(r.kvs) > limit and events else "")
