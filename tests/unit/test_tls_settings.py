@@ -154,7 +154,11 @@ def test_a_planner_refuses_plaintext_off_loopback(tmp_path: Path) -> None:
         return subprocess.run([SCHEDCTL, "planner", *args], env=CLEAN_ENV, capture_output=True, text=True,
                               timeout=60, check=False)
 
-    r = run("--api-host", "0.0.0.0")
+    r = run("--api-host", "0.0.0.0")  # no auth either: that refusal comes first (tests/unit/auth)
+    assert r.returncode == 2 and r.stderr.startswith("schedctl: auth_file:"), r.stderr
+    auth = tmp_path / "auth.toml"
+    auth.write_text("")
+    r = run("--api-host", "0.0.0.0", "--auth-file", str(auth))
     assert r.returncode == 2 and r.stderr.startswith("schedctl: insecure: refusing plaintext API") \
         and "api_host" in r.stderr, r.stderr
     r = run("--etcd-endpoints", "10.9.9.9:2379")
