@@ -202,7 +202,7 @@ def test_a_worker_with_its_certificate_runs_work_and_one_without_is_refused(secu
     out = s.base / "runs.txt"
     planners = ",".join(s.addresses.values())
     good = spawn([SCHEDCTL, "worker", "--planners", planners, "--worker-id", "w-good", "--drain-grace", "1",
-                  "--tls-ca-file", s.f("ca.crt"), "--tls-cert-file", s.f("worker.crt"),
+                  "--allow-shell", "true", "--tls-ca-file", s.f("ca.crt"), "--tls-cert-file", s.f("worker.crt"),
                   "--tls-key-file", s.f("worker.key")], s.base / "w-good.log", env=CLEAN_ENV)
     nocert = spawn([SCHEDCTL, "worker", "--planners", planners, "--worker-id", "w-nocert", "--drain-grace", "1",
                     "--tls-ca-file", s.f("ca.crt")], s.base / "w-nocert.log", env=CLEAN_ENV)
