@@ -75,6 +75,7 @@ from scheduler.store.ledger import Ledger
 from scheduler.store.notices import Notice, parse_notice
 from scheduler.store.schedules import ScheduleStore, StoredSchedule
 from scheduler.store.txn_check import duplicate_write
+from scheduler.tasks import Pacer
 from scheduler.timeplan import SkipReason
 from scheduler.timeplan.missed import SkipRange
 
@@ -157,8 +158,11 @@ class PartitionPlanner:
         combiner: WriteCombiner | None = None,
         metrics: PlannerMetrics | None = None,
         node_stats: PlannerStats | None = None,
+        load_gate: asyncio.Semaphore | None = None,
     ) -> None:
         self.p = partition
+        self.load_gate = load_gate  # shared by the node's partitions: how many load at once
+        self.load_turns = 0  # event-loop turns the last load gave (a test checks that a big one did)
         self.metrics = metrics
         self.combiner = combiner
         self.kv, self.ks, self.ownership, self.store, self.ledger = kv, ks, ownership, store, ledger
@@ -208,17 +212,30 @@ class PartitionPlanner:
     async def load(self) -> int:
         """Read checkpoint, schedules and unfinished executions; returns the revision to watch from.
 
-        Schedule changes the node's watch routes here while the reads are under way are held and
-        applied afterwards (each is ignored if the listing already has its version)."""
+        Schedule changes the node's watch routes here while the reads and the planning are under way are
+        held and applied afterwards (each is ignored if the listing already has its version): the work is
+        sliced into bounded stretches between event-loop turns (a claim of tens of thousands of schedules
+        in one go starved the lease keep-alive), and a change applied halfway would be overwritten by the
+        listing's older version. At most `load_gate` partitions of the node load at once: every loading
+        partition takes one slice per loop turn, so many at once would make each turn long again."""
         self._loading = []
+        pacer = Pacer()
         try:
-            ck = await read_checkpoint(self.kv, self.ks, self.p, timeout=self.rpc_timeout)
-            stored, rev = await self.store.list_partition(self.p)
-            listing = await self.ledger.list_for_claim(self.kv, self.p, timeout=self.rpc_timeout)
-            holds = await self.kv.range(self.ks.holds(self.p), prefix=True, timeout=self.rpc_timeout)
-            stones = await self.kv.range(self.ks.tombstones(self.p), prefix=True, timeout=self.rpc_timeout)
+            async with self.load_gate or contextlib.nullcontext():
+                rev = await self._load(pacer)
         finally:
             held, self._loading = self._loading, None
+        for apply in held:
+            apply()
+        self.load_turns = pacer.turns
+        return rev
+
+    async def _load(self, pacer: Pacer) -> int:
+        ck = await read_checkpoint(self.kv, self.ks, self.p, timeout=self.rpc_timeout)
+        stored, rev = await self.store.list_partition(self.p, pacer=pacer)
+        listing = await self.ledger.list_for_claim(self.kv, self.p, timeout=self.rpc_timeout, pacer=pacer)
+        holds = await self.kv.range(self.ks.holds(self.p), prefix=True, timeout=self.rpc_timeout)
+        stones = await self.kv.range(self.ks.tombstones(self.p), prefix=True, timeout=self.rpc_timeout)
         self.ck = ck
         self.sched_rev = max(rev, ck.sched_rev)
         self.pending.clear()
@@ -236,6 +253,7 @@ class PartitionPlanner:
             held_from[sid] = int(json.loads(kv.value)["from"])
             self.m.hold_writes[sid] = None  # the claim's catch-up covers it: deleted with the first write
         for st in stored:
+            await pacer.pace()
             owed = self.m.owed_from_checkpoint(st, ck)
             if st.schedule.id in held_from:  # planned times after the hold were not materialized
                 owed = max(st.activated_ms, min(owed, held_from[st.schedule.id]))
@@ -272,8 +290,7 @@ class PartitionPlanner:
         self._stone_deletes = {}
         for x in stones.kvs:
             self._bury(self.ks.last_segment(x.key), x.value, x.mod_revision, held_from)
-        for apply in held:
-            apply()
+            await pacer.pace()
         self._recall_catchups([*listing.unfinished, *listing.ended], {st.schedule.id: st for st in stored})
         return rev
 

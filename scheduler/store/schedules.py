@@ -8,16 +8,25 @@ their partitions' schedule prefixes.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from scheduler.errors import AlreadyExists, FailedPrecondition, NotFound, VersionMismatch
 from scheduler.model import Schedule
 from scheduler.store.checkpoint import Checkpoint, read_checkpoint
-from scheduler.store.codec import ScheduleMeta, decode_schedule, decode_schedule_meta, encode_schedule, plan_fields
+from scheduler.store.codec import (
+    ScheduleMeta,
+    decode_schedule_meta,
+    decode_stored_schedule,
+    encode_schedule,
+    plan_fields,
+)
 from scheduler.store.etcd.ops import Compare, delete, get, prefix_end, put
 from scheduler.store.keyspace import Keyspace, partition_for
 from scheduler.store.kv import KV
+from scheduler.store.paging import range_pages
+from scheduler.tasks import Pacer
 
 
 @dataclass(frozen=True)
@@ -36,6 +45,11 @@ class StoredSchedule:
 # Activation changes that may wait for a planner to see them (the partition has no owner): beyond this
 # an update that starts a new activation is refused rather than lose the planned times of the oldest.
 MAX_UNSEEN_ACTIVATIONS = 16
+
+# Schedules one create_batch txn may hold: etcd's --max-txn-ops (128) bounds its compares and its puts, and
+# etcd 3.5.16 refuses 128 in one branch (config.CoordinationSettings.max_txn_ops). Values are ~600 B, so
+# a full batch stays far below the 1.5 MiB request limit.
+MAX_BATCH = 127
 
 
 def pruned_history(history: tuple[dict[str, Any], ...], current_rev: int, ck: Checkpoint) -> tuple[dict[str, Any], ...]:
@@ -79,10 +93,41 @@ class ScheduleStore:
             raise AlreadyExists(f"schedule {s.id!r} already exists")
         return StoredSchedule(replace(s, version=r.revision), now_ms, p, meta)
 
+    async def create_batch(self, schedules: Sequence[Schedule], now_ms: int, *,
+                           request_id: str = "") -> list[StoredSchedule]:
+        """Create every schedule in ONE txn, all or nothing: each key's `create_revision == 0` is compared,
+        so if any id is taken nothing is written and AlreadyExists names the taken ids. At most
+        `MAX_BATCH` schedules (etcd's --max-txn-ops bounds the compares and the puts of one txn). A retry
+        of the same non-empty `request_id` whose schedules all carry it gets them back. Bulk loaders
+        (bench/bench_scale.py, the batch create RPC) send several such txns at once."""
+        if not schedules:
+            return []
+        if len(schedules) > MAX_BATCH:
+            raise ValueError(f"at most {MAX_BATCH} schedules per batch, got {len(schedules)}")
+        ids = [x.id for x in schedules]
+        if len(set(ids)) != len(ids):
+            raise ValueError("a batch names one schedule id twice")
+        meta = ScheduleMeta(now_ms, now_ms, request_id)
+        parts = [self.partition(i) for i in ids]
+        keys = [self.ks.schedule(p, i) for p, i in zip(parts, ids, strict=True)]
+        r = await self.kv.txn([Compare.create_revision(k, "==", 0) for k in keys],
+                              [put(k, encode_schedule(x, activated_ms=now_ms, meta=meta))
+                               for k, x in zip(keys, schedules, strict=True)],
+                              [get(k) for k in keys], timeout=self.timeout)
+        if r.succeeded:
+            return [StoredSchedule(replace(x, version=r.revision), now_ms, p, meta)
+                    for x, p in zip(schedules, parts, strict=True)]
+        found = [getattr(rr, "kvs", ()) for rr in r.responses]
+        taken = [i for i, kvs in zip(ids, found, strict=True) if kvs]
+        if request_id and all(kvs and decode_schedule_meta(kvs[0].value).request_id == request_id for kvs in found):
+            return [self._stored(kvs[0].value, kvs[0].mod_revision, p) for kvs, p in zip(found, parts, strict=True)]
+        raise AlreadyExists(f"schedules already exist: {', '.join(repr(i) for i in taken[:10])}"
+                            + (f" and {len(taken) - 10} more" if len(taken) > 10 else ""))
+
     @staticmethod
     def _stored(value: bytes, mod_revision: int, partition: int) -> StoredSchedule:
-        s, activated = decode_schedule(value, mod_revision)
-        return StoredSchedule(s, activated, partition, decode_schedule_meta(value))
+        s, activated, meta = decode_stored_schedule(value, mod_revision)
+        return StoredSchedule(s, activated, partition, meta)
 
     async def get(self, schedule_id: str) -> StoredSchedule:
         p = self.partition(schedule_id)
@@ -144,10 +189,19 @@ class ScheduleStore:
                 raise VersionMismatch(f"schedule {schedule_id!r} is not at version {expected_version}")
         raise VersionMismatch(f"schedule {schedule_id!r} keeps changing; read it again")
 
-    async def list_partition(self, partition: int) -> tuple[list[StoredSchedule], int]:
-        """All schedules of a partition and the revision they were read at (to watch from)."""
-        r = await self.kv.range(self.ks.schedules(partition), prefix=True, timeout=self.timeout)
-        return [self._stored(kv.value, kv.mod_revision, partition) for kv in r.kvs], r.revision
+    async def list_partition(self, partition: int, *, page: int = 1000,
+                             pacer: Pacer | None = None) -> tuple[list[StoredSchedule], int]:
+        """All schedules of a partition and the revision they were read at (to watch from). Read in pages
+        at one revision and decoded with event-loop turns between bounded stretches (`pacer`): a claim of
+        a big partition must not starve the lease keep-alive (store/paging.py)."""
+        out: list[StoredSchedule] = []
+        rev = 0
+        async for kvs, rev in range_pages(self.kv, self.ks.schedules(partition), page=page, timeout=self.timeout):
+            for kv in kvs:
+                out.append(self._stored(kv.value, kv.mod_revision, partition))
+                if pacer is not None:
+                    await pacer.pace()
+        return out, rev
 
     async def scan(self, *, after_key: bytes = b"", limit: int = 1000) -> tuple[list[StoredSchedule], bytes]:
         """One chunk of every schedule in key order (partition, then id), starting after `after_key`;
