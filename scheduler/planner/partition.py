@@ -222,12 +222,18 @@ class PartitionPlanner:
         pacer = Pacer()
         try:
             async with self.load_gate or contextlib.nullcontext():
+                started = self.clock.monotonic()
                 rev = await self._load(pacer)
         finally:
             held, self._loading = self._loading, None
         for apply in held:
             apply()
         self.load_turns = pacer.turns
+        # How long a claim takes to be ready, and how big it is (bench/bench_scale.py reads these lines).
+        log.info("partition loaded", extra={
+            "event": "partition_loaded", "partition": self.p, "schedules": len(self.schedules),
+            "unfinished": len(self.pending), "seconds": round(self.clock.monotonic() - started, 3),
+            "turns": pacer.turns})
         return rev
 
     async def _load(self, pacer: Pacer) -> int:

@@ -7,6 +7,7 @@ their partitions' schedule prefixes.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -94,35 +95,71 @@ class ScheduleStore:
         return StoredSchedule(replace(s, version=r.revision), now_ms, p, meta)
 
     async def create_batch(self, schedules: Sequence[Schedule], now_ms: int, *,
-                           request_id: str = "") -> list[StoredSchedule]:
-        """Create every schedule in ONE txn, all or nothing: each key's `create_revision == 0` is compared,
-        so if any id is taken nothing is written and AlreadyExists names the taken ids. At most
-        `MAX_BATCH` schedules (etcd's --max-txn-ops bounds the compares and the puts of one txn). A retry
-        of the same non-empty `request_id` whose schedules all carry it gets them back. Bulk loaders
-        (bench/bench_scale.py, the batch create RPC) send several such txns at once."""
-        if not schedules:
-            return []
+                           request_id: str = "") -> list[StoredSchedule | None]:
+        """Create each schedule whose id is free, in one txn per attempt: every key's `create_revision == 0`
+        is compared, so the txn writes all of them or none; when some ids are taken (its failure branch
+        reads them) it is sent again without those, until it applies. Returns, in order, the stored
+        schedule, or None for an id another request holds (one created by a request with the same
+        non-empty `request_id` is returned as created: a retried batch is safe). At most `MAX_BATCH`
+        schedules (etcd's --max-txn-ops bounds the compares and the puts of one txn); callers with more
+        send several batches (`create_many`)."""
         if len(schedules) > MAX_BATCH:
             raise ValueError(f"at most {MAX_BATCH} schedules per batch, got {len(schedules)}")
         ids = [x.id for x in schedules]
         if len(set(ids)) != len(ids):
             raise ValueError("a batch names one schedule id twice")
         meta = ScheduleMeta(now_ms, now_ms, request_id)
-        parts = [self.partition(i) for i in ids]
-        keys = [self.ks.schedule(p, i) for p, i in zip(parts, ids, strict=True)]
-        r = await self.kv.txn([Compare.create_revision(k, "==", 0) for k in keys],
-                              [put(k, encode_schedule(x, activated_ms=now_ms, meta=meta))
-                               for k, x in zip(keys, schedules, strict=True)],
-                              [get(k) for k in keys], timeout=self.timeout)
-        if r.succeeded:
-            return [StoredSchedule(replace(x, version=r.revision), now_ms, p, meta)
-                    for x, p in zip(schedules, parts, strict=True)]
-        found = [getattr(rr, "kvs", ()) for rr in r.responses]
-        taken = [i for i, kvs in zip(ids, found, strict=True) if kvs]
-        if request_id and all(kvs and decode_schedule_meta(kvs[0].value).request_id == request_id for kvs in found):
-            return [self._stored(kvs[0].value, kvs[0].mod_revision, p) for kvs, p in zip(found, parts, strict=True)]
-        raise AlreadyExists(f"schedules already exist: {', '.join(repr(i) for i in taken[:10])}"
-                            + (f" and {len(taken) - 10} more" if len(taken) > 10 else ""))
+        out: list[StoredSchedule | None] = [None] * len(schedules)
+        todo = list(range(len(schedules)))
+        for _ in range(MAX_BATCH + 1):  # each failed round settles at least one item (a taken id)
+            if not todo:
+                break
+            parts = [self.partition(ids[i]) for i in todo]
+            keys = [self.ks.schedule(p, ids[i]) for p, i in zip(parts, todo, strict=True)]
+            r = await self.kv.txn([Compare.create_revision(k, "==", 0) for k in keys],
+                                  [put(k, encode_schedule(schedules[i], activated_ms=now_ms, meta=meta))
+                                   for k, i in zip(keys, todo, strict=True)],
+                                  [get(k) for k in keys], timeout=self.timeout)
+            if r.succeeded:
+                for i, p in zip(todo, parts, strict=True):
+                    out[i] = StoredSchedule(replace(schedules[i], version=r.revision), now_ms, p, meta)
+                break
+            free: list[int] = []
+            for i, p, rr in zip(todo, parts, r.responses, strict=True):
+                kvs = getattr(rr, "kvs", ())
+                if not kvs:
+                    free.append(i)  # not taken: it goes in the next attempt
+                elif request_id and decode_schedule_meta(kvs[0].value).request_id == request_id:
+                    out[i] = self._stored(kvs[0].value, kvs[0].mod_revision, p)
+            todo = free
+        return out
+
+    async def create_many(self, schedules: Sequence[Schedule], now_ms: int, *, request_id: str = "",
+                          max_bytes: int = 1_000_000, in_flight: int = 4) -> list[StoredSchedule | None]:
+        """`create_batch` over any number of schedules: batches of at most MAX_BATCH schedules and
+        `max_bytes` of values (below etcd's 1.5 MiB request limit), `in_flight` txns at a time. Not atomic
+        across batches: a failure (etcd unreachable, outcome unknown) may leave earlier batches written;
+        a retry with the same `request_id` then reports them as created."""
+        batches: list[list[int]] = []
+        size = 0
+        for i, x in enumerate(schedules):
+            n = len(encode_schedule(x, activated_ms=now_ms)) + 200  # + meta, key and framing
+            if not batches or len(batches[-1]) >= MAX_BATCH or size + n > max_bytes:
+                batches.append([])
+                size = 0
+            batches[-1].append(i)
+            size += n
+        out: list[StoredSchedule | None] = [None] * len(schedules)
+        sem = asyncio.Semaphore(in_flight)
+
+        async def one(batch: list[int]) -> None:
+            async with sem:
+                got = await self.create_batch([schedules[i] for i in batch], now_ms, request_id=request_id)
+            for i, st in zip(batch, got, strict=True):
+                out[i] = st
+
+        await asyncio.gather(*(one(b) for b in batches))
+        return out
 
     @staticmethod
     def _stored(value: bytes, mod_revision: int, partition: int) -> StoredSchedule:
