@@ -128,6 +128,14 @@ class DispatchSink(Protocol):
 
 
 
+@dataclass(frozen=True)
+class _Claimed:
+    revision: int  # the listing's: watch from here
+    runs: list[Execution]  # the claim's catch-up decisions (start() writes them)
+    skips: list[tuple[str, SkipRange]]
+    now_ms: int  # the wall time they were decided at: its horizon is the first checkpoint's watermark
+
+
 @dataclass
 class PlannerStats:
     created: int = 0
@@ -218,12 +226,30 @@ class PartitionPlanner:
         in one go starved the lease keep-alive), and a change applied halfway would be overwritten by the
         listing's older version. At most `load_gate` partitions of the node load at once: every loading
         partition takes one slice per loop turn, so many at once would make each turn long again."""
+        return (await self._claim(decide=False)).revision
+
+    async def _claim(self, *, decide: bool) -> _Claimed:
+        """load(), and with `decide` the claim's missed-run decisions (Materializer.catch_up) too, sliced
+        the same way and before the held watch events are applied: a change seen during the claim is
+        taken in as a change after the listing's snapshot, as if it had arrived just after the claim."""
         self._loading = []
         pacer = Pacer()
+        decided: tuple[list[Execution], list[tuple[str, SkipRange]]] = ([], [])
+        now = 0
         try:
             async with self.load_gate or contextlib.nullcontext():
                 started = self.clock.monotonic()
                 rev = await self._load(pacer)
+                if decide:
+                    now = self.clock.wall_ms()  # the catch-up horizon; the first checkpoint is written at it
+                    steps = self.m.catch_up_steps(now)
+                    while True:
+                        try:
+                            next(steps)
+                        except StopIteration as done:
+                            decided = done.value
+                            break
+                        await pacer.pace()
         finally:
             held, self._loading = self._loading, None
         for apply in held:
@@ -234,7 +260,7 @@ class PartitionPlanner:
             "event": "partition_loaded", "partition": self.p, "schedules": len(self.schedules),
             "unfinished": len(self.pending), "seconds": round(self.clock.monotonic() - started, 3),
             "turns": pacer.turns})
-        return rev
+        return _Claimed(rev, decided[0], decided[1], now)
 
     async def _load(self, pacer: Pacer) -> int:
         ck = await read_checkpoint(self.kv, self.ks, self.p, timeout=self.rpc_timeout)
@@ -856,13 +882,12 @@ class PartitionPlanner:
 
     async def start(self) -> None:
         """Claim-time work: read the partition and apply every schedule's missed-run policy."""
-        await self.load()
+        claimed = await self._claim(decide=True)
+        runs, skips, now = claimed.runs, claimed.skips, claimed.now_ms
         # Started attempts the previous owner had out: their workers may be gone with it (start
         # confirmation covers the ones not started; the execution deadline would be minutes away).
         self.dispatcher.expect([(e.id, e.attempt) for e in self.pending.values()
                                 if e.state in (ExecState.RUNNING, ExecState.CANCELLING)])
-        now = self.clock.wall_ms()
-        runs, skips = self.m.catch_up(now)
         # The checkpoint keeps its writer's sched_rev: activations it did not know may still have
         # planned times between the catch-up horizon and the watermark, which the first round writes.
         await self.write_planned(runs, skips, max(self.ck.watermark_ms, now - self.s.late_grace_ms),
