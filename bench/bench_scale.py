@@ -96,6 +96,20 @@ def scrape(address: str) -> dict[str, float]:
     return out
 
 
+def renew_latency(address: str) -> tuple[float, float]:
+    """(mean, p99 bucket bound) of the planner's acknowledged keepalive round trips, seconds: the keep-alive
+    waits for the event loop twice per renewal (send, ack), so a starved loop shows here first."""
+    text = urllib.request.urlopen(f"http://{address}/metrics", timeout=10).read().decode()
+    buckets = [(float("inf") if m.group(1) == "+Inf" else float(m.group(1)), float(m.group(2))) for m in re.finditer(
+        r'^scheduler_lease_renew_latency_seconds_bucket\{le="([^"]+)"\} (\S+)$', text, re.M)]
+    total = re.search(r"^scheduler_lease_renew_latency_seconds_sum (\S+)$", text, re.M)
+    count = re.search(r"^scheduler_lease_renew_latency_seconds_count (\S+)$", text, re.M)
+    n = float(count.group(1)) if count else 0.0
+    mean = float(total.group(1)) / n if total and n else float("nan")
+    p99 = next((le for le, c in sorted(buckets) if n and c >= 0.99 * n), float("nan"))
+    return mean, p99
+
+
 def rss_kib(pid: int) -> tuple[int, int]:
     """(VmRSS, VmHWM: the peak) in KiB."""
     fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
@@ -190,7 +204,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> None:
             load_avg = os.getloadavg()
             print(f"{'planner':8} {'owned':>9} {'schedules':>10} {'ready s':>8} {'load s (sum)':>12} "
                   f"{'RSS MiB':>8} {'peak MiB':>8} {'B/sched':>8} {'peak B/sched':>12} {'stall max s':>11} "
-                  f"{'leases lost':>11}")
+                  f"{'leases lost':>11} {'renew mean ms':>13} {'renew p99 <= ms':>15}")
             total_lost = 0
             for p in planners:
                 p.read_log()
@@ -198,12 +212,14 @@ async def run(args: argparse.Namespace, workdir: Path) -> None:
                 mine = [q for q, node in own.items() if node == p.name]
                 held = sum(p.loaded.get(q, 0) for q in mine)
                 rss, peak = rss_kib(p.proc.pid)
+                renew_mean, renew_p99 = renew_latency(p.metrics)
                 lost = int(m.get("scheduler_leases_lost_total", 0)) + p.lease_lost_lines
                 total_lost += lost
                 print(f"{p.name:8} {len(mine):>9} {held:>10,} {p.ready_after or float('nan'):>8.1f} "
                       f"{sum(p.load_seconds.values()):>12.1f} {rss / 1024:>8.0f} {peak / 1024:>8.0f} "
                       f"{rss * 1024 / max(held, 1):>8.0f} {peak * 1024 / max(held, 1):>12.0f} "
-                      f"{m.get('scheduler_event_loop_stall_max_seconds', float('nan')):>11.3f} {lost:>11}")
+                      f"{m.get('scheduler_event_loop_stall_max_seconds', float('nan')):>11.3f} {lost:>11} "
+                      f"{renew_mean * 1000:>13.1f} {renew_p99 * 1000:>15.0f}")
 
             def pct(q: float) -> float:
                 return float(lags[min(len(lags) - 1, int(q * len(lags)))]) if lags else float("nan")

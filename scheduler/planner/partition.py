@@ -126,8 +126,6 @@ class DispatchSink(Protocol):
     def cancel(self, e: Execution, reason: str) -> None: ...
 
 
-
-
 @dataclass(frozen=True)
 class _Claimed:
     revision: int  # the listing's: watch from here
