@@ -42,7 +42,7 @@ def main() -> None:
     args = ap.parse_args()
     runs = args.runs or (3 if args.quick else 21)
     times: dict[str, list[float]] = {name: [] for name in CASES}
-    for name, argv in CASES.items():  # warm the page cache and .pyc files once, unmeasured
+    for argv in CASES.values():  # warm the page cache and .pyc files once, unmeasured
         once(argv)
     for _ in range(runs):  # interleaved: A B C D A B C D ..., so load changes hit every case alike
         for name, argv in CASES.items():

@@ -209,13 +209,13 @@ async def run(args: argparse.Namespace, workdir: Path) -> None:
             for p in planners:
                 p.read_log()
                 m = scrape(p.metrics)
-                mine = [q for q, node in own.items() if node == p.name]
-                held = sum(p.loaded.get(q, 0) for q in mine)
+                mine_now = [q for q, node in own.items() if node == p.name]
+                held = sum(p.loaded.get(q, 0) for q in mine_now)
                 rss, peak = rss_kib(p.proc.pid)
                 renew_mean, renew_p99 = renew_latency(p.metrics)
-                lost = int(m.get("scheduler_leases_lost_total", 0)) + p.lease_lost_lines
+                lost = max(int(m.get("scheduler_leases_lost_total", 0)), p.lease_lost_lines)
                 total_lost += lost
-                print(f"{p.name:8} {len(mine):>9} {held:>10,} {p.ready_after or float('nan'):>8.1f} "
+                print(f"{p.name:8} {len(mine_now):>9} {held:>10,} {p.ready_after or float('nan'):>8.1f} "
                       f"{sum(p.load_seconds.values()):>12.1f} {rss / 1024:>8.0f} {peak / 1024:>8.0f} "
                       f"{rss * 1024 / max(held, 1):>8.0f} {peak * 1024 / max(held, 1):>12.0f} "
                       f"{m.get('scheduler_event_loop_stall_max_seconds', float('nan')):>11.3f} {lost:>11} "

@@ -112,8 +112,8 @@ class ScheduleService:
             items.append(s)
         got = await self.store.create_many(items, self.clock.wall_ms(), request_id=rid)
         return spb.BatchCreateSchedulesResponse(results=[
-            spb.BatchCreateResult(already_exists=True) if st is None else spb.BatchCreateResult(schedule=stored_to_pb(st))
-            for st in got])
+            spb.BatchCreateResult(already_exists=True) if st is None
+            else spb.BatchCreateResult(schedule=stored_to_pb(st)) for st in got])
 
     @grpc_errors
     async def GetSchedule(self, request: spb.GetScheduleRequest, context: Context) -> spb.GetScheduleResponse:

@@ -155,8 +155,9 @@ def report(args: argparse.Namespace, p: Plan, created: list[str], updated: list[
     else:
         for sid in created:
             print(f"{sid}: {verb}created")
+        done = set(updated)
         for d, paths, _ in p.update:
-            if d.schedule.id in updated:
+            if d.schedule.id in done:
                 print(f"{d.schedule.id}: {verb}updated ({', '.join(paths)})")
         for sid in conflicts:
             print(f"{sid}: changed by someone else meanwhile: not applied (run apply again)", file=sys.stderr)

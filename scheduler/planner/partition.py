@@ -52,6 +52,7 @@ from scheduler.execution import (
     with_revision,
 )
 from scheduler.ids import FencingToken
+from scheduler.loop_lag import LOAD_HEAP
 from scheduler.metrics.planner import PlannerMetrics
 from scheduler.model import ScheduleState
 from scheduler.planner import starts
@@ -235,19 +236,22 @@ class PartitionPlanner:
         decided: tuple[list[Execution], list[tuple[str, SkipRange]]] = ([], [])
         now = 0
         try:
+            # No full collection in the middle of a load; what it loaded is frozen (loop_lag.LoadHeap).
             async with self.load_gate or contextlib.nullcontext():
-                started = self.clock.monotonic()
-                rev = await self._load(pacer)
-                if decide:
-                    now = self.clock.wall_ms()  # the catch-up horizon; the first checkpoint is written at it
-                    steps = self.m.catch_up_steps(now)
-                    while True:
-                        try:
-                            next(steps)
-                        except StopIteration as done:
-                            decided = done.value
-                            break
-                        await pacer.pace()
+                with LOAD_HEAP.loading():
+                    started = self.clock.monotonic()
+                    rev = await self._load(pacer)
+                    if decide:
+                        now = self.clock.wall_ms()  # the catch-up horizon; the first checkpoint is written at it
+                        steps = self.m.catch_up_steps(now)
+                        while True:
+                            try:
+                                next(steps)
+                            except StopIteration as done:
+                                decided = done.value
+                                break
+                            await pacer.pace()
+                    LOAD_HEAP.loaded(len(self.schedules))
         finally:
             held, self._loading = self._loading, None
         for apply in held:

@@ -165,7 +165,8 @@ class Ledger:
         group = b""
         recent: list[tuple[bytes, int]] = []
         revision = 0
-        async for kvs, revision in range_pages(kv, self.ks.executions(partition), timeout=timeout):
+        async for kvs, snapshot in range_pages(kv, self.ks.executions(partition), timeout=timeout):
+            revision = snapshot
             for x in kvs:
                 g = x.key[:x.key.rfind(b"/")]
                 if g != group:

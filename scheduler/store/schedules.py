@@ -233,7 +233,9 @@ class ScheduleStore:
         a big partition must not starve the lease keep-alive (store/paging.py)."""
         out: list[StoredSchedule] = []
         rev = 0
-        async for kvs, rev in range_pages(self.kv, self.ks.schedules(partition), page=page, timeout=self.timeout):
+        async for kvs, snapshot in range_pages(self.kv, self.ks.schedules(partition), page=page,
+                                               timeout=self.timeout):
+            rev = snapshot
             for kv in kvs:
                 out.append(self._stored(kv.value, kv.mod_revision, partition))
                 if pacer is not None:
