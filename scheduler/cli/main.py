@@ -40,8 +40,9 @@ def _module(name: str) -> ModuleType:
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
-    """The parser with every command registered in full, or, given `command`, only that command's module
-    in full and the others as their names and help (all `schedctl --help` shows)."""
+    """The parser with every command registered in full (None: completion scripts, tests), or, given
+    `command`, only that command's module in full and the others as their names and help (all that
+    `schedctl --help` shows; a name that is no command loads none)."""
     ap = argparse.ArgumentParser(prog="schedctl", description="Operate the distributed cron scheduler.")
     ap.add_argument("--version", action="version", version=f"schedctl {__version__}")
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -64,7 +65,8 @@ def _command_of(argv: list[str]) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    args = build_parser(_command_of(argv)).parse_args(argv)
+    # No command word (`schedctl --help`, `schedctl`): "" loads no command module, only the table's help.
+    args = build_parser(_command_of(argv) or "").parse_args(argv)
     try:
         return int(args.func(args))
     except InvalidArgument as e:  # bad flag values found before anything was sent
