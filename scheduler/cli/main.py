@@ -11,7 +11,6 @@ import sys
 from types import ModuleType
 
 from scheduler import __version__
-from scheduler.cli.output import fail_invalid
 from scheduler.errors import InvalidArgument
 
 # Each top-level command, the module that registers it, and its one-line help (repeated here so that
@@ -70,6 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except InvalidArgument as e:  # bad flag values found before anything was sent
+        from scheduler.cli.output import fail_invalid  # not at the top: it loads the time engine
+
         return fail_invalid(e)
     except KeyboardInterrupt:
         return 130
