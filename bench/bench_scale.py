@@ -7,8 +7,9 @@ the planners start together, claim and load their shares, and the cluster runs f
 
 - create rate (schedules/s through the store), etcd db size (total and in use) per schedule,
 - per planner: schedules owned, claim/load time (spawn until every partition it owns has loaded: its
-  `partition_loaded` log lines), RSS and peak RSS per owned schedule, the longest event-loop stall
-  (`scheduler_event_loop_stall_max_seconds`),
+  `partition_loaded` log lines), RSS and peak RSS above an idle planner's (one with no schedules, started
+  first in the same run) per owned schedule, the longest event-loop stall
+  (`scheduler_event_loop_stall_max_seconds`), and the keepalive round trip (mean, p99 bucket),
 - session losses (lease lost log lines and `scheduler_leases_lost_total`): must be 0,
 - start lag p50 / p99 / max of the due executions during the window (worker start - planned time),
   and how many ran against how many were due.
@@ -137,6 +138,24 @@ async def create_all(store: ScheduleStore, n: int, due: int) -> float:
     return n / (time.monotonic() - t0)
 
 
+async def idle_planner_rss(schedctl: str, cluster: EtcdCluster, args: argparse.Namespace, workdir: Path) -> int:
+    """RSS (KiB) of a planner owning every partition of an empty prefix: the baseline of RSS per schedule."""
+    log = workdir / "planner-idle.log"
+    proc = _spawn([schedctl, "planner", "--node-id", "idle", "--etcd-endpoints", ",".join(cluster.endpoints),
+                   "--etcd-prefix", PREFIX + "-idle", "--partitions", str(args.partitions), "--api-port", "0",
+                   "--metrics-address", "127.0.0.1:0", "--log-level", "info"], log)
+    try:
+        idle = Planner("idle", proc, log, time.monotonic())
+        while len(idle.loaded) < args.partitions:
+            await asyncio.sleep(0.5)
+            idle.read_log()
+            assert proc.poll() is None, f"the idle planner exited; see {log}"
+        await asyncio.sleep(2.0)
+        return rss_kib(proc.pid)[0]
+    finally:
+        _stop(proc)
+
+
 async def owners(kv: EtcdClient) -> dict[int, str]:
     r = await kv.range(f"{PREFIX}/owners/", prefix=True)
     return {int(x.key.rsplit(b"/", 1)[1]): str(json.loads(x.value)["node"]) for x in r.kvs}
@@ -160,6 +179,9 @@ async def run(args: argparse.Namespace, workdir: Path) -> None:
                   f"etcd db {db / 2**20:,.0f} MiB ({db / args.schedules:.0f} B per schedule), "
                   f"in use {in_use / 2**20:,.0f} MiB ({in_use / args.schedules:.0f} B per schedule)")
             schedctl = str(Path(sys.executable).parent / "schedctl")
+            empty_rss = await idle_planner_rss(schedctl, cluster, args, workdir)
+            print(f"an idle planner (no schedules, same settings) uses {empty_rss / 1024:.0f} MiB RSS: "
+                  "the per-schedule figures below subtract it")
             for i in range(args.planners):
                 log = workdir / f"planner{i}.log"
                 proc = _spawn([schedctl, "planner", "--node-id", f"p{i}", "--etcd-endpoints",
@@ -203,7 +225,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> None:
             due_in_window = args.due * round((w1 - w0) / 1000)
             load_avg = os.getloadavg()
             print(f"{'planner':8} {'owned':>9} {'schedules':>10} {'ready s':>8} {'load s (sum)':>12} "
-                  f"{'RSS MiB':>8} {'peak MiB':>8} {'B/sched':>8} {'peak B/sched':>12} {'stall max s':>11} "
+                  f"{'+RSS MiB':>8} {'+peak MiB':>9} {'B/sched':>8} {'peak B/sched':>12} {'stall max s':>11} "
                   f"{'leases lost':>11} {'renew mean ms':>13} {'renew p99 <= ms':>15}")
             total_lost = 0
             for p in planners:
@@ -212,11 +234,12 @@ async def run(args: argparse.Namespace, workdir: Path) -> None:
                 mine_now = [q for q, node in own.items() if node == p.name]
                 held = sum(p.loaded.get(q, 0) for q in mine_now)
                 rss, peak = rss_kib(p.proc.pid)
+                rss, peak = rss - empty_rss, peak - empty_rss  # what holding the schedules costs
                 renew_mean, renew_p99 = renew_latency(p.metrics)
                 lost = max(int(m.get("scheduler_leases_lost_total", 0)), p.lease_lost_lines)
                 total_lost += lost
                 print(f"{p.name:8} {len(mine_now):>9} {held:>10,} {p.ready_after or float('nan'):>8.1f} "
-                      f"{sum(p.load_seconds.values()):>12.1f} {rss / 1024:>8.0f} {peak / 1024:>8.0f} "
+                      f"{sum(p.load_seconds.values()):>12.1f} {rss / 1024:>8.0f} {peak / 1024:>9.0f} "
                       f"{rss * 1024 / max(held, 1):>8.0f} {peak * 1024 / max(held, 1):>12.0f} "
                       f"{m.get('scheduler_event_loop_stall_max_seconds', float('nan')):>11.3f} {lost:>11} "
                       f"{renew_mean * 1000:>13.1f} {renew_p99 * 1000:>15.0f}")
