@@ -187,7 +187,8 @@ async def run(args: argparse.Namespace, workdir: Path) -> None:
                 proc = _spawn([schedctl, "planner", "--node-id", f"p{i}", "--etcd-endpoints",
                                ",".join(cluster.endpoints), "--etcd-prefix", PREFIX, "--partitions",
                                str(args.partitions), "--api-port", "0", "--metrics-address", "127.0.0.1:0",
-                               "--log-level", "info", "--lookahead-ms", "1000", "--lease-ttl", str(args.lease_ttl)],
+                               "--log-level", "info", "--lookahead-ms", "1000", "--lease-ttl", str(args.lease_ttl),
+                               "--rpc-timeout", str(args.rpc_timeout)],
                               log)
                 planners.append(Planner(f"p{i}", proc, log, time.monotonic()))
             loop = asyncio.get_running_loop()
@@ -196,6 +197,8 @@ async def run(args: argparse.Namespace, workdir: Path) -> None:
                 await asyncio.sleep(0.5)
                 own = await owners(kv)
                 for p in planners:
+                    if p.proc.poll() is not None:
+                        raise SystemExit(f"planner {p.name} exited ({p.proc.returncode}): {p.log.read_text()[-2000:]}")
                     p.read_log()
                     mine = {q for q, node in own.items() if node == p.name}
                     if mine and mine <= p.loaded.keys() and p.ready_after is None:
@@ -268,6 +271,9 @@ def main() -> None:
     ap.add_argument("--planners", type=int, default=2)
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--lease-ttl", type=int, default=5)
+    ap.add_argument("--rpc-timeout", type=float, default=1.0,
+                    help="the planners' etcd call timeout (a 2 s TTL needs 0.4: renew + 2 x rpc_timeout <= "
+                         "TTL - margin)")
     ap.add_argument("--window", type=float, help="measured seconds after loading (default 60; --quick 8)")
     ap.add_argument("--warmup", type=float, default=5.0, help="seconds between the workers' start and the window")
     ap.add_argument("--load-timeout", type=float, default=900.0)
