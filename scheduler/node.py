@@ -22,12 +22,13 @@ from scheduler.api.ports import OperationsPort
 from scheduler.api.schedule_service import ScheduleService
 from scheduler.auth.config import AuthConfig
 from scheduler.auth.setup import build_security
-from scheduler.clock import Clock
+from scheduler.clock import SYSTEM_CLOCK, Clock
 from scheduler.config import CoordinationSettings, EtcdSettings
 from scheduler.dispatch.service import Dispatcher
 from scheduler.errors import FencedOut, NotFound, OutcomeUnknown
 from scheduler.execution import ExecState, Execution, log_fields
 from scheduler.ids import FencingToken, execution_id, schedule_of
+from scheduler.loop_lag import LoopLagProbe
 from scheduler.metrics.planner import PlannerMetrics
 from scheduler.planner.clock_guard import ClockGuard, GuardedClock
 from scheduler.planner.ownership import LostReason, MemberInfo, NotOwner, Ownership
@@ -36,7 +37,7 @@ from scheduler.planner.region_guard import RegionGuard
 from scheduler.planner.settings import PlannerSettings
 from scheduler.region.policy import RegionPolicy
 from scheduler.status import NodeStatus, PartitionStatus, WorkerStatus
-from scheduler.store.codec import decode_schedule, decode_schedule_meta
+from scheduler.store.codec import decode_stored_schedule
 from scheduler.store.combiner import WriteCombiner
 from scheduler.store.etcd import EtcdClient, EtcdConfig
 from scheduler.store.etcd.errors import Compacted, EtcdError, Malformed
@@ -51,6 +52,8 @@ from scheduler.store.schedules import ScheduleStore, StoredSchedule
 from scheduler.tls import PLAINTEXT, Dialer
 
 log = logging.getLogger("scheduler.node")
+
+LOADS_AT_ONCE = 2  # partitions of one node that load (claim-time reads and planning) at the same time
 
 
 def etcd_client(s: EtcdSettings, rpc_timeout: float) -> EtcdClient:
@@ -143,6 +146,13 @@ class PlannerNode:
                                       timeout=settings.rpc_timeout, disable_fencing=settings.unsafe_disable_fencing,
                                       stats=self.fence_stats)
         self.planners: dict[int, PartitionPlanner] = {}
+        # Claim-time loads are CPU-bound and sliced (PartitionPlanner.load); this many at once keeps one
+        # reading from etcd while another decodes, and keeps each event-loop turn short however many
+        # partitions were claimed together (docs/architecture.md, "A busy planner keeps its session").
+        self.load_gate = asyncio.Semaphore(LOADS_AT_ONCE)
+        # The longest the event loop went without a turn (log line on a stall, a gauge in the metrics): the
+        # keep-alive waits that long for its turn too. Real time, whatever clock the node was given.
+        self.loop_lag = LoopLagProbe(SYSTEM_CLOCK.monotonic, warn_after=min(0.5, settings.renew / 2))
         self.restarts = 0  # partition planners restarted from etcd's state (a lost CAS, an unknown outcome)
         self.restart_reasons: dict[str, int] = {}  # the same, by reason (metrics)
         self._loops: dict[int, asyncio.Task[None]] = {}
@@ -225,7 +235,8 @@ class PlannerNode:
                           fenced_txns=self.fence_stats.txns, fencing_rejections=self.fence_stats.fenced_out,
                           restarts=dict(self.restart_reasons), rounds=self.loop_stats.rounds,
                           clock=self.clock_guard.state(), region=self.region_guard.state(),
-                          cross_region_assignments=cross, node_id=self.s.node_id, partitions=self.s.partitions)
+                          cross_region_assignments=cross, node_id=self.s.node_id, partitions=self.s.partitions,
+                          loop_stall_max_s=self.loop_lag.max_stall)
 
     def planner_infos(self) -> list[cluster_pb2.PlannerInfo]:
         out = []
@@ -338,7 +349,7 @@ class PlannerNode:
                 node_id=self.s.node_id, rpc_timeout=self.s.rpc_timeout,
                 disable_fencing=self.s.unsafe_disable_fencing, fence_stats=self.fence_stats,
                 max_ops=self.s.max_txn_ops, combiner=self.combiner, metrics=self.metrics,
-                node_stats=self.loop_stats,
+                node_stats=self.loop_stats, load_gate=self.load_gate,
             )
             self.planners[partition] = planner
             started = self.clock.monotonic()
@@ -439,8 +450,8 @@ class PlannerNode:
         if planner is None:
             return
         if kind is EventType.PUT:
-            s, activated = decode_schedule(value, mod_revision)
-            planner.on_schedule_put(StoredSchedule(s, activated, partition, decode_schedule_meta(value)))
+            s, activated, meta = decode_stored_schedule(value, mod_revision)
+            planner.on_schedule_put(StoredSchedule(s, activated, partition, meta))
         else:
             planner.on_schedule_delete(sid, mod_revision)
 
@@ -452,7 +463,8 @@ class PlannerNode:
         watchers = [asyncio.create_task(self._watch_schedules(start_rev)),
                     asyncio.create_task(self._watch_notices(start_rev)),
                     asyncio.create_task(self.clock_guard.run(), name="clock-guard"),
-                    asyncio.create_task(self.region_guard.run(), name="region-guard")]
+                    asyncio.create_task(self.region_guard.run(), name="region-guard"),
+                    asyncio.create_task(self.loop_lag.run(), name="loop-lag")]
         try:
             await self.ownership.run()
         finally:

@@ -72,6 +72,7 @@ class NodeStatus:
     cross_region_assignments: dict[str, int] = field(default_factory=dict)
     node_id: str = ""
     partitions: int = 0  # P, the cluster's partition count (the `partitions` setting); 0: unknown
+    loop_stall_max_s: float = 0.0  # the longest the event loop went without a turn since the node started
 
     def connected_workers(self) -> dict[str, int]:
         out: dict[str, int] = {}

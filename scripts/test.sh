@@ -48,6 +48,9 @@ step "benchmark smoke (ratios only; the full runs are documented in bench/README
 "$PY" bench/bench_nextfire.py --quick || fail=1
 "$PY" bench/bench_affinity.py --quick || fail=1
 "$PY" bench/bench_tls.py --quick || fail=1  # mTLS against plaintext on the worker stream path
+"$PY" bench/bench_cli.py --quick || fail=1  # schedctl start time: a few subprocesses (about 3 s)
+"$PY" bench/bench_create.py --quick || fail=1  # API create, single against batch (etcd + a service process)
+"$PY" bench/bench_scale.py --quick || fail=1  # 20,000 schedules on 2 planners (about 30 s)
 "$PY" bench/bench_e2e.py --quick || fail=1  # etcd, a planner and a no-op worker as processes (about 17 s)
 
 # The drills on real processes (docs/drills.md) beyond those in the test suite. The smoke drill (F1, F2 beyond

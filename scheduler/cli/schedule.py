@@ -1,4 +1,4 @@
-"""`schedctl schedule create|get|list|update|delete|pause|resume|trigger|rerun|backfill|preview`."""
+"""`schedctl schedule create|apply|get|list|update|delete|pause|resume|trigger|rerun|backfill|preview`."""
 
 from __future__ import annotations
 
@@ -48,6 +48,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = verb("create", "create a schedule from flags and/or a JSON/TOML file", _create)
     add_schedule_flags(p, creating=True)
     p.add_argument("--request-id", default="", help="makes a retried create safe (same id returns the schedule)")
+
+    p = verb("apply", "create or update many schedules to match a YAML or TOML file (idempotent)", _apply)
+    p.add_argument("--file", "-f", required=True, metavar="FILE",
+                   help="YAML (a list, or `schedules:`) or TOML (`[[schedules]]`, by the .toml suffix) of schedules "
+                        "in the proto's JSON field names, as `create --file` takes one")
+    p.add_argument("--dry-run", action="store_true", help="say what would be created and updated; write nothing")
 
     p = verb("get", "show one schedule", _get)
     p.add_argument("id")
@@ -147,6 +153,16 @@ def _get(args: argparse.Namespace) -> int:
     async def body(c: SchedulerClient) -> int:
         show_schedule(await c.get_schedule(args.id), args.json)
         return Exit.OK
+    return run_call(args, body)
+
+
+def _apply(args: argparse.Namespace) -> int:
+    from scheduler.cli import apply  # YAML is loaded only for this verb
+
+    items = apply.read_file(args.file)  # bad input exits 2 before anything is sent
+
+    async def body(c: SchedulerClient) -> int:
+        return await apply.apply(c, args, items)
     return run_call(args, body)
 
 

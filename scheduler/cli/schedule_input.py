@@ -109,21 +109,29 @@ def _set(msg: Any, path: str, value: Any) -> None:
         setattr(msg, leaf, value)
 
 
+def schedule_from_data(data: dict[str, Any], field: str, where: str) -> tuple[Any, list[str]]:
+    """A Schedule message from one file object (proto JSON names; `payload` an object or a string), and the
+    paths it set. `field` names the object in errors (`file`, `schedules[3]`), `where` the file."""
+    s = spb.Schedule()
+    data = dict(data)
+    payload = data.pop("payload", None)
+    try:
+        json_format.ParseDict(data, s)
+    except json_format.ParseError as e:
+        raise InvalidArgument(field, f"{where}: {e}") from None
+    paths = _paths(data)
+    if payload is not None:
+        s.payload = payload.encode() if isinstance(payload, str) else json.dumps(payload).encode()
+        paths.append("payload")
+    return s, paths
+
+
 def build_schedule(args: argparse.Namespace, *, creating: bool) -> tuple[Any, list[str]]:
     """(Schedule message, paths that were set)."""
     s = spb.Schedule()
     paths: list[str] = []
     if args.file:
-        data = _read_file(args.file)
-        payload = data.pop("payload", None)
-        try:
-            json_format.ParseDict(data, s)
-        except json_format.ParseError as e:
-            raise InvalidArgument("file", f"{args.file}: {e}") from None
-        paths += _paths(data)
-        if payload is not None:
-            s.payload = payload.encode() if isinstance(payload, str) else json.dumps(payload).encode()
-            paths.append("payload")
+        s, paths = schedule_from_data(_read_file(args.file), "file", args.file)
     for dest, path in _SIMPLE.items():
         v = getattr(args, dest)
         if v is not None:

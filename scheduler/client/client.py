@@ -111,6 +111,24 @@ class SchedulerClient:
         req = sspb.CreateScheduleRequest(schedule=schedule, request_id=request_id)
         return (await self._call("CreateSchedule", self._schedules.CreateSchedule, req, timeout)).schedule
 
+    async def batch_create_schedules(self, schedules: Sequence[Any], *, request_id: str = "",
+                                     timeout: float | None = None) -> list[Any]:
+        """Create up to 1000 `Schedule` messages in one call; returns one `BatchCreateResult` per schedule
+        (`schedule` set when created, `already_exists` when the id was taken). INVALID_ARGUMENT names
+        `schedules[i].<field>` and writes nothing. Empty `tenant`/`worker_pool` are sent as `default`."""
+        filled = []
+        for schedule in schedules:
+            if not schedule.tenant or not schedule.worker_pool:
+                copy = type(schedule)()
+                copy.CopyFrom(schedule)
+                copy.tenant = copy.tenant or DEFAULT_NAME
+                copy.worker_pool = copy.worker_pool or DEFAULT_NAME
+                schedule = copy
+            filled.append(schedule)
+        req = sspb.BatchCreateSchedulesRequest(schedules=filled, request_id=request_id)
+        return list((await self._call("BatchCreateSchedules", self._schedules.BatchCreateSchedules, req,
+                                      timeout)).results)
+
     async def get_schedule(self, schedule_id: str, *, timeout: float | None = None) -> Any:
         req = sspb.GetScheduleRequest(id=schedule_id)
         return (await self._call("GetSchedule", self._schedules.GetSchedule, req, timeout)).schedule

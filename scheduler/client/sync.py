@@ -53,6 +53,9 @@ class SyncSchedulerClient:
     def create_schedule(self, schedule: Any, **kw: Any) -> Any:
         return self._run(self._client.create_schedule(schedule, **kw))
 
+    def batch_create_schedules(self, schedules: Any, **kw: Any) -> list[Any]:
+        return self._run(self._client.batch_create_schedules(schedules, **kw))
+
     def get_schedule(self, schedule_id: str, **kw: Any) -> Any:
         return self._run(self._client.get_schedule(schedule_id, **kw))
 

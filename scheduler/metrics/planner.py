@@ -129,6 +129,10 @@ def _node_gauges(st: NodeStatus) -> Iterable[Metric]:
     info.add_metric([st.node_id, st.region.region, __version__], 1)
     yield info
     yield GaugeMetricFamily("scheduler_partitions_owned", "Partitions this node owns now.", value=len(st.owned))
+    # A busy loop delays every task on it, the lease keep-alive included (docs/architecture.md).
+    yield GaugeMetricFamily("scheduler_event_loop_stall_max_seconds",
+                            "The longest the planner's event loop went without a turn since it started.",
+                            value=st.loop_stall_max_s)
     # P itself, so that "partitions without an owner" (P - sum of owned) needs no constant in alert rules.
     if st.partitions:
         yield GaugeMetricFamily("scheduler_partitions", "The cluster's partition count P (setting `partitions`).",

@@ -12,6 +12,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
+from collections.abc import Generator
 from dataclasses import dataclass, replace
 
 from scheduler.clock import Clock
@@ -130,10 +131,23 @@ class Materializer:
 
     def catch_up(self, now_ms: int) -> tuple[list[Execution], list[tuple[str, SkipRange]]]:
         """Missed-run decisions for every schedule owed planned times older than the grace."""
+        steps = self.catch_up_steps(now_ms)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                result: tuple[list[Execution], list[tuple[str, SkipRange]]] = done.value
+                return result
+
+    def catch_up_steps(self, now_ms: int) -> Generator[None, None, tuple[list[Execution], list[tuple[str, SkipRange]]]]:
+        """`catch_up` one schedule per step, so that a caller with thousands can give the event loop turns
+        between steps (PartitionPlanner.start). The caller must not change the tracked schedules between
+        steps (the planner holds watch events until the decision is complete)."""
         runs: list[Execution] = []
         skips: list[tuple[str, SkipRange]] = []
         horizon = now_ms - self.s.late_grace_ms
         for sid, sch in self.schedules.items():
+            yield
             s = sch.stored.schedule
             owed_from = sch.owed_from
             if horizon <= owed_from:
@@ -152,6 +166,7 @@ class Materializer:
         # The timer heaps restart after the catch-up horizon for everyone.
         self.heap, self.paused_heap = [], []
         for sch in self.schedules.values():
+            yield
             sch.owed_from = max(sch.owed_from, horizon)
             self.push_next(sch, sch.owed_from)
         return runs, skips

@@ -52,6 +52,7 @@ from scheduler.execution import (
     with_revision,
 )
 from scheduler.ids import FencingToken
+from scheduler.loop_lag import LOAD_HEAP
 from scheduler.metrics.planner import PlannerMetrics
 from scheduler.model import ScheduleState
 from scheduler.planner import starts
@@ -75,6 +76,7 @@ from scheduler.store.ledger import Ledger
 from scheduler.store.notices import Notice, parse_notice
 from scheduler.store.schedules import ScheduleStore, StoredSchedule
 from scheduler.store.txn_check import duplicate_write
+from scheduler.tasks import Pacer
 from scheduler.timeplan import SkipReason
 from scheduler.timeplan.missed import SkipRange
 
@@ -125,6 +127,12 @@ class DispatchSink(Protocol):
     def cancel(self, e: Execution, reason: str) -> None: ...
 
 
+@dataclass(frozen=True)
+class _Claimed:
+    revision: int  # the listing's: watch from here
+    runs: list[Execution]  # the claim's catch-up decisions (start() writes them)
+    skips: list[tuple[str, SkipRange]]
+    now_ms: int  # the wall time they were decided at: its horizon is the first checkpoint's watermark
 
 
 @dataclass
@@ -157,8 +165,11 @@ class PartitionPlanner:
         combiner: WriteCombiner | None = None,
         metrics: PlannerMetrics | None = None,
         node_stats: PlannerStats | None = None,
+        load_gate: asyncio.Semaphore | None = None,
     ) -> None:
         self.p = partition
+        self.load_gate = load_gate  # shared by the node's partitions: how many load at once
+        self.load_turns = 0  # event-loop turns the last load gave (a test checks that a big one did)
         self.metrics = metrics
         self.combiner = combiner
         self.kv, self.ks, self.ownership, self.store, self.ledger = kv, ks, ownership, store, ledger
@@ -208,17 +219,57 @@ class PartitionPlanner:
     async def load(self) -> int:
         """Read checkpoint, schedules and unfinished executions; returns the revision to watch from.
 
-        Schedule changes the node's watch routes here while the reads are under way are held and
-        applied afterwards (each is ignored if the listing already has its version)."""
+        Schedule changes the node's watch routes here while the reads and the planning are under way are
+        held and applied afterwards (each is ignored if the listing already has its version): the work is
+        sliced into bounded stretches between event-loop turns (a claim of tens of thousands of schedules
+        in one go starved the lease keep-alive), and a change applied halfway would be overwritten by the
+        listing's older version. At most `load_gate` partitions of the node load at once: every loading
+        partition takes one slice per loop turn, so many at once would make each turn long again."""
+        return (await self._claim(decide=False)).revision
+
+    async def _claim(self, *, decide: bool) -> _Claimed:
+        """load(), and with `decide` the claim's missed-run decisions (Materializer.catch_up) too, sliced
+        the same way and before the held watch events are applied: a change seen during the claim is
+        taken in as a change after the listing's snapshot, as if it had arrived just after the claim."""
         self._loading = []
+        pacer = Pacer()
+        decided: tuple[list[Execution], list[tuple[str, SkipRange]]] = ([], [])
+        now = 0
         try:
-            ck = await read_checkpoint(self.kv, self.ks, self.p, timeout=self.rpc_timeout)
-            stored, rev = await self.store.list_partition(self.p)
-            listing = await self.ledger.list_for_claim(self.kv, self.p, timeout=self.rpc_timeout)
-            holds = await self.kv.range(self.ks.holds(self.p), prefix=True, timeout=self.rpc_timeout)
-            stones = await self.kv.range(self.ks.tombstones(self.p), prefix=True, timeout=self.rpc_timeout)
+            # No full collection in the middle of a load; what it loaded is frozen (loop_lag.LoadHeap).
+            async with self.load_gate or contextlib.nullcontext():
+                with LOAD_HEAP.loading():
+                    started = self.clock.monotonic()
+                    rev = await self._load(pacer)
+                    if decide:
+                        now = self.clock.wall_ms()  # the catch-up horizon; the first checkpoint is written at it
+                        steps = self.m.catch_up_steps(now)
+                        while True:
+                            try:
+                                next(steps)
+                            except StopIteration as done:
+                                decided = done.value
+                                break
+                            await pacer.pace()
+                    LOAD_HEAP.loaded(len(self.schedules))
         finally:
             held, self._loading = self._loading, None
+        for apply in held:
+            apply()
+        self.load_turns = pacer.turns
+        # How long a claim takes to be ready, and how big it is (bench/bench_scale.py reads these lines).
+        log.info("partition loaded", extra={
+            "event": "partition_loaded", "partition": self.p, "schedules": len(self.schedules),
+            "unfinished": len(self.pending), "seconds": round(self.clock.monotonic() - started, 3),
+            "turns": pacer.turns})
+        return _Claimed(rev, decided[0], decided[1], now)
+
+    async def _load(self, pacer: Pacer) -> int:
+        ck = await read_checkpoint(self.kv, self.ks, self.p, timeout=self.rpc_timeout)
+        stored, rev = await self.store.list_partition(self.p, pacer=pacer)
+        listing = await self.ledger.list_for_claim(self.kv, self.p, timeout=self.rpc_timeout, pacer=pacer)
+        holds = await self.kv.range(self.ks.holds(self.p), prefix=True, timeout=self.rpc_timeout)
+        stones = await self.kv.range(self.ks.tombstones(self.p), prefix=True, timeout=self.rpc_timeout)
         self.ck = ck
         self.sched_rev = max(rev, ck.sched_rev)
         self.pending.clear()
@@ -236,6 +287,7 @@ class PartitionPlanner:
             held_from[sid] = int(json.loads(kv.value)["from"])
             self.m.hold_writes[sid] = None  # the claim's catch-up covers it: deleted with the first write
         for st in stored:
+            await pacer.pace()
             owed = self.m.owed_from_checkpoint(st, ck)
             if st.schedule.id in held_from:  # planned times after the hold were not materialized
                 owed = max(st.activated_ms, min(owed, held_from[st.schedule.id]))
@@ -272,8 +324,7 @@ class PartitionPlanner:
         self._stone_deletes = {}
         for x in stones.kvs:
             self._bury(self.ks.last_segment(x.key), x.value, x.mod_revision, held_from)
-        for apply in held:
-            apply()
+            await pacer.pace()
         self._recall_catchups([*listing.unfinished, *listing.ended], {st.schedule.id: st for st in stored})
         return rev
 
@@ -839,13 +890,12 @@ class PartitionPlanner:
 
     async def start(self) -> None:
         """Claim-time work: read the partition and apply every schedule's missed-run policy."""
-        await self.load()
+        claimed = await self._claim(decide=True)
+        runs, skips, now = claimed.runs, claimed.skips, claimed.now_ms
         # Started attempts the previous owner had out: their workers may be gone with it (start
         # confirmation covers the ones not started; the execution deadline would be minutes away).
         self.dispatcher.expect([(e.id, e.attempt) for e in self.pending.values()
                                 if e.state in (ExecState.RUNNING, ExecState.CANCELLING)])
-        now = self.clock.wall_ms()
-        runs, skips = self.m.catch_up(now)
         # The checkpoint keeps its writer's sched_rev: activations it did not know may still have
         # planned times between the catch-up horizon and the watermark, which the first round writes.
         await self.write_planned(runs, skips, max(self.ck.watermark_ms, now - self.s.late_grace_ms),

@@ -12,7 +12,6 @@ of its whole history.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 
 from scheduler.execution import TERMINAL
@@ -21,6 +20,8 @@ from scheduler.store.codec import peek_state
 from scheduler.store.etcd.ops import Compare, Op, delete, get, txn
 from scheduler.store.keyspace import Keyspace
 from scheduler.store.kv import KV
+from scheduler.store.paging import range_pages
+from scheduler.tasks import Pacer
 
 
 async def retention_deletes(
@@ -30,16 +31,18 @@ async def retention_deletes(
     """The deletes retention asks for now. `keep_after(schedule id)`: records planned after this are
     kept whatever their count (None: none protected); `unfinished(execution id)`: the owner knows the
     record is not finished (it is neither counted nor deleted)."""
-    listing = await kv.range(ks.executions(partition), prefix=True, keys_only=True, timeout=timeout)
+    # A long history must not starve lease keep-alives: pages, and bounded stretches between loop turns.
+    pacer = Pacer()
     cutoff = now_ms - s.retention_ms
     by_schedule: dict[bytes, list[tuple[int, bytes]]] = {}  # (planned ms, key)
-    for i, x in enumerate(listing.kvs):
-        head, _, planned = x.key.rpartition(b"/")
-        by_schedule.setdefault(head, []).append((int(planned), x.key))
-        if i % 5000 == 4999:
-            await asyncio.sleep(0)  # a long history must not starve lease keep-alives
+    async for kvs, _ in range_pages(kv, ks.executions(partition), keys_only=True, page=5000, timeout=timeout):
+        for x in kvs:
+            head, _, planned = x.key.rpartition(b"/")
+            by_schedule.setdefault(head, []).append((int(planned), x.key))
+            await pacer.pace()
     candidates: list[bytes] = []
     for es in by_schedule.values():
+        await pacer.pace()
         if len(es) <= s.retention_count and min(es)[0] >= cutoff:
             continue
         protected = keep_after(ks.execution_id_of(es[0][1]).schedule_id)
@@ -64,6 +67,7 @@ async def retention_deletes(
                     doomed.append(txn([Compare.mod_revision(x.key, "==", x.mod_revision)], [delete(x.key)]))
     skips = await kv.range(ks.skips(partition), prefix=True, keys_only=True, timeout=timeout)
     for x in skips.kvs:
+        await pacer.pace()
         if int(x.key.rsplit(b"-", 1)[1]) < cutoff:
             doomed.append(delete(x.key))
     return doomed

@@ -99,7 +99,19 @@ def encode_schedule(s: Schedule, *, activated_ms: int, meta: ScheduleMeta | None
 
 
 def decode_schedule_meta(value: bytes) -> ScheduleMeta:
-    m = json.loads(value).get("meta") or {}
+    return _meta_from(json.loads(value))
+
+
+def decode_stored_schedule(value: bytes, version: int) -> tuple[Schedule, int, ScheduleMeta]:
+    """decode_schedule and decode_schedule_meta from one parse: a claim decodes every schedule of its
+    partition, and parsing each value twice was a third of that cost."""
+    d = json.loads(value)
+    s, activated = _schedule_from(d, version)
+    return s, activated, _meta_from(d)
+
+
+def _meta_from(d: dict[str, Any]) -> ScheduleMeta:
+    m = d.get("meta") or {}
     pv = m.get("pv")
     # A single dict: written by a version that kept one previous activation.
     history = (pv,) if isinstance(pv, dict) else tuple(pv or ())
@@ -109,7 +121,10 @@ def decode_schedule_meta(value: bytes) -> ScheduleMeta:
 
 def decode_schedule(value: bytes, version: int) -> tuple[Schedule, int]:
     """(schedule with its etag version = the key's mod_revision, activated_ms)."""
-    d = json.loads(value)
+    return _schedule_from(json.loads(value), version)
+
+
+def _schedule_from(d: dict[str, Any], version: int) -> tuple[Schedule, int]:
     pol, dp = d.get("pol", {}), Policies()
     policies = Policies(
         missed_runs=MissedRuns(pol.get("missed", dp.missed_runs.value)),

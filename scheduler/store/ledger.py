@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -24,6 +23,8 @@ from scheduler.store.etcd.ops import Compare, Op, TxnOp, delete, get, put, txn
 from scheduler.store.etcd.types import RangeResult, TxnResult
 from scheduler.store.keyspace import Keyspace, partition_for
 from scheduler.store.kv import KV
+from scheduler.store.paging import range_pages
+from scheduler.tasks import Pacer
 from scheduler.timeplan.missed import SkipRange
 
 
@@ -144,7 +145,8 @@ class Ledger:
         return listing.unfinished, listing.revision
 
     async def list_for_claim(
-        self, kv: KV, partition: int, *, ran_before: int = 2, timeout: float | None = None
+        self, kv: KV, partition: int, *, ran_before: int = 2, timeout: float | None = None,
+        pacer: Pacer | None = None,
     ) -> ClaimListing:
         """What a new owner loads: the partition's executions that are not terminal, and for each schedule
         with one, the final records of its last `ran_before` runs that ran (an attempt went out) before
@@ -152,31 +154,34 @@ class Ledger:
         flight (dispatch_round.overlapped_by_ended): without them a takeover changed the decision (a
         drill saw buffer_one run every late run one after the other after a planner kill, 10.7 s behind,
         where the dead owner would have skipped them). Terminal records (most of a busy partition's
-        history) are recognised without decoding them, and only the few kept are decoded; the event loop
-        gets a turn every thousand records: a claim must not starve lease keep-alives."""
-        r = await kv.range(self.ks.executions(partition), prefix=True, timeout=timeout)
+        history) are recognised without decoding them, and only the few kept are decoded. Read in pages at
+        one revision, and the event loop gets a turn between bounded stretches (`pacer`, else every
+        thousand records): a claim must not starve lease keep-alives."""
+        pacer = pacer or Pacer()
         out: list[Execution] = []
         ended: list[Execution] = []
         # Keys sort by schedule, then planned time: the runs that ran most recently before an unfinished
         # record of the same schedule are the last few terminal ones seen before it in the listing.
         group = b""
         recent: list[tuple[bytes, int]] = []
-        for i, x in enumerate(r.kvs):
-            g = x.key[:x.key.rfind(b"/")]
-            if g != group:
-                group, recent = g, []
-            st = peek_state(x.value)
-            if st not in TERMINAL:
-                for value, rev in recent:
-                    ended.append(decode_execution(value, rev))
-                recent = []
-                out.append(decode_execution(x.value, x.mod_revision))
-            elif st is not ExecState.SKIPPED and ran_before > 0:  # a skip never ran: it overlapped nothing
-                recent.append((x.value, x.mod_revision))
-                del recent[:-ran_before]
-            if i % 1000 == 999:
-                await asyncio.sleep(0)
-        return ClaimListing(out, ended, r.revision)
+        revision = 0
+        async for kvs, snapshot in range_pages(kv, self.ks.executions(partition), timeout=timeout):
+            revision = snapshot
+            for x in kvs:
+                g = x.key[:x.key.rfind(b"/")]
+                if g != group:
+                    group, recent = g, []
+                st = peek_state(x.value)
+                if st not in TERMINAL:
+                    for value, rev in recent:
+                        ended.append(decode_execution(value, rev))
+                    recent = []
+                    out.append(decode_execution(x.value, x.mod_revision))
+                elif st is not ExecState.SKIPPED and ran_before > 0:  # a skip never ran: it overlapped nothing
+                    recent.append((x.value, x.mod_revision))
+                    del recent[:-ran_before]
+                await pacer.pace()
+        return ClaimListing(out, ended, revision)
 
     async def list_partition(
         self, kv: KV, partition: int, *, schedule_id: str | None = None, timeout: float | None = None

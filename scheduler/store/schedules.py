@@ -7,17 +7,27 @@ their partitions' schedule prefixes.
 
 from __future__ import annotations
 
+import asyncio
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from scheduler.errors import AlreadyExists, FailedPrecondition, NotFound, VersionMismatch
 from scheduler.model import Schedule
 from scheduler.store.checkpoint import Checkpoint, read_checkpoint
-from scheduler.store.codec import ScheduleMeta, decode_schedule, decode_schedule_meta, encode_schedule, plan_fields
+from scheduler.store.codec import (
+    ScheduleMeta,
+    decode_schedule_meta,
+    decode_stored_schedule,
+    encode_schedule,
+    plan_fields,
+)
 from scheduler.store.etcd.ops import Compare, delete, get, prefix_end, put
 from scheduler.store.keyspace import Keyspace, partition_for
 from scheduler.store.kv import KV
+from scheduler.store.paging import range_pages
+from scheduler.tasks import Pacer
 
 
 @dataclass(frozen=True)
@@ -36,6 +46,11 @@ class StoredSchedule:
 # Activation changes that may wait for a planner to see them (the partition has no owner): beyond this
 # an update that starts a new activation is refused rather than lose the planned times of the oldest.
 MAX_UNSEEN_ACTIVATIONS = 16
+
+# Schedules one create_batch txn may hold: etcd's --max-txn-ops (128) bounds its compares and its puts, and
+# etcd 3.5.16 refuses 128 in one branch (config.CoordinationSettings.max_txn_ops). Values are ~600 B, so
+# a full batch stays far below the 1.5 MiB request limit.
+MAX_BATCH = 127
 
 
 def pruned_history(history: tuple[dict[str, Any], ...], current_rev: int, ck: Checkpoint) -> tuple[dict[str, Any], ...]:
@@ -79,10 +94,77 @@ class ScheduleStore:
             raise AlreadyExists(f"schedule {s.id!r} already exists")
         return StoredSchedule(replace(s, version=r.revision), now_ms, p, meta)
 
+    async def create_batch(self, schedules: Sequence[Schedule], now_ms: int, *,
+                           request_id: str = "") -> list[StoredSchedule | None]:
+        """Create each schedule whose id is free, in one txn per attempt: every key's `create_revision == 0`
+        is compared, so the txn writes all of them or none; when some ids are taken (its failure branch
+        reads them) it is sent again without those, until it applies. Returns, in order, the stored
+        schedule, or None for an id another request holds (one created by a request with the same
+        non-empty `request_id` is returned as created: a retried batch is safe). At most `MAX_BATCH`
+        schedules (etcd's --max-txn-ops bounds the compares and the puts of one txn); callers with more
+        send several batches (`create_many`)."""
+        if len(schedules) > MAX_BATCH:
+            raise ValueError(f"at most {MAX_BATCH} schedules per batch, got {len(schedules)}")
+        ids = [x.id for x in schedules]
+        if len(set(ids)) != len(ids):
+            raise ValueError("a batch names one schedule id twice")
+        meta = ScheduleMeta(now_ms, now_ms, request_id)
+        out: list[StoredSchedule | None] = [None] * len(schedules)
+        todo = list(range(len(schedules)))
+        for _ in range(MAX_BATCH + 1):  # each failed round settles at least one item (a taken id)
+            if not todo:
+                break
+            parts = [self.partition(ids[i]) for i in todo]
+            keys = [self.ks.schedule(p, ids[i]) for p, i in zip(parts, todo, strict=True)]
+            r = await self.kv.txn([Compare.create_revision(k, "==", 0) for k in keys],
+                                  [put(k, encode_schedule(schedules[i], activated_ms=now_ms, meta=meta))
+                                   for k, i in zip(keys, todo, strict=True)],
+                                  [get(k) for k in keys], timeout=self.timeout)
+            if r.succeeded:
+                for i, p in zip(todo, parts, strict=True):
+                    out[i] = StoredSchedule(replace(schedules[i], version=r.revision), now_ms, p, meta)
+                break
+            free: list[int] = []
+            for i, p, rr in zip(todo, parts, r.responses, strict=True):
+                kvs = getattr(rr, "kvs", ())
+                if not kvs:
+                    free.append(i)  # not taken: it goes in the next attempt
+                elif request_id and decode_schedule_meta(kvs[0].value).request_id == request_id:
+                    out[i] = self._stored(kvs[0].value, kvs[0].mod_revision, p)
+            todo = free
+        return out
+
+    async def create_many(self, schedules: Sequence[Schedule], now_ms: int, *, request_id: str = "",
+                          max_bytes: int = 1_000_000, in_flight: int = 4) -> list[StoredSchedule | None]:
+        """`create_batch` over any number of schedules: batches of at most MAX_BATCH schedules and
+        `max_bytes` of values (below etcd's 1.5 MiB request limit), `in_flight` txns at a time. Not atomic
+        across batches: a failure (etcd unreachable, outcome unknown) may leave earlier batches written;
+        a retry with the same `request_id` then reports them as created."""
+        batches: list[list[int]] = []
+        size = 0
+        for i, x in enumerate(schedules):
+            n = len(encode_schedule(x, activated_ms=now_ms)) + 200  # + meta, key and framing
+            if not batches or len(batches[-1]) >= MAX_BATCH or size + n > max_bytes:
+                batches.append([])
+                size = 0
+            batches[-1].append(i)
+            size += n
+        out: list[StoredSchedule | None] = [None] * len(schedules)
+        sem = asyncio.Semaphore(in_flight)
+
+        async def one(batch: list[int]) -> None:
+            async with sem:
+                got = await self.create_batch([schedules[i] for i in batch], now_ms, request_id=request_id)
+            for i, st in zip(batch, got, strict=True):
+                out[i] = st
+
+        await asyncio.gather(*(one(b) for b in batches))
+        return out
+
     @staticmethod
     def _stored(value: bytes, mod_revision: int, partition: int) -> StoredSchedule:
-        s, activated = decode_schedule(value, mod_revision)
-        return StoredSchedule(s, activated, partition, decode_schedule_meta(value))
+        s, activated, meta = decode_stored_schedule(value, mod_revision)
+        return StoredSchedule(s, activated, partition, meta)
 
     async def get(self, schedule_id: str) -> StoredSchedule:
         p = self.partition(schedule_id)
@@ -144,10 +226,21 @@ class ScheduleStore:
                 raise VersionMismatch(f"schedule {schedule_id!r} is not at version {expected_version}")
         raise VersionMismatch(f"schedule {schedule_id!r} keeps changing; read it again")
 
-    async def list_partition(self, partition: int) -> tuple[list[StoredSchedule], int]:
-        """All schedules of a partition and the revision they were read at (to watch from)."""
-        r = await self.kv.range(self.ks.schedules(partition), prefix=True, timeout=self.timeout)
-        return [self._stored(kv.value, kv.mod_revision, partition) for kv in r.kvs], r.revision
+    async def list_partition(self, partition: int, *, page: int = 1000,
+                             pacer: Pacer | None = None) -> tuple[list[StoredSchedule], int]:
+        """All schedules of a partition and the revision they were read at (to watch from). Read in pages
+        at one revision and decoded with event-loop turns between bounded stretches (`pacer`): a claim of
+        a big partition must not starve the lease keep-alive (store/paging.py)."""
+        out: list[StoredSchedule] = []
+        rev = 0
+        async for kvs, snapshot in range_pages(self.kv, self.ks.schedules(partition), page=page,
+                                               timeout=self.timeout):
+            rev = snapshot
+            for kv in kvs:
+                out.append(self._stored(kv.value, kv.mod_revision, partition))
+                if pacer is not None:
+                    await pacer.pace()
+        return out, rev
 
     async def scan(self, *, after_key: bytes = b"", limit: int = 1000) -> tuple[list[StoredSchedule], bytes]:
         """One chunk of every schedule in key order (partition, then id), starting after `after_key`;

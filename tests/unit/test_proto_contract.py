@@ -46,6 +46,7 @@ UNARY, SERVER_STREAM, BIDI = "unary", "server-stream", "bidi"
 SERVICES: dict[str, dict[str, tuple[str, str, str]]] = {
     "ScheduleService": {
         "CreateSchedule": ("CreateScheduleRequest", "CreateScheduleResponse", UNARY),
+        "BatchCreateSchedules": ("BatchCreateSchedulesRequest", "BatchCreateSchedulesResponse", UNARY),
         "GetSchedule": ("GetScheduleRequest", "GetScheduleResponse", UNARY),
         "UpdateSchedule": ("UpdateScheduleRequest", "UpdateScheduleResponse", UNARY),
         "DeleteSchedule": ("DeleteScheduleRequest", "DeleteScheduleResponse", UNARY),

@@ -35,6 +35,28 @@ class CreateScheduleResponse(_message.Message):
     schedule: _schedule_pb2.Schedule
     def __init__(self, schedule: _Optional[_Union[_schedule_pb2.Schedule, _Mapping]] = ...) -> None: ...
 
+class BatchCreateSchedulesRequest(_message.Message):
+    __slots__ = ("schedules", "request_id")
+    SCHEDULES_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    schedules: _containers.RepeatedCompositeFieldContainer[_schedule_pb2.Schedule]
+    request_id: str
+    def __init__(self, schedules: _Optional[_Iterable[_Union[_schedule_pb2.Schedule, _Mapping]]] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class BatchCreateSchedulesResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[BatchCreateResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[BatchCreateResult, _Mapping]]] = ...) -> None: ...
+
+class BatchCreateResult(_message.Message):
+    __slots__ = ("schedule", "already_exists")
+    SCHEDULE_FIELD_NUMBER: _ClassVar[int]
+    ALREADY_EXISTS_FIELD_NUMBER: _ClassVar[int]
+    schedule: _schedule_pb2.Schedule
+    already_exists: bool
+    def __init__(self, schedule: _Optional[_Union[_schedule_pb2.Schedule, _Mapping]] = ..., already_exists: _Optional[bool] = ...) -> None: ...
+
 class GetScheduleRequest(_message.Message):
     __slots__ = ("id",)
     ID_FIELD_NUMBER: _ClassVar[int]

@@ -41,6 +41,11 @@ class ScheduleServiceStub:
                 request_serializer=scheduler_dot_v1_dot_schedule__service__pb2.CreateScheduleRequest.SerializeToString,
                 response_deserializer=scheduler_dot_v1_dot_schedule__service__pb2.CreateScheduleResponse.FromString,
                 _registered_method=True)
+        self.BatchCreateSchedules = channel.unary_unary(
+                '/scheduler.v1.ScheduleService/BatchCreateSchedules',
+                request_serializer=scheduler_dot_v1_dot_schedule__service__pb2.BatchCreateSchedulesRequest.SerializeToString,
+                response_deserializer=scheduler_dot_v1_dot_schedule__service__pb2.BatchCreateSchedulesResponse.FromString,
+                _registered_method=True)
         self.GetSchedule = channel.unary_unary(
                 '/scheduler.v1.ScheduleService/GetSchedule',
                 request_serializer=scheduler_dot_v1_dot_schedule__service__pb2.GetScheduleRequest.SerializeToString,
@@ -135,6 +140,16 @@ class ScheduleServiceServicer:
     def CreateSchedule(self, request, context):
         """Creates a schedule. ALREADY_EXISTS if the id is taken (unless it is a retry of the same
         request, see request_id).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def BatchCreateSchedules(self, request, context):
+        """Creates up to 1000 schedules in one call. Validation is all or nothing: one invalid schedule
+        fails the call with INVALID_ARGUMENT naming `schedules[i].<field>`, and nothing is written.
+        The creates are per item: each result says created or already exists (a taken id does not
+        stop the others; see docs/api.md, "Batch create", for why not all or nothing).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -274,6 +289,11 @@ def add_ScheduleServiceServicer_to_server(servicer, server):
                     request_deserializer=scheduler_dot_v1_dot_schedule__service__pb2.CreateScheduleRequest.FromString,
                     response_serializer=scheduler_dot_v1_dot_schedule__service__pb2.CreateScheduleResponse.SerializeToString,
             ),
+            'BatchCreateSchedules': grpc.unary_unary_rpc_method_handler(
+                    servicer.BatchCreateSchedules,
+                    request_deserializer=scheduler_dot_v1_dot_schedule__service__pb2.BatchCreateSchedulesRequest.FromString,
+                    response_serializer=scheduler_dot_v1_dot_schedule__service__pb2.BatchCreateSchedulesResponse.SerializeToString,
+            ),
             'GetSchedule': grpc.unary_unary_rpc_method_handler(
                     servicer.GetSchedule,
                     request_deserializer=scheduler_dot_v1_dot_schedule__service__pb2.GetScheduleRequest.FromString,
@@ -388,6 +408,33 @@ class ScheduleService:
             '/scheduler.v1.ScheduleService/CreateSchedule',
             scheduler_dot_v1_dot_schedule__service__pb2.CreateScheduleRequest.SerializeToString,
             scheduler_dot_v1_dot_schedule__service__pb2.CreateScheduleResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def BatchCreateSchedules(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/scheduler.v1.ScheduleService/BatchCreateSchedules',
+            scheduler_dot_v1_dot_schedule__service__pb2.BatchCreateSchedulesRequest.SerializeToString,
+            scheduler_dot_v1_dot_schedule__service__pb2.BatchCreateSchedulesResponse.FromString,
             options,
             channel_credentials,
             insecure,
