@@ -145,10 +145,17 @@ class ScheduleService:
                 raise InvalidArgument(f"schedules[{i}].id", f"{s.id!r} is also item {seen[s.id]}")
             seen[s.id] = i
             items.append(s)
+        # Every item's tenant and pool, before anything is written (all or nothing, as validation).
+        acc = self.authz.access()
+        for s in items:
+            acc.require_named(Role.WRITER, s.tenant)
+            acc.check_pool(s.worker_pool, s.tenant)
         got = await self.store.create_many(items, self.clock.wall_ms(), request_id=rid)
+        # As CreateSchedule: a "retry" of a create another tenant made never hands its schedule over.
         return spb.BatchCreateSchedulesResponse(results=[
-            spb.BatchCreateResult(already_exists=True) if st is None
-            else spb.BatchCreateResult(schedule=stored_to_pb(st)) for st in got])
+            spb.BatchCreateResult(already_exists=True)
+            if st is None or (acc.enforcing and st.schedule.tenant != s.tenant)
+            else spb.BatchCreateResult(schedule=stored_to_pb(st)) for s, st in zip(items, got, strict=True)])
 
     @grpc_errors
     async def GetSchedule(self, request: spb.GetScheduleRequest, context: Context) -> spb.GetScheduleResponse:

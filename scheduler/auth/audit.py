@@ -25,7 +25,8 @@ log = logging.getLogger("scheduler.audit")
 
 # Calls that change state; reads are not audited (they would drown the rest, and change nothing).
 _AUDITED = {
-    "ScheduleService": {"CreateSchedule", "UpdateSchedule", "DeleteSchedule", "PauseSchedule", "ResumeSchedule",
+    "ScheduleService": {"CreateSchedule", "BatchCreateSchedules", "UpdateSchedule", "DeleteSchedule",
+                        "PauseSchedule", "ResumeSchedule",
                         "TriggerSchedule", "RerunExecution", "Backfill", "CancelExecution", "ReplayDeadLetter",
                         "DiscardDeadLetter"},
     "AdminService": {"Switchover", "SetWorkerAffinity", "DrainPlanner", "UndrainPlanner"},
@@ -49,7 +50,13 @@ def target_of(request: Any) -> str:
             return v
     inner = getattr(request, "schedule", None)
     v = getattr(inner, "id", None)
-    return v if isinstance(v, str) else ""
+    if isinstance(v, str) and v:
+        return v
+    many = getattr(request, "schedules", None)  # a batch create: its first id and how many
+    if many:
+        first = str(getattr(many[0], "id", ""))
+        return f"{first} (+{len(many) - 1} more)" if len(many) > 1 else first
+    return ""
 
 
 @dataclass(frozen=True)

@@ -63,6 +63,7 @@ _W = "/scheduler.v1.WorkerService/"
 
 METHOD_RULES: dict[str, Rule] = {
     _S + "CreateSchedule": WRITE,
+    _S + "BatchCreateSchedules": WRITE,  # each item's tenant and pool checked by the service
     _S + "GetSchedule": READ,
     _S + "UpdateSchedule": WRITE,
     _S + "DeleteSchedule": WRITE,

@@ -480,3 +480,20 @@ async def test_requests_per_second_per_principal(kv: EtcdClient, key_prefix: str
         await s.ListSchedules(spb.ListSchedulesRequest(), metadata=env.md("bob"))
         for _ in range(5):
             await env.admin.GetTime(apb.GetTimeRequest(), metadata=env.md("planner"))
+
+
+async def test_a_batch_create_is_checked_item_by_item_and_writes_nothing_when_one_is_refused(env: AuthEnv) -> None:
+    """BatchCreateSchedules came from the scale branch after the authorization work: every item's tenant and
+    pool is checked before anything is written (without the check, alice's batch created bob's schedule)."""
+    s = env.schedules
+    before = await env.snapshot()
+    code, _ = await status_of(s.BatchCreateSchedules(spb.BatchCreateSchedulesRequest(
+        schedules=[sched("p-9", "payments"), sched("b-9", "billing")]), metadata=env.md("alice")))
+    assert code is grpc.StatusCode.PERMISSION_DENIED
+    code, details = await status_of(s.BatchCreateSchedules(spb.BatchCreateSchedulesRequest(
+        schedules=[sched("b-8", "billing", pool="payments-pool")]), metadata=env.md("bob")))
+    assert code is grpc.StatusCode.PERMISSION_DENIED and "payments-pool" in details, details
+    assert await env.snapshot() == before
+    got = await s.BatchCreateSchedules(spb.BatchCreateSchedulesRequest(
+        schedules=[sched("p-9", "payments"), sched("p-10", "payments")]), metadata=env.md("alice"))
+    assert [r.schedule.id for r in got.results] == ["p-9", "p-10"]
