@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from scheduler.config import CoordinationSettings, EtcdSettings
+from scheduler.config import CoordinationSettings, EtcdSettings, TlsSettings
 from scheduler.planner.settings import PlannerSettings
 from scheduler.worker.settings import WorkerSettings
 from tests.deploy.tools import DEPLOY, run, tool
@@ -23,7 +23,7 @@ REGIONS = ("r1", "r2", "r3")
 # What the image sets in its environment (deploy/Dockerfile): the environment beats a TOML file, so a
 # shipped TOML file that set one of these would be silently ignored.
 IMAGE_ENV_SETTINGS = frozenset({"api_host", "api_port", "health_address", "metrics_address"})
-PLANNER_CLASSES = (EtcdSettings, CoordinationSettings, PlannerSettings)
+PLANNER_CLASSES = (EtcdSettings, CoordinationSettings, PlannerSettings, TlsSettings)  # as schedctl planner loads them
 
 
 def services() -> dict[str, Any]:
