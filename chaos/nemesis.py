@@ -128,23 +128,35 @@ class Nemesis:
         if self.live.links.kind == "direct":
             kill()
             return "direct links: no write to catch, killed at once", SYSTEM_CLOCK.wall_ms()
-        caught = asyncio.Event()
         killed_ms = [0]
 
         def at_write() -> None:
             kill()
             killed_ms[0] = SYSTEM_CLOCK.wall_ms()
-            caught.set()
 
-        self.live.links.arm_freeze(planner, at_write)
-        try:
-            await asyncio.wait_for(caught.wait(), timeout=5.0)
-        except TimeoutError:
-            self.live.links.disarm(planner)
+        if not await self._at_next_write(planner, at_write):
             kill()
             return "no write within 5 s: killed anyway", SYSTEM_CLOCK.wall_ms()
         dropped = await self.live.links.drop_held(planner)
         return f"killed at a write; {dropped} held byte(s) dropped, never sent to etcd", killed_ms[0]
+
+    async def _at_next_write(self, planner: str, act: Callable[[], None], timeout: float = 5.0) -> bool:
+        """Call `act` the instant the planner's next etcd write is read by its link's proxy, with that write
+        held there (chaos/proxy_links.py calls it from inside the read, so the planner learns nothing first).
+        False, and nothing done, when no write came within `timeout`."""
+        caught = asyncio.Event()
+
+        def at_write() -> None:
+            act()
+            caught.set()
+
+        self.live.links.arm_freeze(planner, at_write)
+        try:
+            await asyncio.wait_for(caught.wait(), timeout=timeout)
+        except TimeoutError:
+            self.live.links.disarm(planner)
+            return False
+        return True
 
     async def _f2(self, w: FaultWindow) -> Active:
         p = self.live.planner(w.target)
@@ -156,18 +168,7 @@ class Nemesis:
             # held there (not forwarded): chaos/proxy_links.py calls `freeze` from inside the read, so the
             # planner cannot learn of anything before it is stopped. A hold started *before* the write
             # catches nothing: the planner's reads are held too and its rounds wait on them.
-            caught = asyncio.Event()
-
-            def freeze() -> None:
-                p.pause()
-                caught.set()
-
-            self.live.links.arm_freeze(w.target, freeze)
-            try:
-                await asyncio.wait_for(caught.wait(), timeout=5.0)
-                held = True
-            except TimeoutError:
-                self.live.links.disarm(w.target)
+            held = await self._at_next_write(w.target, p.pause)
             note = "froze with a write held in its etcd link" if held else "no write within 5 s: frozen anyway"
         if not held:
             p.pause()

@@ -275,23 +275,23 @@ class PendingIndex:
         first = min(ordered, key=lambda i: self._by_id[i].planned_ms) if ordered else None
         for eid in [i for i in behind if i not in self._ordered or i == first or i not in self._by_id]:
             del behind[eid]
-            self._wake.pop(eid, None)
-            self._ordered.discard(eid)
-            cur = self._by_id.get(eid)
-            if cur is not None:
-                self.defer(cur)
+            self._back_from_behind(eid)
         if not behind:
             del self._behind[schedule_id]
+
+    def _back_from_behind(self, eid: str) -> None:
+        """A run no longer waiting behind another goes back to the ready heap."""
+        self._wake.pop(eid, None)
+        self._ordered.discard(eid)
+        cur = self._by_id.get(eid)
+        if cur is not None:
+            self.defer(cur)
 
     def release_all_behind(self, schedule_id: str) -> None:
         """Every run of the schedule waiting behind one in flight goes back to the heap, to be decided again
         (its overlap policy changed: what held it back may not any more)."""
         for eid in list(self._behind.pop(schedule_id, {})):
-            self._wake.pop(eid, None)
-            self._ordered.discard(eid)
-            cur = self._by_id.get(eid)
-            if cur is not None:
-                self.defer(cur)
+            self._back_from_behind(eid)
 
     def unpark(self, schedule_id: str) -> None:
         for e in self._parked.pop(schedule_id, {}).values():
