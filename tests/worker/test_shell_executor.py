@@ -93,6 +93,39 @@ async def test_cancel_kills_the_process_group(tmp_path: Path) -> None:
     assert _dead(int(pidfile.read_text())), "SIGKILL after the grace reached a child that ignored SIGTERM"
 
 
+async def test_a_stop_request_sigterms_the_group_at_once(tmp_path: Path) -> None:
+    """A planner's Cancel sets ctx.cancel_event; the command gets SIGTERM then, not when the worker cancels
+    the handler's task `cancel_grace` (5 s) later. (It did: a game day's `cancel_other` runs each waited
+    2-4 s for the run they cancelled to finish by itself.) Fails on the old executor: the wait below
+    times out, the command running on."""
+    marker, ready = tmp_path / "term", tmp_path / "ready"
+    ctx = make_ctx()
+    ex = ShellExecutor(kill_grace=5.0)  # a graceful exit: no SIGKILL needed
+    task = asyncio.create_task(ex(ctx, _payload(
+        f"trap 'echo got TERM > {marker}; exit 0' TERM; touch {ready}; while :; do sleep 0.05; done")))
+    while not ready.exists():
+        await asyncio.sleep(0.01)
+    loop = asyncio.get_running_loop()
+    asked = loop.time()
+    ctx.cancel_event.set()
+    await asyncio.wait_for(task, 3.0)  # exit 0 from its trap; the attempt's stop decides its outcome (CANCELLED)
+    assert marker.read_text().strip() == "got TERM"
+    assert loop.time() - asked < 3.0
+
+
+async def test_a_stop_request_sigkills_what_ignores_sigterm_after_the_kill_grace(tmp_path: Path) -> None:
+    pidfile = tmp_path / "pid"
+    ctx = make_ctx()
+    task = asyncio.create_task(ShellExecutor(kill_grace=0.3)(
+        ctx, _payload(f"trap '' TERM; sleep 30 & echo $! > {pidfile}; wait")))
+    while not pidfile.exists() or not pidfile.read_text().strip():
+        await asyncio.sleep(0.01)
+    ctx.cancel_event.set()
+    with pytest.raises(CommandFailed, match="SIGKILL"):
+        await asyncio.wait_for(task, 3.0)
+    assert _dead(int(pidfile.read_text())), "SIGKILL after the grace reached a child that ignored SIGTERM"
+
+
 async def test_background_child_does_not_hold_the_result(tmp_path: Path) -> None:
     pidfile = tmp_path / "pid"
     loop = asyncio.get_running_loop()

@@ -111,7 +111,13 @@ class ShellExecutor:
         tail = _Tail()
         readers = asyncio.gather(tail.pump(out, 0), tail.pump(err, 1))
         try:
-            await asyncio.wait_for(proc.wait(), limit)
+            if await self._stopped_before_exit(ctx, proc, limit):
+                # A Cancel (or an orphaned attempt's stop): the group gets SIGTERM now, SIGKILL after
+                # `kill_grace`, as docs/workers.md says, not only when the worker cancels this task
+                # `cancel_grace` later. Until then a `cancel_other` schedule's next run waited for the
+                # cancelled command to finish on its own: a game day saw them 2-4 s late, every run.
+                # The stop decides the attempt's outcome (CANCELLED), whatever the exit code says.
+                await asyncio.shield(self._kill_group(proc))
         except TimeoutError:
             await asyncio.shield(self._kill_group(proc))
             raise TaskTimeout(f"command killed after its {limit:g} s timeout{tail.text()}") from None
@@ -131,6 +137,22 @@ class ShellExecutor:
             err_t.close()
             ctx.output = tail.output(proc.returncode)  # kept on the attempt whatever the outcome
         self._check(proc.returncode, tail)
+
+    @staticmethod
+    async def _stopped_before_exit(ctx: ExecutionContext, proc: asyncio.subprocess.Process,
+                                   limit: float | None) -> bool:
+        """Wait for the command to exit, at most `limit` seconds if given (TimeoutError); True if a stop was asked
+        for (`ctx.cancel_event`) first."""
+        exited = asyncio.ensure_future(proc.wait())
+        stopped = asyncio.ensure_future(ctx.cancel_event.wait())
+        try:
+            done, _ = await asyncio.wait({exited, stopped}, timeout=limit, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for f in (exited, stopped):
+                f.cancel()
+        if not done:
+            raise TimeoutError
+        return exited not in done
 
     @staticmethod
     def _check(code: int | None, tail: _Tail) -> None:
