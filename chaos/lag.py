@@ -10,7 +10,7 @@ from collections.abc import Iterable
 
 from chaos import faults as catalogue
 from chaos.context import SLACK_MS, Context
-from scheduler.execution import Trigger
+from scheduler.execution import Execution, Trigger
 from scheduler.ids import execution_id
 from scheduler.timeplan import Overlap
 
@@ -33,6 +33,25 @@ class LagChecks(Context):
         it returned (the handover happens after the API acknowledged the new policy)."""
         settle = int(self.s.lag.settle_s * 1000)
         return [(o.t_ms, (o.t_end_ms or o.t_ms) + settle) for o in self.run.ops if o.op == "switchover" and o.ok]
+
+    def _lost_with_worker(self, rec: Execution | None, started_h: int) -> int | None:
+        """Harness ms at which a fault (F5, F7) killed the worker an attempt of this run was out on, before
+        the run's first accepted start (the attempt left no effect, or was cut short by the kill), else None."""
+        if rec is None:
+            return None
+        for a in rec.attempts:
+            if not a.worker or not a.dispatched_ms:
+                continue
+            out = self.idx.harness_ms(a.dispatched_ms)
+            if out >= started_h:
+                continue
+            for f in self.faults:
+                if not out - SLACK_MS <= f.start_ms <= started_h:
+                    continue
+                if (f.type == "F7" and f.target == a.worker) or (
+                        f.type == "F5" and self.node_region(a.worker) == f.target):
+                    return f.start_ms
+        return None
 
     def i3_i7(self) -> None:
         i3, i7 = self.inv["I3"], self.inv["I7"]
@@ -69,6 +88,17 @@ class LagChecks(Context):
             caught = starts[hit] if hit >= 0 and planned_h < starts[hit].start_ms else None
             f = self.window_of(planned_h) or caught
             i3.checked += 1
+            lost = self._lost_with_worker(final[2] if final is not None else None, started)
+            if lost is not None:
+                # Its attempt died with its worker: judged from the kill, on the bound that the heartbeat
+                # timeout sets (scenario `worker_loss_s`), and left out of the RTO (it is no planner lag).
+                eff = started - lost
+                phases["during"].append(eff)
+                self.bump("lost_with_worker")
+                if eff > lag.worker_loss_s * 1000:
+                    i3.fail(f"[lag-worker-lost] {eid}: started {eff / 1000:.2f}s after the fault at "
+                            f"{self.rel(lost)} killed the worker its attempt was on (bound {lag.worker_loss_s:g}s)")
+                continue
             move = next(((a, b) for a, b in moves if a <= planned_h <= b), None) if f is None else None
             if move is not None:
                 # A planned move of the planning region (a switchover op): issue 11 promises a bounded

@@ -146,6 +146,11 @@ class LagBounds:
     # I3 for outages (F5, F4 with quorum lost), from the window's end: every process restarts and the whole
     # backlog drains through the workers, so it is at least fault_max_s and usually set higher.
     outage_max_s: float = 6.0
+    # I3 for a run whose attempt was out on a worker a fault killed (F5, F7), from the kill: nobody may run
+    # it again until the worker is known gone (its planner's heartbeat_timeout, 10 s by default, plus one
+    # heartbeat interval), and the owner may have died with it (a claim, up to the lease TTL): a retry
+    # sooner could run it twice (docs/workers.md, "Liveness").
+    worker_loss_s: float = 16.0
     judge_grace_s: float = 5.0  # planned times this close to the end are not judged (still in flight)
 
 

@@ -12,10 +12,11 @@ import pytest
 
 from chaos.check import EXIT, check_run, fixed_period_ms, independent_times, planned_times
 from chaos.record import FaultRecord, Run, WatchRecord, load_run, write_run
+from scheduler.execution import ErrorClass, Trigger, dispatch, new_execution, result, started
 from scheduler.ids import FencingToken, execution_id
 from scheduler.store.keyspace import partition_for
 from scheduler.timeplan import parse_spec
-from tests.chaos.synth import KS, T0, P, Synth, clean_run
+from tests.chaos.synth import KS, POLICIES, T0, P, Synth, clean_run
 
 
 def token_of(x: Synth, sid: str) -> FencingToken:
@@ -376,3 +377,48 @@ def test_a_history_that_stops_short_is_judged_up_to_its_end_and_invalid(tmp_path
     verdict, fails, _ = judged(x.build(tmp_path / "dup", history_complete=False,
                                        harness_errors=["the etcd watch ended early"]))
     assert verdict == "fail" and fails == {"I1": 1}, fails
+
+
+
+def _lost_with_worker(x: Synth, directory: Path, retry_after_kill_ms: int) -> Run:
+    """s-004's run at 40 s is handed to r1-w2, which a fault kills before the run's effect (F7); the run is
+    retried on r1-w1 `retry_after_kill_ms` after the kill, as the heartbeat timeout allows."""
+    sid, t = "s-004", T0 + 40_000
+    eid, tok = execution_id(sid, t), token_of(x, sid)
+    key = KS.execution(partition_for(sid, P), sid, t).decode()
+    x.watch = [w for w in x.watch if w.key != key]
+    x.effects = [e for e in x.effects if e.exec_id != eid]
+    kill, retry = t + 300, t + 300 + retry_after_kill_ms
+    e = new_execution(id=eid, schedule_id=sid, tenant="t", pool="default", task_type="http", planned_ms=t,
+                      due_ms=t, trigger=Trigger.SCHEDULED, retry=POLICIES.retry, timeout_ms=30_000)
+    x.record(e, t - 1000)
+    e = dispatch(e, worker="", planner="r1-p2", token=tok, now_ms=t + 10)
+    x.record(e, t + 10)
+    e = started(e, 1, t + 30, "r1-w2")
+    x.record(e, t + 30)
+    e, _ = result(e, 1, succeeded=False, error_class=ErrorClass.TIMEOUT, message="worker gone", now_ms=retry - 1000,
+                  worker="r1-w2")
+    x.record(e, retry - 1000)
+    e = dispatch(e, worker="", planner="r1-p2", token=tok, now_ms=retry)
+    x.record(e, retry)
+    e = started(e, 2, retry + 20, "r1-w1")
+    x.record(e, retry + 20)
+    x.effect(eid, 2, tok, "r1-w1", retry + 40, retry + 120)
+    e, _ = result(e, 2, succeeded=True, error_class=None, message="", now_ms=retry + 140, worker="r1-w1")
+    x.record(e, retry + 140)
+    x.faults.append(FaultRecord(1, "F7", "r1-w2", kill, kill + 1000, {}, "worker", healthy_ms=kill + 1500))
+    return x.build(directory)
+
+
+@pytest.mark.parametrize(("after_ms", "fails"), [(13_000, False), (19_000, True)])
+def test_a_run_whose_worker_was_killed_is_judged_from_the_kill_on_the_worker_loss_bound(
+        tmp_path: Path, after_ms: int, fails: bool) -> None:
+    """Its retry must wait until the worker is known gone (the heartbeat timeout): 13 s after the kill is
+    within `worker_loss_s` (16 s) though far over `fault_max_s` (6 s); 19 s is not. The half game day had three
+    such runs judged on the fault bound (a region loss 0.1-0.35 s after their dispatch)."""
+    x, _ = clean_run(tmp_path / "run")
+    _, fails_by, _ = judged(_lost_with_worker(x, tmp_path / "lost", after_ms))
+    if fails:
+        assert fails_by.get("I3") == 1, fails_by
+    else:
+        assert "I3" not in fails_by, fails_by
