@@ -165,12 +165,20 @@ class CoordinationSettings(Settings):
     # etcd --max-txn-ops is 128, but etcd 3.5.16 refuses 128 nested txns in one branch (measured): 127.
     max_txn_ops: int = 127
     max_txn_bytes: int = 1_000_000  # below etcd's 1.5 MiB --max-request-bytes, leaving room for framing
+    # A node none of whose partitions has been served for this long (every one reloading after etcd errors,
+    # none lasting a lease TTL) while its lease is still renewed gives its session up, so that a peer with
+    # a working link takes over (docs/operations.md, "A planner that cannot serve"); 0: 2 x lease_ttl.
+    unserved_resign: float = 0.0
     unsafe_disable_fencing: bool = False  # tests only: shows that the checks catch a stale writer
     unsafe_disable_self_fence: bool = False  # tests only: leave etcd's revision compare as the only guard
 
     @property
     def renew(self) -> float:
         return self.lease_ttl / 3 if self.renew_interval is None else self.renew_interval
+
+    @property
+    def resign_after(self) -> float:
+        return self.unserved_resign or 2.0 * self.lease_ttl
 
     def validate(self) -> None:
         if not 1 <= self.partitions <= 65_536:
@@ -185,6 +193,8 @@ class CoordinationSettings(Settings):
             raise InvalidArgument("safety_margin", "must be in (0, lease_ttl / 2)")
         if self.renew <= 0:
             raise InvalidArgument("renew_interval", "must be positive")
+        if not (self.unserved_resign == 0 or self.lease_ttl <= self.unserved_resign <= 3600):
+            raise InvalidArgument("unserved_resign", "must be 0 (2 x lease_ttl) or between lease_ttl and 3600 seconds")
         # One renewal may time out and the next must still land before the local deadline.
         if self.renew + 2 * self.rpc_timeout > self.lease_ttl - self.safety_margin:
             raise InvalidArgument(

@@ -155,6 +155,11 @@ class PlannerNode:
         self.loop_lag = LoopLagProbe(SYSTEM_CLOCK.monotonic, warn_after=min(0.5, settings.renew / 2))
         self.restarts = 0  # partition planners restarted from etcd's state (a lost CAS, an unknown outcome)
         self.restart_reasons: dict[str, int] = {}  # the same, by reason (metrics)
+        # Per owned partition: since when its planner keeps failing on etcd (no run of it lasting a lease
+        # TTL), and when its current planner started; `_resign_if_unserved` reads both.
+        self._unserved_since: dict[int, float] = {}
+        self._planner_started: dict[int, float] = {}
+        self._failed_at: dict[int, float] = {}
         self._loops: dict[int, asyncio.Task[None]] = {}
         # Every partition task still running, including those cancelled on a loss or a re-claim and no
         # longer in _loops: shutdown waits for all of them before the etcd channel closes (a drill's
@@ -333,6 +338,8 @@ class PlannerNode:
         log.warning("lost", extra={"event": "lost", "partition": partition, "reason": reason.value})
         self.metrics.partition_lost(reason.value)
         self.planners.pop(partition, None)
+        for d in (self._unserved_since, self._planner_started, self._failed_at):
+            d.pop(partition, None)
         task = self._loops.pop(partition, None)
         if task is not None and task is not asyncio.current_task():
             task.cancel()  # stop planning and dispatching for this partition at once
@@ -353,6 +360,7 @@ class PlannerNode:
             )
             self.planners[partition] = planner
             started = self.clock.monotonic()
+            self._planner_started[partition] = started
             try:
                 await planner.run()
             except NotOwner:
@@ -373,10 +381,40 @@ class PlannerNode:
                 level = logging.WARNING if backoff > self.planner_settings.loop_interval else logging.INFO
                 log.log(level, "restarting partition planner: %s", e,
                         extra={"event": "partition_restart", "partition": partition, "reason": reason})
+                if reason in ("outcome_unknown", "etcd_error"):
+                    now = self.clock.monotonic()
+                    if now - started >= self.s.lease_ttl:
+                        self._unserved_since[partition] = now  # it served a while: a new streak begins
+                    else:
+                        self._unserved_since.setdefault(partition, now)
+                    self._failed_at[partition] = now
+                    self._resign_if_unserved(now)
             # A planner that ran for a while starts over quickly; one that failed again soon waits longer.
             ran = self.clock.monotonic() - started
             backoff = self.planner_settings.loop_interval if ran > 10 else min(backoff * 2, 5.0)
             await asyncio.sleep(backoff)
+
+    def _resign_if_unserved(self, now: float) -> None:
+        """Give the session up when every partition this node owns has failed on etcd, again and again, for
+        `resign_after` (its planners reload and fail, none lasting a lease TTL) while the lease is still
+        renewed: a gray link that carries the keep-alives but not the partitions' reads and writes. A peer
+        whose link works takes them over (Ownership.resign). One partition failing alone is its own problem
+        (a bad record): the others being served, nothing is given up."""
+        owned = list(self.ownership.owned)
+        after, ttl = self.s.resign_after, self.s.lease_ttl
+        def unserved(p: int) -> bool:
+            since, began = self._unserved_since.get(p), self._planner_started.get(p, 0.0)
+            # Failing for `after`, and now waiting to restart or restarted less than a TTL ago.
+            return since is not None and now - since >= after and (
+                self._failed_at.get(p, 0.0) >= began or now - began < ttl)
+
+        if not owned or not all(unserved(p) for p in owned):
+            return
+        log.warning("giving the session up: no partition could be served for %.1f s", after,
+                    extra={"event": "resign_unserved", "partitions": len(owned)})
+        self._unserved_since.clear()
+        self._failed_at.clear()
+        self.ownership.resign()
 
     def _restarted(self, reason: str) -> None:
         self.restarts += 1

@@ -29,6 +29,8 @@ HELP: dict[str, str] = {
     "rebalance_holddown": "seconds before peers release partitions to a joining planner (free ones it claims at once)",
     "max_txn_ops": "most operations in one etcd txn (etcd's --max-txn-ops is 128)",
     "max_txn_bytes": "bytes; most payload in one etcd txn (below etcd's --max-request-bytes)",
+    "unserved_resign": "seconds; a node that could serve none of its partitions (etcd errors) this long, its lease "
+                       "renewed, gives its session up to a peer; 0: 2 x lease_ttl",
     "unsafe_disable_fencing": "true/false; drop the owner-revision compare from writes (shows the checks catch "
                               "a stale writer)",
     "unsafe_disable_self_fence": "true/false; do not stop writing at the local lease deadline (etcd's compare is "

@@ -36,7 +36,7 @@ ATTEMPT_STATUSES = ("succeeded", "failed", "timeout")
 # the code that produces the reasons: LostReason, LeaseLostReason, the keeper, the partition restarts.)
 RENEW_FAILURE_REASONS = ("stream_error", "stalled")
 LEASE_LOST_REASONS = ("expired", "local_deadline")
-PARTITION_LOST_REASONS = ("fenced_out", "owner_changed", "session_lost", "released")
+PARTITION_LOST_REASONS = ("fenced_out", "owner_changed", "session_lost", "released", "unserved")
 RESTART_REASONS = ("stale_state", "outcome_unknown", "compare_failed", "etcd_error", "malformed_txn")
 
 

@@ -40,6 +40,7 @@ class LostReason(StrEnum):
     OWNER_CHANGED = "owner_changed"  # the owner key vanished or was re-created by someone else
     SESSION_LOST = "session_lost"  # lease expired or the local self-fence deadline passed
     RELEASED = "released"  # we gave it up (rebalance, drain, shutdown)
+    UNSERVED = "unserved"  # the session given up: none of its partitions could be served (Ownership.resign)
 
 
 class ClusterMismatch(SchedError):
@@ -130,6 +131,8 @@ class Ownership:
         self._wake = asyncio.Event()
         self._changed_owned = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._resign = False  # resign() asked the current session to end
+        self.resigned = 0  # sessions given up for it
 
     def advertise(self, api_address: str) -> None:
         """Before run(): the API address to register (known once the gRPC server is bound)."""
@@ -166,6 +169,16 @@ class Ownership:
             o.inflight -= 1
             if o.inflight == 0:
                 o.idle.set()
+
+    def resign(self) -> None:
+        """Give the current session up (every partition with it) and stay out for a lease TTL: for a node
+        whose partitions cannot be served while its lease is still renewed (a gray link to etcd that
+        carries the small keep-alives but times out the partitions' reads and writes). Without it the
+        partitions stayed with such a node until its lease lapsed by chance: a game day saw one keep four
+        partitions unserved for 5 s behind a flaky link, and their runs start 8 s late."""
+        if self.session is not None and not self._resign:
+            self._resign = True
+            self._wake.set()
 
     def wake(self) -> None:
         """Reconcile now: the `eligible` hook's answer may have changed."""
@@ -249,7 +262,14 @@ class Ownership:
                 except (EtcdError, OutcomeUnknown) as e:
                     log.warning("session ended: %s", e)
                 self._drop_all(LostReason.SESSION_LOST)
-                await asyncio.sleep(min(self._s.renew, 1.0))
+                if self._resign:
+                    # Out of the way for a lease TTL, so that a peer with a working link claims first; then
+                    # a new session (if this node's link works again, it takes its share back).
+                    self._resign = False
+                    self.resigned += 1
+                    await asyncio.sleep(self._s.lease_ttl)
+                else:
+                    await asyncio.sleep(min(self._s.renew, 1.0))
         finally:
             self._drop_all(LostReason.SESSION_LOST)
             for t in caches:
@@ -297,18 +317,25 @@ class Ownership:
                         # Only with unsafe_disable_self_fence (tests): the keeper gave the lease up at
                         # its local deadline and etcd has since taken every partition back; start over.
                         break
+                    if self._resign:
+                        break
                     await self._reconcile(session)
             finally:
                 lost.cancel()
-            log.warning("session %x lost: dropping all partitions", session.lease_id)
+            if self._resign:
+                log.warning("session %x given up: none of its partitions could be served", session.lease_id)
+                self._drop_all(LostReason.UNSERVED)
+            else:
+                log.warning("session %x lost: dropping all partitions", session.lease_id)
         finally:
             self._drop_all(LostReason.SESSION_LOST)
             self.session = None
-            # Shutting down (cancelled): revoke, so that peers stop counting us as a member now and
-            # take our released partitions at once instead of after the TTL. A lost session is not
-            # revoked: etcd may be unreachable, and the lease expires anyway.
+            # Shutting down (cancelled) or giving up: revoke, so that peers stop counting us as a member
+            # now and take our partitions at once instead of after the TTL (best effort: a resigning node's
+            # link may not carry it; the lease expires anyway, its keep-alives stopped). A lost session is
+            # not revoked: etcd may be unreachable, and the lease expires anyway.
             task = asyncio.current_task()
-            await session.close(revoke=task is not None and task.cancelling() > 0)
+            await session.close(revoke=self._resign or (task is not None and task.cancelling() > 0))
 
     async def _wait_for_change(self, lost: asyncio.Task[object]) -> None:
         events = (self.members.changed, self.owners.changed, self.drains.changed, self._wake)
