@@ -224,6 +224,14 @@ class OwedChecks(Context):
             if not self.running_at(sid, eid, t):
                 return "but no other run of it was in progress at that planned time (a manufactured overlap)"
             return None
+        if reason == "superseded":
+            # cancel_other, newest wins: justified by a later planned time of the schedule that was due
+            # when the skip was written (docs/time.md): the older run would only have been cancelled by it.
+            if pol.overlap is not Overlap.CANCEL_OTHER:
+                return f"but its overlap policy is {pol.overlap.value}, not cancel_other"
+            if not any(t < u <= written + SLACK_MS for u in self.owed_of.get(sid, [])):
+                return "but no later run of it was due when the skip was written"
+            return None
         if reason in MISSED_REASONS:
             spans = [x for x in self.exposures(sid) if x[0] < t <= x[1]]
             if not spans:

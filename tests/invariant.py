@@ -956,6 +956,12 @@ def judge(log: Log, es: list[Execution], ranges: dict[str, list[tuple[int, int, 
             return None if state_at(sid, written) == "deleted" else "deleted, but it was not deleted then"
         if reason == "overlap_skip":
             return None if running_at(sid, eid, p) else "overlap_skip, but no run of it was in progress at that time"
+        if reason == "superseded":
+            # cancel_other when the skip was written, and a later planned time of it was due by then.
+            v = log.version_at(sid, written)
+            if v is None or v.policies.overlap is not Overlap.CANCEL_OTHER:
+                return "superseded, but its overlap policy was not cancel_other then"
+            return None if p + v.period_s * 1000 <= written + ROUND_MS else "superseded, but no later run was due yet"
         if reason in ("outside_catchup_window", "over_cap", "policy_skip"):
             for s, exp in catch.get(sid, []):
                 if abs(s.at_ms - written) <= ROUND_MS and exp.get(p) == reason:

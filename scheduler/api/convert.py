@@ -193,6 +193,7 @@ _SKIP = {
     "outside_catchup_window": epb.SKIP_REASON_OUTSIDE_CATCHUP_WINDOW,
     "over_cap": epb.SKIP_REASON_OVER_CAP,
     "overlap_skip": epb.SKIP_REASON_OVERLAP_SKIP,
+    "superseded": epb.SKIP_REASON_SUPERSEDED,
     "paused": epb.SKIP_REASON_PAUSED,
     "schedule_changed": epb.SKIP_REASON_SCHEDULE_CHANGED,
     "schedule_deleted": epb.SKIP_REASON_SCHEDULE_DELETED,

@@ -103,9 +103,12 @@ class AuditLog:
                 self._since_trim = 0
                 await self.trim()
         except (EtcdError, TimeoutError) as e:
-            # The action already happened; failing its answer now would make the caller retry it.
-            log.error("audit event not recorded", extra={"event": "audit_lost", "who": who, "action": action,
-                                                          "target": target, "result": result, "error": str(e)})
+            # The action already happened; failing its answer now would make the caller retry it. A done
+            # action left unaudited is an error for the operator; a refused or failed one (etcd down: the
+            # action failed on the same outage, a game day saw 13) changed nothing, so a warning.
+            level = logging.ERROR if result == "OK" else logging.WARNING
+            log.log(level, "audit event not recorded", extra={"event": "audit_lost", "who": who, "action": action,
+                                                               "target": target, "result": result, "error": str(e)})
 
     async def trim(self) -> int:
         """Delete the oldest events beyond max_events; returns how many."""

@@ -283,7 +283,10 @@ def _plan_schedule(inp: RoundInput, plan: DispatchPlan, budget: dict[str, int], 
             continue
         if newest is not None and x.planned_ms < newest and _superseded(inp, x, in_flight, ended):
             # cancel_other, newest wins: x would start only to be cancelled by a later run that is due too.
-            cas[x.id] = (x, skip(x, SkipReason.OVERLAP_SKIP.value))
+            # Its own reason, not overlap_skip: nothing need have been running at x's due time (a late run
+            # judged as if on time, `late_overlap`, counts here; a drill's checker rightly refused to take
+            # such a hypothetical for an overlap once cancels stopped their runs at once).
+            cas[x.id] = (x, skip(x, SkipReason.SUPERSEDED.value))
             continue
         if parked_first is not None and parked_first < x.planned_ms:
             held = held_behind = True

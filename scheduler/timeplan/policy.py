@@ -41,6 +41,8 @@ class SkipReason(StrEnum):
     OUTSIDE_CATCHUP_WINDOW = "outside_catchup_window"
     OVER_CAP = "over_cap"
     OVERLAP_SKIP = "overlap_skip"
+    # cancel_other: a newer run of the schedule was due too (a backlog); only the newest starts.
+    SUPERSEDED = "superseded"
     PAUSED = "paused"
     # Withdrawn pre-written runs: the schedule was deleted, or its spec changed and no longer plans them.
     SCHEDULE_DELETED = "schedule_deleted"

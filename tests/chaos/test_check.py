@@ -14,9 +14,10 @@ from chaos.check import EXIT, check_run, fixed_period_ms, independent_times, pla
 from chaos.record import FaultRecord, Run, WatchRecord, load_run, write_run
 from scheduler.execution import ErrorClass, Trigger, dispatch, new_execution, result, started
 from scheduler.ids import FencingToken, execution_id
+from scheduler.store.codec import encode_schedule
 from scheduler.store.keyspace import partition_for
-from scheduler.timeplan import parse_spec
-from tests.chaos.synth import KS, POLICIES, T0, P, Synth, clean_run
+from scheduler.timeplan import Overlap, parse_spec
+from tests.chaos.synth import KS, POLICIES, T0, P, Synth, clean_run, sched
 
 
 def token_of(x: Synth, sid: str) -> FencingToken:
@@ -422,3 +423,27 @@ def test_a_run_whose_worker_was_killed_is_judged_from_the_kill_on_the_worker_los
         assert fails_by.get("I3") == 1, fails_by
     else:
         assert "I3" not in fails_by, fails_by
+
+
+def _planned(key: str) -> int:
+    return int(key.rsplit("/", 1)[1])
+
+
+@pytest.mark.parametrize("policy", [Overlap.SKIP, Overlap.CANCEL_OTHER])
+def test_a_superseded_skip_is_justified_only_under_cancel_other(tmp_path: Path, policy: Overlap) -> None:
+    """`superseded` (cancel_other's newest-wins: an older run of a backlog skipped because a newer one was due
+    too) is justified by the policy and a later due planned time, not by a run in progress at that instant.
+    slow-000's overlap skips relabelled: under skip they are unjustified, under cancel_other they pass."""
+    x, _ = clean_run(tmp_path / "run")
+    key = KS.schedule(partition_for("slow-000", P), "slow-000").decode()
+    value = encode_schedule(sched("slow-000", overlap=policy), activated_ms=T0 - 5000)
+    x.watch = [replace(w, value=value) if w.key == key else w for w in x.watch]
+    # Each skip written as the next planned time (a second later) came due: a backlog of two.
+    x.watch = [replace(w, value=w.value.replace(b'"overlap_skip"', b'"superseded"'), t_ms=w.t_ms + 1000)
+               if "/slow-000/" in w.key and b'"overlap_skip"' in w.value and _planned(w.key) < T0 + 50_000 else w
+               for w in x.watch]
+    _, fails, _ = judged(x.build(tmp_path / "run"))
+    if policy is Overlap.SKIP:
+        assert fails.get("I2", 0) >= 20, fails
+    else:
+        assert "I2" not in fails, fails

@@ -126,6 +126,32 @@ async def test_a_stop_request_sigkills_what_ignores_sigterm_after_the_kill_grace
     assert _dead(int(pidfile.read_text())), "SIGKILL after the grace reached a child that ignored SIGTERM"
 
 
+async def test_a_cancelled_shell_attempt_is_cancelled_and_logs_no_unretrieved_exception(tmp_path: Path) -> None:
+    """Through the worker's Attempt: the command dies of the stop's SIGTERM, the outcome is CANCELLED, and
+    the handler's exception is taken (a game day's workers logged 726 "Task exception was never retrieved"
+    at ERROR before it was)."""
+    import gc
+
+    from scheduler.worker.attempt import Attempt, Status, Stop
+
+    seen: list[dict[str, object]] = []
+    loop = asyncio.get_running_loop()
+    loop.set_exception_handler(lambda _loop, context: seen.append(context))
+    ready = tmp_path / "ready"
+    ctx = make_ctx()
+    a = Attempt(ctx, _payload(f"touch {ready}; sleep 30"), ShellExecutor(kill_grace=2.0), "p", timeout=60)
+    run = asyncio.create_task(a.run())
+    while not ready.exists():
+        await asyncio.sleep(0.01)
+    a.request_stop(Stop.CANCEL, grace=5.0, message="overlap")
+    outcome = await asyncio.wait_for(run, 3.0)  # SIGTERM at once, not after the 5 s grace
+    assert outcome.status is Status.CANCELLED
+    del a, run
+    gc.collect()
+    await asyncio.sleep(0)
+    assert not [c for c in seen if "never retrieved" in str(c.get("message", ""))], seen
+
+
 async def test_background_child_does_not_hold_the_result(tmp_path: Path) -> None:
     pidfile = tmp_path / "pid"
     loop = asyncio.get_running_loop()

@@ -153,12 +153,13 @@ def test_cancel_other_records_the_cancel_and_stops_the_worker_only_through_the_p
 def test_cancel_other_starts_only_the_newest_of_a_backlog() -> None:
     """The game day's slow-006 (every 2 s, cancel_other, stops taking 2.5-3.5 s to confirm): each run of a
     backlog was started, then cancelled by the next, and the backlog grew for ever. Now the runs a later due
-    run supersedes are skipped, when a run was really in progress at their due time."""
+    run supersedes are skipped, as `superseded` (when a run was in progress at their due time, or would have
+    been had it started on time)."""
     r = running(95_000, started=95_010)  # in progress at every later due time
     due = [ex(96_000), ex(97_000), ex(98_000), ex(99_000)]
     plan = round_(due, in_flight=[r], policy=Overlap.CANCEL_OTHER, confirmed_at=NOW)
-    assert states(plan) == {96_000: "skipped:overlap_skip", 97_000: "skipped:overlap_skip",
-                            98_000: "skipped:overlap_skip", 95_000: "cancelling:overlap"}
+    assert states(plan) == {96_000: "skipped:superseded", 97_000: "skipped:superseded",
+                            98_000: "skipped:superseded", 95_000: "cancelling:overlap"}
     assert behind(plan) == [(99_000, False)] and [x.id for x, _ in plan.stop] == [r.id]
     # Unconfirmed records decide nothing lossy: nothing is skipped until a read after the due times.
     unconfirmed = round_(due, in_flight=[r], policy=Overlap.CANCEL_OTHER)
@@ -327,7 +328,7 @@ def test_other_policies_run_what_waited_behind_a_landed_run(policy: Overlap) -> 
     if policy is Overlap.ALLOW_ALL:
         assert states(plan) == {95_000: "dispatched", 96_000: "dispatched"}
     elif policy is Overlap.CANCEL_OTHER:  # newest wins: 95_000 would only be cancelled by 96_000, due too
-        assert states(plan) == {95_000: "skipped:overlap_skip", 96_000: "dispatched"} and not plan.stop
+        assert states(plan) == {95_000: "skipped:superseded", 96_000: "dispatched"} and not plan.stop
     else:  # in order, one after the other; nothing to cancel: the run they would cancel has ended
         assert states(plan) == {95_000: "dispatched"} and behind(plan) == [(96_000, False)] and not plan.stop
 

@@ -44,6 +44,7 @@ class SkipReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SKIP_REASON_PAUSED: _ClassVar[SkipReason]
     SKIP_REASON_SCHEDULE_CHANGED: _ClassVar[SkipReason]
     SKIP_REASON_SCHEDULE_DELETED: _ClassVar[SkipReason]
+    SKIP_REASON_SUPERSEDED: _ClassVar[SkipReason]
 
 class ErrorClass(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -85,6 +86,7 @@ SKIP_REASON_OVERLAP_SKIP: SkipReason
 SKIP_REASON_PAUSED: SkipReason
 SKIP_REASON_SCHEDULE_CHANGED: SkipReason
 SKIP_REASON_SCHEDULE_DELETED: SkipReason
+SKIP_REASON_SUPERSEDED: SkipReason
 ERROR_CLASS_UNSPECIFIED: ErrorClass
 ERROR_CLASS_TRANSIENT: ErrorClass
 ERROR_CLASS_PERMANENT: ErrorClass
