@@ -210,21 +210,17 @@ def _newest_cancel_other(waiting: Sequence[Execution], view: ScheduleView,
     return out
 
 
-def _superseded(inp: RoundInput, x: Execution, in_flight: Sequence[Execution], ended: Sequence[Execution]) -> bool:
-    """Under `cancel_other`, a due run x that a later due run supersedes is skipped (`overlap_skip`) instead
-    of started and cancelled at once, when another run was really in progress at x's due time, as the
-    skip reason requires (docs/time.md). Temporal keeps only the newest buffered start under
-    CANCEL_OTHER for the same reason. Without it each run of a backlog was started, then cancelled by the
-    next, each waiting for the stop of the one before: with a stop slower than the period (a 2 s schedule
-    whose cancels took 2.5-3.5 s to be confirmed) the backlog grew for ever; the game day saw one 340 s
-    behind at its end. Only a run of the schedule's own policy (not a trigger's or backfill's), only once
-    `overlap_settle_ms` has passed since x's due time, and only on records the planner has confirmed."""
-    if x.state is not ExecState.SCHEDULED or x.overlap is not None or inp.now_ms < x.due_ms + inp.overlap_settle_ms:
-        return False
-    real, unconfirmed = overlapping(in_flight, x, inp.catchup, inp.confirmed, x.due_ms)
-    if real and not unconfirmed:
-        return True
-    return bool(overlapped_by_ended(ended, x, inp.catchup, inp.overlap_settle_ms))
+def _superseded(x: Execution, view: ScheduleView) -> bool:
+    """Under `cancel_other`, a due run x that a later due run supersedes is skipped (`superseded`) instead of
+    started and cancelled at once: it could only ever run until the newer one cancelled it. Temporal keeps
+    only the newest buffered start under CANCEL_OTHER for the same reason. Without it each run of a backlog
+    was started, then cancelled by the next, each waiting for the stop of the one before: with a stop
+    slower than the period the backlog grew for ever (a game day saw one 340 s behind at its end); and with
+    the older one held only until then (a run was required to be in progress at its due time), a schedule
+    that once fell behind stayed one run behind for good, each run starting as the next came due (the half
+    game day's slow-006, 2.2 s late every run after its faults). Only a new run of the schedule's own
+    policy (`cancel_other`), not a retry, nor a trigger's or backfill's run (an operator asked for that one)."""
+    return x.state is ExecState.SCHEDULED and x.overlap is None and view.overlap is Overlap.CANCEL_OTHER
 
 
 def plan_dispatch(inp: RoundInput) -> DispatchPlan:
@@ -281,11 +277,9 @@ def _plan_schedule(inp: RoundInput, plan: DispatchPlan, budget: dict[str, int], 
     for x in waiting:
         if x.id in cas:
             continue
-        if newest is not None and x.planned_ms < newest and _superseded(inp, x, in_flight, ended):
+        if newest is not None and x.planned_ms < newest and _superseded(x, view):
             # cancel_other, newest wins: x would start only to be cancelled by a later run that is due too.
-            # Its own reason, not overlap_skip: nothing need have been running at x's due time (a late run
-            # judged as if on time, `late_overlap`, counts here; a drill's checker rightly refused to take
-            # such a hypothetical for an overlap once cancels stopped their runs at once).
+            # Its own reason, not overlap_skip: nothing need have been running at x's due time.
             cas[x.id] = (x, skip(x, SkipReason.SUPERSEDED.value))
             continue
         if parked_first is not None and parked_first < x.planned_ms:
