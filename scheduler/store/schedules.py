@@ -24,7 +24,7 @@ from scheduler.store.codec import (
     encode_schedule,
     plan_fields,
 )
-from scheduler.store.etcd.ops import Compare, delete, get, prefix_end, put
+from scheduler.store.etcd.ops import Compare, Op, delete, get, prefix_end, put
 from scheduler.store.keyspace import Keyspace, partition_for
 from scheduler.store.kv import KV
 from scheduler.store.paging import range_pages
@@ -165,8 +165,8 @@ class ScheduleStore:
                 todo = free
                 continue
             compares = [Compare.create_revision(k, "==", 0) for k in keys]
-            ops = [put(k, encode_schedule(schedules[i], activated_ms=now_ms, meta=meta))
-                   for k, i in zip(keys, todo, strict=True)]
+            ops: list[Op] = [put(k, encode_schedule(schedules[i], activated_ms=now_ms, meta=meta))
+                             for k, i in zip(keys, todo, strict=True)]
             for t in tenants:
                 compares += qusage.guard(self.ks, us[t])
                 ops += qusage.write(self.ks, us[t], adds[t])
