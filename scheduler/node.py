@@ -214,7 +214,8 @@ class PlannerNode:
                              node_id=self.s.node_id, region=self.s.region, partitions=self.s.partitions,
                              local=LocalView(self.status), rpc_timeout=self.s.rpc_timeout,
                              primary_last_seen_ago_ms=self.region_guard.primary_last_seen_ago_ms, dial=self.peers,
-                             audit=self.security.audit, peer_metadata=self.security.peer_metadata)
+                             audit=self.security.audit, peer_metadata=self.security.peer_metadata,
+                             authz=self.security.authz)
         return schedules, admin
 
     def status(self) -> NodeStatus:
