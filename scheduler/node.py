@@ -151,7 +151,9 @@ class PlannerNode:
         # defers over-quota starts; each node paces with its share of a tenant's rate (owned partitions / P).
         self.quotas = QuotaView(kv, ks, timeout=settings.rpc_timeout)
         self.pacer = TenantPacer(self.quotas.rate,
-                                 lambda: len(self.ownership.owned_partitions()) / max(1, settings.partitions))
+                                 # at least one partition's share: a node that materializes owns one (a share of
+                                 # 0 while claiming would push the tenant's next slot out without end)
+                                 lambda: max(1, len(self.ownership.owned_partitions())) / max(1, settings.partitions))
         self.quotas.on_change = self.pacer.forget
         self.metrics.quota_deferrals = self.pacer.stats
         self.planners: dict[int, PartitionPlanner] = {}

@@ -6,8 +6,10 @@ pushed back to the tenant's next free slot, and the record says by how much (`qu
 Nothing is dropped and no partition waits on a tenant: a deferral is a later start, visible in the ledger
 and in `scheduler_quota_deferred_total{tenant}`. Runs keep their order within a tenant.
 
-The slots are a GCRA (generic cell rate algorithm, a token bucket kept as one instant per tenant): a
-tenant may start up to one second's worth of runs at once (the burst), then one every 1/rate s. Each
+The slots are a GCRA (generic cell rate algorithm: one instant per tenant, the earliest its next run may
+start) without a burst allowance: a tenant's runs start at least 1/rate s apart. A burst allowance (a
+second's worth at once) would let a tenant fill a shared pool's workers for that moment, which is the delay to
+other tenants the quota is there to prevent. Each
 planner paces its own partitions with its share of the cluster-wide rate (partitions owned / P), so the
 cluster lets through about the quota when a tenant's schedules spread over the partitions (ids hash
 uniformly); a tenant with very few schedules may get less than its rate from a many-planner cluster.
@@ -48,12 +50,9 @@ class TenantPacer:
         rate = self.rate_of(tenant)
         if rate <= 0:
             return due_ms
-        local = rate * max(self.share(), 1e-9)
-        interval = 1000.0 / local
-        tolerance = max(0.0, local - 1.0) * interval  # one second's worth at once, at least one run
-        tat = self._tat.get(tenant, float(due_ms))
-        start = max(float(due_ms), tat - tolerance)
-        self._tat[tenant] = max(tat, start) + interval
+        interval = 1000.0 / (rate * self.share())
+        start = max(float(due_ms), self._tat.get(tenant, float(due_ms)))
+        self._tat[tenant] = start + interval
         return max(due_ms, int(start + 0.999))
 
     def pace(self, execs: Iterable[Execution]) -> Iterator[Execution]:
