@@ -26,6 +26,7 @@ from scheduler.timeconv import ms_to_timestamp
 # update_mask path -> the record's field
 _FIELDS = {"max_schedules": "schedules", "max_executions_per_second": "executions_per_second",
            "max_backfill": "backfill", "max_labels": "labels", "max_payload_bytes": "payload_bytes"}
+_PROTO = {v: k for k, v in _FIELDS.items()}
 
 
 def quota_pb(tenant: str, q: qr.Quota | None, version: int) -> apb.TenantQuota:
@@ -60,7 +61,11 @@ def limits_from(m: apb.TenantQuota, paths: list[str], base: qr.Quota) -> qr.Quot
     if not math.isfinite(m.max_executions_per_second):
         raise InvalidArgument("quota.max_executions_per_second", "must be a finite number")
     new = {_FIELDS[p]: getattr(m, p) for p in (paths or list(_FIELDS))}
-    return qr.validate(replace(base, **new), "quota")
+    try:
+        return qr.validate(replace(base, **new), "quota")
+    except InvalidArgument as e:  # the record's name of the field -> the request's (`quota.max_labels`)
+        name = e.field.removeprefix("quota.")
+        raise InvalidArgument(f"quota.{_PROTO.get(name, name)}", e.reason) from None
 
 
 class QuotaAdmin:

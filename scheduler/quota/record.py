@@ -98,7 +98,8 @@ def validate(q: Quota, prefix: str = "quota") -> Quota:
         if not math.isfinite(v) or v < 0:
             raise InvalidArgument(f"{prefix}.{name}", f"is {v}; a limit is 0 (unlimited) or positive")
         if v > hi:
-            raise InvalidArgument(f"{prefix}.{name}", f"is {v:g}; at most {hi:g} (0 means unlimited)")
+            shown = (f"{v:g}", f"{hi:g}") if isinstance(v, float) else (str(v), str(int(hi)))
+            raise InvalidArgument(f"{prefix}.{name}", f"is {shown[0]}; at most {shown[1]} (0 means unlimited)")
     if 0 < q.executions_per_second < 0.001:
         raise InvalidArgument(f"{prefix}.executions_per_second",
                               f"is {q.executions_per_second}; at least 0.001 (one run in 1000 s), or 0 for unlimited")
