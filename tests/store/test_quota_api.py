@@ -62,7 +62,8 @@ async def set_quota(env: AuthEnv, tenant: str | None, **limits: float) -> apb.Te
     q = apb.TenantQuota(**limits)  # type: ignore[arg-type]
     req = apb.SetTenantQuotaRequest(tenant=tenant or "", default_quota=tenant is None, quota=q, reason="test")
     req.update_mask.paths.extend(limits)
-    return (await env.admin.SetTenantQuota(req, metadata=env.md("root"))).quota
+    r: apb.SetTenantQuotaResponse = await env.admin.SetTenantQuota(req, metadata=env.md("root"))
+    return r.quota
 
 
 async def create(env: AuthEnv, s: pb.Schedule, who: str = "alice") -> tuple[grpc.StatusCode, str]:
@@ -260,7 +261,7 @@ async def test_creates_racing_at_the_limit_pass_exactly_the_limit(env: AuthEnv, 
             for i in range(40)))
     finally:
         for c in channels:
-            await c.close()
+            await c.close(None)
     ok = sum(1 for c, _ in codes if c is grpc.StatusCode.OK)
     refused = [m for c, m in codes if c is grpc.StatusCode.RESOURCE_EXHAUSTED]
     others = [(c, m) for c, m in codes if c not in (grpc.StatusCode.OK, grpc.StatusCode.RESOURCE_EXHAUSTED)]
