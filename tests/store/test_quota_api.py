@@ -272,3 +272,41 @@ async def test_creates_racing_at_the_limit_pass_exactly_the_limit(env: AuthEnv, 
           f"{len(others)} other; {len(held)} held in etcd, counter {counter}")
     assert not others, others
     assert ok == 7 and len(held) == 10 and counter == 10
+
+
+# ---- schedctl tenant -------------------------------------------------------------------------------------
+
+
+async def test_schedctl_tenant_quota_set_get_and_list(env: AuthEnv, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    from scheduler.cli.main import main
+
+    monkeypatch.setenv("SCHED_CONFIG", str(tmp_path / "none.toml"))
+    (tmp_path / "none.toml").write_text("")
+    for who in ("root", "reader"):
+        (tmp_path / f"{who}.token").write_text(env.tokens[who] + "\n")
+    monkeypatch.setenv("SCHED_TOKEN_FILE", str(tmp_path / "root.token"))
+
+    async def schedctl(*argv: str) -> int:
+        return await asyncio.to_thread(main, [*argv, "--server", env.address])
+
+    assert await schedctl("tenant", "quota", "set", "payments", "--schedules", "5", "--executions-per-second",
+                          "2.5", "--backfill", "100", "--labels", "4", "--reason", "launch") == 0
+    out = capsys.readouterr().out
+    assert "schedules:" in out and "5" in out and "2.5" in out and "launch" in out
+    assert await schedctl("tenant", "quota", "set", "--default", "--schedules", "50") == 0
+    capsys.readouterr()
+    monkeypatch.setenv("SCHED_TOKEN_FILE", str(tmp_path / "reader.token"))
+    assert await schedctl("tenant", "quota", "get", "payments", "--json") == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["max_schedules"] == "5" and got["max_labels"] == 4 and got["own_record"] is True
+    assert await schedctl("tenant", "quota", "set", "payments", "--schedules", "9") == 8  # not an admin
+    assert "permission denied" in capsys.readouterr().err
+    monkeypatch.setenv("SCHED_TOKEN_FILE", str(tmp_path / "root.token"))
+    assert await schedctl("tenant", "list") == 0
+    out = capsys.readouterr().out
+    assert "(default)" in out and "payments" in out and "unlimited" in out
+    assert await schedctl("tenant", "quota", "set", "payments", "--labels", "-1") == 2  # checked before sending
+    assert "--labels: is -1" in capsys.readouterr().err
+    assert await schedctl("tenant", "quota", "set", "payments", "--labels", "40") == 2  # the server's check
+    assert "quota.max_labels" in capsys.readouterr().err
