@@ -153,7 +153,8 @@ class PlannerNode:
         self.pacer = TenantPacer(self.quotas.rate,
                                  # at least one partition's share: a node that materializes owns one (a share of
                                  # 0 while claiming would push the tenant's next slot out without end)
-                                 lambda: max(1, len(self.ownership.owned_partitions())) / max(1, settings.partitions))
+                                 lambda: max(1, len(self.ownership.owned_partitions())) / max(1, settings.partitions),
+                                 self.quotas.any_rate)
         self.quotas.on_change = self.pacer.forget
         self.metrics.quota_deferrals = self.pacer.stats
         self.planners: dict[int, PartitionPlanner] = {}

@@ -36,8 +36,10 @@ class DeferralStats:
 
 
 class TenantPacer:
-    def __init__(self, rate_of: Callable[[str], float], share: Callable[[], float]) -> None:
-        self.rate_of, self.share = rate_of, share
+    def __init__(self, rate_of: Callable[[str], float], share: Callable[[], float],
+                 enabled: Callable[[], bool] = lambda: True) -> None:
+        # `enabled`: whether any tenant has a rate at all (with none, a round's runs pass through untouched)
+        self.rate_of, self.share, self.enabled = rate_of, share, enabled
         self._tat: dict[str, float] = {}  # tenant -> theoretical arrival time (ms) of its next run
         self.stats = DeferralStats()
 
@@ -58,6 +60,9 @@ class TenantPacer:
     def pace(self, execs: Iterable[Execution]) -> Iterator[Execution]:
         """The runs with their start deferred where their tenant is over its rate. Only first runs of
         planned times are paced: a retry, trigger, rerun or backfill was asked for by someone."""
+        if not self.enabled():
+            yield from execs
+            return
         for e in execs:
             if e.trigger is not Trigger.SCHEDULED or e.attempt or e.quota_deferred_ms:
                 yield e

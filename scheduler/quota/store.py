@@ -105,9 +105,20 @@ class QuotaView:
         self.default: Quota | None = None
         self.revision = 0  # of the last change applied (tests wait for it)
         self.on_change: Callable[[], None] = lambda: None
+        self._any_rate = False
 
     def quota(self, tenant: str) -> Quota:
         return resolve(self.own.get(tenant), self.default)
+
+    def any_rate(self) -> bool:
+        """Whether any record (or the default) sets an executions-per-second limit (kept per change: asked
+        once per partition round)."""
+        return self._any_rate
+
+    def _changed(self) -> None:
+        self._any_rate = (self.default is not None and self.default.executions_per_second > 0) or any(
+            q.executions_per_second > 0 for q in self.own.values())
+        self.on_change()
 
     def rate(self, tenant: str) -> float:
         """Executions per second the tenant may start, cluster-wide (0: unlimited)."""
@@ -121,7 +132,7 @@ class QuotaView:
                     if (q := _parse(x.value, x.mod_revision, x.key).quota) is not None}
         self.default = _parse(dflt[0].value, dflt[0].mod_revision, self.ks.default_quota).quota if dflt else None
         self.revision = r.revision
-        self.on_change()
+        self._changed()
         return r.revision
 
     def apply(self, kind: EventType, key: bytes, value: bytes, revision: int) -> None:
@@ -135,7 +146,7 @@ class QuotaView:
             else:
                 self.own[tenant] = q
         self.revision = max(self.revision, revision)
-        self.on_change()
+        self._changed()
 
     async def run(self) -> None:
         """Load, then follow both keys' changes for ever (cancel to stop)."""

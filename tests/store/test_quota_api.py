@@ -310,3 +310,29 @@ async def test_schedctl_tenant_quota_set_get_and_list(env: AuthEnv, tmp_path: Pa
     assert "--labels: is -1" in capsys.readouterr().err
     assert await schedctl("tenant", "quota", "set", "payments", "--labels", "40") == 2  # the server's check
     assert "quota.max_labels" in capsys.readouterr().err
+
+
+async def test_a_count_by_scan_is_not_trusted_after_an_untracked_create_or_delete(env: AuthEnv) -> None:
+    """The counter made from a scan at revision R is refused when a schedule was created or deleted after R
+    by a writer that did not move a counter (no limit applied when it wrote): the count starts over."""
+    from scheduler.store.etcd.ops import put
+
+    store, ks = env.node.store, env.ks
+    now = SYSTEM_CLOCK.wall_ms()
+
+    def mk(i: int) -> Schedule:
+        return Schedule(id=f"u{i}", tenant="payments", spec=YEARLY, worker_pool="default", task_type="t")
+
+    await store.create(mk(0), now)
+    for late in ("create", "delete"):
+        u = await qusage.count(env.kv, ks, "payments", timeout=1.0)
+        if late == "create":
+            await store.create(mk(1), now)  # no limit: no counter moved
+        else:
+            await store.delete("u1", now_ms=now)
+        r = await env.kv.txn(qusage.guard(ks, u), [put(ks.usage("payments"), qusage.encode(u.schedules + 1))])
+        assert not r.succeeded, f"a counter from a stale scan was written after an untracked {late}"
+    assert await env.kv.get(ks.usage("payments")) is None
+    # Counted afresh, it is right.
+    await store.create(mk(2), now, limit=10)
+    assert qusage.decode((await env.kv.get(ks.usage("payments"))).value) == 2  # type: ignore[union-attr]

@@ -64,3 +64,9 @@ def test_shape_and_backfill_checks_name_the_quota_limit_and_use() -> None:
     check_backfill(Quota(backfill=10), "t", plan, 0, 10 * 60_000)  # exactly 10 minutes: 10 planned times
     with pytest.raises(ResourceExhausted, match="backfill quota: limit 9"):
         check_backfill(Quota(backfill=9), "t", plan, 0, 10 * 60_000)
+
+
+def test_with_no_rate_anywhere_runs_pass_through_untouched() -> None:
+    p = TenantPacer(lambda t: 5.0, lambda: 1.0, enabled=lambda: False)
+    xs = [run("a", 0), run("a", 0)]
+    assert list(p.pace(xs)) == xs and not p.stats.runs.counts
