@@ -119,9 +119,9 @@ class ScheduleService:
         acc = self.authz.access()
         acc.require_named(Role.WRITER, s.tenant)
         acc.check_pool(s.worker_pool, s.tenant)
-        q = await self._quota(s.tenant)
+        q, held = await quota_store.effective_and_usage(self.kv, self.ks, s.tenant, timeout=self.timeout)
         check_shape(q, s)
-        st = await self.store.create(s, self.clock.wall_ms(), request_id=rid, limit=q.schedules)
+        st = await self.store.create(s, self.clock.wall_ms(), request_id=rid, limit=q.schedules, usage=held)
         if acc.enforcing and st.schedule.tenant != s.tenant:
             # A "retry" (same request_id) of a create another tenant made: never hand its schedule over.
             raise AlreadyExists(f"schedule {s.id!r} already exists")

@@ -95,15 +95,20 @@ class ScheduleStore:
             u = await qusage.count(self.kv, self.ks, tenant, timeout=self.timeout)
         return u
 
-    async def create(self, s: Schedule, now_ms: int, *, request_id: str = "", limit: int = 0) -> StoredSchedule:
+    async def create(self, s: Schedule, now_ms: int, *, request_id: str = "", limit: int = 0,
+                     usage: qusage.Usage | None = None) -> StoredSchedule:
         """Create if the id is free. A retry of the same request (same non-empty `request_id`) gets
         the stored schedule back instead of AlreadyExists. `limit` > 0: the tenant's schedules-held quota,
-        checked against its counter in the same txn (ResourceExhausted, nothing written, when at it)."""
+        checked against its counter in the same txn (ResourceExhausted, nothing written, when at it).
+        `usage`: the counter as the caller just read it (saves a read; a stale one only costs a retry)."""
         p = self.partition(s.id)
         key = self.ks.schedule(p, s.id)
         meta = ScheduleMeta(now_ms, now_ms, request_id)
         for _ in range(_USAGE_ATTEMPTS):
-            u = await self.usage(s.tenant, limit)
+            if usage is not None and (usage.version or not limit):
+                u, usage = usage, None
+            else:
+                u = await self.usage(s.tenant, limit)
             if limit and u.schedules + 1 > limit:
                 existing = await self.kv.get(key, timeout=self.timeout)
                 if existing is None:
