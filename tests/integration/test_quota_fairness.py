@@ -4,7 +4,9 @@ run), every planned time of the bursting tenant still runs (checked from the led
 on its record), and a quota change reaches a running planner without a restart.
 
 `QUOTA_UNPROTECTED=1` runs the fairness test with the pacer removed, to show that it measures something
-(it fails then: docs/operations.md, "Quotas", has the numbers).
+(it fails then: docs/operations.md, "Quotas", has the numbers). In tests/integration, which
+scripts/test.sh runs one test at a time: the ratio is a timing measurement, and a neighbour on the other core
+would be noise in only one of its two phases.
 """
 
 from __future__ import annotations
