@@ -232,9 +232,14 @@ class ScheduleService:
                 check_shape(quotas[s.tenant], s)
             return s
 
-        with contextlib.suppress(NotFound):  # the tenant's limits, read before the read-modify-write
-            cur = await self.store.get(sid)
-            quotas[cur.schedule.tenant] = await self._quota(cur.schedule.tenant)
+        # The tenant's limits, read before the read-modify-write, when the update can change what they bound
+        # (labels, payload): other updates cost no extra reads.
+        touched = {p.split(".")[0] for p in paths} if paths else {
+            f.name for f, _ in request.schedule.ListFields()}
+        if touched & {"labels", "payload", "*"}:
+            with contextlib.suppress(NotFound):
+                cur = await self.store.get(sid)
+                quotas[cur.schedule.tenant] = await self._quota(cur.schedule.tenant)
 
         st = await self._rmw(sid, expected, change)
         return spb.UpdateScheduleResponse(schedule=stored_to_pb(st))

@@ -99,6 +99,10 @@ async def remove(kv: KV, ks: Keyspace, tenant: str | None, expected_version: int
         raise Stale(f"the quota record is no longer at version {expected_version}")
 
 
+class _StreamEnded(Exception):
+    """A watch stream ended without an error: list and watch again (the other stream is stopped with it)."""
+
+
 class QuotaView:
     """Every quota record of the cluster, kept current by one watch over `/quotas/` and `/cluster/quota`
     (the planner's side: `rate(tenant)` is on the path of every materialized run, so no read per call).
@@ -166,7 +170,7 @@ class QuotaView:
                 async with asyncio.TaskGroup() as tg:
                     tg.create_task(self._follow(self.ks.quotas, True, rev))
                     tg.create_task(self._follow(self.ks.default_quota, False, rev))
-            except* Compacted:
+            except* (Compacted, _StreamEnded):
                 pass  # re-list: what changed meanwhile is in the listing
             except* EtcdError as eg:
                 log.warning("quota watch: %s", eg.exceptions[0])
@@ -180,3 +184,4 @@ class QuotaView:
                     self.apply(ev.type, ev.kv.key, ev.kv.value, ev.kv.mod_revision)
         finally:
             await watch.close()
+        raise _StreamEnded(key.decode(errors="replace"))

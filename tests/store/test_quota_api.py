@@ -336,3 +336,16 @@ async def test_a_count_by_scan_is_not_trusted_after_an_untracked_create_or_delet
     # Counted afresh, it is right.
     await store.create(mk(2), now, limit=10)
     assert qusage.decode((await env.kv.get(ks.usage("payments"))).value) == 2  # type: ignore[union-attr]
+
+
+async def test_an_update_with_an_empty_mask_or_star_is_checked_too(env: AuthEnv) -> None:
+    await set_quota(env, "payments", max_labels=1)
+    assert (await create(env, sched("p1", a="1")))[0] is grpc.StatusCode.OK
+    before = await env.snapshot()
+    for paths in ([], ["*"]):
+        s = sched("p1", a="1", b="2")
+        upd = spb.UpdateScheduleRequest(schedule=s)
+        upd.update_mask.paths.extend(paths)
+        code, msg = await status_of(env.schedules.UpdateSchedule(upd, metadata=env.md("alice")))
+        assert code is grpc.StatusCode.RESOURCE_EXHAUSTED and "labels quota" in msg, (paths, code, msg)
+    assert await env.snapshot() == before
