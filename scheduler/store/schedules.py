@@ -179,8 +179,12 @@ class ScheduleStore:
             if r.succeeded:
                 for i, p in zip(todo, parts, strict=True):
                     out[i] = StoredSchedule(replace(schedules[i], version=r.revision), now_ms, p, meta)
+                todo = []
                 break
             todo = self._settle_taken(todo, parts, r.responses, out, request_id)
+        if todo:  # out of attempts with ids still free: never report those as taken by someone else
+            raise VersionMismatch("the schedule counts of this batch's tenants kept changing under it; retry "
+                                  "(with the same request_id, what was created is reported as created)")
         return out
 
     def _settle_taken(self, todo: list[int], parts: list[int], responses: Sequence[object],

@@ -349,3 +349,16 @@ async def test_an_update_with_an_empty_mask_or_star_is_checked_too(env: AuthEnv)
         code, msg = await status_of(env.schedules.UpdateSchedule(upd, metadata=env.md("alice")))
         assert code is grpc.StatusCode.RESOURCE_EXHAUSTED and "labels quota" in msg, (paths, code, msg)
     assert await env.snapshot() == before
+
+
+async def test_batch_creates_racing_at_the_limit(env: AuthEnv) -> None:
+    """Six batches of 5 at once against a limit of 12: two pass whole, the others are refused, no partial one."""
+    await set_quota(env, "payments", max_schedules=12)
+    results = await asyncio.gather(*(status_of(env.schedules.BatchCreateSchedules(spb.BatchCreateSchedulesRequest(
+        schedules=[sched(f"b{j}-{i}") for i in range(5)]), metadata=env.md("alice"))) for j in range(6)))
+    ok = [j for j, (c, _) in enumerate(results) if c is grpc.StatusCode.OK]
+    assert len(ok) == 2 and all(c is grpc.StatusCode.RESOURCE_EXHAUSTED for j, (c, _) in enumerate(results)
+                                if j not in ok), results
+    ids = {json.loads(x.value)["id"] for x in (await env.kv.range(env.ks.all_schedules, prefix=True)).kvs}
+    assert ids == {f"b{j}-{i}" for j in ok for i in range(5)}
+    assert qusage.decode((await env.kv.get(env.ks.usage("payments"))).value) == 10  # type: ignore[union-attr]
