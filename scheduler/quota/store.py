@@ -104,7 +104,7 @@ class _StreamEnded(Exception):
 
 
 class QuotaView:
-    """Every quota record of the cluster, kept current by one watch over `/quotas/` and `/cluster/quota`
+    """Every quota record of the cluster, kept current by watching `/quotas/` and `/cluster/quota`
     (the planner's side: `rate(tenant)` is on the path of every materialized run, so no read per call).
 
     Staleness is bounded by the watch's delivery (a change applies to the next round of every partition
