@@ -57,10 +57,20 @@ def over_quota(tenant: str, limit: int, held: int, adding: int) -> ResourceExhau
                              f"this request adds {adding} (schedctl tenant quota get {tenant})")
 
 
+def batch_ops(schedules: int, tenants: int) -> int:
+    """The most compares (or ops) a create txn of `schedules` spread over `tenants` carries: one per schedule,
+    and per tenant its counter's guard (up to 3 compares: the counter, and after a count by scan the two range
+    compares) and its put."""
+    return schedules + 3 * tenants
+
+
 # Schedules one create_batch txn may hold: etcd's --max-txn-ops (128) bounds its compares and its puts, and
 # etcd 3.5.16 refuses 128 in one branch (config.CoordinationSettings.max_txn_ops). Values are ~600 B, so
-# a full batch stays far below the 1.5 MiB request limit.
-MAX_BATCH = 127
+# a full batch stays far below the 1.5 MiB request limit. Each tenant's counter takes room too (`batch_ops`:
+# up to 3 compares and a put), so a batch of one tenant holds 124 (127 before quotas); one of more tenants
+# that does not fit one txn with their counters goes as several (bench/bench_scale.py's 10 tenants: 97 each).
+_TXN_OPS = 127
+MAX_BATCH = _TXN_OPS - 3
 
 
 def pruned_history(history: tuple[dict[str, Any], ...], current_rev: int, ck: Checkpoint) -> tuple[dict[str, Any], ...]:
@@ -139,13 +149,18 @@ class ScheduleStore:
         schedule, or None for an id another request holds (one created by a request with the same
         non-empty `request_id` is returned as created: a retried batch is safe). At most `MAX_BATCH`
         schedules (etcd's --max-txn-ops bounds the compares and the puts of one txn); callers with more
-        send several batches (`create_many`). `limits`: tenant -> schedules-held quota (absent or 0: none);
+        send several batches (`create_many`); a batch that fits `MAX_BATCH` schedules but not their tenants'
+        counters as well (`batch_ops`) is sent as several, like `create_many` (all or none holds per txn only).
+        `limits`: tenant -> schedules-held quota (absent or 0: none);
         each tenant's counter moves in the same txn, ResourceExhausted when the batch would pass a limit."""
         if len(schedules) > MAX_BATCH:
             raise ValueError(f"at most {MAX_BATCH} schedules per batch, got {len(schedules)}")
         ids = [x.id for x in schedules]
         if len(set(ids)) != len(ids):
             raise ValueError("a batch names one schedule id twice")
+        if batch_ops(len(schedules), len({x.tenant for x in schedules})) > _TXN_OPS:
+            # Too many for one txn with the tenants' counters (etcd counts compares and ops): several txns.
+            return await self.create_many(schedules, now_ms, request_id=request_id, limits=limits)
         limits = limits or {}
         meta = ScheduleMeta(now_ms, now_ms, request_id)
         out: list[StoredSchedule | None] = [None] * len(schedules)
@@ -209,13 +224,17 @@ class ScheduleStore:
         a retry with the same `request_id` then reports them as created."""
         batches: list[list[int]] = []
         size = 0
+        tenants: set[str] = set()
         for i, x in enumerate(schedules):
             n = len(encode_schedule(x, activated_ms=now_ms)) + 200  # + meta, key and framing
-            if not batches or len(batches[-1]) >= MAX_BATCH or size + n > max_bytes:
+            more = tenants | {x.tenant}
+            if not batches or batch_ops(len(batches[-1]) + 1, len(more)) > _TXN_OPS or size + n > max_bytes:
                 batches.append([])
                 size = 0
+                more = {x.tenant}
             batches[-1].append(i)
             size += n
+            tenants = more
         out: list[StoredSchedule | None] = [None] * len(schedules)
         sem = asyncio.Semaphore(in_flight)
 

@@ -362,3 +362,18 @@ async def test_batch_creates_racing_at_the_limit(env: AuthEnv) -> None:
     ids = {json.loads(x.value)["id"] for x in (await env.kv.range(env.ks.all_schedules, prefix=True)).kvs}
     assert ids == {f"b{j}-{i}" for j in ok for i in range(5)}
     assert qusage.decode((await env.kv.get(env.ks.usage("payments"))).value) == 10  # type: ignore[union-attr]
+
+
+async def test_a_full_batch_of_many_tenants_fits_etcds_txn_limit(env: AuthEnv) -> None:
+    """127 schedules of 10 tenants with their counters: more compares than one etcd txn takes (128), so the
+    store sends them as several (bench/bench_scale.py found it)."""
+    from scheduler.store.schedules import MAX_BATCH
+
+    now = SYSTEM_CLOCK.wall_ms()
+    many = [Schedule(id=f"m{i:03d}", tenant=f"t{i % 10}", spec=YEARLY, worker_pool="default", task_type="t")
+            for i in range(MAX_BATCH)]
+    got = await env.node.store.create_batch(many, now, limits={f"t{i}": 100 for i in range(10)})
+    assert all(st is not None for st in got)
+    for i in range(10):
+        assert qusage.decode((await env.kv.get(env.ks.usage(f"t{i}"))).value) == len(  # type: ignore[union-attr]
+            [x for x in many if x.tenant == f"t{i}"])
