@@ -163,6 +163,10 @@ class Execution:
     # Why it entered DEAD_LETTER, written by that transition (`result`) and kept after a discard; a
     # replay clears it. Recorded, not recomputed on read: the policy and attempt base may change.
     dead_reason: str = ""
+    # How long the tenant's executions-per-second quota pushed the start back (due_ms is already the later
+    # time; due_ms - quota_deferred_ms is when it would have been due): written by the planner that
+    # materialized it, so that a deferral is in the ledger, not only in one planner's metrics.
+    quota_deferred_ms: int = 0
     mod_revision: int = field(default=0, compare=False)  # etcd's, for the next CAS; not stored
 
     @property

@@ -35,6 +35,8 @@ from scheduler.planner.ownership import LostReason, MemberInfo, NotOwner, Owners
 from scheduler.planner.partition import DispatchSink, PartitionPlanner, PlannerStats, Restart
 from scheduler.planner.region_guard import RegionGuard
 from scheduler.planner.settings import PlannerSettings
+from scheduler.quota.pacer import TenantPacer
+from scheduler.quota.store import QuotaView
 from scheduler.region.policy import RegionPolicy
 from scheduler.status import NodeStatus, PartitionStatus, WorkerStatus
 from scheduler.store.codec import decode_stored_schedule
@@ -145,6 +147,16 @@ class PlannerNode:
         self.combiner = WriteCombiner(kv, max_ops=settings.max_txn_ops, max_bytes=settings.max_txn_bytes,
                                       timeout=settings.rpc_timeout, disable_fencing=settings.unsafe_disable_fencing,
                                       stats=self.fence_stats)
+        # Tenant quotas as the planner needs them (a watch-fed view) and the executions-per-second pacer that
+        # defers over-quota starts; each node paces with its share of a tenant's rate (owned partitions / P).
+        self.quotas = QuotaView(kv, ks, timeout=settings.rpc_timeout)
+        self.pacer = TenantPacer(self.quotas.rate,
+                                 # at least one partition's share: a node that materializes owns one (a share of
+                                 # 0 while claiming would push the tenant's next slot out without end)
+                                 lambda: max(1, len(self.ownership.owned_partitions())) / max(1, settings.partitions),
+                                 self.quotas.any_rate)
+        self.quotas.on_change = self.pacer.forget
+        self.metrics.quota_deferrals = self.pacer.stats
         self.planners: dict[int, PartitionPlanner] = {}
         # Claim-time loads are CPU-bound and sliced (PartitionPlanner.load); this many at once keeps one
         # reading from etcd while another decodes, and keeps each event-loop turn short however many
@@ -219,7 +231,8 @@ class PlannerNode:
                              node_id=self.s.node_id, region=self.s.region, partitions=self.s.partitions,
                              local=LocalView(self.status), rpc_timeout=self.s.rpc_timeout,
                              primary_last_seen_ago_ms=self.region_guard.primary_last_seen_ago_ms, dial=self.peers,
-                             audit=self.security.audit, peer_metadata=self.security.peer_metadata)
+                             audit=self.security.audit, peer_metadata=self.security.peer_metadata,
+                             authz=self.security.authz)
         return schedules, admin
 
     def status(self) -> NodeStatus:
@@ -356,7 +369,7 @@ class PlannerNode:
                 node_id=self.s.node_id, rpc_timeout=self.s.rpc_timeout,
                 disable_fencing=self.s.unsafe_disable_fencing, fence_stats=self.fence_stats,
                 max_ops=self.s.max_txn_ops, combiner=self.combiner, metrics=self.metrics,
-                node_stats=self.loop_stats, load_gate=self.load_gate,
+                node_stats=self.loop_stats, load_gate=self.load_gate, pacer=self.pacer,
             )
             self.planners[partition] = planner
             started = self.clock.monotonic()
@@ -502,7 +515,8 @@ class PlannerNode:
                     asyncio.create_task(self._watch_notices(start_rev)),
                     asyncio.create_task(self.clock_guard.run(), name="clock-guard"),
                     asyncio.create_task(self.region_guard.run(), name="region-guard"),
-                    asyncio.create_task(self.loop_lag.run(), name="loop-lag")]
+                    asyncio.create_task(self.loop_lag.run(), name="loop-lag"),
+                    asyncio.create_task(self.quotas.run(), name="quota-watch")]
         try:
             await self.ownership.run()
         finally:

@@ -25,6 +25,8 @@ from scheduler._gen.scheduler.v1 import cluster_pb2 as cpb
 from scheduler.api import inputs, paging
 from scheduler.api.convert import fencing_token_pb
 from scheduler.api.errors import Context, grpc_errors
+from scheduler.api.quotas import QuotaAdmin
+from scheduler.auth.access import OPEN, Authz
 from scheduler.auth.audit import AuditLog
 from scheduler.clock import Clock
 from scheduler.errors import FailedPrecondition, InvalidArgument, NotFound, VersionMismatch
@@ -119,7 +121,7 @@ class AdminService:
                  partitions: int, local: LocalView, rpc_timeout: float,
                  primary_last_seen_ago_ms: Callable[[], int | None] = lambda: None,
                  dial: Dialer = PLAINTEXT, audit: AuditLog | None = None,
-                 peer_metadata: tuple[tuple[str, str], ...] = ()) -> None:
+                 peer_metadata: tuple[tuple[str, str], ...] = (), authz: Authz = OPEN) -> None:
         self.dial = dial  # channels to peers for the status fan-out (mutual TLS when configured)
         self.kv, self.ks, self.own, self.clock = kv, ks, ownership, clock
         # The audit log (ListAuditEvents) and this planner's own bearer token for the status fan-out.
@@ -127,6 +129,7 @@ class AdminService:
         self.node_id, self.region, self.partitions, self.local = node_id, region, partitions, local
         self.timeout = rpc_timeout
         self.primary_last_seen_ago_ms = primary_last_seen_ago_ms
+        self.quotas = QuotaAdmin(kv, ks, clock, rpc_timeout, authz)  # Set/Get/List/DeleteTenantQuota
 
     # ---- status ---------------------------------------------------------------------------------
 
@@ -441,6 +444,33 @@ class AdminService:
                                    target=e.target, result=e.result, message=e.message, node_id=e.node)
                     for e in events],
             next_page_token=paging.encode_token(filters, last) if last else "")
+
+
+    # ---- tenant quotas (scheduler/api/quotas.py) -------------------------------------------------------
+
+    @grpc_errors
+    async def SetTenantQuota(self, request: apb.SetTenantQuotaRequest, context: Context) -> apb.SetTenantQuotaResponse:
+        out = await self.quotas.set(request)
+        log.warning("tenant quota set by the API", extra={"event": "quota_set", "tenant": out.quota.tenant or None,
+                                                           "version": out.quota.version})
+        return out
+
+    @grpc_errors
+    async def GetTenantQuota(self, request: apb.GetTenantQuotaRequest, context: Context) -> apb.GetTenantQuotaResponse:
+        return await self.quotas.get(request)
+
+    @grpc_errors
+    async def ListTenantQuotas(self, request: apb.ListTenantQuotasRequest,
+                               context: Context) -> apb.ListTenantQuotasResponse:
+        return await self.quotas.list(request)
+
+    @grpc_errors
+    async def DeleteTenantQuota(self, request: apb.DeleteTenantQuotaRequest,
+                                context: Context) -> apb.DeleteTenantQuotaResponse:
+        out = await self.quotas.delete(request)
+        log.warning("tenant quota deleted by the API",
+                    extra={"event": "quota_deleted", "tenant": request.tenant or None, "deleted": out.deleted})
+        return out
 
 
 def _merge_pools(a: list[apb.WorkerPoolStatus], b: list[apb.WorkerPoolStatus]) -> list[apb.WorkerPoolStatus]:

@@ -277,6 +277,8 @@ def execution_to_pb(e: Execution) -> epb.Execution:
         out.next_attempt_at.CopyFrom(ms_to_timestamp(e.next_attempt_ms))
     if e.attempts:
         out.fencing_token.CopyFrom(fencing_token_pb(e.attempts[-1].token))
+    if e.quota_deferred_ms:
+        out.quota_deferred.CopyFrom(ms_to_duration(e.quota_deferred_ms))
     return out
 
 

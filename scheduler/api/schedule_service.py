@@ -31,6 +31,7 @@ from scheduler.api.convert import (
 )
 from scheduler.api.errors import Context, grpc_errors, grpc_stream_errors
 from scheduler.api.ports import OperationsPort
+from scheduler.api.quota_checks import check_backfill, check_shape
 from scheduler.api.reads import page, prefix_range, scan
 from scheduler.api.selector import parse_selector
 from scheduler.auth.access import OPEN, Access, Authz
@@ -40,11 +41,13 @@ from scheduler.errors import AlreadyExists, InvalidArgument, NotFound, VersionMi
 from scheduler.execution import ExecState, Execution, dead_reason
 from scheduler.ids import ExecutionId
 from scheduler.model import Schedule, ScheduleState, validate_schedule
+from scheduler.quota import store as quota_store
+from scheduler.quota.record import Quota
 from scheduler.store.codec import decode_execution, peek_state
 from scheduler.store.keyspace import Keyspace, partition_for
 from scheduler.store.kv import KV
 from scheduler.store.ledger import DeadLetterEntry, Ledger
-from scheduler.store.schedules import ScheduleStore, StoredSchedule
+from scheduler.store.schedules import ScheduleStore, StoredSchedule, over_quota
 from scheduler.timeconv import ms_to_timestamp
 from scheduler.timeplan import DstGap, DstOverlap, Plan, parse_spec
 from scheduler.timeplan.plan import check_in_window
@@ -116,7 +119,9 @@ class ScheduleService:
         acc = self.authz.access()
         acc.require_named(Role.WRITER, s.tenant)
         acc.check_pool(s.worker_pool, s.tenant)
-        st = await self.store.create(s, self.clock.wall_ms(), request_id=rid)
+        q, held = await quota_store.effective_and_usage(self.kv, self.ks, s.tenant, timeout=self.timeout)
+        check_shape(q, s)
+        st = await self.store.create(s, self.clock.wall_ms(), request_id=rid, limit=q.schedules, usage=held)
         if acc.enforcing and st.schedule.tenant != s.tenant:
             # A "retry" (same request_id) of a create another tenant made: never hand its schedule over.
             raise AlreadyExists(f"schedule {s.id!r} already exists")
@@ -150,12 +155,36 @@ class ScheduleService:
         for s in items:
             acc.require_named(Role.WRITER, s.tenant)
             acc.check_pool(s.worker_pool, s.tenant)
-        got = await self.store.create_many(items, self.clock.wall_ms(), request_id=rid)
+        # Quotas too, before anything is written: create_many writes in several txns (each one checks the
+        # tenant's counter again, so a race with another create still cannot pass a limit).
+        quotas = {t: await self._quota(t) for t in sorted({s.tenant for s in items})}
+        for i, s in enumerate(items):
+            check_shape(quotas[s.tenant], s, f"schedules[{i}]")
+        limits = {t: q.schedules for t, q in quotas.items() if q.schedules}
+        for t, limit in limits.items():
+            await self._check_room(t, limit, [s for s in items if s.tenant == t])
+        got = await self.store.create_many(items, self.clock.wall_ms(), request_id=rid, limits=limits)
         # As CreateSchedule: a "retry" of a create another tenant made never hands its schedule over.
         return spb.BatchCreateSchedulesResponse(results=[
             spb.BatchCreateResult(already_exists=True)
             if st is None or (acc.enforcing and st.schedule.tenant != s.tenant)
             else spb.BatchCreateResult(schedule=stored_to_pb(st)) for s, st in zip(items, got, strict=True)])
+
+    async def _quota(self, tenant: str) -> Quota:
+        """The limits that apply to `tenant` now, read from etcd (one txn): a change applies to the next call."""
+        return await quota_store.effective(self.kv, self.ks, tenant, timeout=self.timeout)
+
+    async def _check_room(self, tenant: str, limit: int, items: list[Schedule]) -> None:
+        """A batch's items of one tenant fit under its schedules quota (ids already taken do not count)."""
+        u = await self.store.usage(tenant, limit)
+        if u.schedules + len(items) <= limit:
+            return
+        taken = 0
+        for s in items:
+            taken += await self.kv.get(self.ks.schedule(self.store.partition(s.id), s.id),
+                                       timeout=self.timeout) is not None
+        if u.schedules + len(items) - taken > limit:
+            raise over_quota(tenant, limit, u.schedules, len(items) - taken)
 
     @grpc_errors
     async def GetSchedule(self, request: spb.GetScheduleRequest, context: Context) -> spb.GetScheduleResponse:
@@ -189,6 +218,7 @@ class ScheduleService:
         sid = inputs.schedule_id(request.schedule.id, "schedule.id")
         expected = request.expected_version if request.HasField("expected_version") else None
         paths = list(request.update_mask.paths)
+        quotas: dict[str, Quota] = {}
 
         def change(cur: StoredSchedule) -> Schedule | None:
             stored = schedule_to_pb(cur.schedule)
@@ -198,7 +228,18 @@ class ScheduleService:
             s = replace(_domain(masks.apply(stored, request.schedule, effective)), version=cur.schedule.version)
             _validate(s)
             self.authz.access().check_pool(s.worker_pool, s.tenant)
+            if s.tenant in quotas:
+                check_shape(quotas[s.tenant], s)
             return s
+
+        # The tenant's limits, read before the read-modify-write, when the update can change what they bound
+        # (labels, payload): other updates cost no extra reads.
+        touched = {p.split(".")[0] for p in paths} if paths else {
+            f.name for f, _ in request.schedule.ListFields()}
+        if touched & {"labels", "payload", "*"}:
+            with contextlib.suppress(NotFound):
+                cur = await self.store.get(sid)
+                quotas[cur.schedule.tenant] = await self._quota(cur.schedule.tenant)
 
         st = await self._rmw(sid, expected, change)
         return spb.UpdateScheduleResponse(schedule=stored_to_pb(st))
@@ -331,6 +372,11 @@ class ScheduleService:
             raise InvalidArgument("end_time", "must be after start_time")
         overlap = overlap_from_pb("overlap_policy", request.overlap_policy)
         await self._check_schedule(self.authz.access(), sid, Role.OPERATOR)
+        with contextlib.suppress(NotFound):  # a missing schedule: the operation says so itself
+            st = await self.store.get(sid)
+            q = await self._quota(st.schedule.tenant)
+            if q.backfill:
+                check_backfill(q, st.schedule.tenant, st.schedule.plan(), start, end)
         async for c in self.ops.backfill(sid, start, end, overlap, request.dry_run):
             msg = spb.BackfillProgress(planned=c.planned, created=c.created, existing=c.existing, skipped=c.skipped,
                                        done=c.done)

@@ -29,9 +29,10 @@ _AUDITED = {
                         "PauseSchedule", "ResumeSchedule",
                         "TriggerSchedule", "RerunExecution", "Backfill", "CancelExecution", "ReplayDeadLetter",
                         "DiscardDeadLetter"},
-    "AdminService": {"Switchover", "SetWorkerAffinity", "DrainPlanner", "UndrainPlanner"},
+    "AdminService": {"Switchover", "SetWorkerAffinity", "DrainPlanner", "UndrainPlanner", "SetTenantQuota",
+                     "DeleteTenantQuota"},
 }
-_TARGET_FIELDS = ("execution_id", "schedule_id", "id", "node_id", "target_region", "pool")
+_TARGET_FIELDS = ("execution_id", "schedule_id", "id", "node_id", "target_region", "pool", "tenant")
 MAX_MESSAGE = 512
 
 

@@ -88,6 +88,11 @@ METHOD_RULES: dict[str, Rule] = {
     _A + "DrainPlanner": ADMIN,
     _A + "UndrainPlanner": ADMIN,
     _A + "ListAuditEvents": ADMIN,
+    # Quotas: changed by the cluster admin; a tenant's reader reads its own (checked again by the service).
+    _A + "SetTenantQuota": ADMIN,
+    _A + "DeleteTenantQuota": ADMIN,
+    _A + "GetTenantQuota": READ,
+    _A + "ListTenantQuotas": READ,
     # A wall-clock reading: harmless, and every planner probes every other.
     _A + "GetTime": AUTHENTICATED,
     _W + "Connect": Rule(Need.WORKER),

@@ -84,6 +84,8 @@ def show_execution(e: Any, as_json: bool) -> None:
         rows.append(("skip_reason", enum_name(epb.SkipReason, e.skip_reason, "SKIP_REASON_")))
     if e.state_message:
         rows.append(("message", e.state_message))
+    if e.HasField("quota_deferred"):  # the tenant's executions-per-second quota started it later
+        rows.append(("quota_deferred", f"{e.quota_deferred.ToMilliseconds() / 1000:g}s (included in due_at)"))
     width = max(len(k) for k, _ in rows)
     sys.stdout.write("".join(f"{k.ljust(width)}  {v}\n" for k, v in rows))
     if e.attempts:

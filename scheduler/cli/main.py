@@ -32,6 +32,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "completion": ("completion", "print a shell completion script"),
     "health": ("health", "check a planner's or worker's gRPC health service (exit 0 serving, 1 not)"),
     "certs": ("certs", "make TLS certificates for a local or test cluster"),
+    "tenant": ("tenant", "per-tenant quotas: set, get, list (server)"),
     "audit": ("auth", "the audit log: who changed what, when, and how it ended (server)"),
     "auth": ("auth", "make a static bearer token (local, no server)"),
 }

@@ -359,6 +359,51 @@ class SchedulerClient:
             return await self._call("ListAuditEvents", self._admin.ListAuditEvents, req, timeout)
         return _pages(fetch, "events", limit)
 
+    # ---- tenant quotas (docs/operations.md, "Quotas") ----------------------------------------------------
+
+    async def set_tenant_quota(self, tenant: str | None, *, schedules: int | None = None,
+                               executions_per_second: float | None = None, backfill: int | None = None,
+                               labels: int | None = None, payload_bytes: int | None = None, reason: str = "",
+                               expected_version: int | None = None, timeout: float | None = None) -> Any:
+        """Set the given limits (None: unchanged; 0: unlimited) of `tenant`, or of the default (None);
+        returns the `TenantQuota` written. Needs system:admin."""
+        given = {"max_schedules": schedules, "max_executions_per_second": executions_per_second,
+                 "max_backfill": backfill, "max_labels": labels, "max_payload_bytes": payload_bytes}
+        q = apb.TenantQuota()
+        for k, v in given.items():
+            if v is not None:
+                setattr(q, k, v)
+        req = apb.SetTenantQuotaRequest(tenant=tenant or "", default_quota=tenant is None, quota=q, reason=reason)
+        req.update_mask.paths.extend(k for k, v in given.items() if v is not None)
+        if not req.update_mask.paths:
+            raise ValueError("give at least one limit to set")
+        if expected_version is not None:
+            req.expected_version = expected_version
+        return (await self._call("SetTenantQuota", self._admin.SetTenantQuota, req, timeout)).quota
+
+    async def get_tenant_quota(self, tenant: str | None, *, timeout: float | None = None) -> Any:
+        """The `GetTenantQuotaResponse` of `tenant` (its limits, own_record, schedules_held), or the default's."""
+        req = apb.GetTenantQuotaRequest(tenant=tenant or "", default_quota=tenant is None)
+        return await self._call("GetTenantQuota", self._admin.GetTenantQuota, req, timeout)
+
+    async def list_tenant_quotas(self, *, timeout: float | None = None) -> tuple[list[Any], Any | None]:
+        """(every tenant's own `TenantQuota`, the default's or None)."""
+        out: list[Any] = []
+        token, default = "", None
+        while True:
+            req = apb.ListTenantQuotasRequest(page_token=token)
+            page = await self._call("ListTenantQuotas", self._admin.ListTenantQuotas, req, timeout)
+            out += list(page.quotas)
+            if page.HasField("default_quota"):
+                default = page.default_quota
+            token = page.next_page_token
+            if not token:
+                return out, default
+
+    async def delete_tenant_quota(self, tenant: str | None, *, timeout: float | None = None) -> bool:
+        req = apb.DeleteTenantQuotaRequest(tenant=tenant or "", default_quota=tenant is None)
+        return bool((await self._call("DeleteTenantQuota", self._admin.DeleteTenantQuota, req, timeout)).deleted)
+
 
 __all__ = ["ClientError", "SchedulerClient"]
 

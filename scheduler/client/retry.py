@@ -16,7 +16,7 @@ import grpc
 READS = frozenset({
     "GetSchedule", "ListSchedules", "PreviewSchedule", "GetExecution", "ListExecutions", "ListSkips",
     "ListDeadLetters",
-    "GetClusterStatus", "GetTime", "ListAuditEvents",
+    "GetClusterStatus", "GetTime", "ListAuditEvents", "GetTenantQuota", "ListTenantQuotas",
 })
 RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE})
 

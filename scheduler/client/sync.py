@@ -131,3 +131,15 @@ class SyncSchedulerClient:
 
     def get_time(self, **kw: Any) -> Any:
         return self._run(self._client.get_time(**kw))
+
+    def set_tenant_quota(self, tenant: str | None, **kw: Any) -> Any:
+        return self._run(self._client.set_tenant_quota(tenant, **kw))
+
+    def get_tenant_quota(self, tenant: str | None, **kw: Any) -> Any:
+        return self._run(self._client.get_tenant_quota(tenant, **kw))
+
+    def list_tenant_quotas(self, **kw: Any) -> tuple[list[Any], Any | None]:
+        return self._run(self._client.list_tenant_quotas(**kw))
+
+    def delete_tenant_quota(self, tenant: str | None, **kw: Any) -> bool:
+        return self._run(self._client.delete_tenant_quota(tenant, **kw))

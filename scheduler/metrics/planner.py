@@ -24,6 +24,7 @@ from scheduler.metrics.core import (
     counter_family,
     histogram_family,
 )
+from scheduler.quota.pacer import DeferralStats
 from scheduler.status import NodeStatus
 
 DEFAULT_SCHEDULE_LIMIT = 100  # schedules with their own start-lag series per process (the rest: _other)
@@ -59,6 +60,8 @@ class PlannerMetrics:
         self.leases_lost: dict[str, int] = dict.fromkeys(LEASE_LOST_REASONS, 0)
         self.partitions_lost: dict[str, int] = dict.fromkeys(PARTITION_LOST_REASONS, 0)
         self._status: Callable[[], NodeStatus] | None = None
+        # Runs whose start a tenant's executions-per-second quota deferred (the node's pacer sets it).
+        self.quota_deferrals: DeferralStats | None = None
         self.registry.register(CallbackCollector(self.collect))
 
     def observe(self, status: Callable[[], NodeStatus]) -> None:
@@ -116,6 +119,11 @@ class PlannerMetrics:
                              "reason", self.leases_lost)
         yield counter_family("scheduler_partitions_lost", "Partitions this node stopped owning, by reason.",
                              "reason", self.partitions_lost)
+        q = self.quota_deferrals or DeferralStats()
+        yield q.runs.family("scheduler_quota_deferred", "Planned runs whose start the tenant's executions-per-second "
+                            "quota deferred (materialized on time, started later), per tenant.", "tenant")
+        yield q.ms.family("scheduler_quota_deferred_ms",
+                          "Milliseconds those deferrals added to the starts, per tenant.", "tenant")
         if self._status is not None:
             yield from _node_gauges(self._status())
 

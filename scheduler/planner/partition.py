@@ -63,6 +63,7 @@ from scheduler.planner.ownership import Ownership
 from scheduler.planner.pending import PendingIndex
 from scheduler.planner.retention import retention_deletes
 from scheduler.planner.settings import PlannerSettings
+from scheduler.quota.pacer import TenantPacer
 from scheduler.store.checkpoint import Checkpoint, advance, read_checkpoint
 from scheduler.store.codec import decode_execution, decode_schedule, decode_schedule_meta
 from scheduler.store.combiner import WriteCombiner
@@ -166,8 +167,12 @@ class PartitionPlanner:
         metrics: PlannerMetrics | None = None,
         node_stats: PlannerStats | None = None,
         load_gate: asyncio.Semaphore | None = None,
+        pacer: TenantPacer | None = None,
     ) -> None:
         self.p = partition
+        # The node's executions-per-second quota pacer (scheduler/quota/pacer.py): defers the start of a
+        # tenant's runs over its rate as they are materialized. None: no quotas.
+        self.pacer = pacer
         self.load_gate = load_gate  # shared by the node's partitions: how many load at once
         self.load_turns = 0  # event-loop turns the last load gave (a test checks that a big one did)
         self.metrics = metrics
@@ -512,6 +517,8 @@ class PartitionPlanner:
 
         `sched_rev`: the schedule revision the planning was done at (every activation at or before
         it had all its planned times up to the watermark handled), recorded with the checkpoint."""
+        if self.pacer is not None and execs:
+            execs = list(self.pacer.pace(execs))  # over-quota runs: a later due time, recorded (never dropped)
         stone_ops: list[Op] = []
         if self._stone_deletes:  # handled tombstones, unless a newer delete wrote them again
             stones, self._stone_deletes = self._stone_deletes, {}

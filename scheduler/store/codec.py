@@ -211,6 +211,8 @@ def _encode_execution_slow(e: Execution) -> bytes:
         d["rtr"] = e.run_trigger.value
     if e.dead_reason:
         d["dr"] = e.dead_reason
+    if e.quota_deferred_ms:
+        d["qd"] = e.quota_deferred_ms
     return _dumps(d).encode()
 
 
@@ -257,6 +259,8 @@ def encode_execution(e: Execution) -> bytes:
         out += f',"rtr":"{e.run_trigger.value}"'
     if e.dead_reason:
         out += ',"dr":' + _str(e.dead_reason)
+    if e.quota_deferred_ms:
+        out += f',"qd":{e.quota_deferred_ms}'
     return (out + "}").encode()
 
 
@@ -285,5 +289,5 @@ def decode_execution(value: bytes, mod_revision: int = 0) -> Execution:
         overlap=Overlap(d["ov"]) if d.get("ov") else None,
         payload=base64.b64decode(d["pay"]) if "pay" in d else None, attempt_base=int(d.get("base", 0)),
         run_trigger=Trigger(d["rtr"]) if d.get("rtr") else None, dead_reason=d.get("dr", ""),
-        mod_revision=mod_revision,
+        quota_deferred_ms=int(d.get("qd", 0)), mod_revision=mod_revision,
     )

@@ -37,6 +37,26 @@ class Keyspace:
     def region_policy(self) -> bytes:
         return self._k("cluster", "region")
 
+    # ---- tenant quotas (issue 14) -----------------------------------------------------------------
+
+    @property
+    def default_quota(self) -> bytes:
+        return self._k("cluster", "quota")
+
+    @property
+    def quotas(self) -> bytes:
+        return self._k("quotas", "")
+
+    def quota(self, tenant: str) -> bytes:
+        return self._k("quotas", tenant)
+
+    @property
+    def all_usage(self) -> bytes:
+        return self._k("usage", "")
+
+    def usage(self, tenant: str) -> bytes:
+        return self._k("usage", tenant)
+
     @property
     def members(self) -> bytes:
         return self._k("members", "")
@@ -100,6 +120,10 @@ class Keyspace:
     def skip(self, partition: int, schedule_id: str, after_ms: int, through_ms: int) -> bytes:
         return self._k("skips", f"{partition:0{_PART_WIDTH}d}", schedule_id,
                        f"{after_ms:0{_MS_WIDTH}d}-{through_ms:0{_MS_WIDTH}d}")
+
+    @property
+    def all_tombstones(self) -> bytes:
+        return self._k("tombstones", "")
 
     def tombstones(self, partition: int) -> bytes:
         return self._k("tombstones", f"{partition:0{_PART_WIDTH}d}", "")

@@ -103,7 +103,7 @@ def test_health_and_reflection_list_every_service(cluster: ApiCluster) -> None:
     assert {"CreateSchedule", "ListExecutions", "ListSkips", "Backfill", "DiscardDeadLetter"} <= methods
     assert {m.name for m in pool.FindServiceByName("scheduler.v1.AdminService").methods} == \
         {"GetClusterStatus", "Switchover", "SetWorkerAffinity", "DrainPlanner", "UndrainPlanner", "GetTime",
-         "ListAuditEvents"}
+         "ListAuditEvents", "SetTenantQuota", "GetTenantQuota", "ListTenantQuotas", "DeleteTenantQuota"}
 
 
 # ---- create / get --------------------------------------------------------------------------------------

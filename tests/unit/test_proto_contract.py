@@ -77,6 +77,10 @@ SERVICES: dict[str, dict[str, tuple[str, str, str]]] = {
         "UndrainPlanner": ("UndrainPlannerRequest", "UndrainPlannerResponse", UNARY),
         "GetTime": ("GetTimeRequest", "GetTimeResponse", UNARY),
         "ListAuditEvents": ("ListAuditEventsRequest", "ListAuditEventsResponse", UNARY),
+        "SetTenantQuota": ("SetTenantQuotaRequest", "SetTenantQuotaResponse", UNARY),
+        "GetTenantQuota": ("GetTenantQuotaRequest", "GetTenantQuotaResponse", UNARY),
+        "ListTenantQuotas": ("ListTenantQuotasRequest", "ListTenantQuotasResponse", UNARY),
+        "DeleteTenantQuota": ("DeleteTenantQuotaRequest", "DeleteTenantQuotaResponse", UNARY),
     },
 }
 
@@ -145,6 +149,11 @@ FIELDS: dict[str, dict[str, tuple[int, str]]] = {
                                 "use_current_schedule": (3, "bool")},
     "DrainPlannerRequest": {"node_id": (1, "string"), "reason": (2, "string"), "force": (3, "bool")},
     "UndrainPlannerRequest": {"node_id": (1, "string")},
+    "TenantQuota": {"tenant": (1, "string"), "max_schedules": (2, "uint64"), "max_executions_per_second": (3, "double"),
+                    "max_backfill": (4, "uint64"), "max_labels": (5, "uint32"), "max_payload_bytes": (6, "uint32"),
+                    "version": (7, "uint64")},
+    "SetTenantQuotaRequest": {"tenant": (1, "string"), "default_quota": (2, "bool"),
+                              "quota": (3, f"{PACKAGE}.TenantQuota"), "expected_version": (5, "optional uint64")},
     "ListSkipsRequest": {"schedule_id": (1, "string"), "planned": (2, f"{PACKAGE}.TimeRange")},
     "SkippedTime": {"schedule_id": (1, "string"), "planned_at": (2, TS), "reason": (3, f"{PACKAGE}.SkipReason"),
                     "execution_id": (4, "string")},
@@ -303,7 +312,8 @@ def test_execution_ids_are_the_key_everywhere() -> None:
 
 
 def test_list_methods_paginate() -> None:
-    for method in ("ListSchedules", "ListExecutions", "ListSkips", "ListDeadLetters", "ListAuditEvents"):
+    for method in ("ListSchedules", "ListExecutions", "ListSkips", "ListDeadLetters", "ListAuditEvents",
+                   "ListTenantQuotas"):
         request, response = _message(f"{method}Request"), _message(f"{method}Response")
         assert _type_name(request.fields_by_name["page_size"]) == "int32", method
         assert _type_name(request.fields_by_name["page_token"]) == "string", method

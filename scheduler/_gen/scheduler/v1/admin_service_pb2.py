@@ -24,54 +24,73 @@ _sym_db = _symbol_database.Default()
 
 
 from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb2
+from google.protobuf import field_mask_pb2 as google_dot_protobuf_dot_field__mask__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 from scheduler._gen.scheduler.v1 import cluster_pb2 as scheduler_dot_v1_dot_cluster__pb2
 from scheduler._gen.scheduler.v1 import execution_pb2 as scheduler_dot_v1_dot_execution__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n scheduler/v1/admin_service.proto\x12\x0cscheduler.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1ascheduler/v1/cluster.proto\x1a\x1cscheduler/v1/execution.proto\"\x19\n\x17GetClusterStatusRequest\"\xbf\x01\n\rPlannerStatus\x12*\n\x07planner\x18\x01 \x01(\x0b\x32\x19.scheduler.v1.PlannerInfo\x12\x18\n\x10partitions_owned\x18\x02 \x01(\r\x12\x1c\n\x14\x64ispatch_queue_depth\x18\x03 \x01(\x04\x12\x19\n\x11\x63onnected_workers\x18\x04 \x01(\r\x12/\n\x0c\x63lock_offset\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\"\x86\x02\n\x0fPartitionStatus\x12\x11\n\tpartition\x18\x01 \x01(\r\x12\r\n\x05owner\x18\x02 \x01(\t\x12\x14\n\x0cowner_region\x18\x03 \x01(\t\x12\x31\n\rfencing_token\x18\x04 \x01(\x0b\x32\x1a.scheduler.v1.FencingToken\x12-\n\twatermark\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12&\n\x03lag\x18\x06 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x31\n\x0eoldest_waiting\x18\x07 \x01(\x0b\x32\x19.google.protobuf.Duration\"\x82\x01\n\x10WorkerPoolStatus\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\x0e\n\x06region\x18\x02 \x01(\t\x12\x19\n\x11\x63onnected_workers\x18\x03 \x01(\r\x12\x10\n\x08\x63\x61pacity\x18\x04 \x01(\x04\x12\x0f\n\x07running\x18\x05 \x01(\x04\x12\x12\n\nworker_ids\x18\x06 \x03(\t\"\x9c\x03\n\x18GetClusterStatusResponse\x12/\n\x0bserver_time\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x13\n\x0b\x61nswered_by\x18\x02 \x01(\t\x12\x31\n\rregion_policy\x18\x03 \x01(\x0b\x32\x1a.scheduler.v1.RegionPolicy\x12-\n\x08planners\x18\x04 \x03(\x0b\x32\x1b.scheduler.v1.PlannerStatus\x12\x17\n\x0fpartition_count\x18\x05 \x01(\r\x12\x31\n\npartitions\x18\x06 \x03(\x0b\x32\x1d.scheduler.v1.PartitionStatus\x12\x1c\n\x14\x64ispatch_queue_depth\x18\x07 \x01(\x04\x12\x34\n\x0cworker_pools\x18\x08 \x03(\x0b\x32\x1e.scheduler.v1.WorkerPoolStatus\x12\x38\n\x15primary_last_seen_ago\x18\t \x01(\x0b\x32\x19.google.protobuf.Duration\"\x80\x02\n\x11SwitchoverRequest\x12\x15\n\rtarget_region\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x1d\n\x10\x65xpected_version\x18\x03 \x01(\x04H\x00\x88\x01\x01\x12\x17\n\x0fstandby_regions\x18\x04 \x03(\t\x12\x31\n\x0e\x66\x61ilover_grace\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x10\n\x08\x66\x61ilback\x18\x06 \x01(\t\x12\x32\n\x0f\x66\x61ilback_stable\x18\x07 \x01(\x0b\x32\x19.google.protobuf.DurationB\x13\n\x11_expected_version\"\xd3\x01\n\x18SetWorkerAffinityRequest\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\x18\n\x10\x64\x65\x66\x61ult_affinity\x18\x02 \x01(\x08\x12\x0c\n\x04mode\x18\x03 \x01(\t\x12.\n\x0bprefer_wait\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\r\n\x05\x63lear\x18\x05 \x01(\x08\x12\x0e\n\x06reason\x18\x06 \x01(\t\x12\x1d\n\x10\x65xpected_version\x18\x07 \x01(\x04H\x00\x88\x01\x01\x42\x13\n\x11_expected_version\"N\n\x19SetWorkerAffinityResponse\x12\x31\n\rregion_policy\x18\x01 \x01(\x0b\x32\x1a.scheduler.v1.RegionPolicy\"G\n\x12SwitchoverResponse\x12\x31\n\rregion_policy\x18\x01 \x01(\x0b\x32\x1a.scheduler.v1.RegionPolicy\"E\n\x13\x44rainPlannerRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\r\n\x05\x66orce\x18\x03 \x01(\x08\"B\n\x14\x44rainPlannerResponse\x12*\n\x07planner\x18\x01 \x01(\x0b\x32\x19.scheduler.v1.PlannerInfo\"(\n\x15UndrainPlannerRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\"D\n\x16UndrainPlannerResponse\x12*\n\x07planner\x18\x01 \x01(\x0b\x32\x19.scheduler.v1.PlannerInfo\"\x10\n\x0eGetTimeRequest\"c\n\x0fGetTimeResponse\x12/\n\x0bserver_time\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12\x0e\n\x06region\x18\x03 \x01(\t\"\xa7\x01\n\nAuditEvent\x12\n\n\x02id\x18\x01 \x01(\t\x12(\n\x04time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\tprincipal\x18\x03 \x01(\t\x12\x0e\n\x06\x61\x63tion\x18\x04 \x01(\t\x12\x0e\n\x06target\x18\x05 \x01(\t\x12\x0e\n\x06result\x18\x06 \x01(\t\x12\x0f\n\x07message\x18\x07 \x01(\t\x12\x0f\n\x07node_id\x18\x08 \x01(\t\"U\n\x16ListAuditEventsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\x12\x14\n\x0cnewest_first\x18\x03 \x01(\x08\"\\\n\x17ListAuditEventsResponse\x12(\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x18.scheduler.v1.AuditEvent\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t2\x84\x05\n\x0c\x41\x64minService\x12\x61\n\x10GetClusterStatus\x12%.scheduler.v1.GetClusterStatusRequest\x1a&.scheduler.v1.GetClusterStatusResponse\x12O\n\nSwitchover\x12\x1f.scheduler.v1.SwitchoverRequest\x1a .scheduler.v1.SwitchoverResponse\x12\x64\n\x11SetWorkerAffinity\x12&.scheduler.v1.SetWorkerAffinityRequest\x1a\'.scheduler.v1.SetWorkerAffinityResponse\x12U\n\x0c\x44rainPlanner\x12!.scheduler.v1.DrainPlannerRequest\x1a\".scheduler.v1.DrainPlannerResponse\x12[\n\x0eUndrainPlanner\x12#.scheduler.v1.UndrainPlannerRequest\x1a$.scheduler.v1.UndrainPlannerResponse\x12\x46\n\x07GetTime\x12\x1c.scheduler.v1.GetTimeRequest\x1a\x1d.scheduler.v1.GetTimeResponse\x12^\n\x0fListAuditEvents\x12$.scheduler.v1.ListAuditEventsRequest\x1a%.scheduler.v1.ListAuditEventsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n scheduler/v1/admin_service.proto\x12\x0cscheduler.v1\x1a\x1egoogle/protobuf/duration.proto\x1a google/protobuf/field_mask.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1ascheduler/v1/cluster.proto\x1a\x1cscheduler/v1/execution.proto\"\x19\n\x17GetClusterStatusRequest\"\xbf\x01\n\rPlannerStatus\x12*\n\x07planner\x18\x01 \x01(\x0b\x32\x19.scheduler.v1.PlannerInfo\x12\x18\n\x10partitions_owned\x18\x02 \x01(\r\x12\x1c\n\x14\x64ispatch_queue_depth\x18\x03 \x01(\x04\x12\x19\n\x11\x63onnected_workers\x18\x04 \x01(\r\x12/\n\x0c\x63lock_offset\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\"\x86\x02\n\x0fPartitionStatus\x12\x11\n\tpartition\x18\x01 \x01(\r\x12\r\n\x05owner\x18\x02 \x01(\t\x12\x14\n\x0cowner_region\x18\x03 \x01(\t\x12\x31\n\rfencing_token\x18\x04 \x01(\x0b\x32\x1a.scheduler.v1.FencingToken\x12-\n\twatermark\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12&\n\x03lag\x18\x06 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x31\n\x0eoldest_waiting\x18\x07 \x01(\x0b\x32\x19.google.protobuf.Duration\"\x82\x01\n\x10WorkerPoolStatus\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\x0e\n\x06region\x18\x02 \x01(\t\x12\x19\n\x11\x63onnected_workers\x18\x03 \x01(\r\x12\x10\n\x08\x63\x61pacity\x18\x04 \x01(\x04\x12\x0f\n\x07running\x18\x05 \x01(\x04\x12\x12\n\nworker_ids\x18\x06 \x03(\t\"\x9c\x03\n\x18GetClusterStatusResponse\x12/\n\x0bserver_time\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x13\n\x0b\x61nswered_by\x18\x02 \x01(\t\x12\x31\n\rregion_policy\x18\x03 \x01(\x0b\x32\x1a.scheduler.v1.RegionPolicy\x12-\n\x08planners\x18\x04 \x03(\x0b\x32\x1b.scheduler.v1.PlannerStatus\x12\x17\n\x0fpartition_count\x18\x05 \x01(\r\x12\x31\n\npartitions\x18\x06 \x03(\x0b\x32\x1d.scheduler.v1.PartitionStatus\x12\x1c\n\x14\x64ispatch_queue_depth\x18\x07 \x01(\x04\x12\x34\n\x0cworker_pools\x18\x08 \x03(\x0b\x32\x1e.scheduler.v1.WorkerPoolStatus\x12\x38\n\x15primary_last_seen_ago\x18\t \x01(\x0b\x32\x19.google.protobuf.Duration\"\x80\x02\n\x11SwitchoverRequest\x12\x15\n\rtarget_region\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x1d\n\x10\x65xpected_version\x18\x03 \x01(\x04H\x00\x88\x01\x01\x12\x17\n\x0fstandby_regions\x18\x04 \x03(\t\x12\x31\n\x0e\x66\x61ilover_grace\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x10\n\x08\x66\x61ilback\x18\x06 \x01(\t\x12\x32\n\x0f\x66\x61ilback_stable\x18\x07 \x01(\x0b\x32\x19.google.protobuf.DurationB\x13\n\x11_expected_version\"\xd3\x01\n\x18SetWorkerAffinityRequest\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\x18\n\x10\x64\x65\x66\x61ult_affinity\x18\x02 \x01(\x08\x12\x0c\n\x04mode\x18\x03 \x01(\t\x12.\n\x0bprefer_wait\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\r\n\x05\x63lear\x18\x05 \x01(\x08\x12\x0e\n\x06reason\x18\x06 \x01(\t\x12\x1d\n\x10\x65xpected_version\x18\x07 \x01(\x04H\x00\x88\x01\x01\x42\x13\n\x11_expected_version\"N\n\x19SetWorkerAffinityResponse\x12\x31\n\rregion_policy\x18\x01 \x01(\x0b\x32\x1a.scheduler.v1.RegionPolicy\"G\n\x12SwitchoverResponse\x12\x31\n\rregion_policy\x18\x01 \x01(\x0b\x32\x1a.scheduler.v1.RegionPolicy\"E\n\x13\x44rainPlannerRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\r\n\x05\x66orce\x18\x03 \x01(\x08\"B\n\x14\x44rainPlannerResponse\x12*\n\x07planner\x18\x01 \x01(\x0b\x32\x19.scheduler.v1.PlannerInfo\"(\n\x15UndrainPlannerRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\"D\n\x16UndrainPlannerResponse\x12*\n\x07planner\x18\x01 \x01(\x0b\x32\x19.scheduler.v1.PlannerInfo\"\x10\n\x0eGetTimeRequest\"c\n\x0fGetTimeResponse\x12/\n\x0bserver_time\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12\x0e\n\x06region\x18\x03 \x01(\t\"\xa7\x01\n\nAuditEvent\x12\n\n\x02id\x18\x01 \x01(\t\x12(\n\x04time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\tprincipal\x18\x03 \x01(\t\x12\x0e\n\x06\x61\x63tion\x18\x04 \x01(\t\x12\x0e\n\x06target\x18\x05 \x01(\t\x12\x0e\n\x06result\x18\x06 \x01(\t\x12\x0f\n\x07message\x18\x07 \x01(\t\x12\x0f\n\x07node_id\x18\x08 \x01(\t\"U\n\x16ListAuditEventsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\x12\x14\n\x0cnewest_first\x18\x03 \x01(\x08\"\\\n\x17ListAuditEventsResponse\x12(\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x18.scheduler.v1.AuditEvent\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\x81\x02\n\x0bTenantQuota\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x15\n\rmax_schedules\x18\x02 \x01(\x04\x12!\n\x19max_executions_per_second\x18\x03 \x01(\x01\x12\x14\n\x0cmax_backfill\x18\x04 \x01(\x04\x12\x12\n\nmax_labels\x18\x05 \x01(\r\x12\x19\n\x11max_payload_bytes\x18\x06 \x01(\r\x12\x0f\n\x07version\x18\x07 \x01(\x04\x12.\n\nupdated_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x12\n\nupdated_by\x18\t \x01(\t\x12\x0e\n\x06reason\x18\n \x01(\t\"\xdd\x01\n\x15SetTenantQuotaRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x15\n\rdefault_quota\x18\x02 \x01(\x08\x12(\n\x05quota\x18\x03 \x01(\x0b\x32\x19.scheduler.v1.TenantQuota\x12/\n\x0bupdate_mask\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.FieldMask\x12\x1d\n\x10\x65xpected_version\x18\x05 \x01(\x04H\x00\x88\x01\x01\x12\x0e\n\x06reason\x18\x06 \x01(\tB\x13\n\x11_expected_version\"B\n\x16SetTenantQuotaResponse\x12(\n\x05quota\x18\x01 \x01(\x0b\x32\x19.scheduler.v1.TenantQuota\">\n\x15GetTenantQuotaRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x15\n\rdefault_quota\x18\x02 \x01(\x08\"\x86\x01\n\x16GetTenantQuotaResponse\x12(\n\x05quota\x18\x01 \x01(\x0b\x32\x19.scheduler.v1.TenantQuota\x12\x12\n\nown_record\x18\x02 \x01(\x08\x12\x1b\n\x0eschedules_held\x18\x03 \x01(\x04H\x00\x88\x01\x01\x42\x11\n\x0f_schedules_held\"@\n\x17ListTenantQuotasRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"\x90\x01\n\x18ListTenantQuotasResponse\x12)\n\x06quotas\x18\x01 \x03(\x0b\x32\x19.scheduler.v1.TenantQuota\x12\x30\n\rdefault_quota\x18\x02 \x01(\x0b\x32\x19.scheduler.v1.TenantQuota\x12\x17\n\x0fnext_page_token\x18\x03 \x01(\t\"u\n\x18\x44\x65leteTenantQuotaRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x15\n\rdefault_quota\x18\x02 \x01(\x08\x12\x1d\n\x10\x65xpected_version\x18\x03 \x01(\x04H\x00\x88\x01\x01\x42\x13\n\x11_expected_version\",\n\x19\x44\x65leteTenantQuotaResponse\x12\x0f\n\x07\x64\x65leted\x18\x01 \x01(\x08\x32\x87\x08\n\x0c\x41\x64minService\x12\x61\n\x10GetClusterStatus\x12%.scheduler.v1.GetClusterStatusRequest\x1a&.scheduler.v1.GetClusterStatusResponse\x12O\n\nSwitchover\x12\x1f.scheduler.v1.SwitchoverRequest\x1a .scheduler.v1.SwitchoverResponse\x12\x64\n\x11SetWorkerAffinity\x12&.scheduler.v1.SetWorkerAffinityRequest\x1a\'.scheduler.v1.SetWorkerAffinityResponse\x12U\n\x0c\x44rainPlanner\x12!.scheduler.v1.DrainPlannerRequest\x1a\".scheduler.v1.DrainPlannerResponse\x12[\n\x0eUndrainPlanner\x12#.scheduler.v1.UndrainPlannerRequest\x1a$.scheduler.v1.UndrainPlannerResponse\x12\x46\n\x07GetTime\x12\x1c.scheduler.v1.GetTimeRequest\x1a\x1d.scheduler.v1.GetTimeResponse\x12^\n\x0fListAuditEvents\x12$.scheduler.v1.ListAuditEventsRequest\x1a%.scheduler.v1.ListAuditEventsResponse\x12[\n\x0eSetTenantQuota\x12#.scheduler.v1.SetTenantQuotaRequest\x1a$.scheduler.v1.SetTenantQuotaResponse\x12[\n\x0eGetTenantQuota\x12#.scheduler.v1.GetTenantQuotaRequest\x1a$.scheduler.v1.GetTenantQuotaResponse\x12\x61\n\x10ListTenantQuotas\x12%.scheduler.v1.ListTenantQuotasRequest\x1a&.scheduler.v1.ListTenantQuotasResponse\x12\x64\n\x11\x44\x65leteTenantQuota\x12&.scheduler.v1.DeleteTenantQuotaRequest\x1a\'.scheduler.v1.DeleteTenantQuotaResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'scheduler.v1.admin_service_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_GETCLUSTERSTATUSREQUEST']._serialized_start=173
-  _globals['_GETCLUSTERSTATUSREQUEST']._serialized_end=198
-  _globals['_PLANNERSTATUS']._serialized_start=201
-  _globals['_PLANNERSTATUS']._serialized_end=392
-  _globals['_PARTITIONSTATUS']._serialized_start=395
-  _globals['_PARTITIONSTATUS']._serialized_end=657
-  _globals['_WORKERPOOLSTATUS']._serialized_start=660
-  _globals['_WORKERPOOLSTATUS']._serialized_end=790
-  _globals['_GETCLUSTERSTATUSRESPONSE']._serialized_start=793
-  _globals['_GETCLUSTERSTATUSRESPONSE']._serialized_end=1205
-  _globals['_SWITCHOVERREQUEST']._serialized_start=1208
-  _globals['_SWITCHOVERREQUEST']._serialized_end=1464
-  _globals['_SETWORKERAFFINITYREQUEST']._serialized_start=1467
-  _globals['_SETWORKERAFFINITYREQUEST']._serialized_end=1678
-  _globals['_SETWORKERAFFINITYRESPONSE']._serialized_start=1680
-  _globals['_SETWORKERAFFINITYRESPONSE']._serialized_end=1758
-  _globals['_SWITCHOVERRESPONSE']._serialized_start=1760
-  _globals['_SWITCHOVERRESPONSE']._serialized_end=1831
-  _globals['_DRAINPLANNERREQUEST']._serialized_start=1833
-  _globals['_DRAINPLANNERREQUEST']._serialized_end=1902
-  _globals['_DRAINPLANNERRESPONSE']._serialized_start=1904
-  _globals['_DRAINPLANNERRESPONSE']._serialized_end=1970
-  _globals['_UNDRAINPLANNERREQUEST']._serialized_start=1972
-  _globals['_UNDRAINPLANNERREQUEST']._serialized_end=2012
-  _globals['_UNDRAINPLANNERRESPONSE']._serialized_start=2014
-  _globals['_UNDRAINPLANNERRESPONSE']._serialized_end=2082
-  _globals['_GETTIMEREQUEST']._serialized_start=2084
-  _globals['_GETTIMEREQUEST']._serialized_end=2100
-  _globals['_GETTIMERESPONSE']._serialized_start=2102
-  _globals['_GETTIMERESPONSE']._serialized_end=2201
-  _globals['_AUDITEVENT']._serialized_start=2204
-  _globals['_AUDITEVENT']._serialized_end=2371
-  _globals['_LISTAUDITEVENTSREQUEST']._serialized_start=2373
-  _globals['_LISTAUDITEVENTSREQUEST']._serialized_end=2458
-  _globals['_LISTAUDITEVENTSRESPONSE']._serialized_start=2460
-  _globals['_LISTAUDITEVENTSRESPONSE']._serialized_end=2552
-  _globals['_ADMINSERVICE']._serialized_start=2555
-  _globals['_ADMINSERVICE']._serialized_end=3199
+  _globals['_GETCLUSTERSTATUSREQUEST']._serialized_start=207
+  _globals['_GETCLUSTERSTATUSREQUEST']._serialized_end=232
+  _globals['_PLANNERSTATUS']._serialized_start=235
+  _globals['_PLANNERSTATUS']._serialized_end=426
+  _globals['_PARTITIONSTATUS']._serialized_start=429
+  _globals['_PARTITIONSTATUS']._serialized_end=691
+  _globals['_WORKERPOOLSTATUS']._serialized_start=694
+  _globals['_WORKERPOOLSTATUS']._serialized_end=824
+  _globals['_GETCLUSTERSTATUSRESPONSE']._serialized_start=827
+  _globals['_GETCLUSTERSTATUSRESPONSE']._serialized_end=1239
+  _globals['_SWITCHOVERREQUEST']._serialized_start=1242
+  _globals['_SWITCHOVERREQUEST']._serialized_end=1498
+  _globals['_SETWORKERAFFINITYREQUEST']._serialized_start=1501
+  _globals['_SETWORKERAFFINITYREQUEST']._serialized_end=1712
+  _globals['_SETWORKERAFFINITYRESPONSE']._serialized_start=1714
+  _globals['_SETWORKERAFFINITYRESPONSE']._serialized_end=1792
+  _globals['_SWITCHOVERRESPONSE']._serialized_start=1794
+  _globals['_SWITCHOVERRESPONSE']._serialized_end=1865
+  _globals['_DRAINPLANNERREQUEST']._serialized_start=1867
+  _globals['_DRAINPLANNERREQUEST']._serialized_end=1936
+  _globals['_DRAINPLANNERRESPONSE']._serialized_start=1938
+  _globals['_DRAINPLANNERRESPONSE']._serialized_end=2004
+  _globals['_UNDRAINPLANNERREQUEST']._serialized_start=2006
+  _globals['_UNDRAINPLANNERREQUEST']._serialized_end=2046
+  _globals['_UNDRAINPLANNERRESPONSE']._serialized_start=2048
+  _globals['_UNDRAINPLANNERRESPONSE']._serialized_end=2116
+  _globals['_GETTIMEREQUEST']._serialized_start=2118
+  _globals['_GETTIMEREQUEST']._serialized_end=2134
+  _globals['_GETTIMERESPONSE']._serialized_start=2136
+  _globals['_GETTIMERESPONSE']._serialized_end=2235
+  _globals['_AUDITEVENT']._serialized_start=2238
+  _globals['_AUDITEVENT']._serialized_end=2405
+  _globals['_LISTAUDITEVENTSREQUEST']._serialized_start=2407
+  _globals['_LISTAUDITEVENTSREQUEST']._serialized_end=2492
+  _globals['_LISTAUDITEVENTSRESPONSE']._serialized_start=2494
+  _globals['_LISTAUDITEVENTSRESPONSE']._serialized_end=2586
+  _globals['_TENANTQUOTA']._serialized_start=2589
+  _globals['_TENANTQUOTA']._serialized_end=2846
+  _globals['_SETTENANTQUOTAREQUEST']._serialized_start=2849
+  _globals['_SETTENANTQUOTAREQUEST']._serialized_end=3070
+  _globals['_SETTENANTQUOTARESPONSE']._serialized_start=3072
+  _globals['_SETTENANTQUOTARESPONSE']._serialized_end=3138
+  _globals['_GETTENANTQUOTAREQUEST']._serialized_start=3140
+  _globals['_GETTENANTQUOTAREQUEST']._serialized_end=3202
+  _globals['_GETTENANTQUOTARESPONSE']._serialized_start=3205
+  _globals['_GETTENANTQUOTARESPONSE']._serialized_end=3339
+  _globals['_LISTTENANTQUOTASREQUEST']._serialized_start=3341
+  _globals['_LISTTENANTQUOTASREQUEST']._serialized_end=3405
+  _globals['_LISTTENANTQUOTASRESPONSE']._serialized_start=3408
+  _globals['_LISTTENANTQUOTASRESPONSE']._serialized_end=3552
+  _globals['_DELETETENANTQUOTAREQUEST']._serialized_start=3554
+  _globals['_DELETETENANTQUOTAREQUEST']._serialized_end=3671
+  _globals['_DELETETENANTQUOTARESPONSE']._serialized_start=3673
+  _globals['_DELETETENANTQUOTARESPONSE']._serialized_end=3717
+  _globals['_ADMINSERVICE']._serialized_start=3720
+  _globals['_ADMINSERVICE']._serialized_end=4751
 # @@protoc_insertion_point(module_scope)

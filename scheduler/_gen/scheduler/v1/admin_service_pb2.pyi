@@ -2,6 +2,7 @@
 import datetime
 
 from google.protobuf import duration_pb2 as _duration_pb2
+from google.protobuf import field_mask_pb2 as _field_mask_pb2
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from scheduler._gen.scheduler.v1 import cluster_pb2 as _cluster_pb2
 from scheduler._gen.scheduler.v1 import execution_pb2 as _execution_pb2
@@ -214,3 +215,101 @@ class ListAuditEventsResponse(_message.Message):
     events: _containers.RepeatedCompositeFieldContainer[AuditEvent]
     next_page_token: str
     def __init__(self, events: _Optional[_Iterable[_Union[AuditEvent, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class TenantQuota(_message.Message):
+    __slots__ = ("tenant", "max_schedules", "max_executions_per_second", "max_backfill", "max_labels", "max_payload_bytes", "version", "updated_at", "updated_by", "reason")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    MAX_SCHEDULES_FIELD_NUMBER: _ClassVar[int]
+    MAX_EXECUTIONS_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
+    MAX_BACKFILL_FIELD_NUMBER: _ClassVar[int]
+    MAX_LABELS_FIELD_NUMBER: _ClassVar[int]
+    MAX_PAYLOAD_BYTES_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_AT_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_BY_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    max_schedules: int
+    max_executions_per_second: float
+    max_backfill: int
+    max_labels: int
+    max_payload_bytes: int
+    version: int
+    updated_at: _timestamp_pb2.Timestamp
+    updated_by: str
+    reason: str
+    def __init__(self, tenant: _Optional[str] = ..., max_schedules: _Optional[int] = ..., max_executions_per_second: _Optional[float] = ..., max_backfill: _Optional[int] = ..., max_labels: _Optional[int] = ..., max_payload_bytes: _Optional[int] = ..., version: _Optional[int] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_by: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class SetTenantQuotaRequest(_message.Message):
+    __slots__ = ("tenant", "default_quota", "quota", "update_mask", "expected_version", "reason")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_QUOTA_FIELD_NUMBER: _ClassVar[int]
+    QUOTA_FIELD_NUMBER: _ClassVar[int]
+    UPDATE_MASK_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_VERSION_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    default_quota: bool
+    quota: TenantQuota
+    update_mask: _field_mask_pb2.FieldMask
+    expected_version: int
+    reason: str
+    def __init__(self, tenant: _Optional[str] = ..., default_quota: _Optional[bool] = ..., quota: _Optional[_Union[TenantQuota, _Mapping]] = ..., update_mask: _Optional[_Union[_field_mask_pb2.FieldMask, _Mapping]] = ..., expected_version: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class SetTenantQuotaResponse(_message.Message):
+    __slots__ = ("quota",)
+    QUOTA_FIELD_NUMBER: _ClassVar[int]
+    quota: TenantQuota
+    def __init__(self, quota: _Optional[_Union[TenantQuota, _Mapping]] = ...) -> None: ...
+
+class GetTenantQuotaRequest(_message.Message):
+    __slots__ = ("tenant", "default_quota")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_QUOTA_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    default_quota: bool
+    def __init__(self, tenant: _Optional[str] = ..., default_quota: _Optional[bool] = ...) -> None: ...
+
+class GetTenantQuotaResponse(_message.Message):
+    __slots__ = ("quota", "own_record", "schedules_held")
+    QUOTA_FIELD_NUMBER: _ClassVar[int]
+    OWN_RECORD_FIELD_NUMBER: _ClassVar[int]
+    SCHEDULES_HELD_FIELD_NUMBER: _ClassVar[int]
+    quota: TenantQuota
+    own_record: bool
+    schedules_held: int
+    def __init__(self, quota: _Optional[_Union[TenantQuota, _Mapping]] = ..., own_record: _Optional[bool] = ..., schedules_held: _Optional[int] = ...) -> None: ...
+
+class ListTenantQuotasRequest(_message.Message):
+    __slots__ = ("page_size", "page_token")
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    page_size: int
+    page_token: str
+    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class ListTenantQuotasResponse(_message.Message):
+    __slots__ = ("quotas", "default_quota", "next_page_token")
+    QUOTAS_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_QUOTA_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    quotas: _containers.RepeatedCompositeFieldContainer[TenantQuota]
+    default_quota: TenantQuota
+    next_page_token: str
+    def __init__(self, quotas: _Optional[_Iterable[_Union[TenantQuota, _Mapping]]] = ..., default_quota: _Optional[_Union[TenantQuota, _Mapping]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class DeleteTenantQuotaRequest(_message.Message):
+    __slots__ = ("tenant", "default_quota", "expected_version")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_QUOTA_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_VERSION_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    default_quota: bool
+    expected_version: int
+    def __init__(self, tenant: _Optional[str] = ..., default_quota: _Optional[bool] = ..., expected_version: _Optional[int] = ...) -> None: ...
+
+class DeleteTenantQuotaResponse(_message.Message):
+    __slots__ = ("deleted",)
+    DELETED_FIELD_NUMBER: _ClassVar[int]
+    deleted: bool
+    def __init__(self, deleted: _Optional[bool] = ...) -> None: ...

@@ -71,6 +71,26 @@ class AdminServiceStub:
                 request_serializer=scheduler_dot_v1_dot_admin__service__pb2.ListAuditEventsRequest.SerializeToString,
                 response_deserializer=scheduler_dot_v1_dot_admin__service__pb2.ListAuditEventsResponse.FromString,
                 _registered_method=True)
+        self.SetTenantQuota = channel.unary_unary(
+                '/scheduler.v1.AdminService/SetTenantQuota',
+                request_serializer=scheduler_dot_v1_dot_admin__service__pb2.SetTenantQuotaRequest.SerializeToString,
+                response_deserializer=scheduler_dot_v1_dot_admin__service__pb2.SetTenantQuotaResponse.FromString,
+                _registered_method=True)
+        self.GetTenantQuota = channel.unary_unary(
+                '/scheduler.v1.AdminService/GetTenantQuota',
+                request_serializer=scheduler_dot_v1_dot_admin__service__pb2.GetTenantQuotaRequest.SerializeToString,
+                response_deserializer=scheduler_dot_v1_dot_admin__service__pb2.GetTenantQuotaResponse.FromString,
+                _registered_method=True)
+        self.ListTenantQuotas = channel.unary_unary(
+                '/scheduler.v1.AdminService/ListTenantQuotas',
+                request_serializer=scheduler_dot_v1_dot_admin__service__pb2.ListTenantQuotasRequest.SerializeToString,
+                response_deserializer=scheduler_dot_v1_dot_admin__service__pb2.ListTenantQuotasResponse.FromString,
+                _registered_method=True)
+        self.DeleteTenantQuota = channel.unary_unary(
+                '/scheduler.v1.AdminService/DeleteTenantQuota',
+                request_serializer=scheduler_dot_v1_dot_admin__service__pb2.DeleteTenantQuotaRequest.SerializeToString,
+                response_deserializer=scheduler_dot_v1_dot_admin__service__pb2.DeleteTenantQuotaResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -134,6 +154,39 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetTenantQuota(self, request, context):
+        """Sets a tenant's quota (or the cluster default) by a CAS on its record; only the fields in
+        update_mask change (empty mask: all of them). Needs system:admin; audited. A limit below what
+        the tenant holds now refuses new creates only: nothing held is removed.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetTenantQuota(self, request, context):
+        """The limits that apply to a tenant (its own record, else the default) and its schedules held.
+        A tenant's reader may read its own; system:admin any.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListTenantQuotas(self, request, context):
+        """Every tenant's own quota record, by tenant name, and the cluster default. A caller that is not
+        system:admin sees the tenants it may read.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteTenantQuota(self, request, context):
+        """Removes a tenant's own record (the default applies again) or the default (unlimited again).
+        Needs system:admin; audited.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -171,6 +224,26 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.ListAuditEvents,
                     request_deserializer=scheduler_dot_v1_dot_admin__service__pb2.ListAuditEventsRequest.FromString,
                     response_serializer=scheduler_dot_v1_dot_admin__service__pb2.ListAuditEventsResponse.SerializeToString,
+            ),
+            'SetTenantQuota': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetTenantQuota,
+                    request_deserializer=scheduler_dot_v1_dot_admin__service__pb2.SetTenantQuotaRequest.FromString,
+                    response_serializer=scheduler_dot_v1_dot_admin__service__pb2.SetTenantQuotaResponse.SerializeToString,
+            ),
+            'GetTenantQuota': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetTenantQuota,
+                    request_deserializer=scheduler_dot_v1_dot_admin__service__pb2.GetTenantQuotaRequest.FromString,
+                    response_serializer=scheduler_dot_v1_dot_admin__service__pb2.GetTenantQuotaResponse.SerializeToString,
+            ),
+            'ListTenantQuotas': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListTenantQuotas,
+                    request_deserializer=scheduler_dot_v1_dot_admin__service__pb2.ListTenantQuotasRequest.FromString,
+                    response_serializer=scheduler_dot_v1_dot_admin__service__pb2.ListTenantQuotasResponse.SerializeToString,
+            ),
+            'DeleteTenantQuota': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteTenantQuota,
+                    request_deserializer=scheduler_dot_v1_dot_admin__service__pb2.DeleteTenantQuotaRequest.FromString,
+                    response_serializer=scheduler_dot_v1_dot_admin__service__pb2.DeleteTenantQuotaResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -363,6 +436,114 @@ class AdminService:
             '/scheduler.v1.AdminService/ListAuditEvents',
             scheduler_dot_v1_dot_admin__service__pb2.ListAuditEventsRequest.SerializeToString,
             scheduler_dot_v1_dot_admin__service__pb2.ListAuditEventsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetTenantQuota(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/scheduler.v1.AdminService/SetTenantQuota',
+            scheduler_dot_v1_dot_admin__service__pb2.SetTenantQuotaRequest.SerializeToString,
+            scheduler_dot_v1_dot_admin__service__pb2.SetTenantQuotaResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetTenantQuota(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/scheduler.v1.AdminService/GetTenantQuota',
+            scheduler_dot_v1_dot_admin__service__pb2.GetTenantQuotaRequest.SerializeToString,
+            scheduler_dot_v1_dot_admin__service__pb2.GetTenantQuotaResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListTenantQuotas(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/scheduler.v1.AdminService/ListTenantQuotas',
+            scheduler_dot_v1_dot_admin__service__pb2.ListTenantQuotasRequest.SerializeToString,
+            scheduler_dot_v1_dot_admin__service__pb2.ListTenantQuotasResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteTenantQuota(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/scheduler.v1.AdminService/DeleteTenantQuota',
+            scheduler_dot_v1_dot_admin__service__pb2.DeleteTenantQuotaRequest.SerializeToString,
+            scheduler_dot_v1_dot_admin__service__pb2.DeleteTenantQuotaResponse.FromString,
             options,
             channel_credentials,
             insecure,
