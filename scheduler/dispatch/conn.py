@@ -43,6 +43,9 @@ class Conn:
     reported: int = 0
     # What its worker may report on (dispatch/scope.py); None with auth off.
     scope: Scope | None = None
+    # Attempts its heartbeats list that the scope refused to re-attach: refused (and logged) once, not on
+    # every heartbeat.
+    refused: set[AttemptKey] = field(default_factory=set)
 
     def runs(self, task_type: str) -> bool:
         """Does the worker run `task_type`? One that listed no task types in Hello runs them all."""

@@ -266,8 +266,13 @@ class Liveness:
         in flight at the same attempt in the owner's memory, are taken over (answered Reattached), so that a
         planner taking over a partition re-attaches its running attempts without a ledger read and they
         are not orphaned."""
-        taken = [e for e in adoptable(((ra.execution_id, ra.attempt) for ra in running), c.running, self._lookup)
-                 if not refused(c.scope, e, "heartbeat re-attach", c.worker_id)]
+        taken = []
+        for e in adoptable(((ra.execution_id, ra.attempt) for ra in running if (ra.execution_id, ra.attempt)
+                            not in c.refused), c.running, self._lookup):
+            if refused(c.scope, e, "heartbeat re-attach", c.worker_id):
+                c.refused.add((e.id, e.attempt))
+            else:
+                taken.append(e)
         if not taken:
             return
         for e in taken:

@@ -7,6 +7,11 @@ run of its own pool and a payments run of another pool: a re-attach on Hello, st
 heartbeat and a drain's hand-back. Each is refused and logged, and both records are byte-for-byte and
 revision-for-revision unchanged in etcd, while its own pool's run in the same messages is re-attached and
 recorded (so the refusals are not the stream failing as a whole).
+
+Shown to fail with each protection removed: without the scope check (Scope.refusal answering "") the
+foreign runs are re-attached; without it on the result path (record_result's `check`) both foreign results
+are RECORDED and their records change; without it on the start path the starts are refused only for another
+reason (the fencing token), which the test tells apart.
 """
 
 from __future__ import annotations

@@ -48,8 +48,10 @@ def test_a_heartbeat_does_not_reattach_another_pools_attempt() -> None:
     c.scope = Scope("cert:w", "elsewhere", None)
     env.live.adopt(c, [wpb.RunningAttempt(execution_id=EID, attempt=1)])
     assert c.out.empty() and (EID, 1) not in c.running
-    c.scope = Scope("cert:w", "pool", None)
-    env.live.adopt(c, [wpb.RunningAttempt(execution_id=EID, attempt=1)])
-    assert (EID, 1) in c.running
+    assert c.refused == {(EID, 1)}  # not looked at (nor logged) again on the next heartbeats
+    other = env.conn("w3")
+    other.scope = Scope("cert:w", "pool", None)
+    env.live.adopt(other, [wpb.RunningAttempt(execution_id=EID, attempt=1)])
+    assert (EID, 1) in other.running
 
 

@@ -1,6 +1,9 @@
 """The cache of verified JWTs (scheduler/auth/jwt_cache.py): a token sent again is not verified again, a
 token that expires while cached is refused from then on (an injected clock, no sleeping), a refusal is
-never remembered, and the cache is bounded."""
+never remembered, and the cache is bounded.
+
+Shown to fail with the expiry check removed (VerifiedCache.get answering an expired entry): both cases of
+test_a_token_that_expires_while_cached_is_refused then accept the expired token ("DID NOT RAISE")."""
 
 from __future__ import annotations
 
