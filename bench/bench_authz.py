@@ -2,11 +2,13 @@
 loopback, against the same server without the interceptor in the same run.
 
 - API: sequential `GetSchedule` round trips (in-memory store) with no interceptor (the baseline), the
-  interceptor with auth off, a static token, a JWT (ES256, verified on every call).
+  interceptor with auth off, a static token, a JWT (ES256) with the verified-token cache off (verified on
+  every call) and on (verified once: scheduler/auth/jwt_cache.py).
 - Stream: a bidirectional stream that echoes N messages (the shape of the worker stream: the interceptor
   admits the call once, then each message passes one extra async-generator hop).
 
-Prints the ratio of each against the baseline (median of rounds). `--quick`: a smoke run.
+Prints the ratio of each against the baseline (median of rounds), then `JwtVerifier.verify` alone, cache off
+against cache on, in the same run. `--quick`: a smoke run.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from scheduler.auth.access import Authz
 from scheduler.auth.authn import Authenticator
 from scheduler.auth.config import AuthConfig
 from scheduler.auth.interceptor import AuthInterceptor
+from scheduler.auth.jwt_cache import VerifiedCache
 from scheduler.auth.principal import Grant, Principal, Role
 from scheduler.auth.tokens import JwtSettings, JwtVerifier, StaticToken, StaticTokens, new_static_token
 from scheduler.clock import SYSTEM_CLOCK
@@ -41,6 +44,14 @@ from scheduler.store.keyspace import Keyspace
 from scheduler.store.ledger import Ledger
 from scheduler.store.memory import MemoryKV
 from scheduler.store.schedules import ScheduleStore
+
+
+class NoCache(VerifiedCache):
+    """Remembers nothing: every call verifies the signature (what the API did before the cache)."""
+
+    def put(self, digest: bytes, principal: Principal, until: float) -> None:
+        return None
+
 
 # The echo stream is served under the worker stream's name, so it gets the worker stream's rule.
 STREAM = "/scheduler.v1.WorkerService/Connect"
@@ -97,8 +108,12 @@ async def main(quick: bool) -> int:
     import hashlib
 
     principal = Principal("token:bench", frozenset({Grant("t", Role.READER), Grant("*", Role.WORKER)}))
-    cfg = AuthConfig(jwt=JwtVerifier(JwtSettings(issuer="i", audience="a"), [(None, key.public_key())]),
-                     tokens=StaticTokens([StaticToken("bench", hashlib.sha256(token.encode()).digest(), principal)]))
+    tokens = StaticTokens([StaticToken("bench", hashlib.sha256(token.encode()).digest(), principal)])
+
+    def verifier(cache: VerifiedCache) -> JwtVerifier:
+        return JwtVerifier(JwtSettings(issuer="i", audience="a"), [(None, key.public_key())], cache=cache)
+    cfg = AuthConfig(jwt=verifier(NoCache()), tokens=tokens)
+    cached_cfg = AuthConfig(jwt=verifier(VerifiedCache()), tokens=tokens)
     bearer = jwt.encode({"iss": "i", "aud": "a", "sub": "b", "exp": int(time.time()) + 3600,
                          "permissions": ["t:reader", "*:worker"]}, key, algorithm="ES256")
     kv = MemoryKV()
@@ -108,7 +123,9 @@ async def main(quick: bool) -> int:
         ("no interceptor (baseline)", None, False, ()),
         ("interceptor, auth off", AuthInterceptor(None), False, ()),
         ("static token", AuthInterceptor(Authenticator(cfg)), True, (("authorization", f"Bearer {token}"),)),
-        ("JWT ES256", AuthInterceptor(Authenticator(cfg)), True, (("authorization", f"Bearer {bearer}"),)),
+        ("JWT ES256, cache off", AuthInterceptor(Authenticator(cfg)), True, (("authorization", f"Bearer {bearer}"),)),
+        ("JWT ES256, cached", AuthInterceptor(Authenticator(cached_cfg)), True,
+         (("authorization", f"Bearer {bearer}"),)),
     ]
     servers = [(name, *(await _server(kv, ic, enabled)), md) for name, ic, enabled, md in cases]
     unary: dict[str, list[float]] = {c[0]: [] for c in cases}
@@ -122,6 +139,18 @@ async def main(quick: bool) -> int:
     for name, *_ in cases:
         u, s = statistics.median(unary[name]), statistics.median(stream[name])
         print(f"{name:28} {u * 1e6:15.1f} {u / base_u:6.2f} {s * 1e6:14.1f} {s / base_s:6.2f}")
+    off, on = verifier(NoCache()), verifier(VerifiedCache())
+    direct: dict[str, list[float]] = {"off": [], "on": []}
+    for _ in range(rounds):
+        for name, v in (("off", off), ("on", on)):
+            t0 = time.perf_counter()
+            for _ in range(n):
+                v.verify(bearer)
+            direct[name].append((time.perf_counter() - t0) / n)
+    d_off, d_on = statistics.median(direct["off"]), statistics.median(direct["on"])
+    u_off, u_on = statistics.median(unary["JWT ES256, cache off"]), statistics.median(unary["JWT ES256, cached"])
+    print(f"JwtVerifier.verify: cache off {d_off * 1e6:.1f} µs, cached {d_on * 1e6:.2f} µs: "
+          f"{d_off / d_on:.0f}x; GetSchedule with a JWT: cache off / cached = {u_off / u_on:.2f}")
     for _, server, _, _ in servers:
         await server.stop(None)
     await kv.close()

@@ -103,6 +103,24 @@ def _read_quiet(path: str | None) -> bytes | None:
     return Path(path).read_bytes() if path else None
 
 
+def ca_problem(ca: bytes) -> str | None:
+    """Why `ca` is not a usable CA bundle (no PEM certificate in it), or None."""
+    from cryptography import x509
+
+    try:
+        if x509.load_pem_x509_certificates(ca):
+            return None
+    except ValueError as e:
+        return f"the CA bundle holds no PEM certificate: {e}"
+    return "the CA bundle holds no PEM certificate"
+
+
+def _client_problem(f: _Files) -> str | None:
+    if f.cert is not None and f.key is not None and (problem := pair_problem(f.cert, f.key)) is not None:
+        return problem
+    return ca_problem(f.ca) if f.ca is not None else None
+
+
 class ServerTls:
     """A server port's credentials, re-read from the files on change (see the module docstring)."""
 
@@ -171,22 +189,33 @@ class ClientTls:
         self._lock = threading.Lock()
         self._files: _Files | None = None
         self._creds: grpc.ChannelCredentials | None = None
+        self._refused: _Files | None = None  # a bad new set already logged
+        self._unreadable = False  # a file missing already logged (said again once it came back and went)
         self.generation = 0  # moves each time the files' content changed (and at the first read)
 
     def refresh(self) -> int:
         """Re-read the files; returns the generation (bumped when their bytes changed). A file that cannot be
-        read now keeps the last good credentials (a rotation in progress), unless there are none yet."""
+        read now, a key that does not belong to the certificate (half-rotated) or a CA bundle that is not PEM
+        keeps the last good credentials (logged once per bad set), unless there are none yet."""
         try:
             now = _Files(_read_quiet(self.cert_file), _read_quiet(self.key_file), _read_quiet(self.ca_file))
-        except OSError:
+        except OSError as e:
             if self._creds is None:
                 raise
+            if not self._unreadable:
+                self._unreadable = True
+                log.error("TLS files unreadable; keeping the current ones: %s", e, extra={
+                    "event": "tls_reload_refused", "cert_file": self.cert_file, "ca_file": self.ca_file})
             return self.generation
+        self._unreadable = False
         with self._lock:
             if now != self._files:
-                if now.cert is not None and now.key is not None and self._creds is not None \
-                        and pair_problem(now.cert, now.key) is not None:
-                    return self.generation  # half-rotated: keep the last good pair until both match
+                if self._creds is not None and (problem := _client_problem(now)) is not None:
+                    if now != self._refused:  # a rotation swaps files one by one: say so once, not per dial
+                        self._refused = now
+                        log.error("new TLS files not loaded, keeping the current ones: %s", problem, extra={
+                            "event": "tls_reload_refused", "cert_file": self.cert_file, "ca_file": self.ca_file})
+                    return self.generation
                 self._files = now
                 self._creds = grpc.ssl_channel_credentials(root_certificates=now.ca, private_key=now.key,
                                                            certificate_chain=now.cert)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The project's one test command (README, .ci/run): lint, types, the test suite, benchmark smoke runs
 # (SCHED_FULL=1: also the long drills on real processes).
-# Extra arguments go to pytest. SCHED_FULL=1 also runs the long drills and benchmarks marked `slow`.
+# Extra arguments go to pytest. SCHED_FULL=1 also runs the long drills and benchmarks marked `slow`, and the
+# API fuzz tests' long mode (tests/unit/api/test_fuzz.py: over 100,000 requests with auth on, ~6 min).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python

@@ -9,10 +9,12 @@ scheduler/server.py asks for one with `require_client_auth`) are looked up in th
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from scheduler.auth.config import AuthConfig
 from scheduler.auth.principal import Principal
+from scheduler.auth.reload import RELOAD_INTERVAL_S, AuthFiles
 from scheduler.auth.tokens import looks_like_jwt
 from scheduler.errors import Unauthenticated
 
@@ -41,20 +43,26 @@ def cert_identities(auth_context: Mapping[str, Sequence[bytes]] | None) -> list[
 
 
 class Authenticator:
-    def __init__(self, cfg: AuthConfig) -> None:
+    def __init__(self, cfg: AuthConfig, *, reload_interval: float = RELOAD_INTERVAL_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        """`reload_interval`: how often the key set and token files are looked at (scheduler/auth/reload.py)."""
         self.cfg = cfg
+        self.files = AuthFiles(cfg, interval=reload_interval, clock=clock)
 
     def authenticate(self, metadata: Iterable[tuple[str, str | bytes]] | None,
                      auth_context: Mapping[str, Sequence[bytes]] | None) -> Principal:
         token = bearer_token(metadata)
         if token is not None:
+            self.files.maybe_reload()
             if looks_like_jwt(token):
-                if self.cfg.jwt is None:
+                verifier = self.files.jwt
+                if verifier is None:
                     raise Unauthenticated("bearer token refused: this cluster accepts no JWTs")
-                return self.cfg.jwt.verify(token)
-            if self.cfg.tokens is None:
+                return verifier.verify(token)
+            tokens = self.files.tokens
+            if tokens is None:
                 raise Unauthenticated("bearer token refused: this cluster has no static tokens")
-            return self.cfg.tokens.verify(token)
+            return tokens.verify(token)
         idents = cert_identities(auth_context)
         for ident in idents:
             grants = self.cfg.certs.get(ident)

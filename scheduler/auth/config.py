@@ -20,7 +20,10 @@ payments = ["payments"]
 ```
 
 Read once at start and validated whole: every error names its key (`jwt.audience`, `certs."x"[0]`),
-and a planner refuses to start on any of them rather than run with half its rules.
+and a planner refuses to start on any of them rather than run with half its rules. The key material it
+points to (the JWKS / PEM key files and the static token file) is re-read while the planner runs when
+those files change (scheduler/auth/reload.py); the auth file itself (issuer, audience, [certs], [pools])
+takes a restart.
 """
 
 from __future__ import annotations
@@ -43,12 +46,34 @@ _JWT = {"issuer", "audience", "jwks_file", "public_key_files", "permissions_clai
 
 
 @dataclass(frozen=True)
+class JwtSource:
+    """Where the JWT verifier's keys came from, to build it again when they change."""
+
+    settings: JwtSettings
+    jwks_file: str | None
+    public_key_files: tuple[str, ...]
+
+    def files(self) -> tuple[str, ...]:
+        return ((self.jwks_file,) if self.jwks_file else ()) + self.public_key_files
+
+    def load(self) -> JwtVerifier:
+        """A new verifier (with an empty cache) from the files as they are now; InvalidArgument naming the
+        key (`jwt.jwks_file`, `jwt.public_key_files[0]`) if one is unreadable or holds no key."""
+        keys = load_jwks(self.jwks_file) if self.jwks_file else []
+        keys += load_pem_keys(self.public_key_files)
+        return JwtVerifier(self.settings, keys)
+
+
+@dataclass(frozen=True)
 class AuthConfig:
     jwt: JwtVerifier | None = None
     tokens: StaticTokens | None = None
     certs: Mapping[str, frozenset[Grant]] = field(default_factory=dict)
     # pool -> tenants allowed on it; a pool not named here serves every tenant.
     pools: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    # The files behind `jwt` and `tokens` (None: given in code, never reloaded).
+    jwt_source: JwtSource | None = None
+    tokens_file: str | None = None
 
     def pool_allows(self, pool: str, tenant: str) -> bool:
         allowed = self.pools.get(pool)
@@ -79,7 +104,7 @@ def parse_auth(data: Mapping[str, Any], base: Path = Path()) -> AuthConfig:
     unknown = set(data) - _TOP
     if unknown:
         raise InvalidArgument(sorted(unknown)[0], f"unknown key in the auth file; known: {', '.join(sorted(_TOP))}")
-    verifier = None
+    verifier, source = None, None
     if "jwt" in data:
         j = data["jwt"]
         if not isinstance(j, dict):
@@ -98,15 +123,14 @@ def parse_auth(data: Mapping[str, Any], base: Path = Path()) -> AuthConfig:
                         permissions_claim=_str(j, "permissions_claim", "jwt", JwtSettings.permissions_claim),
                         subject_claim=_str(j, "subject_claim", "jwt", JwtSettings.subject_claim),
                         leeway_s=float(leeway))
-        keys = []
-        if "jwks_file" in j:
-            keys += load_jwks(_rel(base, _str(j, "jwks_file", "jwt")))
         pems = j.get("public_key_files", [])
         if not isinstance(pems, list) or not all(isinstance(p, str) for p in pems):
             raise InvalidArgument("jwt.public_key_files", "must be a list of paths")
-        keys += load_pem_keys([_rel(base, p) for p in pems])
-        verifier = JwtVerifier(s, keys)
-    tokens = StaticTokens.load(_rel(base, _str(data, "tokens_file", ""))) if "tokens_file" in data else None
+        source = JwtSource(s, _rel(base, _str(j, "jwks_file", "jwt")) if "jwks_file" in j else None,
+                           tuple(_rel(base, p) for p in pems))
+        verifier = source.load()
+    tokens_file = _rel(base, _str(data, "tokens_file", "")) if "tokens_file" in data else None
+    tokens = StaticTokens.load(tokens_file) if tokens_file else None
     certs: dict[str, frozenset[Grant]] = {}
     raw_certs = data.get("certs", {})
     if not isinstance(raw_certs, dict):
@@ -128,4 +152,5 @@ def parse_auth(data: Mapping[str, Any], base: Path = Path()) -> AuthConfig:
         pools[pool] = frozenset(tenants)
     if verifier is None and tokens is None and not certs:
         raise InvalidArgument("auth_file", "names no way to authenticate: set [jwt], tokens_file or [certs]")
-    return AuthConfig(jwt=verifier, tokens=tokens, certs=certs, pools=pools)
+    return AuthConfig(jwt=verifier, tokens=tokens, certs=certs, pools=pools,
+                      jwt_source=source if verifier is not None else None, tokens_file=tokens_file)

@@ -10,6 +10,10 @@ Static tokens are for service accounts without an identity provider: the file ho
 token, never the token, and a presented token's hash is compared against every entry with
 `hmac.compare_digest` (no early exit), so neither the file nor the comparison's timing gives a token away.
 A token of 256 random bits needs no slow hash: there is nothing to brute-force from its SHA-256.
+
+A verified JWT is remembered (scheduler/auth/jwt_cache.py) until its `exp` plus the leeway, on the
+verifier's clock: the time claims are checked here against that same clock rather than by PyJWT (which
+reads the system clock), so that the cache and a full verification agree on when a token expires.
 """
 
 from __future__ import annotations
@@ -18,14 +22,16 @@ import hashlib
 import hmac
 import json
 import secrets
+import time
 import tomllib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import jwt
 
+from scheduler.auth.jwt_cache import VerifiedCache
 from scheduler.auth.principal import Principal, lenient_permissions, parse_permissions
 from scheduler.errors import InvalidArgument, Unauthenticated
 
@@ -50,8 +56,11 @@ class JwtSettings:
 class JwtVerifier:
     """Verifies a JWT's signature against the configured keys and its registered claims."""
 
-    def __init__(self, settings: JwtSettings, keys: Sequence[tuple[str | None, Any]]) -> None:
-        """`keys`: (kid or None, a cryptography public key or PyJWK key object)."""
+    def __init__(self, settings: JwtSettings, keys: Sequence[tuple[str | None, Any]], *,
+                 now: Callable[[], float] = time.time, cache: VerifiedCache | None = None) -> None:
+        """`keys`: (kid or None, a cryptography public key or PyJWK key object); `now`: wall-clock seconds
+        since the epoch, for `exp` / `nbf` / `iat` and the cache's expiry; `cache`: verified tokens (a new
+        bounded one by default; one per verifier, so a reloaded key set starts empty)."""
         if not keys:
             raise InvalidArgument("jwt", "no public keys: set jwks_file or public_key_files")
         bad = [a for a in settings.algorithms if a not in ASYMMETRIC]
@@ -59,6 +68,8 @@ class JwtVerifier:
             raise InvalidArgument("jwt.algorithms", f"{', '.join(bad)}: only asymmetric algorithms "
                                   f"({', '.join(sorted(ASYMMETRIC))}) verify with public keys")
         self.s, self.keys = settings, list(keys)
+        self.now = now
+        self.cache = cache if cache is not None else VerifiedCache()
 
     def _candidates(self, token: str) -> list[Any]:
         try:
@@ -74,21 +85,53 @@ class JwtVerifier:
         return [k for _, k in self.keys]
 
     def verify(self, token: str) -> Principal:
+        digest = hashlib.sha256(token.encode()).digest()
+        now = self.now()
+        cached = self.cache.get(digest, now)
+        if cached is not None:
+            return cached
+        principal, until = self._verify(token, now)  # raises on any refusal: nothing is cached then
+        self.cache.put(digest, principal, until)
+        return principal
+
+    def _verify(self, token: str, now: float) -> tuple[Principal, float]:
+        """The principal, and the instant the token stops being valid (its `exp` plus the leeway)."""
         last: jwt.PyJWTError | None = None
         for key in self._candidates(token):
             try:
                 claims: dict[str, Any] = jwt.decode(
                     token, key, algorithms=list(self.s.algorithms), audience=self.s.audience, issuer=self.s.issuer,
-                    leeway=self.s.leeway_s, options={"require": ["exp", "iss", "aud"]})
+                    options={"require": ["exp", "iss", "aud"], "verify_exp": False, "verify_nbf": False,
+                             "verify_iat": False})
             except (jwt.InvalidSignatureError, jwt.InvalidKeyError) as e:
                 last = e  # not this key (another key, or a key of another type): try the next
                 continue
-            except jwt.PyJWTError as e:  # expired, not yet valid, wrong audience or issuer, malformed
+            except jwt.PyJWTError as e:  # wrong audience or issuer, a required claim missing, malformed
                 raise Unauthenticated(f"bearer token refused: {e}") from None
+            until = self._check_times(claims, now)
             sub = claims.get(self.s.subject_claim)
             name = f"jwt:{sub}" if isinstance(sub, str) and sub else "jwt:?"
-            return Principal(name, lenient_permissions(claims.get(self.s.permissions_claim)))
+            return Principal(name, lenient_permissions(claims.get(self.s.permissions_claim))), until
         raise Unauthenticated(f"bearer token refused: {last or 'signature verification failed'}")
+
+    def _check_times(self, claims: Mapping[str, Any], now: float) -> float:
+        """PyJWT's rules for `exp`, `nbf` and `iat` (integers; leeway both ways), on our clock. Returns the
+        instant from which the token is refused."""
+        leeway = self.s.leeway_s
+
+        def number(claim: str) -> int:
+            try:
+                return int(claims[claim])
+            except (ValueError, TypeError, OverflowError):
+                raise Unauthenticated(f"bearer token refused: the {claim} claim must be an integer") from None
+
+        exp = number("exp")
+        if exp <= now - leeway:
+            raise Unauthenticated("bearer token refused: Signature has expired")
+        for claim in ("nbf", "iat"):
+            if claim in claims and number(claim) > now + leeway:
+                raise Unauthenticated(f"bearer token refused: The token is not yet valid ({claim})")
+        return exp + leeway
 
 
 def load_jwks(path: str) -> list[tuple[str | None, Any]]:

@@ -10,6 +10,7 @@ import asyncio
 from dataclasses import dataclass, field
 
 from scheduler._gen.scheduler.v1 import worker_service_pb2 as wpb
+from scheduler.dispatch.scope import Scope
 
 AttemptKey = tuple[str, int]  # (execution id, attempt)
 
@@ -40,6 +41,11 @@ class Conn:
     # How many attempts the worker says it runs (its latest heartbeat, or Hello before the first): what
     # `cluster status` shows. The worker is authoritative; `running` is this planner's share of it.
     reported: int = 0
+    # What its worker may report on (dispatch/scope.py); None with auth off.
+    scope: Scope | None = None
+    # Attempts its heartbeats list that the scope refused to re-attach: refused (and logged) once, not on
+    # every heartbeat.
+    refused: set[AttemptKey] = field(default_factory=set)
 
     def runs(self, task_type: str) -> bool:
         """Does the worker run `task_type`? One that listed no task types in Hello runs them all."""

@@ -31,6 +31,7 @@ from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from scheduler._gen.scheduler.v1 import worker_service_pb2 as wpb
 from scheduler.clock import Clock
 from scheduler.dispatch.conn import AttemptKey, Conn, Held
+from scheduler.dispatch.scope import refused
 from scheduler.errors import SchedError
 from scheduler.execution import IN_FLIGHT, Execution
 from scheduler.ids import ExecutionId
@@ -245,7 +246,9 @@ class Liveness:
                 except SchedError:
                     unread += 1
                     continue
-            why = reattach_refusal(e, ra.attempt)
+            # Another pool's or tenant's run is never re-attached to this stream (dispatch/scope.py).
+            why = (refused(c.scope, e, "re-attach", c.worker_id) if e is not None else "") \
+                or reattach_refusal(e, ra.attempt)
             if not why:
                 assert e is not None
                 self._attach(c, (ra.execution_id, ra.attempt), e.task_type)
@@ -263,7 +266,13 @@ class Liveness:
         in flight at the same attempt in the owner's memory, are taken over (answered Reattached), so that a
         planner taking over a partition re-attaches its running attempts without a ledger read and they
         are not orphaned."""
-        taken = adoptable(((ra.execution_id, ra.attempt) for ra in running), c.running, self._lookup)
+        taken = []
+        for e in adoptable(((ra.execution_id, ra.attempt) for ra in running if (ra.execution_id, ra.attempt)
+                            not in c.refused), c.running, self._lookup):
+            if refused(c.scope, e, "heartbeat re-attach", c.worker_id):
+                c.refused.add((e.id, e.attempt))
+            else:
+                taken.append(e)
         if not taken:
             return
         for e in taken:

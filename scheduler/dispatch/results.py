@@ -34,7 +34,8 @@ from typing import Any
 from scheduler._gen.scheduler.v1 import execution_pb2
 from scheduler._gen.scheduler.v1 import worker_service_pb2 as wpb
 from scheduler.clock import Clock
-from scheduler.errors import NotFound, SchedError
+from scheduler.dispatch.scope import Scope, refused
+from scheduler.errors import NotFound, PermissionDenied, SchedError
 from scheduler.execution import (
     IN_FLIGHT,
     Disposition,
@@ -76,6 +77,10 @@ class Recorded(StrEnum):
     DUPLICATE = "duplicate"  # this attempt's result was already recorded
     STALE = "stale"  # superseded: a newer attempt exists, or the execution ended without it
     UNKNOWN = "unknown"  # not recorded (etcd error, no such record): not acknowledged, sent again
+    # The stream may not report on this execution (another pool or tenant: dispatch/scope.py): nothing is
+    # written, and it is acknowledged as stale so that the worker lets go of it instead of re-sending it
+    # on every stream forever.
+    REFUSED = "refused"
 
 
 @dataclass(frozen=True)
@@ -140,15 +145,19 @@ async def record_result(
     timeout: float | None = None,
     max_rounds: int = 5,
     extra: Sequence[Op] = (),
+    check: Callable[[Execution], str] | None = None,
     **details: Any,
 ) -> tuple[Execution, Disposition]:
     """The slow path for one result: read the record, apply the pure transition, compare-and-swap; again
     on a lost CAS. `extra`: ops committed only with the result (a notice for a partition owned elsewhere).
-    `details`: what else the result says (`execution.result`'s started_ms, not_started, cancelled, output)."""
+    `details`: what else the result says (`execution.result`'s started_ms, not_started, cancelled, output).
+    `check`: why the reporter may not touch the record as read ("" if it may): PermissionDenied, nothing written."""
     for _ in range(max_rounds):
         e = await ledger.get(kv, schedule_id, planned_ms, timeout=timeout)
         if e is None:
             raise NotFound(f"execution {execution_id(schedule_id, planned_ms)} not found")
+        if check is not None and (why := check(e)):
+            raise PermissionDenied(why)
         new, disposition = result(e, attempt, succeeded=succeeded, error_class=error_class, message=message,
                                   now_ms=now_ms, retry_after_ms=retry_after_ms, worker=worker, **details)
         if disposition is not Disposition.RECORDED:
@@ -181,6 +190,7 @@ class _Delivery:
     worker: str
     results: list[wpb.Result]
     reply: Reply
+    scope: Scope | None  # what the sender may report on (None: anything: auth off, or this planner itself)
 
 
 @dataclass(frozen=True)
@@ -213,21 +223,23 @@ class ResultRecorder:
         self._inbox: list[_Delivery] = []
         self._task: asyncio.Task[None] | None = None
         self.results = 0  # results answered (acknowledged with any disposition)
+        self.refused = 0  # results refused: the reporting stream may not touch the execution (dispatch/scope.py)
 
     # ---- what the dispatcher calls ------------------------------------------------------------------
 
-    def enqueue(self, sender: object, worker: str, results: list[wpb.Result], reply: Reply) -> None:
+    def enqueue(self, sender: object, worker: str, results: list[wpb.Result], reply: Reply,
+                scope: Scope | None = None) -> None:
         """Queue one message's results and return at once; `reply` gets their report once they are recorded
-        (not at all if recording failed: the worker sends them again)."""
-        self._inbox.append(_Delivery(sender, worker, results, reply))
+        (not at all if recording failed: the worker sends them again). `scope`: the sender's stream's."""
+        self._inbox.append(_Delivery(sender, worker, results, reply, scope))
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._drain(), name="result-recorder")
 
-    async def record_now(self, worker: str, results: list[wpb.Result]) -> ResultReport:
+    async def record_now(self, worker: str, results: list[wpb.Result], scope: Scope | None = None) -> ResultReport:
         """Record these results without waiting for others to share their txns (a drain's hand-back)."""
-        fast = await self._fast_path(results, lambda r: worker)
+        fast = await self._fast_path(results, lambda r: worker, lambda r: scope)
         self.results += len(fast.entries)
-        return await self._slow_path(worker, fast.slow, fast.entries)
+        return await self._slow_path(worker, fast.slow, fast.entries, scope)
 
     # ---- the inbox ------------------------------------------------------------------------------------
 
@@ -250,7 +262,8 @@ class ResultRecorder:
 
     async def _record_batch(self, batch: list[_Delivery]) -> None:
         owner = {_key(r): d for d in batch for r in d.results}  # a result repeated in one batch: its last sender
-        fast = await self._fast_path([r for d in batch for r in d.results], lambda r: owner[_key(r)].worker)
+        fast = await self._fast_path([r for d in batch for r in d.results], lambda r: owner[_key(r)].worker,
+                                     lambda r: owner[_key(r)].scope)
         self.results += len(fast.entries)
         by_sender: dict[int, list[ResultEntry]] = {}
         for entry in fast.entries:
@@ -258,19 +271,26 @@ class ResultRecorder:
         for d in batch:
             mine = {_key(r) for r in d.results}
             d.reply(await self._slow_path(d.worker, [r for r in fast.slow if _key(r) in mine],
-                                          by_sender.pop(id(d.sender), [])))
+                                          by_sender.pop(id(d.sender), []), d.scope))
 
     # ---- the fast path: one txn of CASes, no reads ---------------------------------------------------
 
-    async def _fast_path(self, results: list[wpb.Result], worker_of: Callable[[wpb.Result], str]) -> _FastOutcome:
+    async def _fast_path(self, results: list[wpb.Result], worker_of: Callable[[wpb.Result], str],
+                         scope_of: Callable[[wpb.Result], Scope | None]) -> _FastOutcome:
         """Results for executions this node owns and holds in memory: one txn of CASes for all of them, no
         reads. Whatever does not apply cleanly goes to the slow path (read, decide, CAS). `worker_of` names
-        the worker that reported a result: recorded in its attempt, in the same CAS."""
+        the worker that reported a result: recorded in its attempt, in the same CAS; `scope_of` says what
+        its stream may report on (a refused result is answered here, never written)."""
         now = self.clock.wall_ms()
         cands: list[tuple[wpb.Result, Execution, Execution]] = []
         slow: list[wpb.Result] = []
+        entries: list[ResultEntry] = []
         for r in results:
             old = self._lookup(r.execution_id)
+            if old is not None and refused(scope_of(r), old, "result", worker_of(r)):
+                self.refused += 1
+                entries.append(ResultEntry(r.execution_id, r.attempt, Recorded.REFUSED, True, old))
+                continue
             if old is None or old.attempt != r.attempt or old.state not in IN_FLIGHT:
                 slow.append(r)
                 continue
@@ -282,7 +302,6 @@ class ResultRecorder:
                 slow.append(r)  # dead letters keep the payload: the slow path looks it up
                 continue
             cands.append((r, old, new))
-        entries: list[ResultEntry] = []
         chunks = [cands[i:i + MAX_CAS_PER_TXN] for i in range(0, len(cands), MAX_CAS_PER_TXN)]
 
         async def commit(chunk: list[tuple[wpb.Result, Execution, Execution]]) -> None:
@@ -309,7 +328,8 @@ class ResultRecorder:
 
     # ---- the slow path: read, decide, CAS, per result -------------------------------------------------
 
-    async def _slow_path(self, worker: str, slow: list[wpb.Result], fast: list[ResultEntry]) -> ResultReport:
+    async def _slow_path(self, worker: str, slow: list[wpb.Result], fast: list[ResultEntry],
+                         scope: Scope | None = None) -> ResultReport:
         """Results the fast path could not apply (not in this node's memory: after a restart or an ownership
         move; dead letters; lost CASes) are read and recorded one by one, but many at a time: after a
         partition reload thousands arrive together, and a sequential read + CAS each would leave them
@@ -327,8 +347,11 @@ class ResultRecorder:
                         message=r.message, now_ms=self.clock.wall_ms(),
                         retry_after_ms=int(r.retry_after.ToMilliseconds()), worker=worker,
                         payload_of=self._payload_of, timeout=self._timeout, extra=self._notice_for(sid, planned_ms),
-                        **details(r),
+                        check=None if scope is None else lambda e: refused(scope, e, "result", worker), **details(r),
                     )
+                except PermissionDenied:  # logged by `refused`
+                    self.refused += 1
+                    return ResultEntry(r.execution_id, r.attempt, Recorded.REFUSED, False)
                 except (NotFound, SchedError) as err:
                     log.warning("result not recorded: %s", err, extra={"execution_id": r.execution_id})
                     return ResultEntry(r.execution_id, r.attempt, Recorded.UNKNOWN, False)
@@ -348,7 +371,8 @@ class ResultRecorder:
 
 
 # The acknowledgement of each answered result (UNKNOWN ones get none): the worker forgets it on any of them.
-_ACK = {Recorded.DUPLICATE: wpb.RESULT_DISPOSITION_DUPLICATE, Recorded.STALE: wpb.RESULT_DISPOSITION_STALE}
+_ACK = {Recorded.DUPLICATE: wpb.RESULT_DISPOSITION_DUPLICATE, Recorded.STALE: wpb.RESULT_DISPOSITION_STALE,
+        Recorded.REFUSED: wpb.RESULT_DISPOSITION_STALE}
 
 
 def _ack(x: ResultEntry) -> wpb.ResultAckEntry:

@@ -21,6 +21,10 @@ Protocol (docs/workers.md has the worker's view):
   hands it to the owner's planner, which times it out (a CAS keyed on the attempt: a result recorded
   meanwhile wins).
 
+With auth on, a stream may report only on executions of its own pool (checked on Hello) and of tenants
+that pool serves: every result, start, re-attach and hand-back naming another is refused, logged and not
+written (dispatch/scope.py).
+
 This module is the stream service itself and assignment pumping: it feeds results, starts and liveness
 events to the modules named above and sends their answers back. Items wait in a fair queue (per tenant,
 capped per task type) until some worker of their pool has credit; workers of the planning region are
@@ -53,6 +57,7 @@ from scheduler.dispatch.duplicate import DuplicateDelivery
 from scheduler.dispatch.liveness import Liveness
 from scheduler.dispatch.queue import FairQueue
 from scheduler.dispatch.results import NoticeFor, PayloadLookup, ResultRecorder, ResultReport
+from scheduler.dispatch.scope import Scope
 from scheduler.dispatch.starts import StartRecorder
 from scheduler.execution import Execution
 from scheduler.ids import FencingToken
@@ -348,11 +353,12 @@ class Dispatcher:
         """Hand results to the recorder (dispatch/results.py) and return at once. Acks still go out only
         after the results are recorded."""
         self._finished(c, results)
-        self.recorder.enqueue(c, c.worker_id, results, lambda report, c=c: self._send_acks(c, report))  # type: ignore[misc]
+        self.recorder.enqueue(c, c.worker_id, results, lambda report, c=c: self._send_acks(c, report),  # type: ignore[misc]
+                              c.scope)
 
     async def _handle_results(self, c: Conn, results: list[wpb.Result]) -> None:
         self._finished(c, results)
-        self._send_acks(c, await self.recorder.record_now(c.worker_id, results))
+        self._send_acks(c, await self.recorder.record_now(c.worker_id, results, c.scope))
         self._pump()
 
     async def _returned(self, c: Conn, refs: list[wpb.AttemptRef]) -> None:
@@ -388,7 +394,7 @@ class Dispatcher:
                 self._enqueue_results(c, list(msg.results.results))
             elif kind == "started":
                 self.starts.enqueue(c.worker_id, list(msg.started.starts),
-                                    lambda acks, c=c: self._start_acks(c, acks))  # type: ignore[misc]
+                                    lambda acks, c=c: self._start_acks(c, acks), c.scope)  # type: ignore[misc]
             elif kind == "heartbeat":
                 self.liveness.heartbeat(c, msg.heartbeat.running)
             elif kind == "drain":
@@ -409,6 +415,7 @@ class Dispatcher:
         if not h.worker_id or not h.pool:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "hello.worker_id and hello.pool are required")
             return
+        scope: Scope | None = None
         if self.authz.enabled:
             p = current()
             if p is None or not p.may(Role.WORKER, h.pool):
@@ -416,11 +423,13 @@ class Dispatcher:
                 await context.abort(grpc.StatusCode.PERMISSION_DENIED,
                                     f"hello.pool: {who} may not serve pool {h.pool!r} (it needs {h.pool}:worker)")
                 return
+            # Everything this stream reports later is checked against it (dispatch/scope.py).
+            scope = Scope.of(p.name, h.pool, self.authz.pools)
         if self.duplicate is not None:
             self.duplicate.start()  # polled from the first stream on: without workers there is nothing to repeat
         conn_id = next(self._ids)
         c = Conn(h.worker_id, h.pool, h.region, frozenset(h.task_types), asyncio.Queue(),
-                 last_seen=self.clock.monotonic(), capacity=h.capacity)
+                 last_seen=self.clock.monotonic(), capacity=h.capacity, scope=scope)
         self.conns[conn_id] = c
         self.liveness.start_watchdog()
         log.info("worker connected", extra={"event": "worker_connected", "worker": h.worker_id, "pool": h.pool})

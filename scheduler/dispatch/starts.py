@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from scheduler._gen.scheduler.v1 import worker_service_pb2 as wpb
 from scheduler.api.convert import fencing_token_from_pb
 from scheduler.clock import Clock
+from scheduler.dispatch.scope import Scope, refused
 from scheduler.errors import SchedError
 from scheduler.execution import ExecState, Execution, start_refusal, started, with_revision
 from scheduler.ids import ExecutionId
@@ -46,6 +47,7 @@ class _Req:
     reply: Callable[[wpb.StartAckEntry], None]
     worker: str
     r: wpb.StartRequest
+    scope: Scope | None = None  # what the requesting stream may start (dispatch/scope.py); None: anything
 
 
 class StartRecorder:
@@ -60,7 +62,7 @@ class StartRecorder:
         self.refused = 0
 
     def enqueue(self, worker: str, reqs: Sequence[wpb.StartRequest],
-                reply: Callable[[list[wpb.StartAckEntry]], None]) -> None:
+                reply: Callable[[list[wpb.StartAckEntry]], None], scope: Scope | None = None) -> None:
         """Queue a stream's requests; `reply` gets their answers (one message per recorded batch)."""
         pending: list[wpb.StartAckEntry] = []
         left = [len(reqs)]
@@ -71,7 +73,7 @@ class StartRecorder:
             if left[0] == 0:
                 reply(pending)
 
-        self._inbox += [_Req(one, worker, r) for r in reqs]
+        self._inbox += [_Req(one, worker, r, scope) for r in reqs]
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._drain(), name="start-recorder")
 
@@ -102,7 +104,9 @@ class StartRecorder:
         return TxnOp((*op.compare, *fence), op.success, op.failure)
 
     def _decide(self, q: _Req, e: Execution, now_ms: int) -> Execution | str:
-        why = start_refusal(e, q.r.attempt)
+        # Another pool's or tenant's execution: refused before anything else (logged by the slow path,
+        # which every refusal goes through).
+        why = (q.scope.refusal(e) if q.scope is not None else "") or start_refusal(e, q.r.attempt)
         cur = e.current
         if not why and cur is not None and cur.token != (sent := fencing_token_from_pb(q.r.fencing_token)):
             why = f"fencing token {sent} is not the attempt's {cur.token}"
@@ -164,6 +168,11 @@ class StartRecorder:
                 self._refuse(q, "unknown execution")
                 return
             e = decode_execution(got.value, got.mod_revision)
+            # Before the repeat check below: a stream of another pool naming the running worker's id
+            # must not be told that the start is its own.
+            if why := refused(q.scope, e, "start", q.worker):
+                self._refuse(q, why)
+                return
             d = self._decide(q, e, now_ms)
             if isinstance(d, str):
                 if e.state is ExecState.RUNNING and e.attempt == q.r.attempt and e.current is not None \

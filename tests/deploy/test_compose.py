@@ -109,6 +109,32 @@ def test_mutual_tls_everywhere() -> None:
                 assert "SCHED_ETCD_CERT_FILE=" in text and name in sans, name
 
 
+def test_authorization_is_on_from_compose_secrets() -> None:
+    """Every planner gets the authorization file and its token file as compose secrets, planner.toml names it
+    and sets no insecure, and its [certs] give the certificates the `certs` job writes (schedctl certs dev)
+    the roles each service needs: planners their peers' calls, workers pool default, admin everything."""
+    import tomllib
+
+    from scheduler.auth.config import load_auth_file
+    from scheduler.certs import LEAVES
+
+    settings = tomllib.loads((COMPOSE_DIR / "config" / "planner.toml").read_text())
+    assert "insecure" not in settings and settings["auth_file"] == "/run/secrets/auth.toml"
+    top = yaml.safe_load(COMPOSE.read_text())["secrets"]
+    for name, s in services().items():
+        if s.get("command", [None])[0] == "planner":
+            targets = {x["target"]: top[x["source"]]["file"] for x in s["secrets"]}
+            assert targets == {"auth.toml": "./config/auth.toml", "tokens.toml": "./config/tokens.toml"}, name
+    cfg = load_auth_file(str(COMPOSE_DIR / "config" / "auth.toml"))  # tokens.toml beside it, as in /run/secrets
+    assert cfg.tokens is not None and cfg.tokens_file is not None
+    cn = {leaf.name: leaf.common_name for leaf in LEAVES}
+    roles = {ident: sorted(str(g) for g in grants) for ident, grants in cfg.certs.items()}
+    assert roles == {cn["planner"]: ["system:planner"], cn["worker"]: ["default:worker"],
+                     cn["admin"]: ["system:admin"]}
+    worker = tomllib.loads((COMPOSE_DIR / "config" / "worker.toml").read_text())
+    assert worker["pool"] == "default"
+
+
 def test_mounted_files_exist() -> None:
     for name, s in services().items():
         for v in s.get("volumes", ()):

@@ -24,7 +24,7 @@ REGIONS = ("region-r1", "region-r2", "region-r3")
 K8S_VERSIONS = ("1.29.0", "1.37.0")
 CRD_GROUPS = ("monitoring.coreos.com/",)  # Prometheus Operator kinds: no schema in kubernetes-validate
 # Made by the operator, not by kustomize (docs/deploy.md, "Kubernetes").
-EXTERNAL_SECRETS = frozenset({"sched-etcd-client-tls", "sched-planner-tls", "sched-worker-tls"})
+EXTERNAL_SECRETS = frozenset({"sched-etcd-client-tls", "sched-planner-tls", "sched-worker-tls", "sched-auth"})
 
 
 @functools.cache
@@ -166,6 +166,41 @@ def test_mutual_tls_unless_the_try_out_says_insecure(overlay: str) -> None:
             mounts = {m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
             assert str(Path(e["SCHED_TLS_CERT_FILE"]).parent) in mounts  # a directory mount: renewals reach it
     assert insecure == (["true"] if overlay == "try-out" else [])
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_authorization_on_unless_the_try_out_turns_it_off(overlay: str) -> None:
+    """The shipped planner.toml names an auth file in the sched-auth secret, mounted as a directory (so that
+    its token file and key set reload), and never sets insecure; only the try-out empties auth_file, and says
+    insecure with it."""
+    import tomllib
+
+    settings = tomllib.loads((K8S / "base" / "config" / "planner.toml").read_text())
+    assert "insecure" not in settings
+    auth_dir = str(Path(settings["auth_file"]).parent)
+    data = {k: v for c in of_kind(overlay, "ConfigMap") for k, v in c.get("data", {}).items()}
+    (sts,) = [w for w in sched_workloads(overlay) if w["kind"] == "StatefulSet"]
+    pod = sts["spec"]["template"]["spec"]
+    secrets = {v["name"]: v["secret"]["secretName"].removeprefix(_prefix(overlay))
+               for v in pod["volumes"] if "secret" in v}
+    mounts = {m["name"]: m for m in pod["containers"][0]["volumeMounts"]}
+    if overlay == "try-out":
+        assert data.get("SCHED_AUTH_FILE") == "" and data.get("SCHED_INSECURE") == "true"
+        assert "sched-auth" not in secrets.values()
+    else:
+        assert "SCHED_AUTH_FILE" not in data
+        (name,) = [n for n, s in secrets.items() if s == "sched-auth"]
+        assert mounts[name]["mountPath"] == auth_dir and "subPath" not in mounts[name]
+
+
+def test_the_example_auth_file_loads() -> None:
+    import tomllib
+
+    from scheduler.auth.config import parse_auth
+    data = tomllib.loads((K8S / "auth.example.toml").read_text())
+    data.pop("tokens_file")  # a file the operator makes
+    cfg = parse_auth(data)
+    assert {str(g) for g in cfg.certs["sched-planner"]} == {"system:planner"}
 
 
 def test_try_out_points_the_planners_at_its_own_etcd_without_tls() -> None:

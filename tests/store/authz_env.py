@@ -100,6 +100,17 @@ class AuthEnv:
         assert r.succeeded
         return eid
 
+    async def in_flight(self, sid: str, tenant: str, pool: str, planned_ms: int) -> str:
+        """Write an execution of `sid` dispatched at attempt 1 (out on some worker) straight to the ledger."""
+        eid = execution_id(sid, planned_ms)
+        e = new_execution(id=eid, schedule_id=sid, tenant=tenant, pool=pool, task_type="t", planned_ms=planned_ms,
+                          due_ms=planned_ms, trigger=Trigger.SCHEDULED, retry=RetryPolicy(max_attempts=3),
+                          timeout_ms=60_000)
+        d = dispatch(e, worker="w-real", planner="n1", token=FencingToken(0, 1), now_ms=SYSTEM_CLOCK.wall_ms())
+        r = await self.kv.txn([], [self.node.ledger.create_op(d)])
+        assert r.succeeded
+        return eid
+
 
 def auth_config(tmp: Path) -> tuple[AuthConfig, dict[str, str], Any]:
     tokens = {name: new_static_token() for name in PERMS}
@@ -111,7 +122,8 @@ def auth_config(tmp: Path) -> tuple[AuthConfig, dict[str, str], Any]:
                                                                 serialization.PublicFormat.SubjectPublicKeyInfo))
     cfg = parse_auth({"tokens_file": "tokens.toml",
                       "jwt": {"issuer": ISS, "audience": AUD, "public_key_files": ["idp.pem"]},
-                      "certs": {"spiffe://test/admin": ["system:admin"], "spiffe://test/payments": ["payments:reader"]},
+                      "certs": {"spiffe://test/admin": ["system:admin"], "spiffe://test/payments": ["payments:reader"],
+                                "spiffe://test/worker/payments-pool": ["payments-pool:worker"]},
                       "pools": POOLS}, base=tmp)
     return cfg, tokens, key
 
@@ -194,15 +206,19 @@ def issue(ca_key: Any, ca_cert: Any, cn: str, *, uri: str | None = None, server:
     return Pem(cert.public_bytes(serialization.Encoding.PEM), _key_pem(key))
 
 
-async def start_tls_server(env: AuthEnv, ca: Pem, server_pem: Pem) -> tuple[grpc.aio.Server, str]:
+async def start_tls_server(env: AuthEnv, ca: Pem, server_pem: Pem, *,
+                           workers: bool = False) -> tuple[grpc.aio.Server, str]:
     """The env's node's services behind its interceptor, on a TLS port that requires a client certificate
-    signed by `ca` (what the tls branch's settings will set up)."""
+    signed by `ca` (what the tls branch's settings will set up); `workers`: the WorkerService too (the
+    node's dispatcher)."""
     from scheduler._gen.scheduler.v1 import admin_service_pb2_grpc, schedule_service_pb2_grpc
 
     schedules, admin = env.node.make_api()
     server = grpc.aio.server(interceptors=[env.node.security.interceptor])
     schedule_service_pb2_grpc.add_ScheduleServiceServicer_to_server(schedules, server)
     admin_service_pb2_grpc.add_AdminServiceServicer_to_server(admin, server)
+    if workers:
+        wgrpc.add_WorkerServiceServicer_to_server(env.node.dispatcher, server)
     creds = grpc.ssl_server_credentials([(server_pem.key, server_pem.cert)], root_certificates=ca.cert,
                                         require_client_auth=True)
     port = server.add_secure_port("127.0.0.1:0", creds)

@@ -126,7 +126,7 @@ def test_a_start_is_refused_for_another_token_and_fenced_on_the_attempts() -> No
     def req(partition: int, revision: int) -> Any:
         r = wpb.StartRequest(execution_id=d.id, attempt=1,
                              fencing_token=epb.FencingToken(partition=partition, revision=revision))
-        return SimpleNamespace(r=r, worker="w")
+        return SimpleNamespace(r=r, worker="w", scope=None)
 
     for stale in ((3, 41), (4, 42), (0, 0)):
         assert rec._decide(req(*stale), d, T + 1) == f"fencing token {stale[0]}:{stale[1]} is not the attempt's 3:42"

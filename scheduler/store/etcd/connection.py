@@ -3,6 +3,14 @@
 Retry policy lives here and only here: reads may retry on UNAVAILABLE within their timeout; writes
 are sent once. The one exception is a rejected auth token: etcd refuses such a request before it is
 proposed to raft, so re-authenticating and sending it once more cannot apply it twice.
+
+The client's TLS files (CA, certificate, key) are looked at every `tls_reload_interval` seconds on the
+call path, through scheduler/tls.py's ClientTls (the same reload rule as the API's certificates: only a
+complete, matching new set replaces the current one; a bad one is logged and the current one stays).
+Channel credentials are fixed when a channel is made, so new files mean a new channel: every call and
+stream opened from then on uses it. Streams opened before (a watch, a lease keepalive) stay on the old
+channel, whose TLS session was verified at its handshake, until they end; the old channel is closed with
+the client.
 """
 
 from __future__ import annotations
@@ -14,13 +22,13 @@ import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
 import grpc
 
 from scheduler.store.etcd import _pb
 from scheduler.store.etcd.errors import EtcdError, Unauthenticated, Unavailable, from_rpc_error, token_expired
+from scheduler.tls import ClientTls
 
 __all__ = ["EOF", "Clock", "Connection", "EtcdConfig", "grpc_target"]
 
@@ -60,6 +68,7 @@ class EtcdConfig:
     keepalive_time: float = 10.0
     keepalive_timeout: float = 5.0
     reconnect_backoff_max: float = 2.0  # gRPC defaults to 120 s, far too slow to follow an etcd restart
+    tls_reload_interval: float = 5.0  # seconds between looks at the TLS files for a rotation (0: every call)
     max_receive_bytes: int = 256 * 1024 * 1024
 
     def __post_init__(self) -> None:
@@ -74,6 +83,8 @@ class EtcdConfig:
             raise ValueError("timeouts must be > 0")
         if self.read_retries < 0:
             raise ValueError("read_retries must be >= 0")
+        if self.tls_reload_interval < 0:
+            raise ValueError("tls_reload_interval must be >= 0")
         grpc_target(self.endpoints)  # validates the endpoint list early
 
     @property
@@ -112,7 +123,7 @@ def grpc_target(endpoints: tuple[str, ...]) -> str:
     )
 
 
-def _channel(config: EtcdConfig) -> grpc.aio.Channel:
+def _channel(config: EtcdConfig, tls: ClientTls | None) -> grpc.aio.Channel:
     options: list[tuple[str, Any]] = [
         ("grpc.lb_policy_name", config.lb_policy),
         ("grpc.keepalive_time_ms", int(config.keepalive_time * 1000)),
@@ -130,20 +141,11 @@ def _channel(config: EtcdConfig) -> grpc.aio.Channel:
         ("grpc.enable_http_proxy", 0),
     ]
     target = grpc_target(config.endpoints)
-    if not config.use_tls:
+    if tls is None:
         return grpc.aio.insecure_channel(target, options=options)
     if config.tls_server_name:
         options.append(("grpc.ssl_target_name_override", config.tls_server_name))
-
-    def read(path: str | None) -> bytes | None:
-        return Path(path).read_bytes() if path else None
-
-    creds = grpc.ssl_channel_credentials(
-        root_certificates=read(config.ca_file),
-        private_key=read(config.key_file),
-        certificate_chain=read(config.cert_file),
-    )
-    return grpc.aio.secure_channel(target, creds, options=options)
+    return grpc.aio.secure_channel(target, tls.credentials(), options=options)
 
 
 class Connection:
@@ -152,8 +154,13 @@ class Connection:
     def __init__(self, config: EtcdConfig, clock: Clock = time.monotonic) -> None:
         self.config = config
         self.clock = clock
-        self.channel = _channel(config)
+        self.tls = ClientTls(config.ca_file, config.cert_file, config.key_file) if config.use_tls else None
+        self.channel = _channel(config, self.tls)
         self.stubs = _pb.Stubs(self.channel)
+        self._tls_generation = self.tls.generation if self.tls else 0
+        self._tls_next_look = clock() + config.tls_reload_interval
+        self._retired: list[grpc.aio.Channel] = []  # channels of earlier TLS files: their streams may live on
+        self.tls_reloads = 0
         self._token: str | None = None
         self._auth_lock = asyncio.Lock()
         self.authentications = 0  # how many tokens were obtained (tests check re-auth happens once)
@@ -195,7 +202,36 @@ class Connection:
     async def unary(self, method: Callable[..., Awaitable[Any]], request: Any, *, write: bool,
                     timeout: float | None = None) -> Any:
         """Send one unary RPC. Raises only `EtcdError` subclasses (see errors.py)."""
+        old = self.stubs
+        if self.maybe_reload_tls():  # `method` belongs to the old channel's stubs: take the new channel's
+            method = _rebind(old, self.stubs, method)
         return await self._call(method, request, write, timeout, with_token=True)
+
+    def maybe_reload_tls(self) -> bool:
+        """A new channel if the TLS files changed since the last look (at most every tls_reload_interval s)
+        and the new set is good (ClientTls keeps and logs a bad one). True if the channel was replaced."""
+        if self.tls is None:
+            return False
+        now = self.clock()
+        if now < self._tls_next_look:
+            return False
+        self._tls_next_look = now + self.config.tls_reload_interval
+        try:
+            generation = self.tls.refresh()
+        except Exception:  # never fail a call over its files: the current channel still works
+            log.exception("etcd TLS files could not be checked; keeping the current ones")
+            return False
+        if generation == self._tls_generation:
+            return False
+        self._tls_generation = generation
+        self._retired.append(self.channel)
+        self.channel = _channel(self.config, self.tls)
+        self.stubs = _pb.Stubs(self.channel)
+        self.tls_reloads += 1
+        log.info("etcd client TLS files reloaded: new calls and streams use them",
+                 extra={"event": "etcd_tls_reloaded", "cert_file": self.config.cert_file,
+                        "ca_file": self.config.ca_file})
+        return True
 
     async def _call(self, method: Callable[..., Awaitable[Any]], request: Any, write: bool,
                     timeout: float | None, *, with_token: bool) -> Any:
@@ -230,10 +266,23 @@ class Connection:
 
     def stream(self, method: Callable[..., Any], *, require_leader: bool = False) -> Any:
         """Open a bidirectional stream (no deadline: watches and keepalives live long)."""
+        old = self.stubs
+        if self.maybe_reload_tls():
+            method = _rebind(old, self.stubs, method)
         return method(metadata=self.metadata(require_leader=require_leader), wait_for_ready=True)
 
     async def close(self) -> None:
-        await self.channel.close(None)
+        for ch in (*self._retired, self.channel):
+            await ch.close(None)
+
+
+def _rebind(old: _pb.Stubs, new: _pb.Stubs, method: Any) -> Any:
+    """The method of `new` that `method` is on `old` (the same service and RPC), or `method` itself."""
+    for service, stub in vars(old).items():
+        for name, m in vars(stub).items():
+            if m is method:
+                return getattr(getattr(new, service), name)
+    return method
 
 
 async def reauthenticate_after(conn: Connection, exc: grpc.aio.AioRpcError, stale_token: str | None) -> bool:

@@ -4,11 +4,15 @@ request fields (hypothesis), handlers called directly with a context that record
 
 Every test runs twice: with auth off, and with auth on as a principal drawn from one limited to tenant
 `t` (writer and operator), a reader of `t`, and one of another tenant (issue 14): PERMISSION_DENIED is
-then deliberate too, and a refused request changes nothing."""
+then deliberate too, and a refused request changes nothing (every key and its mod_revision compared).
+
+CI runs 200 examples per test, a few thousand requests. SCHED_FULL=1 (scripts/test.sh) runs FULL_EXAMPLES per
+test, over 100,000 requests with auth on in all; the last test checks that count was reached and prints it."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Awaitable, Coroutine, Iterator
 from typing import Any, TypeVar, cast
 
@@ -33,6 +37,12 @@ from scheduler.store.memory import MemoryKV
 from scheduler.store.schedules import ScheduleStore
 
 NOW = 1_795_946_400_000
+FULL = os.environ.get("SCHED_FULL") == "1"
+FULL_EXAMPLES = 10_000  # per test and mode: with auth on, over 100,000 requests over the module's tests
+AUTH_ON_TARGET = 100_000
+# Requests answered with auth on in this process, by status code name (the full mode's count and its proof
+# that none was INTERNAL).
+SEEN: dict[str, int] = {}
 T = TypeVar("T")
 
 # One event loop for every example of the module. A new loop per example (asyncio.run) means hundreds
@@ -85,22 +95,34 @@ def service(auth: bool = False) -> tuple[ScheduleService, MemoryKV]:
                            authz=Authz(enabled=auth, pools={"p": frozenset({"t"})} if auth else {})), kv
 
 
-async def attempt(aw: Awaitable[object]) -> tuple[grpc.StatusCode, str]:
+def seen(auth: bool, code: grpc.StatusCode) -> grpc.StatusCode:
+    if auth:
+        SEEN[code.name] = SEEN.get(code.name, 0) + 1
+    return code
+
+
+async def attempt(aw: Awaitable[object], auth: bool = False) -> tuple[grpc.StatusCode, str]:
     try:
         await aw
     except Aborted as e:
-        return e.code, e.details
-    return grpc.StatusCode.OK, ""
+        return seen(auth, e.code), e.details
+    return seen(auth, grpc.StatusCode.OK), ""
+
+
+async def snapshot(kv: MemoryKV) -> dict[bytes, tuple[bytes, int]]:
+    r = await kv.range(b"/f/", prefix=True)
+    return {x.key: (x.value, x.mod_revision) for x in r.kvs}
 
 
 async def call(method: str, request: Any, auth: bool = False, who: Principal = FUZZER) -> grpc.StatusCode:
+    """One request against a fresh service; a refused one must leave the store as it was (empty)."""
     svc, kv = service(auth)
     set_current(who if auth else None)
     try:
-        await getattr(svc, method)(request, ctx())
-        return grpc.StatusCode.OK
-    except Aborted as e:
-        return e.code
+        code, _ = await attempt(getattr(svc, method)(request, ctx()), auth)
+        if code is not grpc.StatusCode.OK:
+            assert await snapshot(kv) == {}, f"refused {method} wrote"
+        return code
     finally:
         await kv.close()
 
@@ -147,7 +169,8 @@ def schedules(draw: st.DrawFn) -> pb.Schedule:
 
 DELIBERATE = {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND,
               grpc.StatusCode.PERMISSION_DENIED}
-FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FUZZ = settings(max_examples=FULL_EXAMPLES if FULL else 200, deadline=None,
+                suppress_health_check=[HealthCheck.too_slow])
 
 
 @modes
@@ -159,7 +182,7 @@ def test_create_never_internal(auth: bool, s: pb.Schedule, request_id: str, who:
         set_current(who if auth else None)
         try:
             code, details = await attempt(svc.CreateSchedule(
-                spb.CreateScheduleRequest(schedule=s, request_id=request_id), ctx()))
+                spb.CreateScheduleRequest(schedule=s, request_id=request_id), ctx()), auth)
             assert code in DELIBERATE, (code, details)
             if code is not grpc.StatusCode.OK:
                 stored = await kv.range(b"/f/", prefix=True, count_only=True)
@@ -184,7 +207,8 @@ def test_update_never_internal(auth: bool, s: pb.Schedule, paths: list[str], who
             req = spb.UpdateScheduleRequest(schedule=s)
             req.update_mask.paths.extend(paths)
             set_current(who if auth else None)
-            code, details = await attempt(svc.UpdateSchedule(req, ctx()))
+            before = await snapshot(kv)
+            code, details = await attempt(svc.UpdateSchedule(req, ctx()), auth)
             assert code in DELIBERATE, (code, details)
             if auth and who is not FUZZER:
                 assert code is not grpc.StatusCode.OK  # a reader, another tenant: never allowed to change it
@@ -192,6 +216,7 @@ def test_update_never_internal(auth: bool, s: pb.Schedule, paths: list[str], who
                 set_current(ADMIN if auth else None)
                 got = await svc.GetSchedule(spb.GetScheduleRequest(id="fz"), ctx())
                 assert got.schedule == created.schedule  # refused: unchanged
+                assert await snapshot(kv) == before
         finally:
             await kv.close()
 
@@ -233,3 +258,63 @@ def test_preview_never_internal(auth: bool, spec: str, tz: str, after: Any, coun
     if after is not None:
         req.after.CopyFrom(after)
     assert _run(call("PreviewSchedule", req, auth)) in DELIBERATE
+
+
+# ---- a sequence of calls on one store, by every principal: a refused call changes nothing -----------------
+
+OTHER_TENANT_ID, OWN_ID = "o-1", "t-1"
+OWNER = {OWN_ID: FUZZER, OTHER_TENANT_ID: OUTSIDER}  # the one principal that may change each
+MUTATING = frozenset({"PauseSchedule", "ResumeSchedule", "DeleteSchedule", "TriggerSchedule"})
+ids = st.one_of(st.sampled_from([OWN_ID, OTHER_TENANT_ID, "missing"]), names)
+STATEFUL = DELIBERATE | {grpc.StatusCode.ALREADY_EXISTS, grpc.StatusCode.FAILED_PRECONDITION,
+                         grpc.StatusCode.ABORTED}
+requests = st.one_of(
+    st.builds(lambda i, r, c: ("PauseSchedule", spb.PauseScheduleRequest(id=i, reason=r, cancel_running=c)),
+              ids, st.text(max_size=20), st.booleans()),
+    st.builds(lambda i: ("ResumeSchedule", spb.ResumeScheduleRequest(id=i)), ids),
+    st.builds(lambda i, c: ("DeleteSchedule", spb.DeleteScheduleRequest(id=i, cancel_running=c)), ids, st.booleans()),
+    st.builds(lambda i: ("TriggerSchedule", spb.TriggerScheduleRequest(id=i)), ids),
+    st.builds(lambda i: ("GetSchedule", spb.GetScheduleRequest(id=i)), ids),
+    st.builds(lambda sc: ("CreateSchedule", spb.CreateScheduleRequest(schedule=sc)), schedules()),
+    st.builds(lambda i, r: ("CancelExecution", spb.CancelExecutionRequest(execution_id=i, reason=r)),
+              ids, st.text(max_size=20)),
+)
+
+
+@FUZZ
+@given(st.lists(st.tuples(requests, principals), min_size=1, max_size=6))
+def test_refused_calls_change_nothing_with_auth_on(calls: list[tuple[tuple[str, Any], Principal]]) -> None:
+    """Schedules of tenant `t` and of another tenant exist; each drawn call by each drawn principal is answered
+    deliberately, and every refused one leaves every key and mod_revision as they were."""
+    async def run() -> None:
+        svc, kv = service(True)
+        try:
+            set_current(ADMIN)
+            for sid, tenant in ((OWN_ID, "t"), (OTHER_TENANT_ID, "other")):
+                await svc.CreateSchedule(spb.CreateScheduleRequest(schedule=pb.Schedule(
+                    id=sid, tenant=tenant, spec="* * * * *", worker_pool="p" if tenant == "t" else "q",
+                    task_type="x")), ctx())
+            for (method, request), who in calls:
+                set_current(who)
+                before = await snapshot(kv)
+                code, details = await attempt(getattr(svc, method)(request, ctx()), True)
+                assert code in STATEFUL, (method, code, details)
+                if code is not grpc.StatusCode.OK:
+                    assert await snapshot(kv) == before, (method, who.name, code)
+                elif method in MUTATING and getattr(request, "id", "") in OWNER:
+                    assert who is OWNER[request.id], (method, who.name, request.id)  # only its tenant's writer
+        finally:
+            await kv.close()
+
+    _run(run())
+
+
+@pytest.mark.slow
+def test_the_full_mode_reached_its_request_count(capsys: pytest.CaptureFixture[str]) -> None:
+    """Last in the module (SCHED_FULL=1 only): how many requests the tests above made with auth on, all
+    deliberate (the tests assert that per request), and at least AUTH_ON_TARGET of them."""
+    total = sum(SEEN.values())
+    with capsys.disabled():
+        print(f"\nfuzz, auth on: {total} requests: {dict(sorted(SEEN.items()))}")
+    assert "INTERNAL" not in SEEN and "UNKNOWN" not in SEEN
+    assert total >= AUTH_ON_TARGET, total
