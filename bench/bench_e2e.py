@@ -16,6 +16,14 @@ Measured over a steady window after a warm-up, all in the same run:
     python bench/bench_e2e.py                 # full: 3 offered rates, 40 s windows
     python bench/bench_e2e.py --quick         # CI smoke: one small rate, 6 s window
     python bench/bench_e2e.py --rates 2000,5000 --planners 2 --workers 2 --seconds 60
+    python bench/bench_e2e.py --secure --rates 3000   # each rate plaintext, then mTLS + authorization
+
+`--secure` runs every rate twice in the same session, the second time with the worker path secured as
+production runs it (issue 14): the planners serve mutual TLS (certificates from `schedctl certs dev`) with
+an auth file, and the workers dial with their certificate, whose CN maps to `bench:worker` (the pool's
+worker role); so every stream is authenticated and every result, start and assignment goes through the
+pool and tenant scope. etcd stays plaintext in both: its link is not the dispatch path. It prints the
+secure / plaintext ratios of completed/s and lag p99.
 """
 
 from __future__ import annotations
@@ -109,7 +117,26 @@ def _stop(p: subprocess.Popen[bytes]) -> None:
             p.wait()
 
 
-async def run_rate(rate: int, args: argparse.Namespace, workdir: Path) -> Result:
+def _secure_files(workdir: Path) -> tuple[list[str], list[str]]:
+    """(planner flags, worker flags) for mTLS + authorization, with throw-away certificates."""
+    from scheduler.certs import dev_certs
+
+    certs = workdir / "certs"
+    if not (certs / "ca.crt").exists():
+        dev_certs(certs)
+    auth = workdir / "auth.toml"
+    auth.write_text('[certs]\n"planner" = ["system:planner"]\n"worker" = ["bench:worker"]\n')
+    planner = ["--tls-cert-file", str(certs / "planner.crt"), "--tls-key-file", str(certs / "planner.key"),
+               "--tls-ca-file", str(certs / "ca.crt"), "--auth-file", str(auth)]
+    worker = ["--tls-ca-file", str(certs / "ca.crt"), "--tls-cert-file", str(certs / "worker.crt"),
+              "--tls-key-file", str(certs / "worker.key")]
+    return planner, worker
+
+
+async def run_rate(rate: int, args: argparse.Namespace, workdir: Path, secure: bool = False) -> Result:
+    workdir = workdir / ("secure" if secure else "plain")
+    workdir.mkdir(parents=True, exist_ok=True)
+    sec_planner, sec_worker = _secure_files(workdir) if secure else ([], [])
     etcd_bin = find_binary("etcd")
     assert etcd_bin, "etcd not found: run scripts/setup.sh"
     ceil = await ceiling_alone(etcd_bin, workdir / f"etcd-ceiling-{rate}", 3.0 if args.quick else 8.0)
@@ -133,12 +160,13 @@ async def run_rate(rate: int, args: argparse.Namespace, workdir: Path) -> Result
                                      ",".join(cluster.endpoints), "--etcd-prefix", PREFIX,
                                      "--partitions", str(PARTITIONS), "--api-port", str(port),
                                      "--log-level", args.log_level, "--lookahead-ms", "1000",
-                                     "--retention-ms", "600000", "--retention-count", "100000"],
+                                     "--retention-ms", "600000", "--retention-count", "100000", *sec_planner],
                                     workdir / f"planner{i}.log"))
             outs = [workdir / f"lags-{rate}-{i}.json" for i in range(args.workers)]
             for i in range(args.workers):
                 procs.append(_spawn([sys.executable, str(ROOT / "bench" / "noop_worker.py"), "--id", f"w{i}",
-                                     "--planners", addrs, "--out", str(outs[i])], workdir / f"worker{i}.log"))
+                                     "--planners", addrs, "--out", str(outs[i]), *sec_worker],
+                                    workdir / f"worker{i}.log"))
             await asyncio.sleep(args.warmup)
             metrics = f"http://{cluster.endpoints[0]}/metrics"  # etcd serves Prometheus metrics on its client URL
             rev0 = (await kv.range("/none")).revision
@@ -187,6 +215,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=float, default=None)
     ap.add_argument("--log-level", default="warning")
     ap.add_argument("--workdir", default=None, help="keep logs here instead of a temporary directory")
+    ap.add_argument("--secure", action="store_true", help="each rate also with mTLS + authorization; ratios")
     args = ap.parse_args()
     rates = [int(r) for r in (args.rates or ("200" if args.quick else "1000,2000,4000")).split(",")]
     args.seconds = args.seconds or (6.0 if args.quick else 40.0)
@@ -197,10 +226,18 @@ def main() -> None:
         print(f"{'offered/s':>9} {'materialized/s':>14} {'completed/s':>11} {'lag p50 ms':>10} {'p99 ms':>7} "
               f"{'max ms':>7} {'etcd req/exec':>13} {'ceiling keys/s':>14} {'mat/ceiling':>11}")
         for rate in rates:
-            r = asyncio.run(run_rate(rate, args, Path(tmp)))
-            print(f"{r.rate:>9} {r.materialized_per_s:>14.0f} {r.completed_per_s:>11.0f} {r.lag_p50:>10.0f} "
-                  f"{r.lag_p99:>7.0f} {r.lag_max:>7.0f} {r.etcd_requests_per_exec:>13.2f} "
-                  f"{r.ceiling_keys_per_s:>14.0f} {r.materialized_per_s / r.ceiling_keys_per_s:>11.3f}")
+            runs = [asyncio.run(run_rate(rate, args, Path(tmp) / str(rate)))]
+            if args.secure:
+                runs.append(asyncio.run(run_rate(rate, args, Path(tmp) / str(rate), secure=True)))
+            for r, label in zip(runs, ("", " mTLS+auth"), strict=False):
+                print(f"{r.rate:>9} {r.materialized_per_s:>14.0f} {r.completed_per_s:>11.0f} {r.lag_p50:>10.0f} "
+                      f"{r.lag_p99:>7.0f} {r.lag_max:>7.0f} {r.etcd_requests_per_exec:>13.2f} "
+                      f"{r.ceiling_keys_per_s:>14.0f} {r.materialized_per_s / r.ceiling_keys_per_s:>11.3f}{label}")
+            if args.secure:
+                plain, sec = runs
+                done = sec.completed_per_s / plain.completed_per_s
+                p50, p99 = sec.lag_p50 / max(plain.lag_p50, 1), sec.lag_p99 / max(plain.lag_p99, 1)
+                print(f"{rate:>9} secure / plaintext: completed/s {done:.3f}, lag p50 {p50:.2f}, p99 {p99:.2f}")
 
 
 if __name__ == "__main__":

@@ -17,7 +17,9 @@ from scheduler.worker import ExecutionContext, Worker, WorkerSettings
 
 async def main(args: argparse.Namespace) -> None:
     worker = Worker(settings=WorkerSettings(worker_id=args.id, pool="bench", planners=tuple(args.planners.split(",")),
-                                            concurrency=args.concurrency, discovery_interval=5.0))
+                                            concurrency=args.concurrency, discovery_interval=5.0,
+                                            tls_ca_file=args.tls_ca_file, tls_cert_file=args.tls_cert_file,
+                                            tls_key_file=args.tls_key_file))
     lags: list[tuple[int, int]] = []  # (planned ms, lag ms)
 
     @worker.task("noop")
@@ -41,5 +43,8 @@ if __name__ == "__main__":
     ap.add_argument("--planners", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--concurrency", type=int, default=512)
+    ap.add_argument("--tls-ca-file", default=None)  # bench_e2e --secure: mutual TLS to the planners
+    ap.add_argument("--tls-cert-file", default=None)
+    ap.add_argument("--tls-key-file", default=None)
     logs.setup("warning")
     asyncio.run(main(ap.parse_args()))
