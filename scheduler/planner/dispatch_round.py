@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass, field
 
-from scheduler.execution import IN_FLIGHT, ExecState, Execution, cancel, dispatch, skip
+from scheduler.execution import IN_FLIGHT, ExecState, Execution, Trigger, cancel, dispatch, skip
 from scheduler.ids import ExecutionId, FencingToken
 from scheduler.timeplan import Overlap, SkipReason
 from scheduler.timeplan.overlap import OverlapAction, decide_overlap
@@ -198,14 +198,23 @@ def overlapped_by_ended(ended: Sequence[Execution], x: Execution, catchup: Set[s
     return out
 
 
+def _scheduled_run(x: Execution) -> bool:
+    """A new run of one of the schedule's own planned times: not a retry, nor an operator's trigger, backfill,
+    rerun or replay (each asked for by somebody, with its own overlap policy or none)."""
+    return (x.state is ExecState.SCHEDULED and x.overlap is None and x.trigger is Trigger.SCHEDULED
+            and x.run_trigger is None)
+
+
 def _newest_cancel_other(waiting: Sequence[Execution], view: ScheduleView,
                          cas: Mapping[str, object]) -> int | None:
-    """The planned time of the newest due run under `cancel_other` (its own policy or the schedule's) that
-    is a new run, not a retry; None if there is none."""
+    """The planned time of the newest due new run of the schedule's own planned times, under a `cancel_other`
+    schedule; None if there is none. (Only such a one supersedes: the skip record is justified by a later
+    planned time of the schedule being due, which an audit can recompute.)"""
+    if view.overlap is not Overlap.CANCEL_OTHER:
+        return None
     out = None
     for y in waiting:
-        if (y.id not in cas and y.state is ExecState.SCHEDULED
-                and (y.overlap or view.overlap) is Overlap.CANCEL_OTHER):
+        if y.id not in cas and _scheduled_run(y):
             out = y.planned_ms if out is None else max(out, y.planned_ms)
     return out
 
@@ -220,7 +229,7 @@ def _superseded(x: Execution, view: ScheduleView) -> bool:
     that once fell behind stayed one run behind for good, each run starting as the next came due (the half
     game day's slow-006, 2.2 s late every run after its faults). Only a new run of the schedule's own
     policy (`cancel_other`), not a retry, nor a trigger's or backfill's run (an operator asked for that one)."""
-    return x.state is ExecState.SCHEDULED and x.overlap is None and view.overlap is Overlap.CANCEL_OTHER
+    return _scheduled_run(x) and view.overlap is Overlap.CANCEL_OTHER
 
 
 def plan_dispatch(inp: RoundInput) -> DispatchPlan:

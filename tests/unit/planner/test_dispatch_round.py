@@ -177,6 +177,13 @@ def test_cancel_other_starts_only_the_newest_of_a_backlog() -> None:
     trig = replace(ex(99_000), overlap=Overlap.CANCEL_OTHER)
     assert not any("superseded" in v for v in states(round_([ex(96_000), trig], policy=Overlap.SKIP,
                                                              confirmed_at=NOW)).values())
+    # Under cancel_other, an operator's manual run is neither superseded nor supersedes: the skip's audit rests
+    # on a later planned time of the schedule being due, and somebody asked for that run.
+    manual = replace(ex(97_000), trigger=Trigger.MANUAL)
+    plan = round_([ex(96_000), manual], policy=Overlap.CANCEL_OTHER, confirmed_at=NOW)
+    assert not any("superseded" in v for v in states(plan).values()), states(plan)
+    plan = round_([manual, ex(98_000)], policy=Overlap.CANCEL_OTHER, confirmed_at=NOW)
+    assert not any("superseded" in v for v in states(plan).values()), states(plan)
 
 
 def test_no_capacity_defers_and_marks_the_pool_starved() -> None:
