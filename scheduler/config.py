@@ -162,6 +162,11 @@ class CoordinationSettings(Settings):
     # A planner that joins (or starts a new session) claims free partitions at once, but its peers release
     # partitions to make room for it only after this many seconds (docs/operations.md, "Rebalancing").
     rebalance_holddown: float = 10.0
+    # A partition free this long is claimed by any eligible planner, beyond its share, and held
+    # `rescue_hold` before it counts as surplus (planner/rebalance.py, `long_free`); 0: 2 x rpc_timeout, time
+    # for the planner whose share it is to try a claim, time out and try again.
+    orphan_grace: float = 0.0
+    rescue_hold: float = 10.0
     # etcd --max-txn-ops is 128, but etcd 3.5.16 refuses 128 nested txns in one branch (measured): 127.
     max_txn_ops: int = 127
     max_txn_bytes: int = 1_000_000  # below etcd's 1.5 MiB --max-request-bytes, leaving room for framing
@@ -177,6 +182,10 @@ class CoordinationSettings(Settings):
         return self.lease_ttl / 3 if self.renew_interval is None else self.renew_interval
 
     @property
+    def orphan_after(self) -> float:
+        return self.orphan_grace or 2.0 * self.rpc_timeout
+
+    @property
     def resign_after(self) -> float:
         return self.unserved_resign or 2.0 * self.lease_ttl
 
@@ -189,6 +198,11 @@ class CoordinationSettings(Settings):
             raise InvalidArgument("rpc_timeout", "must be positive")
         if not 0 <= self.rebalance_holddown <= 3600:
             raise InvalidArgument("rebalance_holddown", f"{self.rebalance_holddown:g} is outside 0-3600 seconds")
+        if not 0 <= self.orphan_grace <= 600:
+            raise InvalidArgument("orphan_grace",
+                                  f"{self.orphan_grace:g} is outside 0-600 seconds (0: 2 x rpc_timeout)")
+        if not 0 <= self.rescue_hold <= 3600:
+            raise InvalidArgument("rescue_hold", f"{self.rescue_hold:g} is outside 0-3600 seconds")
         if not 0 < self.safety_margin < self.lease_ttl / 2:
             raise InvalidArgument("safety_margin", "must be in (0, lease_ttl / 2)")
         if self.renew <= 0:

@@ -26,6 +26,9 @@ HELP: dict[str, str] = {
     "renew_interval": "seconds between lease keep-alives",
     "safety_margin": "seconds; the planner fences itself this long before its lease could expire",
     "rpc_timeout": "seconds; deadline of each etcd request",
+    "orphan_grace": "seconds a partition may stay free before any eligible planner claims it beyond its share "
+                    "(0: 2 x rpc_timeout)",
+    "rescue_hold": "seconds a rescued partition is held before it goes back to the planner whose share it is",
     "rebalance_holddown": "seconds before peers release partitions to a joining planner (free ones it claims at once)",
     "max_txn_ops": "most operations in one etcd txn (etcd's --max-txn-ops is 128)",
     "max_txn_bytes": "bytes; most payload in one etcd txn (below etcd's --max-request-bytes)",

@@ -128,6 +128,11 @@ class Ownership:
         self._first_seen: dict[tuple[bytes, int], float] = {}
         self._seen_any = False
         self._session_mono = 0.0  # when our current session started (monotonic)
+        # Rescues (rebalance.py, `long_free`): since when each partition has been free in our synced view of
+        # owners/ (monotonic), and when we claimed each partition we hold as a rescue.
+        self._free_since: dict[int, float] = {}
+        self._rescued: dict[int, float] = {}
+        self.rescues = 0
         self._wake = asyncio.Event()
         self._changed_owned = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -343,8 +348,14 @@ class Ownership:
         # A finished `lost` with the session not fenced happens only with unsafe_disable_self_fence:
         # waiting on it again would turn this loop into a busy spin.
         also = [] if lost.done() else [lost]
+        # A partition turns long-free by time alone, with no event: wake when the first one does.
+        timeout = self._s.renew
+        if self._free_since:
+            due = min(self._free_since.values()) + self._s.orphan_after - self._clock.monotonic()
+            if due > 0:
+                timeout = min(timeout, due + 0.01)
         try:
-            await asyncio.wait([*waits, *also], timeout=self._s.renew, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait([*waits, *also], timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
         finally:
             for w in waits:
                 w.cancel()
@@ -383,8 +394,19 @@ class Ownership:
             if self._eligible(info) and not (self.draining and info.node_id == self._s.node_id):
                 eligible.append(info.node_id)
         self._seen_any = self._seen_any or bool(self.members.items)
+        free_since = self._free_since
+        for p in [p for p in free_since if p in owners or p in self.owned]:
+            del free_since[p]
+        for p in range(self._s.partitions):
+            if p not in owners and p not in self.owned:  # ours: our claim is not in the watched view yet
+                free_since.setdefault(p, now)
+        grace = self._s.orphan_after
+        long_free = frozenset(p for p, t in free_since.items() if now - t >= grace)
+        rescued = self._rescued
+        for p in [p for p, t in rescued.items() if p not in self.owned or now - t >= self._s.rescue_hold]:
+            del rescued[p]
         return OwnershipSnapshot(self._s.partitions, self._s.node_id, tuple(sorted(eligible)), owners,
-                                 frozenset(settling))
+                                 frozenset(settling), long_free, frozenset(rescued))
 
     async def _reconcile(self, session: Session) -> None:
         if not (self.members.synced.is_set() and self.owners.synced.is_set() and self.drains.synced.is_set()):
@@ -403,12 +425,18 @@ class Ownership:
                 task = asyncio.create_task(self._release(p), name=f"release-{p}")
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
+        rescue = set(decision.rescue)
         for p in decision.claim:
             if session.fenced():
                 return
-            await self._claim(p, session)
+            if await self._claim(p, session) and p in rescue:
+                self._rescued[p] = self._clock.monotonic()
+                self.rescues += 1
+                log.warning("claimed a partition left free beyond its share", extra={
+                    "partition": p, "event": "rescue_claim",
+                    "free_s": round(self._rescued[p] - self._free_since.get(p, self._rescued[p]), 3)})
 
-    async def _claim(self, partition: int, session: Session) -> None:
+    async def _claim(self, partition: int, session: Session) -> bool:
         key = self._ks.owner(partition)
         value = json.dumps({"node": self._s.node_id, "lease": f"{session.lease_id:x}"}).encode()
         try:
@@ -419,11 +447,11 @@ class Ownership:
             # The claim may have landed: our owner key, created under our lease, says so.
             kv = await self._kv.get(key, timeout=self._s.rpc_timeout)
             if kv is None or kv.lease != session.lease_id:
-                return
+                return False
             token = kv.create_revision
         else:
             if not r.succeeded:
-                return  # someone else got there first; the owners/ watch will tell us
+                return False  # someone else got there first; the owners/ watch will tell us
             token = r.revision
         self.claims += 1
         self.owned[partition] = _Owned(token)
@@ -431,6 +459,7 @@ class Ownership:
         log.info("claimed partition", extra={"partition": partition, "token": token})
         if self._listener is not None:
             self._listener.on_acquired(Fence(partition, key, token))
+        return True
 
     async def _release(self, partition: int) -> None:
         o = self.owned.get(partition)
