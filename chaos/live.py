@@ -250,6 +250,15 @@ class LiveCluster:
             await asyncio.sleep(0.25)
         return None, h
 
+    async def owning_planners(self) -> set[str]:
+        """The planners that own at least one partition now, by etcd (empty if etcd does not answer)."""
+        assert self.kv is not None
+        try:
+            owners = await self.kv.range(self.ks.owners, prefix=True, timeout=2.0)
+        except EtcdError:
+            return set()
+        return {_owner_node(x.value) for x in owners.kvs}
+
     async def wait_owning(self, planner: str, timeout: float) -> bool:
         """Poll until `planner` owns at least one partition (True) or `timeout` passes (False). A planner
         fault aimed at one that owns nothing exercises nothing (validity says so): a planner restarted by an

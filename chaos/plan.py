@@ -49,6 +49,7 @@ class FaultWindow:
     duration_s: float
     params: dict[str, Any] = field(default_factory=dict)
     origin: str = "fixed"  # fixed | random
+    aimed_from: str = ""  # the planned target, when the runner moved the fault (chaos/aim.py)
 
     @property
     def end_s(self) -> float:

@@ -29,6 +29,7 @@ from datetime import datetime
 from pathlib import Path
 
 from chaos import faults as catalogue
+from chaos.aim import aim
 from chaos.check import check_run
 from chaos.clock import PlannerClockSet
 from chaos.links import Links
@@ -212,11 +213,6 @@ def _source_text(s: Scenario) -> str:
     return p.read_text() if p is not None and p.exists() else ""
 
 
-# How long a planner fault waits for its target to own a partition (rebalancing after its restart by an
-# earlier fault takes a few seconds; a standby region's planner never will, and is faulted anyway).
-OWNING_WAIT_S = 15.0
-
-
 def _tail_s(s: Scenario) -> float:
     hold = max((g.hold_ms for g in s.load), default=0) / 1000
     return max(s.lag.judge_grace_s, hold + 1.0)
@@ -234,10 +230,7 @@ async def _faults(plan: Plan, s: Scenario, start_ms: int, live: LiveCluster, nem
             # previous window's healthy_ms is None), and nothing is injected into a sick cluster.
             say(f"fault #{w.index} {w.type} not injected: the cluster is not healthy ({h})")
             return
-        planner = w.target.split("->", 1)[0]
-        if planner in live.live_planners() and not await live.wait_owning(planner, OWNING_WAIT_S):
-            say(f"fault #{w.index} {w.type}: {planner} owns no partition after {OWNING_WAIT_S:g} s; injected anyway")
-        await _one(w, live, nemesis, rec, s, say)
+        await _one(await aim(w, live, say), live, nemesis, rec, s, say)
 
 
 async def _one(w: FaultWindow, live: LiveCluster, nemesis: Nemesis, rec: RunWriter, s: Scenario,
@@ -249,6 +242,8 @@ async def _one(w: FaultWindow, live: LiveCluster, nemesis: Nemesis, rec: RunWrit
         say(f"fault #{w.index} {w.type} on {w.target} could not be made: {e}")
         return
     t_start = SYSTEM_CLOCK.wall_ms() if active.started_ms is None else active.started_ms
+    if w.aimed_from:
+        active.detail["aimed_from"] = w.aimed_from
     say(f"fault #{w.index} {w.type} ({kind.name}) on {w.target} for {w.duration_s:g} s"
         + (f": {active.note}" if active.note else ""))
     end: int | None = None

@@ -1,0 +1,73 @@
+"""Aim a fault at a target that lets it exercise something, just before it is injected.
+
+The plan picks targets from the seed, before the run: a planner fault may then land on a planner that owns
+nothing at that moment (an earlier fault restarted it and rebalancing has not given it partitions back), a
+worker crash on a worker with no run under way. Such a fault exercises nothing and validity makes the whole
+run invalid for it (a half game day had 9 of 103). So the runner first waits a little for the planned target
+to be worth faulting, and otherwise moves the fault to one that is: a planner of the same region that owns a
+partition, a worker with an effect under way. Which one is a pure function of the fault's index and what the
+cluster shows, and the move is recorded with the window (`detail.aimed_from`), so the report says which
+target was faulted and why. A planner of a standby region, which owns nothing by design, is never moved to
+the primary: a fault aimed at it is meant for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Callable
+
+from chaos.live import LiveCluster
+from chaos.plan import FaultWindow
+
+__all__ = ["AIM_WAIT_S", "aim"]
+
+# How long the planned target gets to become worth faulting before the fault moves: rebalancing hands a
+# restarted planner its partitions a few seconds after its hold-down; a worker of the game day's load has a
+# run under way within a second or two.
+AIM_WAIT_S = 5.0
+
+
+def _pick(candidates: list[str], index: int) -> str:
+    return sorted(candidates)[index % len(candidates)]
+
+
+async def aim(w: FaultWindow, live: LiveCluster, say: Callable[[str], None], *,
+              wait_s: float = AIM_WAIT_S) -> FaultWindow:
+    """`w`, or a copy aimed at another target of the same role (see the module doc)."""
+    planner, sep, rest = w.target.partition("->")
+    if w.type == "F7":
+        return await _aim_worker(w, live, say, wait_s)
+    if planner not in live.live_planners():
+        return w  # not a planner name ("cluster", a region): nothing to aim
+    if await live.wait_owning(planner, wait_s):
+        return w
+    region = live.region_of(planner)
+    owning = [p for p in await live.owning_planners() if p in live.live_planners() and live.region_of(p) == region]
+    if not owning:
+        say(f"fault #{w.index} {w.type}: {planner} owns no partition after {wait_s:g} s and no planner of "
+            f"{region} does; injected on it anyway")
+        return w
+    to = _pick(owning, w.index)
+    say(f"fault #{w.index} {w.type}: {planner} owns no partition after {wait_s:g} s: aimed at {to} instead")
+    return dataclasses.replace(w, target=to + sep + rest, aimed_from=w.target)
+
+
+async def _aim_worker(w: FaultWindow, live: LiveCluster, say: Callable[[str], None], wait_s: float) -> FaultWindow:
+    sink = live.sink
+    if sink is None or w.target not in live.workers:
+        return w
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait_s
+    while sink.running(w.target) == 0 and loop.time() < deadline:  # noqa: ASYNC110 (polls the sink)
+        await asyncio.sleep(0.02)
+    if sink.running(w.target) > 0:
+        return w
+    busy = {x: sink.running(x) for x, proc in live.workers.items() if proc.running}
+    busy = {x: n for x, n in busy.items() if n > 0}
+    if not busy:
+        return w  # the nemesis waits on longer for its own target
+    most = max(busy.values())
+    to = _pick([x for x, n in busy.items() if n == most], w.index)
+    say(f"fault #{w.index} F7: {w.target} has no effect under way after {wait_s:g} s: aimed at {to} instead")
+    return dataclasses.replace(w, target=to, aimed_from=w.target)
