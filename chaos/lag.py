@@ -10,6 +10,7 @@ from collections.abc import Iterable
 
 from chaos import faults as catalogue
 from chaos.context import SLACK_MS, Context
+from chaos.record import FaultRecord
 from scheduler.execution import Execution, Trigger
 from scheduler.ids import execution_id
 from scheduler.timeplan import Overlap
@@ -53,6 +54,29 @@ class LagChecks(Context):
                     return f.start_ms
         return None
 
+    def _freed_by_own_run(self, sid: str, eid: str, planned_h: int, started: int) -> int | None:
+        """When the last run of `sid` that ended after this run came due and before it started ended
+        (harness ms), or None if no run of its own schedule held it up."""
+        freed = None
+        for a in self.idx.attempts_of.get(sid, []):
+            if a.exec_id == eid or a.end_ms is None or a.start_ms >= started:
+                continue
+            if planned_h < a.end_ms <= started + SLACK_MS:
+                freed = a.end_ms if freed is None else max(freed, a.end_ms)
+        return None if freed is None else min(freed, started)
+
+    def _held_by_outage(self, planned_h: int, started: int) -> FaultRecord | None:
+        """The outage (quorum loss; the only planning region lost) that began while this run waited for its
+        start: nothing starts until it heals (a start is recorded in etcd before the handler runs), so the
+        run is the outage's, its lag counted from the heal. Without this a run due a moment before a quorum
+        loss was judged on the window of whatever fault it was planned in: a game day's 40 runs due 0.1-0.5
+        s before an F4 quorum loss read as 8-9.5 s late "in F7"."""
+        held = None
+        for f in self.faults:
+            if planned_h < f.start_ms < started and self.outage(f):
+                held = f  # the latest one begun while it waited
+        return held
+
     def i3_i7(self) -> None:
         i3, i7 = self.inv["I3"], self.inv["I7"]
         lag = self.s.lag
@@ -65,28 +89,40 @@ class LagChecks(Context):
         per_fault: dict[int, list[tuple[int, int, int]]] = {f.index: [] for f in self.faults}  # (planned, start, lag)
         starts = sorted(self.faults, key=lambda f: f.start_ms)
         fault_starts = [f.start_ms for f in starts]
-        for sid, t, act in self.owed_list:
+        for sid, t, _act in self.owed_list:
             eid = execution_id(sid, t)
             atts = self.idx.attempts.get(eid)
             final = self.idx.final_record(eid)
             if not atts or (final is not None and final[2].trigger is not Trigger.SCHEDULED):
                 continue
-            pol = act.schedule.policies.overlap if act.schedule is not None else None
-            if pol in _WAITS and self.running_at(sid, eid, t):
+            started = min(a.start_ms for a in atts)
+            # The overlap policy in force while it waited: a policy-only update is no new activation, so
+            # `act.schedule` is the activation's last version, not the one at its due time.
+            waits = any(v is not None and v.schedule is not None and v.schedule.policies.overlap in _WAITS
+                        for v in (self.idx.version_at(sid, t), self.idx.version_at(sid, self.idx.cluster_ms(started))))
+            if waits and self.running_at(sid, eid, t):
                 # Buffered by its own policy behind a run in progress at its due time: it starts when that
                 # one ends, by the user's choice. Its wait is no scheduler lag (counted, not judged).
                 self.bump("waited_by_policy")
                 continue
             due = final[2].due_ms if final is not None else t
-            started = min(a.start_ms for a in atts)
             planned_h = self.idx.harness_ms(due)
             raw = started - planned_h
             self.lag_points.append((planned_h, raw))
+            if waits and (freed := self._freed_by_own_run(sid, eid, planned_h, started)) is not None:
+                # It waited in its schedule's own queue (behind a catch-up run, or runs queued before it)
+                # and started once the run ahead of it ended: the wait is the policy's. What is judged is
+                # the time from that end to its start, the scheduler's share; the run ahead is judged itself.
+                self.bump("waited_in_own_queue")
+                planned_h = freed
+                raw = started - planned_h
             # A run still waiting when a fault began is that fault's (it was due just before the planner
             # froze or died: its planned time alone would put it outside every window).
             hit = bisect.bisect_right(fault_starts, started) - 1
             caught = starts[hit] if hit >= 0 and planned_h < starts[hit].start_ms else None
             f = self.window_of(planned_h) or caught
+            if (held := self._held_by_outage(planned_h, started)) is not None:
+                f = held
             i3.checked += 1
             lost = self._lost_with_worker(final[2] if final is not None else None, started)
             if lost is not None:
@@ -152,7 +188,10 @@ class LagChecks(Context):
         for row, f in zip(self.rows, self.faults, strict=True):
             pts = per_fault.get(f.index, [])
             end = f.end_ms if f.end_ms is not None else self.meta.end_ms
-            row.planned_inside = (bisect.bisect_right(owed_times, self.idx.cluster_ms(end))
+            # A crash's reach outlasts its window: however soon the planner restarts, what it owned waits
+            # for its lease to lapse (a game day's F1s of 0.001-0.8 s had "0 planned times inside").
+            reach = max(end, f.start_ms + self.ttl_ms) if f.type == "F1" else end
+            row.planned_inside = (bisect.bisect_right(owed_times, self.idx.cluster_ms(reach))
                                   - bisect.bisect_left(owed_times, self.idx.cluster_ms(f.start_ms)))
             late = [(p, s) for p, s, lg in pts
                     if (s - max(p, end) if self.outage(f) else lg) > bound]

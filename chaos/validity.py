@@ -10,7 +10,7 @@ from datetime import datetime
 from pathlib import Path
 
 from chaos import faults as catalogue
-from chaos.context import Context
+from chaos.context import SLACK_MS, Context
 from chaos.record import FaultRecord
 
 __all__ = ["ValidityChecks", "membership_change_missing"]
@@ -95,17 +95,27 @@ class ValidityChecks(Context):
                                     "(sink 409, etcd's refusal on the wire, or a fenced_out in its log): fencing was "
                                     "not exercised (I4c)")
 
+    def start_rev(self, f: FaultRecord) -> int:
+        """The revision the fault began at. The watcher sees a revision a little after it committed
+        (SLACK_MS), so a claim made just before a kill reads as after it: a game day's F1 killed a planner
+        at the write right after a claim and was judged to have "owned nothing". A crashed, frozen or cut
+        planner makes no claim inside its window, so looking SLACK_MS on (never past the window's end)
+        finds only what it held when the fault began."""
+        end = f.end_ms if f.end_ms is not None else f.start_ms
+        return self.idx.rev_at(min(f.start_ms + SLACK_MS, max(f.start_ms, end)))
+
     def owned_by_target(self, f: FaultRecord) -> int:
-        rev = self.idx.rev_at(f.start_ms)
+        revs = (self.idx.rev_at(f.start_ms), self.start_rev(f))
         nodes = self.target_nodes(f)
-        return sum(1 for c in self.idx.claims() if c.node in nodes and c.held_at(rev))
+        return sum(1 for c in self.idx.claims() if c.node in nodes and any(c.held_at(r) for r in revs))
 
     def takeovers(self, f: FaultRecord) -> int:
         """Claims made after the fault started (until 3 x TTL + settle after it ended) on partitions its
         target owned when it started."""
-        rev0 = self.idx.rev_at(f.start_ms)
+        rev0 = self.start_rev(f)
+        revs = (self.idx.rev_at(f.start_ms), rev0)
         nodes = self.target_nodes(f)
-        parts = {c.partition for c in self.idx.claims() if c.node in nodes and c.held_at(rev0)}
+        parts = {c.partition for c in self.idx.claims() if c.node in nodes and any(c.held_at(r) for r in revs)}
         end = (f.end_ms or self.meta.end_ms) + self.ttl_ms * 3 + int(self.s.lag.settle_s * 1000)
         return sum(1 for c in self.idx.claims() if c.partition in parts and c.token > rev0
                    and self.idx.time_of(c.token) <= end)
