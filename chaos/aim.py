@@ -5,10 +5,11 @@ nothing at that moment (an earlier fault restarted it and rebalancing has not gi
 worker crash on a worker with no run under way. Such a fault exercises nothing and validity makes the whole
 run invalid for it (a half game day had 9 of 103). So the runner first waits a little for the planned target
 to be worth faulting, and otherwise moves the fault to one that is: a planner of the same region that owns a
-partition, a worker with an effect under way. Which one is a pure function of the fault's index and what the
+partition (any region's, when the cluster has no region policy: every region plans), a worker with an
+effect under way. Which one is a pure function of the fault's index and what the
 cluster shows, and the move is recorded with the window (`detail.aimed_from`), so the report says which
-target was faulted and why. A planner of a standby region, which owns nothing by design, is never moved to
-the primary: a fault aimed at it is meant for it.
+target was faulted and why. With a region policy, a planner of a standby region, which owns nothing by design, is
+never moved to the primary: a fault aimed at it is meant for it.
 """
 
 from __future__ import annotations
@@ -43,7 +44,12 @@ async def aim(w: FaultWindow, live: LiveCluster, say: Callable[[str], None], *,
     if await live.wait_owning(planner, wait_s):
         return w
     region = live.region_of(planner)
-    owning = [p for p in await live.owning_planners() if p in live.live_planners() and live.region_of(p) == region]
+    candidates = [p for p in await live.owning_planners() if p in live.live_planners()]
+    owning = [p for p in candidates if live.region_of(p) == region]
+    if not owning and live.scenario.cluster.primary is None:
+        # Active-active (no region policy): every region plans, so a region that owns nothing right now is
+        # only recovering (its planners back from a region loss, inside their peers' rebalance hold-down).
+        owning = candidates
     if not owning:
         say(f"fault #{w.index} {w.type}: {planner} owns no partition after {wait_s:g} s and no planner of "
             f"{region} does; injected on it anyway")

@@ -70,6 +70,14 @@ def planner_settings(s: Scenario) -> dict[str, str]:
     return out
 
 
+def _member_node(value: bytes) -> str:
+    """The node of a member record (`MemberInfo`, planner/ownership.py)."""
+    try:
+        return str(json.loads(value)["node_id"])
+    except (ValueError, KeyError, TypeError):
+        return ""
+
+
 def _owner_node(value: bytes) -> str:
     """The node named by an owner key's value (`{"node": ..., "lease": ...}`, planner/ownership.py)."""
     try:
@@ -251,27 +259,28 @@ class LiveCluster:
         return None, h
 
     async def owning_planners(self) -> set[str]:
-        """The planners that own at least one partition now, by etcd (empty if etcd does not answer)."""
+        """The planners that own at least one partition now, by etcd, under their current session: an owner
+        key of a session that died (a planner just killed and restarted) stays until its lease lapses, and
+        a fault aimed at that planner because of it exercised nothing (a game day's F1 #18). Empty if etcd
+        does not answer."""
         assert self.kv is not None
         try:
             owners = await self.kv.range(self.ks.owners, prefix=True, timeout=2.0)
+            members = await self.kv.range(self.ks.members, prefix=True, timeout=2.0)
         except EtcdError:
             return set()
-        return {_owner_node(x.value) for x in owners.kvs}
+        session = {_member_node(m.value): m.lease for m in members.kvs}
+        return {n for x in owners.kvs if session.get(n := _owner_node(x.value)) == x.lease}
 
     async def wait_owning(self, planner: str, timeout: float) -> bool:
-        """Poll until `planner` owns at least one partition (True) or `timeout` passes (False). A planner
-        fault aimed at one that owns nothing exercises nothing (validity says so): a planner restarted by an
-        earlier fault gets partitions back only as rebalancing hands them over, a few seconds later."""
-        assert self.kv is not None
+        """Poll until `planner` owns at least one partition under its current session (True) or `timeout`
+        passes (False). A planner fault aimed at one that owns nothing exercises nothing (validity says so):
+        a planner restarted by an earlier fault gets partitions back only as rebalancing hands them over, a
+        few seconds later."""
         deadline = time.monotonic() + timeout
         while True:
-            try:
-                owners = await self.kv.range(self.ks.owners, prefix=True, timeout=2.0)
-                if any(_owner_node(x.value) == planner for x in owners.kvs):
-                    return True
-            except EtcdError:
-                pass
+            if planner in await self.owning_planners():
+                return True
             if time.monotonic() >= deadline:
                 return False
             await asyncio.sleep(0.25)

@@ -24,11 +24,22 @@ class Sink:
 
 
 @dataclass
+class Cluster:
+    primary: str | None = "r1"
+
+
+@dataclass
+class Scenario:
+    cluster: Cluster = field(default_factory=Cluster)
+
+
+@dataclass
 class Live:
     owning: set[str]
     regions: dict[str, str]
     sink: Sink = field(default_factory=Sink)
     workers: dict[str, Proc] = field(default_factory=dict)
+    scenario: Scenario = field(default_factory=Scenario)
 
     def live_planners(self) -> list[str]:
         return sorted(self.regions)
@@ -72,6 +83,13 @@ async def test_a_standby_planner_is_not_moved_to_the_primary() -> None:
     live = Live({"p1"}, {"p1": "r1", "s1": "r2"})
     w, said = await _aim(window("F1", "s1"), live)
     assert w.target == "s1" and "injected on it anyway" in said[0]
+
+
+async def test_without_a_region_policy_a_recovering_region_hands_the_fault_to_another() -> None:
+    """Active-active: r2 owns nothing only because it is back from a region loss, inside the hold-down."""
+    live = Live({"p1"}, {"p1": "r1", "q1": "r2", "q2": "r2"}, scenario=Scenario(Cluster(primary=None)))
+    w, _ = await _aim(window("F2", "q1"), live)
+    assert (w.target, w.aimed_from) == ("p1", "q1")
 
 
 async def test_non_planner_targets_are_left_alone() -> None:
