@@ -39,8 +39,10 @@ async def aim(w: FaultWindow, live: LiveCluster, say: Callable[[str], None], *,
     planner, sep, rest = w.target.partition("->")
     if w.type == "F7":
         return await _aim_worker(w, live, say, wait_s)
+    if w.role == "region" and live.scenario.cluster.primary is None:
+        return await _aim_region(w, live, say, wait_s)
     if planner not in live.live_planners():
-        return w  # not a planner name ("cluster", a region): nothing to aim
+        return w  # not a planner name ("cluster", an etcd member): nothing to aim
     if await live.wait_owning(planner, wait_s):
         return w
     region = live.region_of(planner)
@@ -57,6 +59,23 @@ async def aim(w: FaultWindow, live: LiveCluster, say: Callable[[str], None], *,
     to = _pick(owning, w.index)
     say(f"fault #{w.index} {w.type}: {planner} owns no partition after {wait_s:g} s: aimed at {to} instead")
     return dataclasses.replace(w, target=to + sep + rest, aimed_from=w.target)
+
+
+async def _aim_region(w: FaultWindow, live: LiveCluster, say: Callable[[str], None], wait_s: float) -> FaultWindow:
+    """A region loss (active-active) of a region that owns nothing (back from an earlier loss, inside its
+    peers' hold-down) moves to a region that owns partitions."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait_s
+    while True:
+        regions = {live.region_of(p) for p in await live.owning_planners() if p in live.live_planners()}
+        if w.target in regions or loop.time() >= deadline:
+            break
+        await asyncio.sleep(0.25)
+    if w.target in regions or not regions:
+        return w
+    to = _pick(list(regions), w.index)
+    say(f"fault #{w.index} {w.type}: region {w.target} owns no partition after {wait_s:g} s: aimed at {to} instead")
+    return dataclasses.replace(w, target=to, aimed_from=w.target)
 
 
 async def _aim_worker(w: FaultWindow, live: LiveCluster, say: Callable[[str], None], wait_s: float) -> FaultWindow:

@@ -92,6 +92,16 @@ async def test_without_a_region_policy_a_recovering_region_hands_the_fault_to_an
     assert (w.target, w.aimed_from) == ("p1", "q1")
 
 
+async def test_a_region_loss_of_a_region_that_owns_nothing_moves_without_a_region_policy() -> None:
+    regions = {"p1": "r1", "q1": "r2"}
+    live = Live({"p1"}, regions, scenario=Scenario(Cluster(primary=None)))
+    w, _ = await _aim(window("F5", "r2", role="region"), live)
+    assert (w.target, w.aimed_from) == ("r1", "r2")
+    with_policy = Live({"p1"}, regions)
+    w, _ = await _aim(window("F5", "r2", role="region"), with_policy)
+    assert w.target == "r2"  # a standby region's loss is meant for it
+
+
 async def test_non_planner_targets_are_left_alone() -> None:
     live = Live(set(), {"p1": "r1"})
     for w0 in (window("F4", "etcd-0", role="etcd"), window("F5", "r1", role="region"),
