@@ -207,7 +207,12 @@ class OwedChecks(Context):
         v_t = self.idx.version_at(sid, t)
         state_w = v_written.state if v_written else "none"
         if reason == "paused":
-            ok = state_w in ("paused", "deleted") or (v_t is not None and v_t.state == "paused")
+            # Paused when written, at the planned time, or at some moment between: a pause withdraws every
+            # run due and not started yet, overdue ones too, also when a resume follows before the owner
+            # writes the skip (docs/time.md, Activation; a half game day's pause and resume 0.14 s apart).
+            ok = state_w in ("paused", "deleted") or (v_t is not None and v_t.state == "paused") or any(
+                v.state == "paused" and t <= self.idx.cluster_ms(v.seen_ms) <= written + SLACK_MS
+                for v in self.idx.versions.get(sid, []))
             return None if ok else f"but it was {state_w} when the skip was written"
         if reason in ("schedule_deleted", "deleted"):
             return None if state_w == "deleted" else f"but it was {state_w} when the skip was written"

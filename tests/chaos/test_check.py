@@ -12,7 +12,7 @@ import pytest
 
 from chaos.check import EXIT, check_run, fixed_period_ms, independent_times, planned_times
 from chaos.record import FaultRecord, Run, WatchRecord, load_run, write_run
-from scheduler.execution import ErrorClass, Trigger, dispatch, new_execution, result, started
+from scheduler.execution import ErrorClass, ExecState, Trigger, dispatch, new_execution, result, started
 from scheduler.ids import FencingToken, execution_id
 from scheduler.store.codec import encode_schedule
 from scheduler.store.keyspace import partition_for
@@ -521,3 +521,26 @@ def test_a_run_due_just_before_a_quorum_loss_is_the_outages(tmp_path: Path) -> N
                                 healthy_ms=heal + 200))
     _, fails_by, _ = judged(x.build(tmp_path / "o"))
     assert "I3" not in fails_by, fails_by
+
+
+@pytest.mark.parametrize(("written", "fails"), [(T0 + 35_200, False), (T0 + 29_500, True)])
+def test_a_paused_skip_is_justified_by_a_pause_between_its_time_and_the_skip(
+        tmp_path: Path, written: int, fails: bool) -> None:
+    """s-005's run at 29 s, due and not started when the pause at 30 s came, is withdrawn as `paused`; the
+    owner wrote the skip after the resume at 35 s (docs/time.md, Activation): justified. Written at 29.5 s,
+    before any pause, it is not."""
+    x, _ = clean_run(tmp_path / "run")
+    sid, t = "s-005", T0 + 29_000
+    key = KS.execution(partition_for(sid, P), sid, t).decode()
+    eid = execution_id(sid, t)
+    x.watch = [w for w in x.watch if w.key != key]
+    x.effects = [e for e in x.effects if e.exec_id != eid]
+    e = new_execution(id=eid, schedule_id=sid, tenant="t", pool="default", task_type="http", planned_ms=t,
+                      due_ms=t, trigger=Trigger.SCHEDULED, retry=POLICIES.retry, timeout_ms=30_000)
+    x.record(e, t - 1000)
+    x.record(replace(e, state=ExecState.SKIPPED, skip_reason="paused"), written)
+    _, fails_by, _ = judged(x.build(tmp_path / "p"))
+    if fails:
+        assert fails_by.get("I2", 0) >= 1, fails_by
+    else:
+        assert "I2" not in fails_by, fails_by
