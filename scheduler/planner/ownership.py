@@ -349,11 +349,9 @@ class Ownership:
         # waiting on it again would turn this loop into a busy spin.
         also = [] if lost.done() else [lost]
         # A partition turns long-free by time alone, with no event: wake when the first one does.
-        timeout = self._s.renew
-        if self._free_since:
-            due = min(self._free_since.values()) + self._s.orphan_after - self._clock.monotonic()
-            if due > 0:
-                timeout = min(timeout, due + 0.01)
+        now = self._clock.monotonic()
+        dues = [t + self._s.orphan_after - now for t in self._free_since.values()]
+        timeout = min([self._s.renew, *(d + 0.01 for d in dues if d > 0)])
         try:
             await asyncio.wait([*waits, *also], timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
         finally:

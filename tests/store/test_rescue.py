@@ -18,6 +18,7 @@ from scheduler.planner.ownership import MemberInfo, Ownership
 from scheduler.store.etcd import EtcdClient
 from scheduler.store.fenced import Fence
 from scheduler.store.keyspace import Keyspace
+from tests.store.test_unserved_resign import _until
 
 pytestmark = pytest.mark.etcd
 
@@ -42,16 +43,6 @@ class Claims:
 async def kv(etcd_server: EtcdCluster) -> AsyncIterator[EtcdClient]:
     async with EtcdClient(etcd_server.config(timeout=0.4)) as c:
         yield c
-
-
-async def _until(cond: object, timeout: float) -> bool:
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout
-    while loop.time() < end:
-        if cond():  # type: ignore[operator]
-            return True
-        await asyncio.sleep(0.02)
-    return bool(cond())  # type: ignore[operator]
 
 
 async def test_a_share_its_planner_never_claims_is_served_by_a_peer(kv: EtcdClient, key_prefix: str) -> None:
