@@ -17,6 +17,7 @@ import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
+from functools import lru_cache
 
 from scheduler.errors import InvalidArgument
 from scheduler.ids import MAX_ID_LEN, check_name
@@ -38,7 +39,7 @@ class ScheduleState(StrEnum):
     PAUSED = "paused"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class RetryPolicy:
     max_attempts: int = 3  # total attempts, the first included
     initial_backoff_ms: int = 1_000
@@ -47,7 +48,7 @@ class RetryPolicy:
     max_unknown_attempts: int = 2  # attempts for errors of unknown class (bounded, then dead letter)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Policies:
     missed_runs: MissedRuns = MissedRuns.LATEST
     catchup_window_ms: int = 3_600_000  # missed times older than now - window are skipped, never run
@@ -60,7 +61,7 @@ class Policies:
     execution_timeout_ms: int = 300_000
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Schedule:
     id: str
     tenant: str
@@ -78,15 +79,21 @@ class Schedule:
     paused_reason: str = ""
 
     def plan(self) -> Plan:
-        return parse_spec(
-            self.spec,
-            schedule_id=self.id,
-            tz=self.time_zone,
-            dst_gap=self.policies.dst_gap,
-            dst_overlap=self.policies.dst_overlap,
-            start_ms=self.start_ms,
-            end_ms=self.end_ms,
-        )
+        """The compiled plan, shared by every schedule with the same spec, zone, DST policies and bounds
+        (plans are immutable): a planner holding 500,000 schedules of a few specs holds a few plans."""
+        p = self.policies
+        # The id only shapes a plan through `H` fields and the phase of `@every` (timeplan.parse_spec);
+        # any other spec compiles to the same plan whatever the id.
+        key_id = self.id if "H" in self.spec or "@" in self.spec else ""
+        return shared_plan(self.spec, key_id, self.time_zone, p.dst_gap, p.dst_overlap, self.start_ms, self.end_ms)
+
+
+@lru_cache(maxsize=4096)
+def shared_plan(spec: str, schedule_id: str, tz: str, dst_gap: DstGap | None, dst_overlap: DstOverlap | None,
+                start_ms: int | None, end_ms: int | None) -> Plan:
+    """parse_spec, cached (errors are not cached: they are raised again on every call)."""
+    return parse_spec(spec, schedule_id=schedule_id, tz=tz, dst_gap=dst_gap, dst_overlap=dst_overlap,
+                      start_ms=start_ms, end_ms=end_ms)
 
 
 def parse_rfc3339(text: str, field_name: str) -> int:

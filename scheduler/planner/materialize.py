@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 REPLAN_MARGIN_MS = 10_000
 
 
-@dataclass
+@dataclass(slots=True)
 class Tracked:
     stored: StoredSchedule
     plan: Plan

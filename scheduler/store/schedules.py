@@ -31,7 +31,7 @@ from scheduler.store.paging import range_pages
 from scheduler.tasks import Pacer
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class StoredSchedule:
     schedule: Schedule  # .version = etcd mod_revision
     activated_ms: int  # planned times before this are not owed (creation, resume, spec change)
