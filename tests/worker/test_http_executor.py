@@ -154,3 +154,44 @@ async def test_invalid_payload_is_permanent(http: HttpExecutor, payload: bytes, 
 )
 def test_retry_after_parsing(header: str | None, expected: float | None) -> None:
     assert retry_after_s(header, 1_445_412_480_000) == expected
+
+
+async def test_a_stop_abandons_the_request_at_once(sink: Sink, http: HttpExecutor) -> None:
+    """A planner's Cancel sets ctx.cancel_event: the request is abandoned then, not when the worker cancels
+    the handler's task `cancel_grace` (5 s) later. Fails on the old executor: it waited for the response,
+    so the wait below timed out."""
+    ctx = make_ctx()
+    task = asyncio.create_task(http(ctx, _payload(f"{sink.base}/slow", timeout_s=30)))
+    while not sink.requests:
+        await asyncio.sleep(0.01)
+    loop = asyncio.get_running_loop()
+    asked = loop.time()
+    ctx.cancel_reason = "overlap"
+    ctx.cancel_event.set()
+    with pytest.raises(TransientError, match="abandoned: overlap"):
+        await asyncio.wait_for(task, 2.0)
+    assert loop.time() - asked < 2.0
+
+
+async def test_a_cancelled_http_attempt_is_cancelled_well_before_the_grace(sink: Sink, http: HttpExecutor) -> None:
+    """Through the worker's Attempt with the default 5 s grace: the outcome is CANCELLED (the stop decides
+    it), in well under the grace, with no unretrieved exception logged."""
+    from scheduler.worker.attempt import Attempt, Status, Stop
+
+    seen: list[dict[str, object]] = []
+    loop = asyncio.get_running_loop()
+    loop.set_exception_handler(lambda _loop, context: seen.append(context))
+    a = Attempt(make_ctx(), _payload(f"{sink.base}/slow", timeout_s=30), http, "p", timeout=60)
+    run = asyncio.create_task(a.run())
+    while not sink.requests:
+        await asyncio.sleep(0.01)
+    asked = loop.time()
+    a.request_stop(Stop.CANCEL, grace=5.0, message="overlap")
+    outcome = await asyncio.wait_for(run, 4.0)
+    assert outcome.status is Status.CANCELLED
+    assert loop.time() - asked < 2.0
+    import gc
+
+    gc.collect()
+    await asyncio.sleep(0)
+    assert not seen, seen

@@ -12,6 +12,8 @@ a webhook URL that moved is a configuration error, and a POST must not silently 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 from email.utils import parsedate_to_datetime
 
@@ -71,6 +73,19 @@ class HttpExecutor:
         if self._session is not None:
             await self._session.close()
 
+    async def _post(self, url: URL, body: bytes, headers: dict[str, str],
+                    limit: float | None) -> tuple[int, str, float | None]:
+        """One POST: (status, the start of the response body, Retry-After in seconds)."""
+        try:
+            async with self._client().post(url, data=body, headers=headers, allow_redirects=False,
+                                           timeout=aiohttp.ClientTimeout(total=limit)) as resp:
+                text = (await resp.content.read(_BODY_BYTES)).decode(errors="replace").strip()
+                return resp.status, text, retry_after_s(resp.headers.get("Retry-After"), self.clock.wall_ms())
+        except TimeoutError:  # aiohttp's own timeout errors are TimeoutError subclasses too
+            raise TransientError(f"no response from {url.host} within {limit:g} s") from None
+        except aiohttp.ClientError as e:
+            raise TransientError(f"{type(e).__name__}: {e}") from None
+
     async def __call__(self, ctx: ExecutionContext, payload: bytes) -> None:
         data = pl.json_object(payload, _FIELDS)
         url = URL(pl.required_str(data, "url"))
@@ -82,16 +97,23 @@ class HttpExecutor:
         headers["Content-Type"] = "application/json"
         limit = pl.min_timeout(pl.timeout_s(data) or self.default_timeout, ctx.remaining())
         body = json.dumps(data.get("body")).encode()
+        # A stop (a Cancel, an orphaned attempt's stop, a drain) abandons the request the moment it is
+        # asked for: the stop decides the attempt's outcome whatever the response says (worker/attempt.py),
+        # so waiting for one only held the attempt `cancel_grace` (5 s) longer, and with it a
+        # `cancel_other` schedule's next run, which waits for the run it cancelled to end.
+        request = asyncio.ensure_future(self._post(url, body, headers, limit))
+        stopped = asyncio.ensure_future(ctx.cancel_event.wait())
         try:
-            async with self._client().post(url, data=body, headers=headers, allow_redirects=False,
-                                           timeout=aiohttp.ClientTimeout(total=limit)) as resp:
-                status = resp.status
-                text = (await resp.content.read(_BODY_BYTES)).decode(errors="replace").strip()
-                retry_after = retry_after_s(resp.headers.get("Retry-After"), self.clock.wall_ms())
-        except TimeoutError:  # aiohttp's own timeout errors are TimeoutError subclasses too
-            raise TransientError(f"no response from {url.host} within {limit:g} s") from None
-        except aiohttp.ClientError as e:
-            raise TransientError(f"{type(e).__name__}: {e}") from None
+            await asyncio.wait({request, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopped.cancel()
+            if not request.done():  # stopped, or this handler's own task cancelled: close the connection
+                request.cancel()
+                with contextlib.suppress(BaseException):
+                    await request
+        if request.cancelled():
+            raise TransientError(f"request to {url.host} abandoned: {ctx.cancel_reason or 'stopped'}")
+        status, text, retry_after = request.result()
         if 200 <= status < 300:
             return
         detail = f"HTTP {status} from {url.host}" + (f": {text}" if text else "")
