@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 from scheduler.clock import Clock
 from scheduler.ids import FencingToken, format_rfc3339_ms
@@ -78,3 +80,22 @@ class ExecutionContext:
             "attempt": self.attempt,
             "task_type": self.task_type,
         }
+
+
+async def stopped_first(ctx: ExecutionContext, work: asyncio.Future[Any], timeout: float | None = None) -> bool:
+    """Wait for `work` or a stop (`ctx.cancel_event`), at most `timeout` seconds (TimeoutError): True if the stop
+    came first. `work` is cancelled, and awaited, if it has not finished: an executor stops what it was
+    waiting for (a command's wait, a request) the moment the stop is asked for, not when the worker cancels
+    the handler `cancel_grace` later."""
+    stopped = asyncio.ensure_future(ctx.cancel_event.wait())
+    try:
+        done, _ = await asyncio.wait({work, stopped}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+        if not work.done():
+            work.cancel()
+            with contextlib.suppress(BaseException):
+                await work
+    if not done:
+        raise TimeoutError
+    return work not in done

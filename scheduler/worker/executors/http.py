@@ -13,7 +13,6 @@ a webhook URL that moved is a configuration error, and a POST must not silently 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 from email.utils import parsedate_to_datetime
 
@@ -23,7 +22,7 @@ from yarl import URL
 from scheduler import __version__
 from scheduler.clock import SYSTEM_CLOCK, Clock
 from scheduler.timeplan.plan import to_ms
-from scheduler.worker.context import ExecutionContext
+from scheduler.worker.context import ExecutionContext, stopped_first
 from scheduler.worker.errors import PermanentError, TransientError
 from scheduler.worker.executors import payload as pl
 
@@ -102,16 +101,7 @@ class HttpExecutor:
         # so waiting for one only held the attempt `cancel_grace` (5 s) longer, and with it a
         # `cancel_other` schedule's next run, which waits for the run it cancelled to end.
         request = asyncio.ensure_future(self._post(url, body, headers, limit))
-        stopped = asyncio.ensure_future(ctx.cancel_event.wait())
-        try:
-            await asyncio.wait({request, stopped}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            stopped.cancel()
-            if not request.done():  # stopped, or this handler's own task cancelled: close the connection
-                request.cancel()
-                with contextlib.suppress(BaseException):
-                    await request
-        if request.cancelled():
+        if await stopped_first(ctx, request):
             raise TransientError(f"request to {url.host} abandoned: {ctx.cancel_reason or 'stopped'}")
         status, text, retry_after = request.result()
         if 200 <= status < 300:

@@ -14,7 +14,7 @@ import os
 import signal
 from pathlib import Path
 
-from scheduler.worker.context import OUTPUT_TAIL_BYTES, ExecutionContext, ExecutorOutput, tail
+from scheduler.worker.context import OUTPUT_TAIL_BYTES, ExecutionContext, ExecutorOutput, stopped_first, tail
 from scheduler.worker.errors import PermanentError, TaskTimeout, TransientError
 from scheduler.worker.executors import payload as pl
 
@@ -111,7 +111,7 @@ class ShellExecutor:
         tail = _Tail()
         readers = asyncio.gather(tail.pump(out, 0), tail.pump(err, 1))
         try:
-            if await self._stopped_before_exit(ctx, proc, limit):
+            if await stopped_first(ctx, asyncio.ensure_future(proc.wait()), limit):
                 # A Cancel (or an orphaned attempt's stop): the group gets SIGTERM now, SIGKILL after
                 # `kill_grace`, as docs/workers.md says, not only when the worker cancels this task
                 # `cancel_grace` later. Until then a `cancel_other` schedule's next run waited for the
@@ -137,22 +137,6 @@ class ShellExecutor:
             err_t.close()
             ctx.output = tail.output(proc.returncode)  # kept on the attempt whatever the outcome
         self._check(proc.returncode, tail)
-
-    @staticmethod
-    async def _stopped_before_exit(ctx: ExecutionContext, proc: asyncio.subprocess.Process,
-                                   limit: float | None) -> bool:
-        """Wait for the command to exit, at most `limit` seconds if given (TimeoutError); True if a stop was asked
-        for (`ctx.cancel_event`) first."""
-        exited = asyncio.ensure_future(proc.wait())
-        stopped = asyncio.ensure_future(ctx.cancel_event.wait())
-        try:
-            done, _ = await asyncio.wait({exited, stopped}, timeout=limit, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for f in (exited, stopped):
-                f.cancel()
-        if not done:
-            raise TimeoutError
-        return exited not in done
 
     @staticmethod
     def _check(code: int | None, tail: _Tail) -> None:
