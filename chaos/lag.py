@@ -10,6 +10,7 @@ from collections.abc import Iterable
 
 from chaos import faults as catalogue
 from chaos.context import SLACK_MS, Context
+from chaos.index import Attempt as IdxAttempt
 from chaos.record import FaultRecord
 from scheduler.execution import Execution, Trigger
 from scheduler.ids import execution_id
@@ -18,6 +19,9 @@ from scheduler.timeplan import Overlap
 __all__ = ["LagChecks", "percentile"]
 
 _WAITS = (Overlap.BUFFER_ONE, Overlap.BUFFER_ALL)  # policies whose runs wait, by design, for the one before
+# Policies under which a run also waits for a run of its schedule that started after its due time (docs/time.md,
+# "What counts as overlap": that run was no overlap, so it is neither skipped nor run beside it; it queues).
+_QUEUES = (Overlap.SKIP, *_WAITS)
 
 
 def percentile(xs: Iterable[int], q: float) -> float:
@@ -54,16 +58,27 @@ class LagChecks(Context):
                     return f.start_ms
         return None
 
-    def _freed_by_own_run(self, sid: str, eid: str, planned_h: int, started: int) -> int | None:
+    def _freed_by_own_run(self, sid: str, eid: str, planned_h: int, started: int) -> tuple[int, IdxAttempt] | None:
         """When the last run of `sid` that ended after this run came due and before it started ended
-        (harness ms), or None if no run of its own schedule held it up."""
-        freed = None
+        (harness ms), with that run's attempt, or None if no run of its own schedule held it up."""
+        freed: IdxAttempt | None = None
         for a in self.idx.attempts_of.get(sid, []):
             if a.exec_id == eid or a.end_ms is None or a.start_ms >= started:
                 continue
-            if planned_h < a.end_ms <= started + SLACK_MS:
-                freed = a.end_ms if freed is None else max(freed, a.end_ms)
-        return None if freed is None else min(freed, started)
+            if planned_h < a.end_ms <= started + SLACK_MS and (freed is None or a.end_ms > (freed.end_ms or 0)):
+                freed = a
+        return None if freed is None or freed.end_ms is None else (min(freed.end_ms, started), freed)
+
+    def _killed(self, a: IdxAttempt) -> int | None:
+        """Harness ms of the fault (F7, F5) that cut this attempt short by killing its worker, else None."""
+        if not a.aborted or a.end_ms is None:
+            return None
+        for f in self.faults:
+            if f.start_ms - SLACK_MS <= a.end_ms <= (f.end_ms or f.start_ms) + SLACK_MS and (
+                    (f.type == "F7" and f.target == a.worker)
+                    or (f.type == "F5" and self.node_region(a.worker) == f.target)):
+                return f.start_ms
+        return None
 
     def _held_by_outage(self, planned_h: int, started: int) -> FaultRecord | None:
         """The outage (quorum loss; the only planning region lost) that began while this run waited for its
@@ -98,8 +113,11 @@ class LagChecks(Context):
             started = min(a.start_ms for a in atts)
             # The overlap policy in force while it waited: a policy-only update is no new activation, so
             # `act.schedule` is the activation's last version, not the one at its due time.
+            versions = (self.idx.version_at(sid, t), self.idx.version_at(sid, self.idx.cluster_ms(started)))
             waits = any(v is not None and v.schedule is not None and v.schedule.policies.overlap in _WAITS
-                        for v in (self.idx.version_at(sid, t), self.idx.version_at(sid, self.idx.cluster_ms(started))))
+                        for v in versions)
+            queues = waits or any(v is not None and v.schedule is not None
+                                  and v.schedule.policies.overlap in _QUEUES for v in versions)
             if waits and self.running_at(sid, eid, t):
                 # Buffered by its own policy behind a run in progress at its due time: it starts when that
                 # one ends, by the user's choice. Its wait is no scheduler lag (counted, not judged).
@@ -109,13 +127,19 @@ class LagChecks(Context):
             planned_h = self.idx.harness_ms(due)
             raw = started - planned_h
             self.lag_points.append((planned_h, raw))
-            if waits and (freed := self._freed_by_own_run(sid, eid, planned_h, started)) is not None:
-                # It waited in its schedule's own queue (behind a catch-up run, or runs queued before it)
-                # and started once the run ahead of it ended: the wait is the policy's. What is judged is
-                # the time from that end to its start, the scheduler's share; the run ahead is judged itself.
+            ahead_killed: int | None = None
+            if queues and (freed := self._freed_by_own_run(sid, eid, planned_h, started)) is not None:
+                # It waited in its schedule's own queue (behind a catch-up run, runs queued before it, or,
+                # under skip too, a run that started after its due time) and started once the run ahead of it
+                # ended: the wait is the policy's. What is judged is the time from that end to its start, the
+                # scheduler's share; the run ahead is judged itself.
                 self.bump("waited_in_own_queue")
-                planned_h = freed
+                planned_h = freed[0]
                 raw = started - planned_h
+                # The run ahead died with its worker: nothing could start behind it until that attempt was
+                # given up (the heartbeat timeout), so the wait is the worker loss's, judged like that run's
+                # own retry. A game day's skip run waited 13.5 s behind such a run, 10.8 s after the kill.
+                ahead_killed = self._killed(freed[1])
             # A run still waiting when a fault began is that fault's (it was due just before the planner
             # froze or died: its planned time alone would put it outside every window).
             hit = bisect.bisect_right(fault_starts, started) - 1
@@ -125,6 +149,7 @@ class LagChecks(Context):
                 f = held
             i3.checked += 1
             lost = self._lost_with_worker(final[2] if final is not None else None, started)
+            lost = lost if lost is not None else ahead_killed
             if lost is not None:
                 # Its attempt died with its worker: judged from the kill, on the bound that the heartbeat
                 # timeout sets (scenario `worker_loss_s`), and left out of the RTO (it is no planner lag).
@@ -133,7 +158,8 @@ class LagChecks(Context):
                 self.bump("lost_with_worker")
                 if eff > lag.worker_loss_s * 1000:
                     i3.fail(f"[lag-worker-lost] {eid}: started {eff / 1000:.2f}s after the fault at "
-                            f"{self.rel(lost)} killed the worker its attempt was on (bound {lag.worker_loss_s:g}s)")
+                            f"{self.rel(lost)} killed the worker its attempt (or the run it queued behind) was on "
+                            f"(bound {lag.worker_loss_s:g}s)")
                 continue
             move = next(((a, b) for a, b in moves if a <= planned_h <= b), None) if f is None else None
             if move is not None:

@@ -119,7 +119,8 @@ class Synth:
     # ---- the sink -------------------------------------------------------------------------------
 
     def effect(self, eid: str, attempt: int, token: FencingToken, worker: str, start: int, end: int | None,
-               *, accepted: bool = True) -> None:
+               *, accepted: bool = True, aborted: bool = False) -> None:
+        """`aborted`: the effect was cut short at `end` (its worker killed), as the sink records it."""
         parsed = ExecutionId.parse(eid)
         sid, planned = parsed.schedule_id, parsed.planned_ms
         self.seq += 1
@@ -128,7 +129,8 @@ class Synth:
                                          "" if accepted else "stale fencing token"))
         if accepted and end is not None:
             self.seq += 1
-            self.effects.append(EffectRecord(self.seq, "end", eid, sid, planned, attempt, token.partition,
+            self.effects.append(EffectRecord(self.seq, "abort" if aborted else "end", eid, sid, planned, attempt,
+                                             token.partition,
                                              token.revision, worker, end, True))
 
     def build(self, directory: Path, scenario: str = SCENARIO, **meta: Any) -> Run:

@@ -502,6 +502,66 @@ def test_a_run_queued_behind_its_own_schedules_run_is_judged_from_that_runs_end(
         assert "I3" not in fails_by, fails_by
 
 
+def _queued_behind_a_killed_run(x: Synth, sid: str, given_up_after_kill_ms: int) -> None:
+    """A backfill run of `sid` starts on r1-w2 0.6 s after `sid`'s run at 43 s came due (so that run queues
+    behind it); a fault kills r1-w2 2 s later; the attempt is given up `given_up_after_kill_ms` after the
+    kill and retried on r1-w1, and the run at 43 s starts at that moment."""
+    t2 = T0 + 43_000
+    x.watch = [w for w in x.watch if w.key != KS.execution(partition_for(sid, P), sid, t2).decode()]
+    x.effects = [e for e in x.effects if e.exec_id != execution_id(sid, t2)]
+    p = partition_for(sid, P)
+    node, tok = x.owners[p]
+    token = FencingToken(p, tok)
+    past, kill = T0 + 5_500, t2 + 2_600
+    freed = kill + given_up_after_kill_ms
+    e = new_execution(id=execution_id(sid, past), schedule_id=sid, tenant="t", pool="default", task_type="http",
+                      planned_ms=past, due_ms=t2 + 580, trigger=Trigger.BACKFILL, retry=POLICIES.retry,
+                      timeout_ms=30_000)
+    x.record(e, t2 + 580)
+    e = dispatch(e, worker="", planner=node, token=token, now_ms=t2 + 590)
+    x.record(e, t2 + 590)
+    e = started(e, 1, t2 + 600, "r1-w2")
+    x.record(e, t2 + 600)
+    x.effect(e.id, 1, token, "r1-w2", t2 + 610, kill, aborted=True)
+    x.faults.append(FaultRecord(1, "F7", "r1-w2", kill, kill + 1000, {}, "worker", healthy_ms=kill + 1500))
+    e, _ = result(e, 1, succeeded=False, error_class=ErrorClass.TIMEOUT, message="worker gone", now_ms=freed,
+                  worker="r1-w2")
+    x.record(e, freed)
+    from tests.chaos.synth import run_one
+    run_one(x, sched(sid, overlap=Overlap.SKIP), t2, x.owners[p], freed + 10, "r1-w1", hold_ms=200)
+    e = dispatch(e, worker="", planner=node, token=token, now_ms=freed + 400)
+    x.record(e, freed + 400)
+    e = started(e, 2, freed + 420, "r1-w1")
+    x.record(e, freed + 420)
+    x.effect(e.id, 2, token, "r1-w1", freed + 430, freed + 500)
+    e, _ = result(e, 2, succeeded=True, error_class=None, message="", now_ms=freed + 520, worker="r1-w1")
+    x.record(e, freed + 520)
+
+
+@pytest.mark.parametrize(("policy", "after_ms", "fails"), [(Overlap.SKIP, 10_800, False),
+                                                          (Overlap.SKIP, 19_000, True),
+                                                          (Overlap.ALLOW_ALL, 10_800, True)])
+def test_a_run_queued_behind_a_run_whose_worker_was_killed_is_judged_from_the_kill(
+        tmp_path: Path, policy: Overlap, after_ms: int, fails: bool) -> None:
+    """Under skip too, a run queues behind a run of its schedule that started after its due time (no overlap:
+    neither skipped nor run beside it). When that run's worker is killed, nothing starts behind it until its
+    attempt is given up, the heartbeat timeout after the kill: the queued run's wait is the worker loss's,
+    judged from the kill on `worker_loss_s` (16 s). A game day's skip schedule waited 13.5 s so, 10.8 s after
+    the kill, and read as late against the 8 s fault bound. 19 s after the kill is late; under allow_all
+    nothing excuses the wait."""
+    x, _ = clean_run(tmp_path / "run")
+    sid = "s-007"
+    key = KS.schedule(partition_for(sid, P), sid).decode()
+    value = encode_schedule(sched(sid, overlap=policy), activated_ms=T0 - 5000)
+    x.watch = [replace(w, value=value) if w.key == key else w for w in x.watch]
+    _queued_behind_a_killed_run(x, sid, after_ms)
+    _, fails_by, _ = judged(x.build(tmp_path / "k"))
+    if fails:
+        assert fails_by.get("I3", 0) >= 1, fails_by
+    else:
+        assert "I3" not in fails_by, fails_by
+
+
 def test_a_run_due_just_before_a_quorum_loss_is_the_outages(tmp_path: Path) -> None:
     """A run due 0.2 s before a quorum loss (nothing starts until the heal: a start is recorded in etcd
     first), inside the settle time of a worker crash before it: judged from the heal, as the outage's. A game
