@@ -231,7 +231,7 @@ class Worker:
         ))
 
     def heartbeat(self) -> wpb.WorkerMessage:
-        return protocol.heartbeat_message(self.running, self.clock.wall_ms())
+        return protocol.heartbeat_message(self.running, self.outbox.keys(), self.clock.wall_ms())
 
     def stream_up(self, stream: PlannerStream, welcome: wpb.Welcome) -> None:
         if self.planners.is_duplicate(stream):

@@ -29,19 +29,19 @@ from scheduler._gen.scheduler.v1 import cluster_pb2 as scheduler_dot_v1_dot_clus
 from scheduler._gen.scheduler.v1 import execution_pb2 as scheduler_dot_v1_dot_execution__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!scheduler/v1/worker_service.proto\x12\x0cscheduler.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1ascheduler/v1/cluster.proto\x1a\x1cscheduler/v1/execution.proto\"\x8f\x02\n\rWorkerMessage\x12$\n\x05hello\x18\x01 \x01(\x0b\x32\x13.scheduler.v1.HelloH\x00\x12(\n\x07\x63redits\x18\x02 \x01(\x0b\x32\x15.scheduler.v1.CreditsH\x00\x12,\n\theartbeat\x18\x03 \x01(\x0b\x32\x17.scheduler.v1.HeartbeatH\x00\x12(\n\x07results\x18\x04 \x01(\x0b\x32\x15.scheduler.v1.ResultsH\x00\x12$\n\x05\x64rain\x18\x05 \x01(\x0b\x32\x13.scheduler.v1.DrainH\x00\x12(\n\x07started\x18\x06 \x01(\x0b\x32\x15.scheduler.v1.StartedH\x00\x42\x06\n\x04\x62ody\"\xa8\x02\n\x0ePlannerMessage\x12(\n\x07welcome\x18\x01 \x01(\x0b\x32\x15.scheduler.v1.WelcomeH\x00\x12\x30\n\x0b\x61ssignments\x18\x02 \x01(\x0b\x32\x19.scheduler.v1.AssignmentsH\x00\x12&\n\x06\x63\x61ncel\x18\x03 \x01(\x0b\x32\x14.scheduler.v1.CancelH\x00\x12-\n\nresult_ack\x18\x04 \x01(\x0b\x32\x17.scheduler.v1.ResultAckH\x00\x12.\n\nreattached\x18\x05 \x01(\x0b\x32\x18.scheduler.v1.ReattachedH\x00\x12+\n\tstart_ack\x18\x06 \x01(\x0b\x32\x16.scheduler.v1.StartAckH\x00\x42\x06\n\x04\x62ody\"\x9a\x01\n\x0eRunningAttempt\x12\x14\n\x0c\x65xecution_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\r\x12\x31\n\rfencing_token\x18\x03 \x01(\x0b\x32\x1a.scheduler.v1.FencingToken\x12.\n\nstarted_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"3\n\nAttemptRef\x12\x14\n\x0c\x65xecution_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\r\"\xa2\x01\n\x05Hello\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0c\n\x04pool\x18\x02 \x01(\t\x12\x0e\n\x06region\x18\x03 \x01(\t\x12\x10\n\x08\x63\x61pacity\x18\x04 \x01(\r\x12\x12\n\ntask_types\x18\x05 \x03(\t\x12\x13\n\x0bsdk_version\x18\x06 \x01(\t\x12-\n\x07running\x18\x07 \x03(\x0b\x32\x1c.scheduler.v1.RunningAttempt\"\xf8\x01\n\x07Welcome\x12\x12\n\nplanner_id\x18\x01 \x01(\t\x12\x0e\n\x06region\x18\x02 \x01(\t\x12/\n\x0bserver_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12+\n\x08planners\x18\x04 \x03(\x0b\x32\x19.scheduler.v1.PlannerInfo\x12\x35\n\x12heartbeat_interval\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x34\n\x11heartbeat_timeout\x18\x06 \x01(\x0b\x32\x19.google.protobuf.Duration\"\x1a\n\x07\x43redits\x12\x0f\n\x07\x63redits\x18\x01 \x01(\r\"k\n\tHeartbeat\x12-\n\x07running\x18\x01 \x03(\x0b\x32\x1c.scheduler.v1.RunningAttempt\x12/\n\x0bworker_time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xc7\x03\n\x06Result\x12\x14\n\x0c\x65xecution_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\r\x12\x31\n\rfencing_token\x18\x03 \x01(\x0b\x32\x1a.scheduler.v1.FencingToken\x12-\n\x07outcome\x18\x04 \x01(\x0e\x32\x1c.scheduler.v1.AttemptOutcome\x12-\n\x0b\x65rror_class\x18\x05 \x01(\x0e\x32\x18.scheduler.v1.ErrorClass\x12\x0f\n\x07message\x18\x06 \x01(\t\x12.\n\nstarted_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x66inished_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\x0bretry_after\x18\t \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x13\n\x0bnot_started\x18\n \x01(\x08\x12\x13\n\x0bstdout_tail\x18\x0b \x01(\t\x12\x13\n\x0bstderr_tail\x18\x0c \x01(\t\x12\x16\n\texit_code\x18\r \x01(\x05H\x00\x88\x01\x01\x42\x0c\n\n_exit_code\"0\n\x07Results\x12%\n\x07results\x18\x01 \x03(\x0b\x32\x14.scheduler.v1.Result\"m\n\x05\x44rain\x12\x0e\n\x06reason\x18\x01 \x01(\t\x12(\n\x05grace\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\x12*\n\x08returned\x18\x03 \x03(\x0b\x32\x18.scheduler.v1.AttemptRef\"\x93\x03\n\nAssignment\x12\x14\n\x0c\x65xecution_id\x18\x01 \x01(\t\x12\x13\n\x0bschedule_id\x18\x02 \x01(\t\x12\x0e\n\x06tenant\x18\x03 \x01(\t\x12\x11\n\ttask_type\x18\x04 \x01(\t\x12.\n\nplanned_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07\x61ttempt\x18\x06 \x01(\r\x12\x31\n\rfencing_token\x18\x07 \x01(\x0b\x32\x1a.scheduler.v1.FencingToken\x12\x0f\n\x07payload\x18\x08 \x01(\x0c\x12,\n\x08\x64\x65\x61\x64line\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12&\n\x07trigger\x18\n \x01(\x0e\x32\x15.scheduler.v1.Trigger\x12*\n\x07timeout\x18\x0b \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x30\n\rstart_timeout\x18\x0c \x01(\x0b\x32\x19.google.protobuf.Duration\"h\n\x0cStartRequest\x12\x14\n\x0c\x65xecution_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\r\x12\x31\n\rfencing_token\x18\x03 \x01(\x0b\x32\x1a.scheduler.v1.FencingToken\"5\n\x07Started\x12*\n\x06starts\x18\x01 \x03(\x0b\x32\x1a.scheduler.v1.StartRequest\"{\n\rStartAckEntry\x12\x14\n\x0c\x65xecution_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\r\x12\x33\n\x0b\x64isposition\x18\x03 \x01(\x0e\x32\x1e.scheduler.v1.StartDisposition\x12\x0e\n\x06reason\x18\x04 \x01(\t\"5\n\x08StartAck\x12)\n\x04\x61\x63ks\x18\x01 \x03(\x0b\x32\x1b.scheduler.v1.StartAckEntry\"<\n\x0b\x41ssignments\x12-\n\x0b\x61ssignments\x18\x01 \x03(\x0b\x32\x18.scheduler.v1.Assignment\"l\n\x06\x43\x61ncel\x12\x14\n\x0c\x65xecution_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\r\x12*\n\x06reason\x18\x03 \x01(\x0e\x32\x1a.scheduler.v1.CancelReason\x12\x0f\n\x07message\x18\x04 \x01(\t\"m\n\x0eResultAckEntry\x12\x14\n\x0c\x65xecution_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\r\x12\x34\n\x0b\x64isposition\x18\x03 \x01(\x0e\x32\x1f.scheduler.v1.ResultDisposition\"7\n\tResultAck\x12*\n\x04\x61\x63ks\x18\x01 \x03(\x0b\x32\x1c.scheduler.v1.ResultAckEntry\"H\n\x0fRejectedAttempt\x12\x14\n\x0c\x65xecution_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\r\x12\x0e\n\x06reason\x18\x03 \x01(\t\"i\n\nReattached\x12*\n\x08\x61\x63\x63\x65pted\x18\x01 \x03(\x0b\x32\x18.scheduler.v1.AttemptRef\x12/\n\x08rejected\x18\x02 \x03(\x0b\x32\x1d.scheduler.v1.RejectedAttempt\")\n\x17\x44iscoverPlannersRequest\x12\x0e\n\x06region\x18\x01 \x01(\t\"G\n\x18\x44iscoverPlannersResponse\x12+\n\x08planners\x18\x01 \x03(\x0b\x32\x19.scheduler.v1.PlannerInfo*s\n\x10StartDisposition\x12!\n\x1dSTART_DISPOSITION_UNSPECIFIED\x10\x00\x12\x1d\n\x19START_DISPOSITION_STARTED\x10\x01\x12\x1d\n\x19START_DISPOSITION_REFUSED\x10\x02*\xa7\x01\n\x0c\x43\x61ncelReason\x12\x1d\n\x19\x43\x41NCEL_REASON_UNSPECIFIED\x10\x00\x12\x1b\n\x17\x43\x41NCEL_REASON_REQUESTED\x10\x01\x12\"\n\x1e\x43\x41NCEL_REASON_SCHEDULE_STOPPED\x10\x02\x12\x19\n\x15\x43\x41NCEL_REASON_OVERLAP\x10\x03\x12\x1c\n\x18\x43\x41NCEL_REASON_SUPERSEDED\x10\x04*\xb6\x01\n\x11ResultDisposition\x12\"\n\x1eRESULT_DISPOSITION_UNSPECIFIED\x10\x00\x12\x1f\n\x1bRESULT_DISPOSITION_RECORDED\x10\x01\x12 \n\x1cRESULT_DISPOSITION_DUPLICATE\x10\x02\x12\x1c\n\x18RESULT_DISPOSITION_STALE\x10\x03\x12\x1c\n\x18RESULT_DISPOSITION_RETRY\x10\x04\x32\xbc\x01\n\rWorkerService\x12H\n\x07\x43onnect\x12\x1b.scheduler.v1.WorkerMessage\x1a\x1c.scheduler.v1.PlannerMessage(\x01\x30\x01\x12\x61\n\x10\x44iscoverPlanners\x12%.scheduler.v1.DiscoverPlannersRequest\x1a&.scheduler.v1.DiscoverPlannersResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!scheduler/v1/worker_service.proto\x12\x0cscheduler.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1ascheduler/v1/cluster.proto\x1a\x1cscheduler/v1/execution.proto\"\x8f\x02\n\rWorkerMessage\x12$\n\x05hello\x18\x01 \x01(\x0b\x32\x13.scheduler.v1.HelloH\x00\x12(\n\x07\x63redits\x18\x02 \x01(\x0b\x32\x15.scheduler.v1.CreditsH\x00\x12,\n\theartbeat\x18\x03 \x01(\x0b\x32\x17.scheduler.v1.HeartbeatH\x00\x12(\n\x07results\x18\x04 \x01(\x0b\x32\x15.scheduler.v1.ResultsH\x00\x12$\n\x05\x64rain\x18\x05 \x01(\x0b\x32\x13.scheduler.v1.DrainH\x00\x12(\n\x07started\x18\x06 \x01(\x0b\x32\x15.scheduler.v1.StartedH\x00\x42\x06\n\x04\x62ody\"\xa8\x02\n\x0ePlannerMessage\x12(\n\x07welcome\x18\x01 \x01(\x0b\x32\x15.scheduler.v1.WelcomeH\x00\x12\x30\n\x0b\x61ssignments\x18\x02 \x01(\x0b\x32\x19.scheduler.v1.AssignmentsH\x00\x12&\n\x06\x63\x61ncel\x18\x03 \x01(\x0b\x32\x14.scheduler.v1.CancelH\x00\x12-\n\nresult_ack\x18\x04 \x01(\x0b\x32\x17.scheduler.v1.ResultAckH\x00\x12.\n\nreattached\x18\x05 \x01(\x0b\x32\x18.scheduler.v1.ReattachedH\x00\x12+\n\tstart_ack\x18\x06 \x01(\x0b\x32\x16.scheduler.v1.StartAckH\x00\x42\x06\n\x04\x62ody\"\x9a\x01\n\x0eRunningAttempt\x12\x14\n\x0c\x65xecution_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\r\x12\x31\n\rfencing_token\x18\x03 \x01(\x0b\x32\x1a.scheduler.v1.FencingToken\x12.\n\nstarted_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"3\n\nAttemptRef\x12\x14\n\x0c\x65xecution_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\r\"\xa2\x01\n\x05Hello\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0c\n\x04pool\x18\x02 \x01(\t\x12\x0e\n\x06region\x18\x03 \x01(\t\x12\x10\n\x08\x63\x61pacity\x18\x04 \x01(\r\x12\x12\n\ntask_types\x18\x05 \x03(\t\x12\x13\n\x0bsdk_version\x18\x06 \x01(\t\x12-\n\x07running\x18\x07 \x03(\x0b\x32\x1c.scheduler.v1.RunningAttempt\"\xf8\x01\n\x07Welcome\x12\x12\n\nplanner_id\x18\x01 \x01(\t\x12\x0e\n\x06region\x18\x02 \x01(\t\x12/\n\x0bserver_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12+\n\x08planners\x18\x04 \x03(\x0b\x32\x19.scheduler.v1.PlannerInfo\x12\x35\n\x12heartbeat_interval\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x34\n\x11heartbeat_timeout\x18\x06 \x01(\x0b\x32\x19.google.protobuf.Duration\"\x1a\n\x07\x43redits\x12\x0f\n\x07\x63redits\x18\x01 \x01(\r\"\xad\x01\n\tHeartbeat\x12-\n\x07running\x18\x01 \x03(\x0b\x32\x1c.scheduler.v1.RunningAttempt\x12/\n\x0bworker_time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12)\n\x07unacked\x18\x03 \x03(\x0b\x32\x18.scheduler.v1.AttemptRef\x12\x15\n\rlists_unacked\x18\x04 \x01(\x08\"\xc7\x03\n\x06Result\x12\x14\n\x0c\x65xecution_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\r\x12\x31\n\rfencing_token\x18\x03 \x01(\x0b\x32\x1a.scheduler.v1.FencingToken\x12-\n\x07outcome\x18\x04 \x01(\x0e\x32\x1c.scheduler.v1.AttemptOutcome\x12-\n\x0b\x65rror_class\x18\x05 \x01(\x0e\x32\x18.scheduler.v1.ErrorClass\x12\x0f\n\x07message\x18\x06 \x01(\t\x12.\n\nstarted_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x66inished_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\x0bretry_after\x18\t \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x13\n\x0bnot_started\x18\n \x01(\x08\x12\x13\n\x0bstdout_tail\x18\x0b \x01(\t\x12\x13\n\x0bstderr_tail\x18\x0c \x01(\t\x12\x16\n\texit_code\x18\r \x01(\x05H\x00\x88\x01\x01\x42\x0c\n\n_exit_code\"0\n\x07Results\x12%\n\x07results\x18\x01 \x03(\x0b\x32\x14.scheduler.v1.Result\"m\n\x05\x44rain\x12\x0e\n\x06reason\x18\x01 \x01(\t\x12(\n\x05grace\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\x12*\n\x08returned\x18\x03 \x03(\x0b\x32\x18.scheduler.v1.AttemptRef\"\x93\x03\n\nAssignment\x12\x14\n\x0c\x65xecution_id\x18\x01 \x01(\t\x12\x13\n\x0bschedule_id\x18\x02 \x01(\t\x12\x0e\n\x06tenant\x18\x03 \x01(\t\x12\x11\n\ttask_type\x18\x04 \x01(\t\x12.\n\nplanned_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07\x61ttempt\x18\x06 \x01(\r\x12\x31\n\rfencing_token\x18\x07 \x01(\x0b\x32\x1a.scheduler.v1.FencingToken\x12\x0f\n\x07payload\x18\x08 \x01(\x0c\x12,\n\x08\x64\x65\x61\x64line\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12&\n\x07trigger\x18\n \x01(\x0e\x32\x15.scheduler.v1.Trigger\x12*\n\x07timeout\x18\x0b \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x30\n\rstart_timeout\x18\x0c \x01(\x0b\x32\x19.google.protobuf.Duration\"h\n\x0cStartRequest\x12\x14\n\x0c\x65xecution_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\r\x12\x31\n\rfencing_token\x18\x03 \x01(\x0b\x32\x1a.scheduler.v1.FencingToken\"5\n\x07Started\x12*\n\x06starts\x18\x01 \x03(\x0b\x32\x1a.scheduler.v1.StartRequest\"{\n\rStartAckEntry\x12\x14\n\x0c\x65xecution_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\r\x12\x33\n\x0b\x64isposition\x18\x03 \x01(\x0e\x32\x1e.scheduler.v1.StartDisposition\x12\x0e\n\x06reason\x18\x04 \x01(\t\"5\n\x08StartAck\x12)\n\x04\x61\x63ks\x18\x01 \x03(\x0b\x32\x1b.scheduler.v1.StartAckEntry\"<\n\x0b\x41ssignments\x12-\n\x0b\x61ssignments\x18\x01 \x03(\x0b\x32\x18.scheduler.v1.Assignment\"l\n\x06\x43\x61ncel\x12\x14\n\x0c\x65xecution_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\r\x12*\n\x06reason\x18\x03 \x01(\x0e\x32\x1a.scheduler.v1.CancelReason\x12\x0f\n\x07message\x18\x04 \x01(\t\"m\n\x0eResultAckEntry\x12\x14\n\x0c\x65xecution_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\r\x12\x34\n\x0b\x64isposition\x18\x03 \x01(\x0e\x32\x1f.scheduler.v1.ResultDisposition\"7\n\tResultAck\x12*\n\x04\x61\x63ks\x18\x01 \x03(\x0b\x32\x1c.scheduler.v1.ResultAckEntry\"H\n\x0fRejectedAttempt\x12\x14\n\x0c\x65xecution_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\r\x12\x0e\n\x06reason\x18\x03 \x01(\t\"i\n\nReattached\x12*\n\x08\x61\x63\x63\x65pted\x18\x01 \x03(\x0b\x32\x18.scheduler.v1.AttemptRef\x12/\n\x08rejected\x18\x02 \x03(\x0b\x32\x1d.scheduler.v1.RejectedAttempt\")\n\x17\x44iscoverPlannersRequest\x12\x0e\n\x06region\x18\x01 \x01(\t\"G\n\x18\x44iscoverPlannersResponse\x12+\n\x08planners\x18\x01 \x03(\x0b\x32\x19.scheduler.v1.PlannerInfo*s\n\x10StartDisposition\x12!\n\x1dSTART_DISPOSITION_UNSPECIFIED\x10\x00\x12\x1d\n\x19START_DISPOSITION_STARTED\x10\x01\x12\x1d\n\x19START_DISPOSITION_REFUSED\x10\x02*\xa7\x01\n\x0c\x43\x61ncelReason\x12\x1d\n\x19\x43\x41NCEL_REASON_UNSPECIFIED\x10\x00\x12\x1b\n\x17\x43\x41NCEL_REASON_REQUESTED\x10\x01\x12\"\n\x1e\x43\x41NCEL_REASON_SCHEDULE_STOPPED\x10\x02\x12\x19\n\x15\x43\x41NCEL_REASON_OVERLAP\x10\x03\x12\x1c\n\x18\x43\x41NCEL_REASON_SUPERSEDED\x10\x04*\xb6\x01\n\x11ResultDisposition\x12\"\n\x1eRESULT_DISPOSITION_UNSPECIFIED\x10\x00\x12\x1f\n\x1bRESULT_DISPOSITION_RECORDED\x10\x01\x12 \n\x1cRESULT_DISPOSITION_DUPLICATE\x10\x02\x12\x1c\n\x18RESULT_DISPOSITION_STALE\x10\x03\x12\x1c\n\x18RESULT_DISPOSITION_RETRY\x10\x04\x32\xbc\x01\n\rWorkerService\x12H\n\x07\x43onnect\x12\x1b.scheduler.v1.WorkerMessage\x1a\x1c.scheduler.v1.PlannerMessage(\x01\x30\x01\x12\x61\n\x10\x44iscoverPlanners\x12%.scheduler.v1.DiscoverPlannersRequest\x1a&.scheduler.v1.DiscoverPlannersResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'scheduler.v1.worker_service_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_STARTDISPOSITION']._serialized_start=3513
-  _globals['_STARTDISPOSITION']._serialized_end=3628
-  _globals['_CANCELREASON']._serialized_start=3631
-  _globals['_CANCELREASON']._serialized_end=3798
-  _globals['_RESULTDISPOSITION']._serialized_start=3801
-  _globals['_RESULTDISPOSITION']._serialized_end=3983
+  _globals['_STARTDISPOSITION']._serialized_start=3580
+  _globals['_STARTDISPOSITION']._serialized_end=3695
+  _globals['_CANCELREASON']._serialized_start=3698
+  _globals['_CANCELREASON']._serialized_end=3865
+  _globals['_RESULTDISPOSITION']._serialized_start=3868
+  _globals['_RESULTDISPOSITION']._serialized_end=4050
   _globals['_WORKERMESSAGE']._serialized_start=175
   _globals['_WORKERMESSAGE']._serialized_end=446
   _globals['_PLANNERMESSAGE']._serialized_start=449
@@ -56,40 +56,40 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_WELCOME']._serialized_end=1371
   _globals['_CREDITS']._serialized_start=1373
   _globals['_CREDITS']._serialized_end=1399
-  _globals['_HEARTBEAT']._serialized_start=1401
-  _globals['_HEARTBEAT']._serialized_end=1508
-  _globals['_RESULT']._serialized_start=1511
-  _globals['_RESULT']._serialized_end=1966
-  _globals['_RESULTS']._serialized_start=1968
-  _globals['_RESULTS']._serialized_end=2016
-  _globals['_DRAIN']._serialized_start=2018
-  _globals['_DRAIN']._serialized_end=2127
-  _globals['_ASSIGNMENT']._serialized_start=2130
-  _globals['_ASSIGNMENT']._serialized_end=2533
-  _globals['_STARTREQUEST']._serialized_start=2535
-  _globals['_STARTREQUEST']._serialized_end=2639
-  _globals['_STARTED']._serialized_start=2641
-  _globals['_STARTED']._serialized_end=2694
-  _globals['_STARTACKENTRY']._serialized_start=2696
-  _globals['_STARTACKENTRY']._serialized_end=2819
-  _globals['_STARTACK']._serialized_start=2821
-  _globals['_STARTACK']._serialized_end=2874
-  _globals['_ASSIGNMENTS']._serialized_start=2876
-  _globals['_ASSIGNMENTS']._serialized_end=2936
-  _globals['_CANCEL']._serialized_start=2938
-  _globals['_CANCEL']._serialized_end=3046
-  _globals['_RESULTACKENTRY']._serialized_start=3048
-  _globals['_RESULTACKENTRY']._serialized_end=3157
-  _globals['_RESULTACK']._serialized_start=3159
-  _globals['_RESULTACK']._serialized_end=3214
-  _globals['_REJECTEDATTEMPT']._serialized_start=3216
-  _globals['_REJECTEDATTEMPT']._serialized_end=3288
-  _globals['_REATTACHED']._serialized_start=3290
-  _globals['_REATTACHED']._serialized_end=3395
-  _globals['_DISCOVERPLANNERSREQUEST']._serialized_start=3397
-  _globals['_DISCOVERPLANNERSREQUEST']._serialized_end=3438
-  _globals['_DISCOVERPLANNERSRESPONSE']._serialized_start=3440
-  _globals['_DISCOVERPLANNERSRESPONSE']._serialized_end=3511
-  _globals['_WORKERSERVICE']._serialized_start=3986
-  _globals['_WORKERSERVICE']._serialized_end=4174
+  _globals['_HEARTBEAT']._serialized_start=1402
+  _globals['_HEARTBEAT']._serialized_end=1575
+  _globals['_RESULT']._serialized_start=1578
+  _globals['_RESULT']._serialized_end=2033
+  _globals['_RESULTS']._serialized_start=2035
+  _globals['_RESULTS']._serialized_end=2083
+  _globals['_DRAIN']._serialized_start=2085
+  _globals['_DRAIN']._serialized_end=2194
+  _globals['_ASSIGNMENT']._serialized_start=2197
+  _globals['_ASSIGNMENT']._serialized_end=2600
+  _globals['_STARTREQUEST']._serialized_start=2602
+  _globals['_STARTREQUEST']._serialized_end=2706
+  _globals['_STARTED']._serialized_start=2708
+  _globals['_STARTED']._serialized_end=2761
+  _globals['_STARTACKENTRY']._serialized_start=2763
+  _globals['_STARTACKENTRY']._serialized_end=2886
+  _globals['_STARTACK']._serialized_start=2888
+  _globals['_STARTACK']._serialized_end=2941
+  _globals['_ASSIGNMENTS']._serialized_start=2943
+  _globals['_ASSIGNMENTS']._serialized_end=3003
+  _globals['_CANCEL']._serialized_start=3005
+  _globals['_CANCEL']._serialized_end=3113
+  _globals['_RESULTACKENTRY']._serialized_start=3115
+  _globals['_RESULTACKENTRY']._serialized_end=3224
+  _globals['_RESULTACK']._serialized_start=3226
+  _globals['_RESULTACK']._serialized_end=3281
+  _globals['_REJECTEDATTEMPT']._serialized_start=3283
+  _globals['_REJECTEDATTEMPT']._serialized_end=3355
+  _globals['_REATTACHED']._serialized_start=3357
+  _globals['_REATTACHED']._serialized_end=3462
+  _globals['_DISCOVERPLANNERSREQUEST']._serialized_start=3464
+  _globals['_DISCOVERPLANNERSREQUEST']._serialized_end=3505
+  _globals['_DISCOVERPLANNERSRESPONSE']._serialized_start=3507
+  _globals['_DISCOVERPLANNERSRESPONSE']._serialized_end=3578
+  _globals['_WORKERSERVICE']._serialized_start=4053
+  _globals['_WORKERSERVICE']._serialized_end=4241
 # @@protoc_insertion_point(module_scope)

@@ -142,12 +142,16 @@ class Credits(_message.Message):
     def __init__(self, credits: _Optional[int] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
-    __slots__ = ("running", "worker_time")
+    __slots__ = ("running", "worker_time", "unacked", "lists_unacked")
     RUNNING_FIELD_NUMBER: _ClassVar[int]
     WORKER_TIME_FIELD_NUMBER: _ClassVar[int]
+    UNACKED_FIELD_NUMBER: _ClassVar[int]
+    LISTS_UNACKED_FIELD_NUMBER: _ClassVar[int]
     running: _containers.RepeatedCompositeFieldContainer[RunningAttempt]
     worker_time: _timestamp_pb2.Timestamp
-    def __init__(self, running: _Optional[_Iterable[_Union[RunningAttempt, _Mapping]]] = ..., worker_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    unacked: _containers.RepeatedCompositeFieldContainer[AttemptRef]
+    lists_unacked: bool
+    def __init__(self, running: _Optional[_Iterable[_Union[RunningAttempt, _Mapping]]] = ..., worker_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., unacked: _Optional[_Iterable[_Union[AttemptRef, _Mapping]]] = ..., lists_unacked: _Optional[bool] = ...) -> None: ...
 
 class Result(_message.Message):
     __slots__ = ("execution_id", "attempt", "fencing_token", "outcome", "error_class", "message", "started_at", "finished_at", "retry_after", "not_started", "stdout_tail", "stderr_tail", "exit_code")
