@@ -96,14 +96,16 @@ def adoptable(listed: Iterable[AttemptKey], held: Container[AttemptKey], lookup:
 
 
 def unheld(orphans: Iterable[AttemptKey], worker_id: str, holds: Container[AttemptKey], lookup: Lookup,
-           since: Mapping[AttemptKey, float], now: float, default_window: float, settle: float) -> list[AttemptKey]:
+           since: Mapping[AttemptKey, float], anchor: float, default_window: float) -> list[AttemptKey]:
     """Orphans that a heartbeat of `worker_id` shows it no longer holds in any form (`holds`: what it runs and
-    the results it still awaits an acknowledgement for, from a worker that lists both). Only attempts whose
-    start the owner's memory records (RUNNING) at that very attempt on that very worker count: a DISPATCHED
-    one may still be waiting for its start answer, and a pending attempt is not listed. And only once the
-    start window has passed since the orphan was taken up (`since`), plus `settle` for the heartbeat that
-    shows it: until then the worker may still be about to run it (its start answer on the way), after that
-    it runs it (listed) or has refused it itself (docs/workers.md, "Start confirmation")."""
+    the results it still awaits an acknowledgement for, from a worker that lists both), judged at `anchor`:
+    a monotonic time before which the heartbeat cannot have been built (the send time of the probe it
+    echoes). Only attempts whose start the owner's memory records (RUNNING) at that very attempt on that
+    very worker count: a DISPATCHED one may still be waiting for its start answer, and a pending attempt is
+    not listed. And only once the start window had passed at `anchor` since the orphan was taken up
+    (`since`): the worker received the attempt before then (its start was recorded before this planner read
+    it, or before the stream it came on ended), so by then it was running it (and listed it) or had refused
+    it itself (docs/workers.md, "Start confirmation")."""
     out: list[AttemptKey] = []
     for key in orphans:
         if key in holds:
@@ -114,7 +116,7 @@ def unheld(orphans: Iterable[AttemptKey], worker_id: str, holds: Container[Attem
                 or cur.worker != worker_id:
             continue
         window = (cur.start_by_ms - cur.dispatched_ms) / 1000 if cur.start_by_ms > cur.dispatched_ms else default_window
-        if now - since.get(key, now) >= window + settle:
+        if anchor - since.get(key, anchor) >= window:
             out.append(key)
     return out
 
@@ -145,10 +147,8 @@ class Liveness:
         self.start_window = start_window  # the default start window, for attempts whose record has none
         # Attempts of ended streams -> monotonic time they are given up unless re-attached first.
         self.orphans: dict[AttemptKey, float] = {}
-        # When each orphan was taken up (monotonic), and when a heartbeat of its recorded worker first showed
-        # the worker no longer holding it (`unheld`): a second such heartbeat gives it up at once.
+        # When each orphan was taken up (monotonic): `unheld` counts the start window from then.
         self._since: dict[AttemptKey, float] = {}
-        self._unheld: dict[AttemptKey, float] = {}
         self.attempts_unheld = 0
         self.streams_declared_dead = 0
         self.attempts_lost = 0
@@ -233,7 +233,7 @@ class Liveness:
                 self._release(h.task_type)
 
     def heartbeat(self, c: Conn, running: Sequence[wpb.RunningAttempt],
-                  unacked: Sequence[wpb.AttemptRef] | None = None) -> None:
+                  unacked: Sequence[wpb.AttemptRef] | None = None, echo: int = 0) -> None:
         """A heartbeat lists every attempt the worker runs: it is what `cluster status` shows, it renews the
         stream's hold on those and ends it on what the worker has not shown for too long, and it re-attaches
         owned attempts the stream lacks. Once per heartbeat interval: O(held + listed)."""
@@ -252,30 +252,40 @@ class Liveness:
         if running:
             self.adopt(c, running)
         if unacked is not None and self.orphans:
-            self._give_up_unheld(c, listed | {(r.execution_id, r.attempt) for r in unacked}, now)
+            self._give_up_unheld(c, listed | {(r.execution_id, r.attempt) for r in unacked}, echo, now)
 
-    def _give_up_unheld(self, c: Conn, holds: set[AttemptKey], now: float) -> None:
-        """The orphans that this worker, heartbeating here, holds in no form: given up at the second heartbeat
-        that shows it (not the first: one heartbeat may have been built just before the worker took the
-        attempt up), instead of the heartbeat timeout after the orphan was taken up. That timeout restarted
-        with every ownership change, since a new owner takes up the attempts in flight at its claim as
-        orphans: a game day saw a dead worker's run held 23-66 s through two or three handovers while the
-        worker, restarted, heartbeated to every planner without it. O(orphans) per heartbeat."""
-        for k in [k for k in self._unheld if k in holds]:
-            del self._unheld[k]
-        for k in unheld(self.orphans, c.worker_id, holds, self._lookup, self._since, now,
-                        self.start_window, self.hb_interval):
-            first = self._unheld.setdefault(k, now)
-            if now - first >= self.hb_interval / 2 and self.orphans.get(k, now) > now:
-                self.orphans[k] = now  # the next watchdog tick gives it up
-                self.attempts_unheld += 1
-                log.info("an orphaned attempt's worker, heartbeating, no longer holds it: giving it up", extra={
-                    "event": "attempt_unheld", "worker": c.worker_id, "execution_id": k[0], "attempt": k[1]})
+    def _give_up_unheld(self, c: Conn, holds: set[AttemptKey], echo: int, now: float) -> None:
+        """The orphans that this worker, heartbeating here, holds in no form are given up at once, instead of
+        the heartbeat timeout after the orphan was taken up. That timeout restarted with every ownership
+        change, since a new owner takes up the attempts in flight at its claim as orphans: a game day saw a
+        dead worker's run held 23-66 s through two or three handovers while the worker, restarted,
+        heartbeated to every planner without it. Judged only from a heartbeat echoing a probe sent after the
+        start window had passed (`unheld`): a heartbeat delayed in transit, built before the worker had
+        settled the start, would free an attempt it then ran, and its retry would be a second effect.
+        O(orphans) per heartbeat."""
+        sent = c.probes.get(echo) if echo else None
+        if sent is not None:
+            for k in unheld(self.orphans, c.worker_id, holds, self._lookup, self._since, sent, self.start_window):
+                if self.orphans.get(k, now) > now:
+                    self.orphans[k] = now  # the next watchdog tick gives it up
+                    self.attempts_unheld += 1
+                    log.info("an orphaned attempt's worker, heartbeating, no longer holds it: giving it up",
+                             extra={"event": "attempt_unheld", "worker": c.worker_id, "execution_id": k[0],
+                                    "attempt": k[1]})
+        # A probe for the next heartbeat to echo, if one of its candidates would now pass the window and no
+        # probe that recent is out yet.
+        latest = max(c.probes.values(), default=None)
+        if (latest is None or latest < now - self.hb_interval) and \
+                unheld(self.orphans, c.worker_id, holds, self._lookup, self._since, now, self.start_window):
+            c.probe_seq += 1
+            c.probes[c.probe_seq] = now
+            for old in [q for q in c.probes if q <= c.probe_seq - 8]:
+                del c.probes[old]
+            c.out.put_nowait(wpb.PlannerMessage(probe=wpb.Probe(seq=c.probe_seq)))
 
     def _drop(self, key: AttemptKey) -> None:
         self.orphans.pop(key, None)
         self._since.pop(key, None)
-        self._unheld.pop(key, None)
 
     def _attach(self, c: Conn, key: AttemptKey, task_type: str) -> None:
         """Re-attached from a list of what the worker runs (Hello or a heartbeat): as if listed just now."""

@@ -397,7 +397,7 @@ class Dispatcher:
                                     lambda acks, c=c: self._start_acks(c, acks), c.scope)  # type: ignore[misc]
             elif kind == "heartbeat":
                 hb = msg.heartbeat
-                self.liveness.heartbeat(c, hb.running, hb.unacked if hb.lists_unacked else None)
+                self.liveness.heartbeat(c, hb.running, hb.unacked if hb.lists_unacked else None, hb.probe_echo)
             elif kind == "drain":
                 self._local_credit(c)  # it had credit until now
                 c.credits = 0

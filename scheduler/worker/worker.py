@@ -265,6 +265,8 @@ class Worker:
             self._on_reattached(stream, msg.reattached)
         elif kind == "start_ack":
             self.starts.on_ack(msg.start_ack)
+        elif kind == "probe":
+            stream.probe_seen = msg.probe.seq
         else:  # a second Welcome, or a message newer than this SDK: nothing to do
             log.debug("ignored planner message", extra={"planner": stream.address, "kind": kind})
 

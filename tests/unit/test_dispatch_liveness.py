@@ -5,6 +5,7 @@ of an owned partition), and a result's worker id is written into its attempt."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from typing import Any, cast
 
 from scheduler._gen.scheduler.v1 import worker_service_pb2 as wpb
@@ -204,47 +205,81 @@ def test_a_reattach_whose_record_cannot_be_read_is_neither_accepted_nor_rejected
 # ---- a dead worker's attempt, given up when its worker, heartbeating, no longer holds it -------------------
 
 
-def running_on(worker: str) -> Execution:
-    return started(in_flight(), 1, now_ms=1, worker=worker)
+def running_on(worker: str, eid: str = EID) -> Execution:
+    return started(replace(in_flight(), id=eid), 1, now_ms=1, worker=worker)
 
 
-def hb(env: Env, c: Conn, running: list[AttemptKey] = (), unacked: list[AttemptKey] | None = ()) -> None:  # type: ignore[assignment]
+def hb(env: Env, c: Conn, running: tuple[AttemptKey, ...] = (), unacked: tuple[AttemptKey, ...] | None = (),
+       echo: int | None = None) -> None:
+    """A heartbeat from `c`'s worker; `echo`: the probe it echoes (default: the latest the planner sent)."""
     env.live.heartbeat(c, [wpb.RunningAttempt(execution_id=k[0], attempt=k[1]) for k in running],
-                       None if unacked is None else [wpb.AttemptRef(execution_id=k[0], attempt=k[1]) for k in unacked])
+                       None if unacked is None else [wpb.AttemptRef(execution_id=k[0], attempt=k[1]) for k in unacked],
+                       c.probe_seq if echo is None else echo)
+
+
+def probes(c: Conn) -> list[int]:
+    out = []
+    while not c.out.empty():
+        m = c.out.get_nowait()
+        if m is not None and m.WhichOneof("body") == "probe":
+            out.append(m.probe.seq)
+    return out
 
 
 def test_unheld_takes_only_started_attempts_of_that_worker_past_the_start_window() -> None:
     e = running_on("w1")
     look = {EID: e}.get
     key = (EID, 1)
-    assert unheld([key], "w1", set(), look, {key: 0.0}, 1.0, 0.5, 0.1) == [key]
-    assert unheld([key], "w1", {key}, look, {key: 0.0}, 1.0, 0.5, 0.1) == [], "listed (running or unacked)"
-    assert unheld([key], "w2", set(), look, {key: 0.0}, 1.0, 0.5, 0.1) == [], "another worker's attempt"
-    assert unheld([key], "w1", set(), look, {key: 0.0}, 0.55, 0.5, 0.1) == [], "start answer may be on its way"
-    assert unheld([(EID, 2)], "w1", set(), look, {(EID, 2): 0.0}, 1.0, 0.5, 0.1) == [], "another attempt"
-    assert unheld([key], "w1", set(), {EID: in_flight()}.get, {key: 0.0}, 1.0, 0.5, 0.1) == [], \
+    assert unheld([key], "w1", set(), look, {key: 0.0}, 0.5, 0.5) == [key]
+    assert unheld([key], "w1", {key}, look, {key: 0.0}, 0.5, 0.5) == [], "listed (running or unacked)"
+    assert unheld([key], "w2", set(), look, {key: 0.0}, 0.5, 0.5) == [], "another worker's attempt"
+    assert unheld([key], "w1", set(), look, {key: 0.0}, 0.45, 0.5) == [], "its start may not be settled yet"
+    assert unheld([(EID, 2)], "w1", set(), look, {(EID, 2): 0.0}, 1.0, 0.5) == [], "another attempt"
+    assert unheld([key], "w1", set(), {EID: in_flight()}.get, {key: 0.0}, 1.0, 0.5) == [], \
         "DISPATCHED: the worker may hold it pending, unlisted"
 
 
 async def test_a_restarted_worker_heartbeating_without_it_frees_an_expected_attempt_early() -> None:
     """The new owner takes up a dead worker's attempt at its claim (`expect`). The worker, restarted under the
-    same id, heartbeats here without it: given up at the second such heartbeat past the start window, not the
-    heartbeat timeout after the claim, which restarted with every handover (a game day: 23-66 s)."""
+    same id, heartbeats here without it: once the start window has passed the planner sends a probe, and the
+    heartbeat echoing it frees the attempt, instead of the heartbeat timeout after the claim, which restarted
+    with every handover (a game day: 23-66 s)."""
     env = Env({EID: running_on("w1")}, start_window=0.2)
     claimed = env.clock.monotonic()
     env.live.expect([(EID, 1)])
     c = env.conn("w1")
-    hb(env, c)  # within the start window: proves nothing
+    hb(env, c)  # within the start window: no probe, nothing freed
     env.live.check(env.clock.monotonic())
-    env.clock.advance(0.35)
-    hb(env, c)  # the first heartbeat past the window and its settle time
+    assert probes(c) == [] and env.lost == []
+    env.clock.advance(0.25)
+    hb(env, c)  # past the window: a probe goes out; this heartbeat echoes none
     env.live.check(env.clock.monotonic())
-    assert env.lost == [], "one heartbeat is not enough"
+    assert probes(c) == [1] and env.lost == []
     env.clock.advance(0.1)
-    hb(env, c)
+    hb(env, c, echo=1)
     env.live.check(env.clock.monotonic())
     assert env.lost == [[(EID, 1)]] and env.live.attempts_unheld == 1
     assert env.clock.monotonic() - claimed < 1.0, "well before the heartbeat timeout (1 s) after the claim"
+
+
+async def test_a_heartbeat_echoing_a_probe_sent_before_the_window_frees_nothing() -> None:
+    """The latency guard: a heartbeat built before the worker had settled the start (the echo of a probe sent
+    within the window, or no echo) frees nothing, however late it arrives. Fails if the anchor is the
+    heartbeat's arrival instead of its probe's send time."""
+    env = Env({EID: running_on("w1"), OTHER: running_on("w1", OTHER)}, start_window=0.2)
+    env.live.expect([(OTHER, 1)])
+    env.clock.advance(0.25)
+    c = env.conn("w1")
+    hb(env, c)
+    assert probes(c) == [1]  # OTHER passed its window: probe 1 at t = 0.25
+    env.live.expect([(EID, 1)])  # taken up at t = 0.25: its window ends at 0.45
+    env.clock.advance(0.5)  # arrives late, long past EID's window, echoing probe 1 (sent before it)
+    hb(env, c, running=((OTHER, 1),), echo=1)
+    env.live.check(env.clock.monotonic())
+    assert env.lost == [], "probe 1 was sent before EID's window had passed"
+    hb(env, c, running=((OTHER, 1),), echo=0)
+    env.live.check(env.clock.monotonic())
+    assert env.lost == []
 
 
 async def test_a_result_awaiting_its_ack_is_never_given_up_early() -> None:
@@ -256,7 +291,7 @@ async def test_a_result_awaiting_its_ack_is_never_given_up_early() -> None:
     c = env.conn("w1")
     for _ in range(6):
         env.clock.advance(0.1)
-        hb(env, c, unacked=[(EID, 1)])
+        hb(env, c, unacked=((EID, 1),))
         env.live.check(env.clock.monotonic())
     assert env.lost == [] and env.live.attempts_unheld == 0
     env.clock.advance(0.5)  # the heartbeat timeout after the claim still applies, as before
@@ -273,21 +308,15 @@ async def test_a_worker_that_does_not_list_its_results_never_frees_one_early() -
         env.clock.advance(0.1)
         hb(env, c, unacked=None)
         env.live.check(env.clock.monotonic())
-    assert env.lost == []
+    assert env.lost == [] and probes(c) == []
 
 
-async def test_a_listing_between_two_unheld_heartbeats_starts_over() -> None:
+async def test_another_workers_heartbeats_never_free_it() -> None:
     env = Env({EID: running_on("w1")}, start_window=0.2)
     env.live.expect([(EID, 1)])
-    other = env.conn("w2")  # another worker's stream: never frees w1's attempt
-    c = env.conn("w1")
-    env.clock.advance(0.35)
-    hb(env, other)
-    hb(env, c)
-    env.clock.advance(0.1)
-    hb(env, other)
-    hb(env, c, unacked=[(EID, 1)])  # its result was on the way after all
-    env.clock.advance(0.1)
-    hb(env, c)  # acknowledged meanwhile (recorded elsewhere): the first unheld sighting again
-    env.live.check(env.clock.monotonic())
-    assert env.lost == []
+    other = env.conn("w2")
+    for _ in range(6):
+        env.clock.advance(0.1)
+        hb(env, other)
+        env.live.check(env.clock.monotonic())
+    assert env.lost == [] and probes(other) == []
