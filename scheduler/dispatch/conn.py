@@ -46,6 +46,9 @@ class Conn:
     # Attempts its heartbeats list that the scope refused to re-attach: refused (and logged) once, not on
     # every heartbeat.
     refused: set[AttemptKey] = field(default_factory=set)
+    # Probes sent on this stream (liveness.py, "unheld"): seq -> monotonic time sent; the last few only.
+    probes: dict[int, float] = field(default_factory=dict)
+    probe_seq: int = 0
 
     def runs(self, task_type: str) -> bool:
         """Does the worker run `task_type`? One that listed no task types in Hello runs them all."""

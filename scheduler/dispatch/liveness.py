@@ -33,7 +33,7 @@ from scheduler.clock import Clock
 from scheduler.dispatch.conn import AttemptKey, Conn, Held
 from scheduler.dispatch.scope import refused
 from scheduler.errors import SchedError
-from scheduler.execution import IN_FLIGHT, Execution
+from scheduler.execution import IN_FLIGHT, ExecState, Execution
 from scheduler.ids import ExecutionId
 from scheduler.store.kv import KV
 from scheduler.store.ledger import Ledger
@@ -95,6 +95,32 @@ def adoptable(listed: Iterable[AttemptKey], held: Container[AttemptKey], lookup:
     return out
 
 
+def unheld(orphans: Iterable[AttemptKey], worker_id: str, holds: Container[AttemptKey], lookup: Lookup,
+           since: Mapping[AttemptKey, float], anchor: float, default_window: float) -> list[AttemptKey]:
+    """Orphans that a heartbeat of `worker_id` shows it no longer holds in any form (`holds`: what it runs and
+    the results it still awaits an acknowledgement for, from a worker that lists both), judged at `anchor`:
+    a monotonic time before which the heartbeat cannot have been built (the send time of the probe it
+    echoes). Only attempts whose start the owner's memory records (RUNNING) at that very attempt on that
+    very worker count: a DISPATCHED one may still be waiting for its start answer, and a pending attempt is
+    not listed. And only once the start window had passed at `anchor` since the orphan was taken up
+    (`since`): the worker received the attempt before then (its start was recorded before this planner read
+    it, or before the stream it came on ended), so by then it was running it (and listed it) or had refused
+    it itself (docs/workers.md, "Start confirmation")."""
+    out: list[AttemptKey] = []
+    for key in orphans:
+        if key in holds:
+            continue
+        e = lookup(key[0])
+        cur = e.current if e is not None else None
+        if e is None or cur is None or e.state is not ExecState.RUNNING or cur.attempt != key[1] \
+                or cur.worker != worker_id:
+            continue
+        window = (cur.start_by_ms - cur.dispatched_ms) / 1000 if cur.start_by_ms > cur.dispatched_ms else default_window
+        if anchor - since.get(key, anchor) >= window:
+            out.append(key)
+    return out
+
+
 # ---- applying them --------------------------------------------------------------------------------------
 
 
@@ -111,14 +137,19 @@ class Liveness:
         on_lost: Callable[[list[AttemptKey]], None],
         heartbeat_interval: float,
         heartbeat_timeout: float,
+        start_window: float = 3.0,
     ) -> None:
         """`conns`: the dispatcher's live streams (read, never changed here); `release`: an attempt of that
         task type is no longer out (the fair queue's per-type count); `on_lost`: orphans given up."""
         self.conns, self.clock, self.kv, self.ledger, self._lookup = conns, clock, kv, ledger, lookup
         self._release, self._on_lost = release, on_lost
         self.hb_interval, self.hb_timeout = heartbeat_interval, heartbeat_timeout
+        self.start_window = start_window  # the default start window, for attempts whose record has none
         # Attempts of ended streams -> monotonic time they are given up unless re-attached first.
         self.orphans: dict[AttemptKey, float] = {}
+        # When each orphan was taken up (monotonic): `unheld` counts the start window from then.
+        self._since: dict[AttemptKey, float] = {}
+        self.attempts_unheld = 0
         self.streams_declared_dead = 0
         self.attempts_lost = 0
         self._watchdog: asyncio.Task[None] | None = None
@@ -142,7 +173,7 @@ class Liveness:
         lost = due(self.orphans, now)
         if lost:
             for k in lost:
-                del self.orphans[k]
+                self._drop(k)
             self.attempts_lost += len(lost)
             log.warning("attempts orphaned by a lost worker stream were not re-attached in time",
                         extra={"event": "attempts_lost", "count": len(lost)})
@@ -161,6 +192,7 @@ class Liveness:
         for key in keys:
             if key not in self.orphans and not any(key in h for h in held):
                 self.orphans[key] = give_up
+                self._since[key] = give_up - self.hb_timeout - self.hb_interval
                 n += 1
         if n:
             self.start_watchdog()
@@ -174,6 +206,7 @@ class Liveness:
         others = [o.running for o in self.conns.values() if o is not c]
         for key in orphaned(c.running, others):
             self.orphans[key] = give_up
+            self._since[key] = give_up - self.hb_timeout
         c.running.clear()
 
     # ---- what a stream holds ---------------------------------------------------------------------------
@@ -199,7 +232,8 @@ class Liveness:
             if h is not None:
                 self._release(h.task_type)
 
-    def heartbeat(self, c: Conn, running: Sequence[wpb.RunningAttempt]) -> None:
+    def heartbeat(self, c: Conn, running: Sequence[wpb.RunningAttempt],
+                  unacked: Sequence[wpb.AttemptRef] | None = None, echo: int = 0) -> None:
         """A heartbeat lists every attempt the worker runs: it is what `cluster status` shows, it renews the
         stream's hold on those and ends it on what the worker has not shown for too long, and it re-attaches
         owned attempts the stream lacks. Once per heartbeat interval: O(held + listed)."""
@@ -217,11 +251,46 @@ class Liveness:
             self.forget(c, gone)
         if running:
             self.adopt(c, running)
+        if unacked is not None and self.orphans:
+            self._give_up_unheld(c, listed | {(r.execution_id, r.attempt) for r in unacked}, echo, now)
+
+    def _give_up_unheld(self, c: Conn, holds: set[AttemptKey], echo: int, now: float) -> None:
+        """The orphans that this worker, heartbeating here, holds in no form are given up at once, instead of
+        the heartbeat timeout after the orphan was taken up. That timeout restarted with every ownership
+        change, since a new owner takes up the attempts in flight at its claim as orphans: a game day saw a
+        dead worker's run held 23-66 s through two or three handovers while the worker, restarted,
+        heartbeated to every planner without it. Judged only from a heartbeat echoing a probe sent after the
+        start window had passed (`unheld`): a heartbeat delayed in transit, built before the worker had
+        settled the start, would free an attempt it then ran, and its retry would be a second effect.
+        O(orphans) per heartbeat."""
+        sent = c.probes.get(echo) if echo else None
+        if sent is not None:
+            for k in unheld(self.orphans, c.worker_id, holds, self._lookup, self._since, sent, self.start_window):
+                if self.orphans.get(k, now) > now:
+                    self.orphans[k] = now  # the next watchdog tick gives it up
+                    self.attempts_unheld += 1
+                    log.info("an orphaned attempt's worker, heartbeating, no longer holds it: giving it up",
+                             extra={"event": "attempt_unheld", "worker": c.worker_id, "execution_id": k[0],
+                                    "attempt": k[1]})
+        # A probe for the next heartbeat to echo, if one of its candidates would now pass the window and no
+        # probe that recent is out yet.
+        latest = max(c.probes.values(), default=None)
+        if (latest is None or latest < now - self.hb_interval) and \
+                unheld(self.orphans, c.worker_id, holds, self._lookup, self._since, now, self.start_window):
+            c.probe_seq += 1
+            c.probes[c.probe_seq] = now
+            for old in [q for q in c.probes if q <= c.probe_seq - 8]:
+                del c.probes[old]
+            c.out.put_nowait(wpb.PlannerMessage(probe=wpb.Probe(seq=c.probe_seq)))
+
+    def _drop(self, key: AttemptKey) -> None:
+        self.orphans.pop(key, None)
+        self._since.pop(key, None)
 
     def _attach(self, c: Conn, key: AttemptKey, task_type: str) -> None:
         """Re-attached from a list of what the worker runs (Hello or a heartbeat): as if listed just now."""
         c.running[key] = Held(task_type, self.clock.monotonic(), self.hb_timeout)
-        self.orphans.pop(key, None)  # its worker is back in time
+        self._drop(key)  # its worker is back in time
 
     async def reattach(self, c: Conn, running: Sequence[wpb.RunningAttempt]) -> wpb.PlannerMessage:
         """A Hello's running attempts: accepted where the ledger still shows that attempt in flight, else

@@ -396,7 +396,8 @@ class Dispatcher:
                 self.starts.enqueue(c.worker_id, list(msg.started.starts),
                                     lambda acks, c=c: self._start_acks(c, acks), c.scope)  # type: ignore[misc]
             elif kind == "heartbeat":
-                self.liveness.heartbeat(c, msg.heartbeat.running)
+                hb = msg.heartbeat
+                self.liveness.heartbeat(c, hb.running, hb.unacked if hb.lists_unacked else None, hb.probe_echo)
             elif kind == "drain":
                 self._local_credit(c)  # it had credit until now
                 c.credits = 0

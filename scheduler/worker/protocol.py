@@ -119,8 +119,13 @@ def drain_message(reason: str, grace: float, returned: Iterable[Attempt]) -> wpb
                                              returned=attempt_refs(returned)))
 
 
-def heartbeat_message(running: Iterable[Attempt], now_ms: int) -> wpb.WorkerMessage:
-    return wpb.WorkerMessage(heartbeat=wpb.Heartbeat(running=running_pb(running), worker_time=ms_to_timestamp(now_ms)))
+def heartbeat_message(running: Iterable[Attempt], unacked: Iterable[tuple[str, int]],
+                      now_ms: int) -> wpb.WorkerMessage:
+    """`unacked`: the results no planner has acknowledged yet (the outbox). With `running`, every attempt the
+    worker still holds: a planner may give up an attempt of this worker that is in neither."""
+    return wpb.WorkerMessage(heartbeat=wpb.Heartbeat(
+        running=running_pb(running), worker_time=ms_to_timestamp(now_ms), lists_unacked=True,
+        unacked=[wpb.AttemptRef(execution_id=eid, attempt=n) for eid, n in unacked]))
 
 
 def credits_message(n: int) -> wpb.WorkerMessage:

@@ -71,6 +71,7 @@ class PlannerStream:
         # After this long without this stream, its attempts are given up (the planner's Welcome says).
         self.heartbeat_timeout = settings.heartbeat_interval * 10
         self.sessions = 0  # Welcomes received, for tests and logs
+        self.probe_seen = 0  # the latest Probe of this session, echoed by its heartbeats
         self._owner = owner
         self._settings = settings
         self._dial = dialer(settings)
@@ -214,6 +215,7 @@ class PlannerStream:
         if w.HasField("heartbeat_timeout") and (w.heartbeat_timeout.seconds or w.heartbeat_timeout.nanos):
             self.heartbeat_timeout = w.heartbeat_timeout.ToMilliseconds() / 1000
         self.sessions += 1
+        self.probe_seen = 0  # a new session's planner numbers its probes afresh
         self._backoff.reset()
         log.info("planner stream open", extra={"planner": self.address, "planner_id": self.planner_id,
                                                "region": self.region})
@@ -222,7 +224,9 @@ class PlannerStream:
         while self._queue is queue:
             await asyncio.sleep(self.heartbeat_interval)
             if self._queue is queue:
-                queue.put_nowait(self._owner.heartbeat())
+                hb = self._owner.heartbeat()
+                hb.heartbeat.probe_echo = self.probe_seen
+                queue.put_nowait(hb)
 
     @staticmethod
     async def _requests(queue: asyncio.Queue[wpb.WorkerMessage | None]) -> AsyncIterator[wpb.WorkerMessage]:

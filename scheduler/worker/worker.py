@@ -231,7 +231,7 @@ class Worker:
         ))
 
     def heartbeat(self) -> wpb.WorkerMessage:
-        return protocol.heartbeat_message(self.running, self.clock.wall_ms())
+        return protocol.heartbeat_message(self.running, self.outbox.keys(), self.clock.wall_ms())
 
     def stream_up(self, stream: PlannerStream, welcome: wpb.Welcome) -> None:
         if self.planners.is_duplicate(stream):
@@ -265,6 +265,8 @@ class Worker:
             self._on_reattached(stream, msg.reattached)
         elif kind == "start_ack":
             self.starts.on_ack(msg.start_ack)
+        elif kind == "probe":
+            stream.probe_seen = msg.probe.seq
         else:  # a second Welcome, or a message newer than this SDK: nothing to do
             log.debug("ignored planner message", extra={"planner": stream.address, "kind": kind})
 

@@ -15,6 +15,7 @@ effect-worker processes (tests/integration/effect_worker.py) and a real etcd. Th
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import time
@@ -23,11 +24,13 @@ from collections.abc import AsyncIterator
 import pytest
 
 from chaos.infra.etcd import EtcdCluster
+from scheduler.clock import SYSTEM_CLOCK
 from scheduler.execution import ErrorClass, Execution
 from scheduler.ids import execution_id
 from scheduler.model import Policies, RetryPolicy
 from scheduler.planner.partition import LOST_MESSAGE
 from scheduler.store.etcd import EtcdClient
+from scheduler.store.keyspace import partition_for
 from tests.integration.engine import (
     Engine,
     connected,
@@ -153,3 +156,62 @@ async def test_worker_that_blips_keeps_its_attempt(engine: Engine) -> None:
     assert e.attempts[0].worker == "w1", "the result records the worker that ran it"
     assert [ln for ln in lines(eng.effects) if ln[0] == eid] == [[eid, "1", "w1"]], "exactly one effect"
     assert [ln for ln in lines(eng.starts) if ln[0] == eid] == [[eid, "1", "w1"]], "and one start"
+
+
+# A dead worker's attempt across handovers: each new owner takes up the attempts in flight at its claim as
+# orphans, and on the old rule gave each up only `heartbeat_timeout` + one interval after its own claim, so
+# two handovers made the wait three times as long (a game day saw 23-66 s against a 16 s bound).
+HANDOVER = {"heartbeat_interval": "0.5", "heartbeat_timeout": "10", "start_timeout_ms": "1000"}
+HANDOVER_TIMEOUT_S = 10.0
+
+
+async def owner_of(eng: Engine, partition: int) -> str | None:
+    got = await eng.kv.get(eng.ks.owner(partition), timeout=2.0)
+    return None if got is None else str(json.loads(got.value)["node"])
+
+
+async def hand_over(eng: Engine, partition: int) -> str:
+    """SIGTERM the partition's owner (it drains: hands its partitions over) and wait for a new owner."""
+    old = await owner_of(eng, partition)
+    assert old is not None
+    await eng.planners[old].stop()
+
+    async def moved() -> bool:
+        now = await owner_of(eng, partition)
+        return now is not None and now != old
+    await wait_until(moved, 30, f"partition {partition} to move off {old}")
+    new = await owner_of(eng, partition)
+    assert new is not None
+    return new
+
+
+async def test_restarted_worker_frees_its_lost_attempt_through_two_handovers(
+        etcd_server: EtcdCluster, tmp_path: os.PathLike[str], key_prefix: str) -> None:
+    async with EtcdClient(etcd_server.config(timeout=2.0)) as kv:
+        eng = Engine(etcd_server, tmp_path, kv, prefix=key_prefix.rstrip("/"))  # type: ignore[arg-type]
+        try:
+            for node in ("p1", "p2", "p3"):
+                eng.start_planner(node, **HANDOVER)
+            w1 = eng.start_worker("w1")
+            await connected(eng, "w1")
+            t = next_second_ms(2)
+            await eng.create(once("handed", t, {"hold_s": 300, "hold_attempts": 1}, LONG))
+            eid = execution_id("handed", t)
+            await started(eng, eid, 1, "w1")
+            part = partition_for("handed", eng.partitions)
+
+            killed_ms = SYSTEM_CLOCK.wall_ms()
+            kill_process(w1)  # its attempt is now held by nobody
+            eng.start_worker("w1")  # back under the same id, with an empty outbox
+            owners = [await hand_over(eng, part), await hand_over(eng, part)]
+            e = await final(eng, "handed", t, timeout=60)
+        finally:
+            eng.close()
+    first, second = e.attempts
+    assert first.error_class is ErrorClass.TIMEOUT and first.message == LOST_MESSAGE, first
+    # The old rule cannot free it before heartbeat_timeout after the last claim, that is at least 10 s after
+    # the kill; the restarted worker's heartbeats, not listing it, let the new owner free it in a few.
+    waited = (second.dispatched_ms - killed_ms) / 1000
+    assert waited < HANDOVER_TIMEOUT_S, f"retried {waited:.1f}s after the kill (owners {owners}): {e}"
+    assert e.attempt == 2 and second.succeeded and second.worker == "w1", e
+    assert [ln for ln in lines(eng.effects) if ln[0] == eid] == [[eid, "2", "w1"]], "the effect happened once"

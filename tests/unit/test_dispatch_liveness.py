@@ -5,13 +5,14 @@ of an owned partition), and a result's worker id is written into its attempt."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from typing import Any, cast
 
 from scheduler._gen.scheduler.v1 import worker_service_pb2 as wpb
 from scheduler.clock import FakeClock
 from scheduler.dispatch.conn import AttemptKey, Conn, Held
-from scheduler.dispatch.liveness import Liveness, adoptable, due, orphaned, reattach_refusal, silent, unlisted
-from scheduler.execution import ErrorClass, ExecState, Execution, Trigger, dispatch, new_execution, result
+from scheduler.dispatch.liveness import Liveness, adoptable, due, orphaned, reattach_refusal, silent, unheld, unlisted
+from scheduler.execution import ErrorClass, ExecState, Execution, Trigger, dispatch, new_execution, result, started
 from scheduler.ids import FencingToken
 from scheduler.model import RetryPolicy
 
@@ -20,14 +21,14 @@ OTHER = "other@2026-01-01T00:00:01.000Z"
 
 
 class Env:
-    def __init__(self, lookup: dict[str, Execution] | None = None) -> None:
+    def __init__(self, lookup: dict[str, Execution] | None = None, start_window: float = 3.0) -> None:
         self.clock = FakeClock()
         self.lost: list[list[AttemptKey]] = []
         self.released: list[str] = []
         self.conns: dict[int, Conn] = {}
         self.live = Liveness(conns=self.conns, clock=self.clock, kv=cast(Any, None), ledger=cast(Any, None),
                              lookup=(lookup or {}).get, release=self.released.append, on_lost=self.lost.append,
-                             heartbeat_interval=0.1, heartbeat_timeout=1.0)
+                             heartbeat_interval=0.1, heartbeat_timeout=1.0, start_window=start_window)
 
     def conn(self, worker: str = "w1") -> Conn:
         c = Conn(worker, "pool", "r", frozenset(), asyncio.Queue(), last_seen=self.clock.monotonic())
@@ -199,3 +200,123 @@ def test_a_reattach_whose_record_cannot_be_read_is_neither_accepted_nor_rejected
     assert [r.execution_id for r in msg.reattached.accepted] == [EID]
     assert [(r.execution_id, r.reason) for r in msg.reattached.rejected] == [(gone, "unknown execution")]
     assert (EID, 1) in c.running and (unreadable, 1) not in c.running
+
+
+# ---- a dead worker's attempt, given up when its worker, heartbeating, no longer holds it -------------------
+
+
+def running_on(worker: str, eid: str = EID) -> Execution:
+    return started(replace(in_flight(), id=eid), 1, now_ms=1, worker=worker)
+
+
+def hb(env: Env, c: Conn, running: tuple[AttemptKey, ...] = (), unacked: tuple[AttemptKey, ...] | None = (),
+       echo: int | None = None) -> None:
+    """A heartbeat from `c`'s worker; `echo`: the probe it echoes (default: the latest the planner sent)."""
+    env.live.heartbeat(c, [wpb.RunningAttempt(execution_id=k[0], attempt=k[1]) for k in running],
+                       None if unacked is None else [wpb.AttemptRef(execution_id=k[0], attempt=k[1]) for k in unacked],
+                       c.probe_seq if echo is None else echo)
+
+
+def probes(c: Conn) -> list[int]:
+    out = []
+    while not c.out.empty():
+        m = c.out.get_nowait()
+        if m is not None and m.WhichOneof("body") == "probe":
+            out.append(m.probe.seq)
+    return out
+
+
+def test_unheld_takes_only_started_attempts_of_that_worker_past_the_start_window() -> None:
+    e = running_on("w1")
+    look = {EID: e}.get
+    key = (EID, 1)
+    assert unheld([key], "w1", set(), look, {key: 0.0}, 0.5, 0.5) == [key]
+    assert unheld([key], "w1", {key}, look, {key: 0.0}, 0.5, 0.5) == [], "listed (running or unacked)"
+    assert unheld([key], "w2", set(), look, {key: 0.0}, 0.5, 0.5) == [], "another worker's attempt"
+    assert unheld([key], "w1", set(), look, {key: 0.0}, 0.45, 0.5) == [], "its start may not be settled yet"
+    assert unheld([(EID, 2)], "w1", set(), look, {(EID, 2): 0.0}, 1.0, 0.5) == [], "another attempt"
+    assert unheld([key], "w1", set(), {EID: in_flight()}.get, {key: 0.0}, 1.0, 0.5) == [], \
+        "DISPATCHED: the worker may hold it pending, unlisted"
+
+
+async def test_a_restarted_worker_heartbeating_without_it_frees_an_expected_attempt_early() -> None:
+    """The new owner takes up a dead worker's attempt at its claim (`expect`). The worker, restarted under the
+    same id, heartbeats here without it: once the start window has passed the planner sends a probe, and the
+    heartbeat echoing it frees the attempt, instead of the heartbeat timeout after the claim, which restarted
+    with every handover (a game day: 23-66 s)."""
+    env = Env({EID: running_on("w1")}, start_window=0.2)
+    claimed = env.clock.monotonic()
+    env.live.expect([(EID, 1)])
+    c = env.conn("w1")
+    hb(env, c)  # within the start window: no probe, nothing freed
+    env.live.check(env.clock.monotonic())
+    assert probes(c) == [] and env.lost == []
+    env.clock.advance(0.25)
+    hb(env, c)  # past the window: a probe goes out; this heartbeat echoes none
+    env.live.check(env.clock.monotonic())
+    assert probes(c) == [1] and env.lost == []
+    env.clock.advance(0.1)
+    hb(env, c, echo=1)
+    env.live.check(env.clock.monotonic())
+    assert env.lost == [[(EID, 1)]] and env.live.attempts_unheld == 1
+    assert env.clock.monotonic() - claimed < 1.0, "well before the heartbeat timeout (1 s) after the claim"
+
+
+async def test_a_heartbeat_echoing_a_probe_sent_before_the_window_frees_nothing() -> None:
+    """The latency guard: a heartbeat built before the worker had settled the start (the echo of a probe sent
+    within the window, or no echo) frees nothing, however late it arrives. Fails if the anchor is the
+    heartbeat's arrival instead of its probe's send time."""
+    env = Env({EID: running_on("w1"), OTHER: running_on("w1", OTHER)}, start_window=0.2)
+    env.live.expect([(OTHER, 1)])
+    env.clock.advance(0.25)
+    c = env.conn("w1")
+    hb(env, c)
+    assert probes(c) == [1]  # OTHER passed its window: probe 1 at t = 0.25
+    env.live.expect([(EID, 1)])  # taken up at t = 0.25: its window ends at 0.45
+    env.clock.advance(0.5)  # arrives late, long past EID's window, echoing probe 1 (sent before it)
+    hb(env, c, running=((OTHER, 1),), echo=1)
+    env.live.check(env.clock.monotonic())
+    assert env.lost == [], "probe 1 was sent before EID's window had passed"
+    hb(env, c, running=((OTHER, 1),), echo=0)
+    env.live.check(env.clock.monotonic())
+    assert env.lost == []
+
+
+async def test_a_result_awaiting_its_ack_is_never_given_up_early() -> None:
+    """The meta-test of the rule: a worker that finished the attempt and still re-sends its result (through a
+    planner that has not answered) lists it as unacked; giving it up would time the attempt out and retry it,
+    a second effect. Fails if `unacked` is left out of what the worker holds."""
+    env = Env({EID: running_on("w1")}, start_window=0.2)
+    env.live.expect([(EID, 1)])
+    c = env.conn("w1")
+    for _ in range(6):
+        env.clock.advance(0.1)
+        hb(env, c, unacked=((EID, 1),))
+        env.live.check(env.clock.monotonic())
+    assert env.lost == [] and env.live.attempts_unheld == 0
+    env.clock.advance(0.5)  # the heartbeat timeout after the claim still applies, as before
+    env.live.check(env.clock.monotonic())
+    assert env.lost == [[(EID, 1)]]
+
+
+async def test_a_worker_that_does_not_list_its_results_never_frees_one_early() -> None:
+    """A worker from before `lists_unacked`: its silence about results proves nothing."""
+    env = Env({EID: running_on("w1")}, start_window=0.2)
+    env.live.expect([(EID, 1)])
+    c = env.conn("w1")
+    for _ in range(6):
+        env.clock.advance(0.1)
+        hb(env, c, unacked=None)
+        env.live.check(env.clock.monotonic())
+    assert env.lost == [] and probes(c) == []
+
+
+async def test_another_workers_heartbeats_never_free_it() -> None:
+    env = Env({EID: running_on("w1")}, start_window=0.2)
+    env.live.expect([(EID, 1)])
+    other = env.conn("w2")
+    for _ in range(6):
+        env.clock.advance(0.1)
+        hb(env, other)
+        env.live.check(env.clock.monotonic())
+    assert env.lost == [] and probes(other) == []

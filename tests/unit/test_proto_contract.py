@@ -176,6 +176,7 @@ ONEOFS: dict[str, dict[str, tuple[int, str]]] = {
         "result_ack": (4, "ResultAck"),
         "reattached": (5, "Reattached"),
         "start_ack": (6, "StartAck"),
+        "probe": (7, "Probe"),
     },
 }
 

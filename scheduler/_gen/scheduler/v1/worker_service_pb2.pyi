@@ -66,20 +66,28 @@ class WorkerMessage(_message.Message):
     def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., credits: _Optional[_Union[Credits, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., results: _Optional[_Union[Results, _Mapping]] = ..., drain: _Optional[_Union[Drain, _Mapping]] = ..., started: _Optional[_Union[Started, _Mapping]] = ...) -> None: ...
 
 class PlannerMessage(_message.Message):
-    __slots__ = ("welcome", "assignments", "cancel", "result_ack", "reattached", "start_ack")
+    __slots__ = ("welcome", "assignments", "cancel", "result_ack", "reattached", "start_ack", "probe")
     WELCOME_FIELD_NUMBER: _ClassVar[int]
     ASSIGNMENTS_FIELD_NUMBER: _ClassVar[int]
     CANCEL_FIELD_NUMBER: _ClassVar[int]
     RESULT_ACK_FIELD_NUMBER: _ClassVar[int]
     REATTACHED_FIELD_NUMBER: _ClassVar[int]
     START_ACK_FIELD_NUMBER: _ClassVar[int]
+    PROBE_FIELD_NUMBER: _ClassVar[int]
     welcome: Welcome
     assignments: Assignments
     cancel: Cancel
     result_ack: ResultAck
     reattached: Reattached
     start_ack: StartAck
-    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., assignments: _Optional[_Union[Assignments, _Mapping]] = ..., cancel: _Optional[_Union[Cancel, _Mapping]] = ..., result_ack: _Optional[_Union[ResultAck, _Mapping]] = ..., reattached: _Optional[_Union[Reattached, _Mapping]] = ..., start_ack: _Optional[_Union[StartAck, _Mapping]] = ...) -> None: ...
+    probe: Probe
+    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., assignments: _Optional[_Union[Assignments, _Mapping]] = ..., cancel: _Optional[_Union[Cancel, _Mapping]] = ..., result_ack: _Optional[_Union[ResultAck, _Mapping]] = ..., reattached: _Optional[_Union[Reattached, _Mapping]] = ..., start_ack: _Optional[_Union[StartAck, _Mapping]] = ..., probe: _Optional[_Union[Probe, _Mapping]] = ...) -> None: ...
+
+class Probe(_message.Message):
+    __slots__ = ("seq",)
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    def __init__(self, seq: _Optional[int] = ...) -> None: ...
 
 class RunningAttempt(_message.Message):
     __slots__ = ("execution_id", "attempt", "fencing_token", "started_at")
@@ -142,12 +150,18 @@ class Credits(_message.Message):
     def __init__(self, credits: _Optional[int] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
-    __slots__ = ("running", "worker_time")
+    __slots__ = ("running", "worker_time", "unacked", "lists_unacked", "probe_echo")
     RUNNING_FIELD_NUMBER: _ClassVar[int]
     WORKER_TIME_FIELD_NUMBER: _ClassVar[int]
+    UNACKED_FIELD_NUMBER: _ClassVar[int]
+    LISTS_UNACKED_FIELD_NUMBER: _ClassVar[int]
+    PROBE_ECHO_FIELD_NUMBER: _ClassVar[int]
     running: _containers.RepeatedCompositeFieldContainer[RunningAttempt]
     worker_time: _timestamp_pb2.Timestamp
-    def __init__(self, running: _Optional[_Iterable[_Union[RunningAttempt, _Mapping]]] = ..., worker_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    unacked: _containers.RepeatedCompositeFieldContainer[AttemptRef]
+    lists_unacked: bool
+    probe_echo: int
+    def __init__(self, running: _Optional[_Iterable[_Union[RunningAttempt, _Mapping]]] = ..., worker_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., unacked: _Optional[_Iterable[_Union[AttemptRef, _Mapping]]] = ..., lists_unacked: _Optional[bool] = ..., probe_echo: _Optional[int] = ...) -> None: ...
 
 class Result(_message.Message):
     __slots__ = ("execution_id", "attempt", "fencing_token", "outcome", "error_class", "message", "started_at", "finished_at", "retry_after", "not_started", "stdout_tail", "stderr_tail", "exit_code")
