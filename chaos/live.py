@@ -263,14 +263,22 @@ class LiveCluster:
         key of a session that died (a planner just killed and restarted) stays until its lease lapses, and
         a fault aimed at that planner because of it exercised nothing (a game day's F1 #18). Empty if etcd
         does not answer."""
+        return set(await self._owning_sessions())
+
+    async def _owning_sessions(self) -> dict[str, int]:
+        """Planner -> the lease of its current session, for the planners owning a partition under it."""
         assert self.kv is not None
         try:
             owners = await self.kv.range(self.ks.owners, prefix=True, timeout=2.0)
             members = await self.kv.range(self.ks.members, prefix=True, timeout=2.0)
         except EtcdError:
-            return set()
+            return {}
         session = {_member_node(m.value): m.lease for m in members.kvs}
-        return {n for x in owners.kvs if session.get(n := _owner_node(x.value)) == x.lease}
+        return {n: x.lease for x in owners.kvs if session.get(n := _owner_node(x.value)) == x.lease}
+
+    async def _session_lasts(self, lease: int) -> bool:
+        assert self.kv is not None
+        return await session_lasts(self.kv, lease)
 
     async def wait_owning(self, planner: str, timeout: float) -> bool:
         """Poll until `planner` owns at least one partition under its current session (True) or `timeout`
@@ -279,7 +287,8 @@ class LiveCluster:
         few seconds later."""
         deadline = time.monotonic() + timeout
         while True:
-            if planner in await self.owning_planners():
+            lease = (await self._owning_sessions()).get(planner)
+            if lease is not None and await self._session_lasts(lease):
                 return True
             if time.monotonic() >= deadline:
                 return False
@@ -356,3 +365,13 @@ class LiveCluster:
             out[w] = {"role": "worker", "region": self.region_of(w), **self.network.node_info(w)}
         return out
 
+
+async def session_lasts(kv: EtcdClient, lease: int) -> bool:
+    """The session's lease has at least a second left (etcd reports whole seconds, rounded down). A planner
+    whose keep-alives a fault just cut still owns until etcd expires its lease, and a fault injected in that
+    last moment finds it owning nothing: a full game day's F1 #182 killed a planner 5 revisions after its
+    only claim ended, right after an F3 on it, and the run was invalid for it."""
+    try:
+        return (await kv.lease_time_to_live(lease, timeout=2.0)).ttl >= 1
+    except EtcdError:
+        return False

@@ -220,7 +220,24 @@ class OwedChecks(Context):
             changed = any(t - SLACK_MS <= a.activated_ms <= written + SLACK_MS
                           for a in self.idx.activations.get(sid, []))
             return None if changed else "but no spec change came between the planned time and the skip"
-        pol = v_written.schedule.policies if v_written and v_written.schedule else None
+        # A policy update that lands next to the skip: the owner decided on the policy it held, which may be
+        # either side of the update within the watch's delay (a full game day's buffer_one skip written 20 ms
+        # before an update to allow_all landed, judged on allow_all through the slack). Justified if the policy
+        # of some version in force within SLACK_MS of the write justifies it; reported on the latest one.
+        whys = [self._policy_unjustified(sid, eid, t, reason, written, v) for v in self._versions_near(sid, written)]
+        return None if any(w is None for w in whys) else whys[-1]
+
+    def _versions_near(self, sid: str, written: int) -> list[Activation | None]:
+        """The versions of `sid` in force at some moment within SLACK_MS of `written`, oldest first."""
+        first = self.idx.version_at(sid, written - SLACK_MS)
+        inside = [v for v in self.idx.versions.get(sid, [])
+                  if written - SLACK_MS < self.idx.cluster_ms(v.seen_ms) <= written + SLACK_MS]
+        return [first, *inside] if inside else [first]
+
+    def _policy_unjustified(self, sid: str, eid: str, t: int, reason: str, written: int,
+                            version: Activation | None) -> str | None:
+        """Why a skip for a reason its policy decides is not justified by `version`'s policy (None: it is)."""
+        pol = version.schedule.policies if version and version.schedule else None
         if pol is None:
             return "and the schedule's policy at that time is unknown"
         if reason in ("overlap_skip", "overlap"):

@@ -502,6 +502,33 @@ def test_a_run_queued_behind_its_own_schedules_run_is_judged_from_that_runs_end(
         assert "I3" not in fails_by, fails_by
 
 
+@pytest.mark.parametrize(("update_after_ms", "fails"), [(20, False), (-900, True)])
+def test_an_overlap_skip_next_to_a_policy_update_is_judged_on_the_policy_either_side(
+        tmp_path: Path, update_after_ms: int, fails: bool) -> None:
+    """A full game day's buffer_one schedule wrote an overlap skip 20 ms before an update to allow_all landed
+    (the API call was in flight): judged on the version seen within the slack after the write, allow_all, it
+    read as a skip its policy never makes. The owner decided on the policy it held; any version in force
+    within SLACK_MS of the write may justify it. An update 0.9 s before the skip does not."""
+    x, _ = clean_run(tmp_path / "run")
+    skips = [w for w in x.watch if "/slow-000/" in w.key and b'"overlap_skip"' in w.value]
+    assert skips
+    last = skips[len(skips) // 2]  # one well inside the window, its write moved to the end
+    x.watch.remove(last)
+    end = max(w.t_ms for w in x.watch) + 100
+    skip_at, update_at = (end, end + update_after_ms) if update_after_ms > 0 else (end - update_after_ms, end)
+    first, second = sorted([("skip", skip_at), ("update", update_at)], key=lambda kv: kv[1])
+    for what, at in (first, second):
+        if what == "skip":
+            x.put(last.key.encode(), last.value, at)
+        else:
+            x.schedule(sched("slow-000", overlap=Overlap.ALLOW_ALL), T0 - 5000, at)
+    _, fails_by, _ = judged(x.build(tmp_path / "u"))
+    if fails:
+        assert fails_by.get("I2", 0) == 1, fails_by
+    else:
+        assert "I2" not in fails_by, fails_by
+
+
 def _queued_behind_a_killed_run(x: Synth, sid: str, given_up_after_kill_ms: int) -> None:
     """A backfill run of `sid` starts on r1-w2 0.6 s after `sid`'s run at 43 s came due (so that run queues
     behind it); a fault kills r1-w2 2 s later; the attempt is given up `given_up_after_kill_ms` after the
