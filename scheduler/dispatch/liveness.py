@@ -263,6 +263,11 @@ class Liveness:
         start window had passed (`unheld`): a heartbeat delayed in transit, built before the worker had
         settled the start, would free an attempt it then ran, and its retry would be a second effect.
         O(orphans) per heartbeat."""
+        if any(o is not c and o.worker_id == c.worker_id for o in self.conns.values()):
+            # Another stream under the same id (a restarted worker while its frozen predecessor's stream is
+            # still open here, or two processes given one id): this one's silence says nothing of what the
+            # other runs. Wait until that stream has gone (declared dead, or closed).
+            return
         sent = c.probes.get(echo) if echo else None
         if sent is not None:
             for k in unheld(self.orphans, c.worker_id, holds, self._lookup, self._since, sent, self.start_window):

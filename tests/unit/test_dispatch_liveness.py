@@ -320,3 +320,25 @@ async def test_another_workers_heartbeats_never_free_it() -> None:
         hb(env, other)
         env.live.check(env.clock.monotonic())
     assert env.lost == [] and probes(other) == []
+
+
+async def test_a_second_stream_under_the_same_worker_id_frees_nothing_while_the_first_is_open() -> None:
+    """Two streams under one worker id (a restarted worker while its frozen predecessor's stream is still open
+    here, or two processes misconfigured with one id): the new one's silence says nothing of what the other
+    runs, so nothing is freed early until the old stream is gone. Fails without the guard."""
+    env = Env({EID: running_on("w1")}, start_window=0.2)
+    env.live.expect([(EID, 1)])
+    old = env.conn("w1")
+    new = env.conn("w1")
+    for _ in range(6):
+        env.clock.advance(0.1)
+        old.last_seen = env.clock.monotonic()
+        hb(env, new)
+        env.live.check(env.clock.monotonic())
+    assert env.lost == [] and env.live.attempts_unheld == 0
+    del env.conns[0]  # the old stream ends (its worker declared dead, or its connection closed)
+    env.clock.advance(0.1)
+    hb(env, new)
+    hb(env, new)  # echoes the probe the first one brought
+    env.live.check(env.clock.monotonic())
+    assert env.lost == [[(EID, 1)]] and env.live.attempts_unheld == 1
