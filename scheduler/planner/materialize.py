@@ -178,6 +178,18 @@ class Materializer:
         its next round at once, thousands a second while anything was paused (a drill found it)."""
         return bool(self.heap) and self.heap[0][0] <= horizon_ms
 
+    def take_settled(self) -> tuple[list[Execution], list[tuple[str, SkipRange]]]:
+        """The runs and skips of ended activations (`settle`, `rewrite`, `settle_deleted`, `settle_hold`) not
+        written yet, taken out for the next write. A run of an ended activation waits for the pool its schedule
+        has now."""
+        runs: list[Execution] = []
+        for e in self.settled_runs:
+            cur = self.schedules.get(e.schedule_id)
+            pool = cur.stored.schedule.worker_pool if cur is not None else e.pool
+            runs.append(e if e.pool == pool else replace(e, pool=pool))
+        skips, self.settled, self.settled_runs = self.settled, [], []
+        return runs, skips
+
     def plan_round(
         self, now_ms: int, horizon_ms: int, limit: int | None = None
     ) -> tuple[list[Execution], list[tuple[str, SkipRange]], int]:
@@ -193,15 +205,9 @@ class Materializer:
         skips: list[tuple[str, SkipRange]] = []
         if self.held:
             self._release_held(now_ms, execs, skips)
-        if self.settled:
-            skips += self.settled
-            self.settled = []
-        if self.settled_runs:
-            for e in self.settled_runs:  # a run of an ended activation waits for the schedule's pool of now
-                cur = self.schedules.get(e.schedule_id)
-                pool = cur.stored.schedule.worker_pool if cur is not None else e.pool
-                execs.append(e if e.pool == pool else replace(e, pool=pool))
-            self.settled_runs = []
+        settled_runs, settled = self.take_settled()
+        execs += settled_runs
+        skips += settled
         reached = horizon_ms
         paused = self.paused_heap
         while paused and paused[0][0] <= min(now_ms, horizon_ms):

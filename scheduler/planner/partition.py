@@ -903,10 +903,16 @@ class PartitionPlanner:
         # confirmation covers the ones not started; the execution deadline would be minutes away).
         self.dispatcher.expect([(e.id, e.attempt) for e in self.pending.values()
                                 if e.state in (ExecState.RUNNING, ExecState.CANCELLING)])
+        # What the load settled of earlier activations goes in this write, with the catch-up's decisions and
+        # before the checkpoint moves: the one the checkpoint's writer knew is owed from the old watermark, and
+        # the next owner takes it up from the new one. Left for the first round, those planned times were lost
+        # when this owner died or froze between the two writes (a game day: two runs of a schedule whose pause
+        # landed during a quorum loss, before the watermark, missed silently).
+        settled_runs, settled = self.m.take_settled()
         # The checkpoint keeps its writer's sched_rev: activations it did not know may still have
         # planned times between the catch-up horizon and the watermark, which the first round writes.
-        await self.write_planned(runs, skips, max(self.ck.watermark_ms, now - self.s.late_grace_ms),
-                                 self.ck.sched_rev)
+        await self.write_planned([*runs, *settled_runs], [*skips, *settled],
+                                 max(self.ck.watermark_ms, now - self.s.late_grace_ms), self.ck.sched_rev)
 
     async def step(self, now: int) -> bool:
         """One round at wall time `now` (timeouts, notices, dispatch, then bounded materialization).

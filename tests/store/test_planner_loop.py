@@ -430,3 +430,45 @@ async def test_a_paused_schedule_does_not_spin_the_loop(kv: EtcdClient, key_pref
     assert rate < 400, f"{rate:.0f} rounds a second on {COORD.partitions} partitions: a loop spins"
     skips = [kv_ for p in range(COORD.partitions) for kv_ in (await kv.range(ks.skips(p), prefix=True)).kvs]
     assert len(skips) >= 4 * 3, "the paused planned times are still recorded as skipped when due"
+
+
+async def test_a_claim_writes_what_it_settles_before_its_checkpoint_moves(
+        kv: EtcdClient, key_prefix: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A game day's silent miss: s1's owner died with the watermark at T0 (a quorum loss) and a pause landed
+    before the next claim. The new owner owes the activation the old one knew from T0 up to the pause, and
+    settled those planned times at its load, but wrote only its checkpoint (moved to now - late grace) in its
+    first write, leaving the runs for its first round; frozen between the two, it lost them, and the next
+    owner, resuming from the moved watermark, had nothing left to owe. Here the first round never comes:
+    every planned time up to the moved watermark must have a record or a skip already. Fails when the claim
+    leaves what it settled for the first round."""
+    from scheduler.planner.partition import PartitionPlanner
+
+    hung = asyncio.Event()
+
+    async def never(self: PartitionPlanner, now: int) -> bool:  # frozen after the claim's write
+        await hung.wait()
+        return False
+
+    monkeypatch.setattr(PartitionPlanner, "step", never)
+    ks = Keyspace(key_prefix.rstrip("/"))
+    node = PlannerNode(kv, ks, COORD, SYSTEM_CLOCK, planner=FAST)
+    node.dispatcher = FakeDispatcher(kv, node, outcome="hold")
+    now = SYSTEM_CLOCK.wall_ms()
+    t0 = now - 4_000 - now % 1000
+    st = await node.store.create(sched(1), t0 - 10_000)
+    p = node.store.partition("s1")
+    await kv.put(ks.checkpoint(p), Checkpoint(p, t0, 0, "dead", 1, st.schedule.version).encode())
+    paused_at = SYSTEM_CLOCK.wall_ms()
+    await node.store.update(replace(st.schedule, state=ScheduleState.PAUSED), None, paused_at)
+    await run_node(node, 2.0)
+    got = await kv.get(ks.checkpoint(p))
+    assert got is not None
+    from scheduler.store.checkpoint import decode as decode_checkpoint
+    watermark = decode_checkpoint(p, got.value, got.mod_revision).watermark_ms
+    assert watermark > t0 + 2_000, "the claim moved the checkpoint"
+    recorded = {e.planned_ms for e in await executions(node, kv)}
+    skips = await kv.range(ks.skips(p), prefix=True)
+    ranges = [tuple(int(x) for x in kv_.key.decode().rsplit("/", 1)[1].split("-")) for kv_ in skips.kvs]
+    owed = range(t0 + 1000, min(watermark, paused_at) + 1, 1000)
+    missing = [t - t0 for t in owed if t not in recorded and not any(a < t <= b for a, b in ranges)]
+    assert not missing, f"planned times behind the moved watermark with no record: {missing} (ms after T0)"
