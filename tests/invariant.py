@@ -367,6 +367,9 @@ class World:
         self.next_round = clock.wall_ms()
         self.owner_expires_at: int | None = None  # the dead/frozen owner's key goes at this time
         self.claim_at: int | None = None  # a standby claims the partition at this time (after expiry)
+        # The next standby to claim dies right after its claim's first write, before any round (SIGKILL),
+        # and the one after it claims this long after the lease expires.
+        self.die_after_claim: int | None = None
         self.restarts_this_advance = 0
         self.rev_times: list[tuple[int, int]] = [(0, clock.wall_ms())]  # (revision, fake time first seen)
         self._seen_rev = 0
@@ -512,7 +515,11 @@ class World:
         now = self.clock.wall_ms()
         await self.settle()
         if self.live is None and self.claim_at is not None and now >= self.claim_at:
-            await self.claim(takeover=True)
+            if await self.claim(takeover=True) and self.die_after_claim is not None and self.live is not None:
+                extra, self.die_after_claim = self.die_after_claim, None
+                self.log.ops.append(f"t={now - T0}: the claiming planner dies after its claim's first write")
+                await self.kill(extra)
+                return
         inst = self.live
         if inst is not None:
             self.stepping = inst.n

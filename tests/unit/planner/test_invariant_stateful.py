@@ -64,7 +64,7 @@ PICKABLE = {
     "cancel_and_rerun": frozenset({ExecState.DISPATCHED, ExecState.RUNNING}),
     "replay": frozenset({ExecState.DEAD_LETTER}),
 }
-FAULTS = ["kill_planner", "freeze_planner", "thaw_planner", "handover"]
+FAULTS = ["kill_planner", "freeze_planner", "thaw_planner", "handover", "die_after_claim"]
 
 periods = st.sampled_from([1, 2, 5])
 missed_runs = st.sampled_from(list(MissedRuns))
@@ -209,7 +209,8 @@ class PlannerInvariant(RuleBasedStateMachine):
     def planner_fault(self, then_ms: int, kind: str, restart_after_ms: int) -> None:
         """kill_planner (a standby claims once the lease expires, plus `restart_after_ms`), freeze_planner
         (SIGSTOP: its lease expires, a standby takes over), thaw_planner (SIGCONT: it resumes where it was
-        and tries to write), handover (a graceful move to another planner)."""
+        and tries to write), handover (a graceful move to another planner), die_after_claim (the next
+        standby to claim dies right after its claim's first write, before its first round)."""
         self.pass_time(then_ms)
         w, now = self.world, self.clock.wall_ms() - T0
         if not on(kind):
@@ -223,6 +224,9 @@ class PlannerInvariant(RuleBasedStateMachine):
         elif kind == "thaw_planner" and w.frozen:
             w.log.ops.append(f"t={now}: SIGCONT the frozen planner")
             self.run(w.thaw())
+        elif kind == "die_after_claim" and w.die_after_claim is None:
+            w.log.ops.append(f"t={now}: the next planner to claim dies after its claim's first write")
+            w.die_after_claim = restart_after_ms
         elif kind == "handover" and w.live is not None:
             w.log.ops.append(f"t={now}: graceful handover to another planner")
             self.run(w.handover())
@@ -431,6 +435,22 @@ async def test_several_changes_while_the_partition_has_no_owner_lose_no_planned_
     await w.advance(2_000)
     await w.update("s1", period_s=3)
     await w.advance(10_000)
+    await _judge(w, kv)
+
+
+async def test_a_claim_that_dies_after_its_first_write_loses_no_planned_time() -> None:
+    """A full game day's silent miss, on the twin: the owner dies; a pause lands while nobody owns the
+    partition; the next owner owes the activation the dead one knew, up to the pause, and dies right after
+    its claim's first write, which moved the checkpoint. Those planned times must be in that write: the
+    owner after it owes nothing before the pause (fails when the claim leaves them for its first round)."""
+    w, kv = await _world()
+    await w.create(1, False, "a", SKIP_1S)
+    await w.advance(2_000)
+    await w.kill(restart_after_ms=8_000)  # the next claim comes when the pause is older than the late grace
+    await w.advance(6_000)  # past the dead owner's watermark (lookahead 2 s): times it never wrote
+    await w.pause("s1")
+    w.die_after_claim = 2_000
+    await w.advance(20_000)
     await _judge(w, kv)
 
 
