@@ -515,7 +515,8 @@ class World:
         now = self.clock.wall_ms()
         await self.settle()
         if self.live is None and self.claim_at is not None and now >= self.claim_at:
-            if await self.claim(takeover=True) and self.die_after_claim is not None and self.live is not None:
+            claimed = await self.claim(takeover=True)
+            if claimed and self.die_after_claim is not None and self.live is not None:
                 extra, self.die_after_claim = self.die_after_claim, None
                 self.log.ops.append(f"t={now - T0}: the claiming planner dies after its claim's first write")
                 await self.kill(extra)
