@@ -12,7 +12,7 @@ import pytest
 
 from chaos.check import EXIT, check_run, fixed_period_ms, independent_times, planned_times
 from chaos.record import FaultRecord, Run, WatchRecord, load_run, write_run
-from scheduler.execution import ErrorClass, ExecState, Trigger, dispatch, new_execution, result, started
+from scheduler.execution import ErrorClass, ExecState, Execution, Trigger, dispatch, new_execution, result, started
 from scheduler.ids import FencingToken, execution_id
 from scheduler.store.codec import encode_schedule
 from scheduler.store.keyspace import partition_for
@@ -449,12 +449,9 @@ def test_a_superseded_skip_is_justified_only_under_cancel_other(tmp_path: Path, 
         assert "I2" not in fails, fails
 
 
-def _queued_behind(x: Synth, sid: str, hold_ms: int) -> int:
-    """A backfill run of `sid` (one planned time long past) starts 0.6 s after `sid`'s run at 43 s came due
-    and runs `hold_ms`; the run at 43 s starts right after it ends. Returns its planned time."""
-    from tests.chaos.synth import run_one
-
-    t2 = T0 + 43_000
+def _backfill_started_behind(x: Synth, sid: str, t2: int, worker: str) -> tuple[Execution, FencingToken]:
+    """`sid`'s run at `t2` taken out of the history, and a backfill run of `sid` (one planned time long past)
+    created, dispatched and started on `worker` 0.6 s after `t2` came due. Returns it and its token."""
     x.watch = [w for w in x.watch if w.key != KS.execution(partition_for(sid, P), sid, t2).decode()]
     x.effects = [e for e in x.effects if e.exec_id != execution_id(sid, t2)]
     p = partition_for(sid, P)
@@ -467,8 +464,19 @@ def _queued_behind(x: Synth, sid: str, hold_ms: int) -> int:
     x.record(e, t2 + 580)
     e = dispatch(e, worker="", planner=node, token=token, now_ms=t2 + 590)
     x.record(e, t2 + 590)
-    e = started(e, 1, t2 + 600, "r1-w1")
+    e = started(e, 1, t2 + 600, worker)
     x.record(e, t2 + 600)
+    return e, token
+
+
+def _queued_behind(x: Synth, sid: str, hold_ms: int) -> int:
+    """A backfill run of `sid` (one planned time long past) starts 0.6 s after `sid`'s run at 43 s came due
+    and runs `hold_ms`; the run at 43 s starts right after it ends. Returns its planned time."""
+    from tests.chaos.synth import run_one
+
+    t2 = T0 + 43_000
+    e, token = _backfill_started_behind(x, sid, t2, "r1-w1")
+    p = partition_for(sid, P)
     x.effect(e.id, 1, token, "r1-w1", t2 + 610, t2 + 610 + hold_ms)
     e, _ = result(e, 1, succeeded=True, error_class=None, message="", now_ms=t2 + 630 + hold_ms, worker="r1-w1")
     x.record(e, t2 + 630 + hold_ms)
@@ -534,21 +542,11 @@ def _queued_behind_a_killed_run(x: Synth, sid: str, given_up_after_kill_ms: int)
     behind it); a fault kills r1-w2 2 s later; the attempt is given up `given_up_after_kill_ms` after the
     kill and retried on r1-w1, and the run at 43 s starts at that moment."""
     t2 = T0 + 43_000
-    x.watch = [w for w in x.watch if w.key != KS.execution(partition_for(sid, P), sid, t2).decode()]
-    x.effects = [e for e in x.effects if e.exec_id != execution_id(sid, t2)]
+    e, token = _backfill_started_behind(x, sid, t2, "r1-w2")
     p = partition_for(sid, P)
-    node, tok = x.owners[p]
-    token = FencingToken(p, tok)
-    past, kill = T0 + 5_500, t2 + 2_600
+    node = x.owners[p][0]
+    kill = t2 + 2_600
     freed = kill + given_up_after_kill_ms
-    e = new_execution(id=execution_id(sid, past), schedule_id=sid, tenant="t", pool="default", task_type="http",
-                      planned_ms=past, due_ms=t2 + 580, trigger=Trigger.BACKFILL, retry=POLICIES.retry,
-                      timeout_ms=30_000)
-    x.record(e, t2 + 580)
-    e = dispatch(e, worker="", planner=node, token=token, now_ms=t2 + 590)
-    x.record(e, t2 + 590)
-    e = started(e, 1, t2 + 600, "r1-w2")
-    x.record(e, t2 + 600)
     x.effect(e.id, 1, token, "r1-w2", t2 + 610, kill, aborted=True)
     x.faults.append(FaultRecord(1, "F7", "r1-w2", kill, kill + 1000, {}, "worker", healthy_ms=kill + 1500))
     e, _ = result(e, 1, succeeded=False, error_class=ErrorClass.TIMEOUT, message="worker gone", now_ms=freed,
