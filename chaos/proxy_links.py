@@ -65,9 +65,9 @@ class ProxyLinks:
             if d is not Direction.UP:
                 w.server_bytes(data)
                 return
-            before = w.writes
+            before = w.owned_writes
             w.client_bytes(data)
-            if w.writes > before and planner in self._armed:
+            if w.owned_writes > before and planner in self._armed:
                 # The planner's next write was just read and is not forwarded yet: hold it (and everything
                 # after it) in every link of the planner, and let the nemesis freeze the planner, all before
                 # the proxy's sender runs again (one event loop: nothing interleaves with this callback).
@@ -96,7 +96,8 @@ class ProxyLinks:
         return f"latency {latency_ms}+-{jitter_ms} ms, {drop:.0%} of chunks late"
 
     def arm_freeze(self, planner: str, freeze: Callable[[], None]) -> None:
-        """On the planner's next write: hold it in the link (not forwarded) and call `freeze` at once."""
+        """On the planner's next write as a partition's owner (a fenced txn: chaos/wire.py's
+        `owned_writes`): hold it in the link (not forwarded) and call `freeze` at once."""
         self._armed[planner] = freeze
 
     def disarm(self, planner: str) -> None:

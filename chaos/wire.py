@@ -116,6 +116,12 @@ class WireWitness:
         self.seen = 0  # fenced txns answered
         self.requests = 0  # fenced txns sent
         self.writes = 0  # txns that put a key under the cluster's prefix (fenced or not)
+        # Writes only a partition's owner makes: fenced txns, and (from a planner whose fence is switched
+        # off) unfenced ones that move a checkpoint. The F1/F2 nemeses act at the next one of these: a
+        # write an API call or a result makes (a schedule, an audit event, a result CAS) is not fenced, so
+        # a planner frozen with one held lands no stale write for I4c to see (a game day's F2 #149 froze on
+        # a resume's write and was invalid).
+        self.owned_writes = 0
         self.root = owners_prefix.rstrip(b"/").rsplit(b"/", 1)[0] + b"/"  # <prefix>/owners/ -> <prefix>/
 
     def client_bytes(self, data: bytes) -> None:
@@ -140,18 +146,21 @@ class WireWitness:
         puts = [op.request_put.key for op in req.success
                 if op.HasField("request_put") and op.request_put.key.startswith(self.root)]
         if puts:
-            self.writes += 1  # any write of the cluster's keys, fenced or not (the F2 nemesis waits for one)
+            self.writes += 1  # any write of the cluster's keys, fenced or not
         writes = sum(1 for op in req.success if op.HasField("request_put") or op.HasField("request_delete_range"))
         c = req.compare[0] if req.compare else None
         # create_revision == 0 is a claim ("the owner key is absent"), not a write under a fence.
         if c is not None and c.target == _CREATE and c.key.startswith(self.owners) and c.create_revision > 0:
             self._pending[stream] = (bytes(c.key), int(c.create_revision), writes, self.clock(), True)
             self.requests += 1
+            self.owned_writes += 1
         elif puts and not any(x.key.startswith(self.owners) for x in req.compare) \
                 and not any(k.startswith(self.owners) for k in puts):
             # A write of the cluster's keys without any fence (a planner with unsafe_disable_fencing): its
             # answer says whether the keys' own compares refused it. Claims and releases are left out.
             self._pending[stream] = (bytes(puts[0]), 0, writes, self.clock(), False)
+            if any(k.startswith(self.root + b"checkpoints/") for k in puts):
+                self.owned_writes += 1
 
     def _response(self, stream: int, msg: bytes) -> None:
         pending = self._pending.pop(stream, None)

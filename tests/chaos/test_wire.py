@@ -79,3 +79,21 @@ async def test_a_stale_fenced_write_is_seen_refused_on_the_wire(etcd_factory: Et
     stale = seen[1]
     assert stale.partition_key == (OWNERS + b"3").decode() and stale.owner_revision > token and stale.writes == 1
     assert stale.answered_ms >= stale.sent_ms
+
+
+async def test_only_an_owners_writes_count_for_the_nemeses_that_act_at_a_write(etcd_factory: EtcdFactory) -> None:
+    """F1 `at = write` and F2 beyond the TTL act at the planner's next write as an owner (`owned_writes`).
+    A write an API call or a result makes is not fenced, so freezing a planner on one lands no stale write
+    (a game day's F2 froze on a resume's schedule write and its run was invalid for want of a refusal)."""
+    etcd = etcd_factory()
+    witness = WireWitness("p1", OWNERS, lambda t: None, SYSTEM_CLOCK.wall_ms)
+    async with forwarder(etcd.endpoints[0], witness) as address, \
+            EtcdClient(etcd.config(endpoints=(address,), timeout=3.0)) as kv:
+        key = OWNERS + b"5"
+        claim = await kv.txn([], [put(key, b'{"node":"p1"}')])
+        await kv.txn([], [put(b"/w/schedules/00005/s1", b"{}")])  # an API update: a write, not an owner's
+        await kv.put(b"/w/audit/1-p1-000001", b"{}")
+        assert (witness.writes, witness.owned_writes) == (2, 0)
+        await fenced_txn(kv, Fence(5, key, claim.header.revision), [put(b"/w/checkpoints/5", b"1")])
+        await kv.txn([], [put(b"/w/checkpoints/6", b"1")])  # an owner's write with its fence switched off
+    assert (witness.writes, witness.owned_writes) == (4, 2)
