@@ -92,6 +92,25 @@ class LagChecks(Context):
                 held = f  # the latest one begun while it waited
         return held
 
+    def _resumed_while_waiting(self, sid: str, planned_h: int, started: int) -> int | None:
+        """Harness ms of the resume that ended a pause of `sid` begun after this run came due and before it
+        started, else None. A pause starts nothing: a run due before it that had not started (its dispatch
+        never reached a worker, or its start was not confirmed) waits for the resume as a retry does (docs/
+        time.md), so its lag counts from the resume. A game day's run dispatched 5 ms before its schedule's
+        pause, over a stream that broke before the start was acknowledged, started 0.03 s after the resume
+        10.5 s later and read as 10.5 s late."""
+        paused, resumed = False, None
+        for v in self.idx.versions.get(sid, []):
+            if v.seen_ms >= started:
+                break
+            if v.seen_ms <= planned_h:
+                continue
+            if v.state == "paused":
+                paused = True
+            elif paused and v.state == "active":
+                paused, resumed = False, v.seen_ms
+        return resumed
+
     def i3_i7(self) -> None:
         i3, i7 = self.inv["I3"], self.inv["I7"]
         lag = self.s.lag
@@ -140,6 +159,10 @@ class LagChecks(Context):
                 # given up (the heartbeat timeout), so the wait is the worker loss's, judged like that run's
                 # own retry. A game day's skip run waited 13.5 s behind such a run, 10.8 s after the kill.
                 ahead_killed = self._killed(freed[1])
+            if (resumed := self._resumed_while_waiting(sid, planned_h, started)) is not None:
+                self.bump("waited_for_resume")
+                planned_h = resumed
+                raw = started - planned_h
             # A run still waiting when a fault began is that fault's (it was due just before the planner
             # froze or died: its planned time alone would put it outside every window).
             hit = bisect.bisect_right(fault_starts, started) - 1

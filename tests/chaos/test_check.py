@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 
 from chaos.check import EXIT, check_run, fixed_period_ms, independent_times, planned_times
-from chaos.record import FaultRecord, Run, WatchRecord, load_run, write_run
+from chaos.record import FaultRecord, OpRecord, Run, WatchRecord, load_run, write_run
 from scheduler.execution import ErrorClass, ExecState, Execution, Trigger, dispatch, new_execution, result, started
-from scheduler.ids import FencingToken, execution_id
+from scheduler.ids import ExecutionId, FencingToken, execution_id
+from scheduler.model import ScheduleState
 from scheduler.store.codec import encode_schedule
 from scheduler.store.keyspace import partition_for
 from scheduler.timeplan import Overlap, parse_spec
@@ -629,3 +630,45 @@ def test_a_paused_skip_is_justified_by_a_pause_between_its_time_and_the_skip(
         assert fails_by.get("I2", 0) >= 1, fails_by
     else:
         assert "I2" not in fails_by, fails_by
+
+
+@pytest.mark.parametrize(("start_after_resume_ms", "fails"), [(30, False), (4_000, True)])
+def test_a_run_that_waited_through_a_pause_is_judged_from_the_resume(
+        tmp_path: Path, start_after_resume_ms: int, fails: bool) -> None:
+    """s-009's run at 45 s was dispatched as it came due; its start was never confirmed (the stream broke) and
+    the pause 5 ms later parks its retry until the resume at 56 s (a pause starts nothing). Started 30 ms after
+    the resume it is on time, though 11 s after its due time (a game day read such a run as 10.5 s late); 4 s
+    after the resume, outside any fault window, it is late."""
+    x, _ = clean_run(tmp_path / "run")
+    sid, t, resume = "s-009", T0 + 45_000, T0 + 56_000
+    p = partition_for(sid, P)
+    node, tok = x.owners[p]
+    token = FencingToken(p, tok)
+    gone = {KS.execution(p, sid, T0 + s * 1000).decode() for s in range(45, 57)}
+    x.watch = [w for w in x.watch if w.key not in gone]
+    x.effects = [e for e in x.effects
+                 if not (e.exec_id.startswith(sid + "@") and t <= ExecutionId.parse(e.exec_id).planned_ms <= resume)]
+    x.schedule(replace(sched(sid), state=ScheduleState.PAUSED), t + 5, t + 5)
+    x.ops.append(OpRecord(t, "pause", sid, True, t + 10))
+    x.schedule(sched(sid), resume, resume)
+    x.ops.append(OpRecord(resume - 10, "resume", sid, True, resume + 10))
+    x.skip_range(sid, t, resume, "paused", resume + 100)
+    e = new_execution(id=execution_id(sid, t), schedule_id=sid, tenant="t", pool="default", task_type="http",
+                      planned_ms=t, due_ms=t, trigger=Trigger.SCHEDULED, retry=POLICIES.retry, timeout_ms=30_000)
+    x.record(e, t - 1000)
+    e = dispatch(e, worker="", planner=node, token=token, now_ms=t + 3)
+    e, _ = result(e, 1, succeeded=False, error_class=ErrorClass.TRANSIENT, message="not started", now_ms=t + 20,
+                  worker="r1-w1", not_started=True)
+    x.record(e, t + 20)
+    begin = resume + start_after_resume_ms
+    e = dispatch(e, worker="", planner=node, token=token, now_ms=begin - 20)
+    e = started(e, 2, begin - 10, "r1-w1")
+    x.record(e, begin - 10)
+    x.effect(e.id, 2, token, "r1-w1", begin, begin + 80)
+    e, _ = result(e, 2, succeeded=True, error_class=None, message="", now_ms=begin + 100, worker="r1-w1")
+    x.record(e, begin + 100)
+    _, fails_by, _ = judged(x.build(tmp_path / "w"))
+    if fails:
+        assert fails_by.get("I3", 0) >= 1, fails_by
+    else:
+        assert not fails_by, fails_by
