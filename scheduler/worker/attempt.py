@@ -85,6 +85,8 @@ class Attempt:
         self.payload = payload
         self.handler = handler
         self.origin = origin  # address of the planner stream it came on; results prefer that stream
+        # Its planner never answered the start request in time (worker/starts.py): results avoid it first.
+        self.origin_silent = False
         self.timeout = timeout
         # Start confirmation: the handler runs only after a StartAck, asked for within this long of
         # `received` (monotonic); None: the planner does not confirm starts, run at once.

@@ -27,6 +27,7 @@ class _Pending:
     sent_on: str | None = None
     sent_at: float = 0.0
     not_before: float = 0.0
+    avoid_origin: bool = False  # the origin did not answer the attempt's start: another planner first
 
 
 class Outbox:
@@ -43,9 +44,14 @@ class Outbox:
     def __len__(self) -> int:
         return len(self._items)
 
-    def add(self, result: wpb.Result, origin: str) -> None:
+    def add(self, result: wpb.Result, origin: str, *, avoid_origin: bool = False) -> None:
+        """`avoid_origin`: the origin planner left the attempt's start request unanswered (frozen, or cut
+        off from the worker or etcd): its not_started result goes to another planner first, which records
+        it (any planner can) and tells the owner, instead of waiting `ack_timeout` on a silent stream. A
+        game day's planner froze right after recording a start, before its answer left: the worker gave up
+        after start_timeout, sent not_started to that frozen planner, and the run waited for its thaw."""
         key = (result.execution_id, result.attempt)
-        self._items[key] = _Pending(result, origin, None)
+        self._items[key] = _Pending(result, origin, None, avoid_origin=avoid_origin)
         self._fresh[key] = None
 
     def route(self, connected: list[str], now: float) -> dict[str, list[wpb.Result]]:
@@ -70,10 +76,12 @@ class Outbox:
                 self._scan_at = min(self._scan_at, p.sent_at + self.ack_timeout if p.sent_on is not None
                                     else p.not_before)
                 continue
-            if p.origin in connected and p.sent_on != p.origin:
+            if p.origin in connected and p.sent_on != p.origin and not p.avoid_origin:
                 target = p.origin
             else:  # origin down, or it did not answer in time: try another planner
-                others = [c for c in connected if c != p.sent_on] or connected
+                avoid = (p.sent_on, p.origin) if p.avoid_origin else (p.sent_on,)
+                others = [c for c in connected if c not in avoid] or [c for c in connected if c != p.sent_on] \
+                    or connected
                 target = others[spread % len(others)]
                 spread += 1
             p.sent_on, p.sent_at = target, now

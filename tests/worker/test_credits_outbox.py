@@ -152,6 +152,17 @@ def test_outbox_prefers_the_origin_then_any_stream() -> None:
     assert box.route([], T0 + 100) == {}, "nothing connected: keep them"
 
 
+def test_outbox_sends_a_result_its_silent_origin_left_unstarted_to_another_planner_first() -> None:
+    """The origin never answered the attempt's start request (frozen or cut off, maybe with the start
+    recorded): the not_started result goes elsewhere first rather than wait ack_timeout on it, and to the
+    origin when it is the only planner connected."""
+    box = Outbox(ack_timeout=10)
+    box.add(_result(1), origin="a", avoid_origin=True)
+    assert list(box.route(["a", "b"], T0)) == ["b"]
+    box.stream_lost("b")
+    assert list(box.route(["a"], T0 + 1)) == ["a"], "only the origin left: it gets it"
+
+
 def test_outbox_ack_retry_and_timeout() -> None:
     box = Outbox(ack_timeout=10, retry_base=1, retry_cap=1)
     box.add(_result(1), origin="a")
