@@ -8,6 +8,7 @@ Measured over a steady window after a warm-up, all in the same run:
   planned time: under overload the planned times being run fall behind the window),
 - start lag p50 / p99 / max (worker start time minus planned time),
 - etcd requests per execution (etcd's own grpc_server_handled_total, window delta / completed),
+- CPU per completed execution, whole stack: planners, workers and etcd (/proc/<pid>/stat, window delta),
 - the ceiling: raw etcd batched-put throughput (txns of 100 puts) measured first on an etcd of its
   own, stopped before the measured cluster starts, and the ratio materialized / ceiling. (On the
   cluster's own etcd the ceiling's 700k keys written and deleted left etcd busy, 0.6-0.7 core and
@@ -68,6 +69,20 @@ class Result:
     lag_max: float
     etcd_requests_per_exec: float
     ceiling_keys_per_s: float
+    # CPU time over the window per completed execution, in microseconds: planners, workers, etcd.
+    cpu_us: tuple[float, float, float] = (float("nan"),) * 3
+
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a live process (/proc/<pid>/stat fields 14 and 15)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / _TICK
 
 
 def _metric_total(url: str) -> float:
@@ -171,9 +186,12 @@ async def run_rate(rate: int, args: argparse.Namespace, workdir: Path, secure: b
             metrics = f"http://{cluster.endpoints[0]}/metrics"  # etcd serves Prometheus metrics on its client URL
             rev0 = (await kv.range("/none")).revision
             req0 = _metric_total(metrics)
+            roles = (procs[:args.planners], procs[args.planners:], [m.process for m in cluster.members if m.process])
+            cpu0 = [sum(_cpu_s(p.pid) for p in ps) for ps in roles]
             w0 = SYSTEM_CLOCK.wall_ms()
             await asyncio.sleep(args.seconds)
             w1 = SYSTEM_CLOCK.wall_ms()
+            cpu1 = [sum(_cpu_s(p.pid) for p in ps) for ps in roles]
             rev1 = (await kv.range("/none")).revision
             req1 = _metric_total(metrics)
             # Keys, not count_only: etcd's `count` ignores the revision filters (it counts the whole
@@ -197,8 +215,9 @@ async def run_rate(rate: int, args: argparse.Namespace, workdir: Path, secure: b
             def pct(q: float) -> float:
                 return float(window[min(len(window) - 1, int(q * len(window)))]) if window else float("nan")
 
+            us = [(b - a) * 1e6 / max(done, 1) for a, b in zip(cpu0, cpu1, strict=True)]
             return Result(rate, created / span, done / span, pct(0.5), pct(0.99), float(window[-1]) if window else
-                          float("nan"), (req1 - req0) / max(done, 1), ceil)
+                          float("nan"), (req1 - req0) / max(done, 1), ceil, (us[0], us[1], us[2]))
     finally:
         for p in procs:
             _stop(p)
@@ -224,7 +243,8 @@ def main() -> None:
         tmp = args.workdir or tmp_dir
         Path(tmp).mkdir(parents=True, exist_ok=True)
         print(f"{'offered/s':>9} {'materialized/s':>14} {'completed/s':>11} {'lag p50 ms':>10} {'p99 ms':>7} "
-              f"{'max ms':>7} {'etcd req/exec':>13} {'ceiling keys/s':>14} {'mat/ceiling':>11}")
+              f"{'max ms':>7} {'etcd req/exec':>13} {'ceiling keys/s':>14} {'mat/ceiling':>11} "
+              f"{'CPU us/exec planners+workers+etcd':>33}")
         for rate in rates:
             runs = [asyncio.run(run_rate(rate, args, Path(tmp) / str(rate)))]
             if args.secure:
@@ -232,7 +252,8 @@ def main() -> None:
             for r, label in zip(runs, ("", " mTLS+auth"), strict=False):
                 print(f"{r.rate:>9} {r.materialized_per_s:>14.0f} {r.completed_per_s:>11.0f} {r.lag_p50:>10.0f} "
                       f"{r.lag_p99:>7.0f} {r.lag_max:>7.0f} {r.etcd_requests_per_exec:>13.2f} "
-                      f"{r.ceiling_keys_per_s:>14.0f} {r.materialized_per_s / r.ceiling_keys_per_s:>11.3f}{label}")
+                      f"{r.ceiling_keys_per_s:>14.0f} {r.materialized_per_s / r.ceiling_keys_per_s:>11.3f} "
+                      f"{sum(r.cpu_us):>9.0f} = {r.cpu_us[0]:.0f} + {r.cpu_us[1]:.0f} + {r.cpu_us[2]:.0f}{label}")
             if args.secure:
                 plain, sec = runs
                 done = sec.completed_per_s / plain.completed_per_s
