@@ -5,6 +5,7 @@ revision; chaos/history.py's replay of owners/ and checkpoints/ filed by what ea
 from __future__ import annotations
 
 from chaos.context import Context
+from scheduler.execution import ExecState
 
 __all__ = ["FencingChecks"]
 
@@ -37,10 +38,7 @@ class FencingChecks(Context):
                         f"token {e.partition}:{e.revision} after {prev[1]} was accepted with {e.partition}:{prev[0]}")
             if prev is None or e.revision > prev[0]:
                 best[e.partition] = (e.revision, e.exec_id)
-        # (b) every dispatch landed under the claim current at its revision: the write where a new attempt
-        # first appears (its start, RUNNING: a dispatch is not written but carried by the worker's start CAS,
-        # fenced on the dispatching owner's token; DISPATCHED from older planners; or the owner's own record
-        # of an attempt that never started), whoever made it.
+        # (b) every dispatch (a new attempt recorded) landed under the claim current at its revision.
         for eid, recs in self.idx.records.items():
             seen = 0
             for rev, _, rec in recs:
@@ -48,7 +46,7 @@ class FencingChecks(Context):
                     continue
                 seen = rec.attempt
                 att = rec.attempts[-1]
-                if att.attempt != rec.attempt:
+                if att.attempt != rec.attempt or rec.state is not ExecState.DISPATCHED:
                     continue
                 i4.checked += 1
                 owner = self.idx.owner_at_rev(att.token.partition, rev)

@@ -54,7 +54,6 @@ from scheduler.store.schedules import ScheduleStore, StoredSchedule
 from scheduler.tls import PLAINTEXT, Dialer
 
 log = logging.getLogger("scheduler.node")
-STARVED_LINGER = 0.005  # seconds between new worker credits and waking the loops that waited for them
 
 LOADS_AT_ONCE = 2  # partitions of one node that load (claim-time reads and planning) at the same time
 
@@ -120,7 +119,6 @@ class PlannerNode:
         self.peers = peers  # channels to other planners (clock probes, status fan-out): mutual TLS when set
         self.planner_settings = planner or PlannerSettings()
         self.dispatcher: DispatchSink = dispatcher or NullDispatcher()
-        self._starved_wake: asyncio.TimerHandle | None = None
         self.ownership = Ownership(kv, ks, settings, clock, listener=self, eligible=self._eligible)
         # The clock-skew guard: probes the peers, suspends ownership while this clock is out of bounds,
         # and bounds the wall time the partition loops plan with (`plan_clock`). The API's GetTime and
@@ -210,7 +208,7 @@ class PlannerNode:
                        lookup=self.lookup_pending, on_capacity=self._wake_starved,
                        on_lost_attempts=self.on_lost_attempts, on_started=self._on_started,
                        notice_for=self._notice_unless_owned, payload_of=self.payload_of,
-                       rpc_timeout=self.s.rpc_timeout, disable_fencing=self.s.unsafe_disable_fencing, **options)
+                       rpc_timeout=self.s.rpc_timeout, **options)
         self.dispatcher = d
         d.set_region_policy(self.region_guard.current.policy)
         return d
@@ -273,15 +271,6 @@ class PlannerNode:
         return None if planner is None else planner.pending.get(execution_id)
 
     def _wake_starved(self) -> None:
-        # Credits come back a few at a time under load: the loops waiting for them wake a moment later, so
-        # that one round takes what several returns freed and one Assignments message carries it (woken at
-        # each return, every round sent an assignment or two, and workers and planners spent their CPU on
-        # message overhead: bench_e2e at saturation, workers +40% CPU per execution).
-        if self._starved_wake is None:
-            self._starved_wake = asyncio.get_running_loop().call_later(STARVED_LINGER, self._wake_starved_now)
-
-    def _wake_starved_now(self) -> None:
-        self._starved_wake = None
         for p in self.planners.values():
             if p.starved:
                 p.starved = False

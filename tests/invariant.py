@@ -43,7 +43,6 @@ from scheduler.api.operations import Operations
 from scheduler.clock import FakeClock
 from scheduler.config import CoordinationSettings
 from scheduler.dispatch.results import record_result
-from scheduler.dispatch.starts import start_op
 from scheduler.errors import FencedOut, NotFound, OutcomeUnknown, SchedError
 from scheduler.execution import (
     IN_FLIGHT,
@@ -104,7 +103,6 @@ GRACE_MS = SETTINGS.lookahead_ms + 2 * ROUND_MS + 500
 T0 = 1_767_225_600_000 + 123  # 2026-01-01T00:00:00.123Z: creates land between planned times
 
 Behaviour = Literal["ok", "fail_transient", "fail_permanent", "slow", "crash", "lost", "lost_ack"]
-NOT_RUN = ("lost", "refused")  # outcomes of an attempt whose handler never ran
 
 
 # ---- the operation log -----------------------------------------------------------------------------
@@ -148,7 +146,7 @@ class Effect:
     start_ms: int
     end_ms: int | None = None  # the work stopped (None: still running)
     busy_end_ms: int | None = None  # until when others may take it for running (a crash: until detected)
-    outcome: str = ""  # succeeded / failed / crashed / cancelled / lost / refused (its start)
+    outcome: str = ""  # succeeded / failed / crashed / cancelled / lost
     result_ms: int | None = None  # its result reached a planner (later than end_ms when an ack was lost)
 
     @property
@@ -302,12 +300,7 @@ class Workers:
                 eff.result_ms = now
                 await self.world.deliver(job.e, ok, self._error_class(job), "", eff.ran_ms)
             elif kind == "start":
-                if not await self.world.confirm_start(job.e):
-                    # Refused (the record moved on, or the partition's owner changed since the dispatch):
-                    # the handler never runs, as a real worker drops it (the owner dispatches it again).
-                    eff.end_ms = eff.busy_end_ms = now
-                    eff.outcome = "refused"
-                    del self.jobs[key]
+                await self.world.confirm_start(job.e)
             elif kind == "late_result":
                 eff.result_ms = now
                 ok = job.behaviour in ("ok", "slow", "lost_ack")
@@ -673,20 +666,19 @@ class World:
         if disposition is Disposition.RECORDED:
             self.node._on_transition(new)
 
-    async def confirm_start(self, e: Execution) -> bool:
-        """A worker confirms it starts attempt `e.attempt` (see CONFIRM_STARTS): the start CAS of
-        dispatch/starts.py. A dispatch is not written, so it goes from the revision the dispatch was made
-        at (`e`, as the dispatcher got it), fenced on the dispatching owner's token. False: refused."""
-        cur = e.current
-        if e.state is not ExecState.DISPATCHED or cur is None:
-            return False
-        new = started(e, e.attempt, self.clock.wall_ms())
-        extra = [] if self.live is not None else [notice_op(self.ks, 1, e.schedule_id, e.planned_ms)]
-        r = await self.kv.txn([], [start_op(self.node.ledger, e, new, extra=extra)])
-        if not self.node.ledger.cas_results(r)[0]:
-            return False
-        self.node._on_transition(with_revision(new, r.revision))
-        return True
+    async def confirm_start(self, e: Execution) -> None:
+        """A worker confirms it starts attempt `e.attempt` (see CONFIRM_STARTS)."""
+        for _ in range(5):
+            cur = await self.node.ledger.get(self.kv, e.schedule_id, e.planned_ms)
+            if cur is None or cur.attempt != e.attempt or cur.state is not ExecState.DISPATCHED:
+                return
+            new = started(cur, e.attempt, self.clock.wall_ms())
+            extra = [] if self.live is not None else [notice_op(self.ks, 1, e.schedule_id, e.planned_ms)]
+            r = await self.kv.txn([], [self.node.ledger.cas_op(new, cur.mod_revision, old_state=cur.state,
+                                                               extra=extra)])
+            if self.node.ledger.cas_results(r)[0]:
+                self.node._on_transition(with_revision(new, r.revision))
+                return
 
     # ---- operations --------------------------------------------------------------------------------
 
@@ -903,7 +895,7 @@ def judge(log: Log, es: list[Execution], ranges: dict[str, list[tuple[int, int, 
 
     # 1. One attempt at a time per execution id; a planned time succeeds once (per operator rerun).
     for eid, fs in effects.items():
-        runs = sorted((f for f in fs if f.outcome not in NOT_RUN), key=lambda f: f.start_ms)
+        runs = sorted((f for f in fs if f.outcome != "lost"), key=lambda f: f.start_ms)
         for i, one in enumerate(runs):
             for two in runs[i + 1:]:
                 if one.end_ms is None or two.start_ms < one.end_ms:
@@ -916,7 +908,7 @@ def judge(log: Log, es: list[Execution], ranges: dict[str, list[tuple[int, int, 
 
     # cancel_other: the next run starts only once the cancelled one has really stopped.
     for sid, fs in by_sched.items():
-        runs = sorted((f for f in fs if f.outcome not in NOT_RUN), key=lambda f: f.start_ms)
+        runs = sorted((f for f in fs if f.outcome != "lost"), key=lambda f: f.start_ms)
         for i, one in enumerate(runs):
             for two in runs[i + 1:]:
                 if two.eid == one.eid or two.run_trigger != "scheduled":
@@ -1055,7 +1047,7 @@ def judge(log: Log, es: list[Execution], ranges: dict[str, list[tuple[int, int, 
             continue
         if e.planned_ms in owed_times(log, e.schedule_id, max(now, e.planned_ms)):
             continue
-        ran = [f for f in effects.get(e.id, []) if f.run_trigger == "scheduled" and f.outcome not in NOT_RUN]
+        ran = [f for f in effects.get(e.id, []) if f.run_trigger == "scheduled" and f.outcome != "lost"]
         if ran:
             st = state_at(e.schedule_id, e.planned_ms)
             bad.append(f"[not-owed-ran] "
@@ -1102,11 +1094,7 @@ def judge(log: Log, es: list[Execution], ranges: dict[str, list[tuple[int, int, 
     if START_TIMEOUT_CHECK:
         for eid, fs in effects.items():
             for f in fs:
-                if f.outcome not in NOT_RUN:
-                    continue
-                if any(g.attempt == f.attempt and g.start_ms > f.start_ms for g in fs):
-                    # Dispatched again under the same attempt number: a dispatch is not written, so a new
-                    # owner (or a reload) saw the record as before it and dispatched it at once.
+                if f.outcome != "lost":
                     continue
                 limit = f.start_ms + START_TIMEOUT_MS + 4 * ROUND_MS
                 later = [g for g in fs if g.attempt > f.attempt]

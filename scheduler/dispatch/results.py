@@ -146,22 +146,16 @@ async def record_result(
     max_rounds: int = 5,
     extra: Sequence[Op] = (),
     check: Callable[[Execution], str] | None = None,
-    mine: Callable[[str], Execution | None] | None = None,
     **details: Any,
 ) -> tuple[Execution, Disposition]:
     """The slow path for one result: read the record, apply the pure transition, compare-and-swap; again
     on a lost CAS. `extra`: ops committed only with the result (a notice for a partition owned elsewhere).
     `details`: what else the result says (`execution.result`'s started_ms, not_started, cancelled, output).
-    `check`: why the reporter may not touch the record as read ("" if it may): PermissionDenied, nothing written.
-    `mine`: the owner's memory (its pending index): a dispatch is not written, so a record read at the very
-    revision the owner dispatched it at is taken as the owner holds it, attempt and all (dispatch/starts.py)."""
+    `check`: why the reporter may not touch the record as read ("" if it may): PermissionDenied, nothing written."""
     for _ in range(max_rounds):
         e = await ledger.get(kv, schedule_id, planned_ms, timeout=timeout)
         if e is None:
             raise NotFound(f"execution {execution_id(schedule_id, planned_ms)} not found")
-        held = mine(e.id) if mine is not None else None
-        if held is not None and held.mod_revision == e.mod_revision and held.state is ExecState.DISPATCHED:
-            e = held
         if check is not None and (why := check(e)):
             raise PermissionDenied(why)
         new, disposition = result(e, attempt, succeeded=succeeded, error_class=error_class, message=message,
@@ -353,8 +347,7 @@ class ResultRecorder:
                         message=r.message, now_ms=self.clock.wall_ms(),
                         retry_after_ms=int(r.retry_after.ToMilliseconds()), worker=worker,
                         payload_of=self._payload_of, timeout=self._timeout, extra=self._notice_for(sid, planned_ms),
-                        check=None if scope is None else lambda e: refused(scope, e, "result", worker),
-                        mine=self._lookup, **details(r),
+                        check=None if scope is None else lambda e: refused(scope, e, "result", worker), **details(r),
                     )
                 except PermissionDenied:  # logged by `refused`
                     self.refused += 1

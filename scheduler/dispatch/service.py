@@ -110,7 +110,6 @@ class Dispatcher:
         tenant_weights: dict[str, int] | None = None,
         duplicate_file: str = "",
         authz: Authz = OPEN,
-        disable_fencing: bool = False,
     ) -> None:
         self.node_id, self.region, self.kv, self.ledger, self.clock = node_id, region, kv, ledger, clock
         # Which principal may serve which pool (checked on Hello), and which tenants a pool may run
@@ -145,7 +144,6 @@ class Dispatcher:
         # Start confirmation (dispatch/starts.py): Started requests from any stream, recorded in batches.
         self._on_started, self._notice_for = on_started, notice_for
         self._starts: StartRecorder | None = None
-        self._disable_fencing = disable_fencing  # tests only (unsafe_disable_fencing): starts unfenced too
         # TEST ONLY (drill fault F9): re-send some assignments while a control file says so. None in
         # production: the setting that names the file is refused outside test mode (planner/settings.py).
         self.duplicate = DuplicateDelivery(duplicate_file, self._resend) if duplicate_file else None
@@ -155,8 +153,7 @@ class Dispatcher:
         if self._starts is None:  # made on first use: unit tests build a Dispatcher without a ledger
             self._starts = StartRecorder(kv=self.kv, ledger=self.ledger, ks=self.ledger.ks,
                                          partitions=self.ledger.partitions, clock=self.clock, lookup=self._lookup,
-                                         on_started=self._on_started, notice_for=self._notice_for,
-                                         disable_fencing=self._disable_fencing)
+                                         on_started=self._on_started, notice_for=self._notice_for)
         return self._starts
 
     @property

@@ -1,22 +1,16 @@
 """The planner's half of start confirmation: record a worker's `Started` requests, answer `StartAck`.
 
-A worker runs a handler only after its start is recorded. The owner does not write its dispatch: it
-keeps the dispatched attempt in memory at the record's revision as it read it (SCHEDULED or RETRY_WAIT),
-and the start writes the attempt and RUNNING(n, started_ms, worker) in one compare-and-swap from that
-revision, in the same nested txn as a compare on the partition's owner key (`create_revision == ` the
-token the attempt was dispatched under). The owner's re-dispatch of an attempt not started by its
-start-by is a CAS from the same revision (planner/starts.py), so exactly one of the two wins: the worker
-runs it, or the next attempt exists and this one is refused. A changed owner refuses it too, so only
-attempts of the current ownership start; a new owner sees the record as it was before the dispatch and
-dispatches it at once.
+A worker runs a handler only after its start is recorded: DISPATCHED(n) -> RUNNING(n, started_ms,
+worker), a compare-and-swap on the record's mod_revision, in the same nested txn as a compare on the
+partition's owner key (`create_revision == ` the token the attempt was dispatched under). The owner
+re-dispatches an attempt still DISPATCHED past its start-by by a CAS from the same revision
+(planner/starts.py), so exactly one of the two wins: the worker runs it, or the next attempt exists
+and this one is refused. A changed owner refuses it too, so only attempts of the current ownership
+start (a new owner re-dispatches the rest after their start-by).
 
 Cost: one etcd write per execution, batched: start requests arriving together (any streams) share
 one txn of nested CASes, like results. Requests for executions the owner holds in memory need no
-read (the fast path); others are read, decided, and CASed: that path starts only an attempt whose
-dispatch is recorded (DISPATCHED, written by older planners), since the read record no longer says
-which revision an unwritten dispatch was made from. A worker asks on the stream its assignment came
-on, so the slow path refuses only after that planner lost the record (a reload, an ownership move),
-and the owner then dispatches it again.
+read (the fast path); others (after an ownership move, a lost CAS) are read, decided, and CASed.
 Any planner may answer for any partition; one that does not own it adds a notice (docs/keyspace.md)
 so the owner takes the RUNNING record in.
 """
@@ -56,24 +50,11 @@ class _Req:
     scope: Scope | None = None  # what the requesting stream may start (dispatch/scope.py); None: anything
 
 
-def start_op(ledger: Ledger, old: Execution, new: Execution, *, extra: Sequence[Op] = (),
-             fenced: bool = True) -> TxnOp:
-    """The start CAS: `new` (RUNNING) if the record is unchanged since the revision `old` (the dispatched
-    attempt) was dispatched at, and the dispatching owner still owns the partition. `fenced` is False
-    only with unsafe_disable_fencing (tests)."""
-    cur = old.current
-    assert cur is not None
-    fence = [Compare.create_revision(ledger.ks.owner(cur.token.partition), "==", cur.token.revision)] if fenced else []
-    op = ledger.cas_op(new, old.mod_revision, old_state=ExecState.DISPATCHED, extra=extra)
-    return TxnOp((*op.compare, *fence), op.success, op.failure)
-
-
 class StartRecorder:
     def __init__(self, *, kv: KV, ledger: Ledger, ks: Keyspace, partitions: int, clock: Clock,
                  lookup: Callable[[str], Execution | None], on_started: Callable[[Execution], None],
-                 notice_for: Callable[[str, int], Sequence[Op]], disable_fencing: bool = False) -> None:
+                 notice_for: Callable[[str, int], Sequence[Op]]) -> None:
         self.kv, self.ledger, self.ks, self.partitions, self.clock = kv, ledger, ks, partitions, clock
-        self.disable_fencing = disable_fencing  # tests only (unsafe_disable_fencing): no owner compare
         self._lookup, self._on_started, self._notice_for = lookup, on_started, notice_for
         self._inbox: list[_Req] = []
         self._task: asyncio.Task[None] | None = None
@@ -114,8 +95,13 @@ class StartRecorder:
                                  disposition=disposition, reason=reason)  # type: ignore[arg-type]
 
     def _op(self, old: Execution, new: Execution) -> TxnOp:
-        return start_op(self.ledger, old, new, extra=self._notice_for(new.schedule_id, new.planned_ms),
-                        fenced=not self.disable_fencing)
+        """The start CAS: the record unchanged since `old` was read, and the dispatching owner still owning."""
+        cur = old.current
+        assert cur is not None
+        fence = [Compare.create_revision(self.ks.owner(cur.token.partition), "==", cur.token.revision)]
+        op = self.ledger.cas_op(new, old.mod_revision, old_state=ExecState.DISPATCHED,
+                                extra=self._notice_for(new.schedule_id, new.planned_ms))
+        return TxnOp((*op.compare, *fence), op.success, op.failure)
 
     def _decide(self, q: _Req, e: Execution, now_ms: int) -> Execution | str:
         # Another pool's or tenant's execution: refused before anything else (logged by the slow path,

@@ -633,9 +633,7 @@ class PartitionPlanner:
                 continue
             e = decode_execution(kvs[0].value, kvs[0].mod_revision)
             self._refresh(e)
-            # In flight as read, or still our own unwritten dispatch of the record read (`_refresh`).
-            mine = self.pending.get(e.id)
-            if mine is not None and mine.state in IN_FLIGHT and mine.mod_revision == e.mod_revision:
+            if e.state in IN_FLIGHT:
                 self._confirmed[e.id] = (e.mod_revision, sent)
         self.wake.set()
 
@@ -697,20 +695,13 @@ class PartitionPlanner:
         cas = plan.transitions
         if not cas:
             return
-        # A dispatch is not written (docs/workers.md, "Start confirmation"): the worker's start CAS goes
-        # from the record's revision as read here, fenced on this owner's token, and writes the attempt
-        # with the start, so the record goes SCHEDULED/RETRY_WAIT -> RUNNING in one write. Until then
-        # the dispatch lives in this owner's memory only, at that revision. Everything else (skips,
-        # cancels) is committed first, so a cancel whose CAS lost still reaches no worker.
-        pairs = [(old, new) for old, new in cas.values() if new.state is not ExecState.DISPATCHED]
-        folded = [(old, new) for old, new in cas.values() if new.state is ExecState.DISPATCHED]
+        pairs = list(cas.values())
         ok = await self._commit([self.ledger.cas_op(new, old.mod_revision, now_ms=now_ms, old_state=old.state)
                                   for old, new in pairs])
-        outcomes = [*zip(pairs, ok, strict=False), *(((old, new), (True, old.mod_revision)) for old, new in folded)]
         lost = False
         sent: list[Execution] = []
         debug = log.isEnabledFor(logging.DEBUG)  # per-execution lines only when asked for: hot path
-        for (_old, new), (applied, rev) in outcomes:
+        for (_old, new), (applied, rev) in zip(pairs, ok, strict=False):
             if not applied:
                 lost = True
                 continue
@@ -850,15 +841,8 @@ class PartitionPlanner:
     def _refresh(self, e: Execution) -> None:
         """Take in a record as read from etcd (linearizable, so at least as new as the notice)."""
         old = self.pending.get(e.id)
-        if old is not None and (old.mod_revision > e.mod_revision or (
-                old.mod_revision == e.mod_revision and old.state is ExecState.DISPATCHED)):
-            # Our own dispatcher recorded something newer while we read; or the record is unchanged
-            # since this owner dispatched it (a dispatch is not written: `_dispatch_due`).
-            return
-        if old is not None and old.state is ExecState.DISPATCHED and e.attempt < old.attempt:
-            # Our unwritten dispatch lost to a change made elsewhere (a cancel, a start refused): its
-            # start CAS can no longer win, so take it back from the dispatcher and the worker.
-            self.dispatcher.cancel(old, e.skip_reason or "superseded")
+        if old is not None and old.mod_revision > e.mod_revision:
+            return  # our own dispatcher recorded something newer while we read
         cur = e.current
         if e.state in (ExecState.CANCELLED, ExecState.CANCELLING) and cur is not None and not cur.finished_ms:
             self.dispatcher.cancel(e, e.skip_reason or "cancelled")  # its worker is told to stop

@@ -1,11 +1,10 @@
 """The owner's half of start confirmation (docs/workers.md, "Start confirmation").
 
 A dispatched attempt carries a start-by instant. A worker runs its handler only after a planner has
-recorded RUNNING(n) by a compare-and-swap from the revision the owner dispatched it at (a dispatch is
-not written: dispatch/starts.py); the owner, past start-by, ends attempt n never-started and makes the
-execution due again (same id, next attempt) by a CAS from that same revision. Exactly one of the two
-can win, so an undelivered or frozen dispatch costs `start_timeout` and never two runs. Pure: the
-partition loop commits what this returns.
+recorded DISPATCHED(n) -> RUNNING(n) by a compare-and-swap from the record's revision; the owner, past
+start-by, ends attempt n never-started and makes the execution due again (same id, next attempt) by a
+CAS from that same revision. Exactly one of the two can win, so an undelivered or frozen dispatch costs
+`start_timeout` and never two runs. Pure: the partition loop commits what this returns.
 """
 
 from __future__ import annotations

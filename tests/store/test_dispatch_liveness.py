@@ -152,11 +152,6 @@ async def test_silent_stream_is_ended_and_its_attempt_retried_long_before_the_de
             w2.send(credits=wpb.Credits(credits=1))
             a2 = (await w2.next("assignments")).assignments[0]
             assert (a2.execution_id, a2.attempt) == (a1.execution_id, 2), "retried: same id, next attempt"
-            # Started through the owner, as a worker confirms every start (a dispatch is not written: the start
-            # records the attempt).
-            w2.send(started=wpb.Started(starts=[wpb.StartRequest(execution_id=a2.execution_id, attempt=2,
-                                                                 fencing_token=a2.fencing_token)]))
-            assert (await w2.next("start_ack")).acks[0].disposition == wpb.START_DISPOSITION_STARTED
             # Its result goes to another node that owns nothing: recorded on the slow path, worker and all.
             async with planner(kv, prefix, "n2", run=False) as (_n2, _d2, port2):
                 via = Client(port2, "w2")

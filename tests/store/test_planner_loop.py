@@ -12,8 +12,7 @@ from chaos.infra.etcd import EtcdCluster
 from scheduler.clock import SYSTEM_CLOCK
 from scheduler.config import CoordinationSettings
 from scheduler.dispatch.results import record_result
-from scheduler.dispatch.starts import start_op
-from scheduler.execution import IN_FLIGHT, Attempt, ErrorClass, ExecState, Execution, Trigger, started
+from scheduler.execution import Attempt, ErrorClass, ExecState, Execution, Trigger
 from scheduler.ids import FencingToken, execution_id
 from scheduler.model import Policies, RetryPolicy, Schedule, ScheduleState
 from scheduler.node import PlannerNode
@@ -69,10 +68,6 @@ class FakeDispatcher:
 
     async def _finish(self, e: Execution) -> None:
         assert self.node is not None
-        # The start first, as a worker's confirmed start (dispatch/starts.py): a dispatch is not written.
-        r = await self.kv.txn([], [start_op(self.node.ledger, e, started(e, e.attempt, SYSTEM_CLOCK.wall_ms()))])
-        if not self.node.ledger.cas_results(r)[0]:
-            return  # refused: the handler never runs
         ok = self.outcome == "ok" and e.schedule_id not in self.fail
         new, _ = await record_result(self.kv, self.node.ledger, e.schedule_id, e.planned_ms, e.attempt,
                                      succeeded=ok, error_class=None if ok else ErrorClass.PERMANENT,
@@ -95,17 +90,6 @@ async def run_node(node: PlannerNode, seconds: float) -> None:
     finally:
         t.cancel()
         await asyncio.gather(t, return_exceptions=True)
-
-
-def dispatched(disp: FakeDispatcher, e: Execution) -> bool:
-    """Dispatched and not started (a dispatch is not written: the record stays as it was)."""
-    return e.state in (ExecState.SCHEDULED, ExecState.RETRY_WAIT) and any(
-        x.id == e.id and x.attempt == e.attempt + 1 for x in disp.submitted)
-
-
-def in_flight(disp: FakeDispatcher, es: list[Execution]) -> list[Execution]:
-    """Runs with an attempt out: started (etcd says so) or dispatched and not started (only `disp` knows)."""
-    return [e for e in es if e.state in IN_FLIGHT or dispatched(disp, e)]
 
 
 def sched(i: int, **kw: object) -> Schedule:
@@ -280,7 +264,7 @@ async def test_cancel_other_cancels_the_running_execution(kv: EtcdClient, key_pr
     # worker's start would be refused anyway).
     untold = {e.id for e in cancelled} - set(disp.cancelled)
     assert len(untold) <= 1 and untold <= {max(cancelled, key=lambda e: e.planned_ms).id}, (untold, disp.cancelled)
-    assert sum(1 for e in es if e.state is ExecState.RUNNING or dispatched(disp, e)) == 1
+    assert sum(1 for e in es if e.state in (ExecState.DISPATCHED, ExecState.RUNNING)) == 1
 
 
 async def test_buffer_one_keeps_one_and_skips_the_rest(kv: EtcdClient, key_prefix: str) -> None:
@@ -293,7 +277,7 @@ async def test_buffer_one_keeps_one_and_skips_the_rest(kv: EtcdClient, key_prefi
     es = await executions(node, kv)
     assert len(disp.submitted) == 1, "the first one never finishes"
     due = SYSTEM_CLOCK.wall_ms() - 600
-    waiting = [e for e in es if e.state is ExecState.SCHEDULED and e.due_ms <= due and not dispatched(disp, e)]
+    waiting = [e for e in es if e.state is ExecState.SCHEDULED and e.due_ms <= due]
     assert len(waiting) == 1, f"one buffered behind the running one, got {len(waiting)}"
     assert sum(1 for e in es if e.skip_reason == "overlap_skip") >= 1
 
@@ -352,7 +336,7 @@ async def test_a_takeover_decides_overlap_on_the_final_record_of_the_run_before(
     if overlap is Overlap.BUFFER_ONE:
         # T0 + 1 s is the one run that waited behind R and starts; T0 + 2 s came due while R ran and it
         # waited: skipped, as the dead owner would have.
-        assert dispatched(disp, by_planned[1000]), by_planned[1000]
+        assert by_planned[1000].state is ExecState.DISPATCHED, by_planned[1000]
         assert by_planned[2000].skip_reason == "overlap_skip", by_planned[2000]
     else:  # both came due while R ran
         assert by_planned[1000].skip_reason == "overlap_skip", by_planned[1000]
@@ -375,8 +359,8 @@ async def test_a_takeover_mid_catch_up_knows_the_catch_up_runs(kv: EtcdClient, k
     await _dead_owners_ledger(kv, node, ks, pol, t0, made, (10, 20, 2_520, 2_500), made - (made % 1000) + 1000)
     await run_node(node, 1.5)
     by_planned = {e.planned_ms - t0: e for e in await executions(node, kv)}
-    assert dispatched(disp, by_planned[1000]), by_planned[1000]  # the catch-up goes on, in order
-    assert by_planned[2000].state is ExecState.SCHEDULED and not dispatched(disp, by_planned[2000]), by_planned[2000]
+    assert by_planned[1000].state is ExecState.DISPATCHED, by_planned[1000]  # the catch-up goes on, in order
+    assert by_planned[2000].state is ExecState.SCHEDULED, by_planned[2000]
     assert "overlap_skip" not in {by_planned[1000].skip_reason, by_planned[2000].skip_reason}
 
 

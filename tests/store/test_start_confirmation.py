@@ -22,27 +22,13 @@ from scheduler._gen.scheduler.v1 import worker_service_pb2_grpc as wgrpc
 from scheduler.clock import SYSTEM_CLOCK
 from scheduler.config import CoordinationSettings
 from scheduler.dispatch.service import Dispatcher
-from scheduler.dispatch.starts import start_op
-from scheduler.execution import (
-    UNSTARTED_MESSAGE,
-    ExecState,
-    Execution,
-    Trigger,
-    dispatch,
-    new_execution,
-    started,
-    with_revision,
-)
-from scheduler.ids import FencingToken, execution_id
+from scheduler.execution import UNSTARTED_MESSAGE, ExecState, Execution
 from scheduler.model import Policies, RetryPolicy, Schedule
 from scheduler.node import PlannerNode
 from scheduler.planner.settings import PlannerSettings
 from scheduler.server import start_server
-from scheduler.store.codec import encode_execution
 from scheduler.store.etcd import EtcdClient
-from scheduler.store.etcd.ops import put
-from scheduler.store.keyspace import Keyspace, partition_for
-from scheduler.store.ledger import Ledger
+from scheduler.store.keyspace import Keyspace
 
 pytestmark = pytest.mark.etcd
 
@@ -196,8 +182,7 @@ async def test_a_start_is_recorded_running_with_its_worker_and_time(kv: EtcdClie
         try:
             await w.next("welcome")
             a = (await w.next("assignments")).assignments[0]
-            # A dispatch is not written: the record stays as it was until the start writes it RUNNING.
-            assert (await record(node, kv, "run", planned)).state is ExecState.SCHEDULED
+            assert (await record(node, kv, "run", planned)).state is ExecState.DISPATCHED
             w.send(started=start_request(a))
             assert (await w.next("start_ack")).acks[0].disposition == wpb.START_DISPOSITION_STARTED
             e = await record(node, kv, "run", planned)
@@ -343,36 +328,4 @@ async def test_a_start_of_a_dispatch_by_an_earlier_owner_is_refused(kv: EtcdClie
     finally:
         await server.stop(None)
     assert ack.disposition == wpb.START_DISPOSITION_REFUSED, ack
-    assert (await record(node, kv, "moved", planned)).state is ExecState.SCHEDULED
-
-
-async def test_the_start_cas_is_fenced_on_the_dispatching_owner_and_the_dispatch_revision(
-    kv: EtcdClient, key_prefix: str
-) -> None:
-    """An unwritten dispatch starts only from the revision it was made at, under the claim it was made under:
-    the start CAS (dispatch/starts.start_op) against a real etcd, each compare shown to refuse on its own."""
-    ks = Keyspace(key_prefix.rstrip("/"))
-    ledger = Ledger(ks, COORD.partitions)
-    now = SYSTEM_CLOCK.wall_ms()
-    e = new_execution(id=execution_id("f", now), schedule_id="f", tenant="t", pool="pool", task_type="x",
-                      planned_ms=now, due_ms=now, trigger=Trigger.SCHEDULED, retry=RetryPolicy(), timeout_ms=60_000)
-    p = partition_for("f", COORD.partitions)
-    claim = await kv.txn([], [put(ks.owner(p), b"{}")])
-    created = await kv.txn([], [put(ledger.key(e), encode_execution(e))])
-    e = with_revision(e, created.revision)
-
-    def attempt_under(token_rev: int, read_rev: int) -> tuple[Execution, Execution]:
-        d = with_revision(dispatch(e, worker="", planner="n1", token=FencingToken(p, token_rev), now_ms=now,
-                                   start_timeout_ms=1_000), read_rev)
-        return d, started(d, d.attempt, now, "w1")
-
-    async def applied(pair: tuple[Execution, Execution]) -> bool:
-        return ledger.cas_results(await kv.txn([], [start_op(ledger, *pair)]))[0]
-
-    assert not await applied(attempt_under(claim.revision - 1, e.mod_revision)), "a stale owner's dispatch started"
-    assert not await applied(attempt_under(claim.revision, e.mod_revision - 1)), "a dispatch of an older record started"
-    assert await applied(attempt_under(claim.revision, e.mod_revision))
-    got = await ledger.get(kv, "f", now)
-    assert got is not None and got.state is ExecState.RUNNING and got.current is not None
-    assert (got.current.worker, got.current.token) == ("w1", FencingToken(p, claim.revision))
-    assert not await applied(attempt_under(claim.revision, e.mod_revision)), "a second start of one dispatch"
+    assert (await record(node, kv, "moved", planned)).state is ExecState.DISPATCHED
