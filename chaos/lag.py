@@ -55,7 +55,10 @@ class LagChecks(Context):
                     continue
                 if (f.type == "F7" and f.target == a.worker) or (
                         f.type == "F5" and self.node_region(a.worker) == f.target):
-                    return f.start_ms
+                    # An outage (the only planning region lost) took the planners too: nothing can give the
+                    # attempt up before the heal, so the worker loss counts from there (the smoke drill of
+                    # session 16 read runs retried 6.5 s after an F5's heal as 27 s after the kill).
+                    return (f.end_ms or self.meta.end_ms) if self.outage(f) else f.start_ms
         return None
 
     def _freed_by_own_run(self, sid: str, eid: str, planned_h: int, started: int) -> tuple[int, IdxAttempt] | None:
