@@ -17,9 +17,6 @@ from scheduler._gen.scheduler.v1 import worker_service_pb2 as wpb
 from scheduler.worker.attempt import Attempt, AttemptKey
 
 Send = Callable[[str, wpb.WorkerMessage], bool]  # (stream address, message) -> sent
-# Why an attempt did not start when its planner never answered: that planner may be frozen or cut off
-# with the start recorded, so the not_started result goes to another planner first (worker/outbox.py).
-NO_ACK = "no start acknowledgement within start_timeout"
 
 
 class StartGate:
@@ -63,7 +60,10 @@ class StartGate:
     def _expire(self, fut: asyncio.Future[str], attempt: Attempt) -> None:
         if not fut.done():
             self.timed_out += 1
-            fut.set_result(f"{NO_ACK} ({attempt.start_timeout:g} s after receipt)")
+            # Its planner never answered: it may be frozen or cut off with the start recorded, so the
+            # not_started result goes to another planner first (worker/outbox.py).
+            attempt.origin_silent = True
+            fut.set_result(f"no start acknowledgement within start_timeout ({attempt.start_timeout:g} s after receipt)")
 
     def _flush(self) -> None:
         self._flush_pending = False

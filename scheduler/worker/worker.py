@@ -33,7 +33,7 @@ from scheduler.worker.credits import CreditBook
 from scheduler.worker.outbox import Disposition, Outbox
 from scheduler.worker.planners import PlannerSet
 from scheduler.worker.settings import WorkerSettings
-from scheduler.worker.starts import NO_ACK, StartGate
+from scheduler.worker.starts import StartGate
 from scheduler.worker.stream import PlannerStream
 
 log = logging.getLogger("scheduler.worker")
@@ -373,7 +373,6 @@ class Worker:
         why = await self.starts.confirm(attempt, left)
         if not why:
             return None
-        attempt.origin_silent = why.startswith(NO_ACK)
         log.info("execution not started", extra={**attempt.ctx.log_fields(), "event": "not_started",
                                                  "planner": attempt.origin, "reason": why})
         return Outcome(Status.FAILED, ErrorClass.TRANSIENT, f"not started: {why}", not_started=True)
