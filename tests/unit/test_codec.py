@@ -22,7 +22,9 @@ _attempts = st.builds(
     Attempt, attempt=st.integers(1, 9), worker=_text, planner=_text,
     token=st.builds(FencingToken, st.integers(0, 65_535), st.integers(1, 2**40)), dispatched_ms=_ms,
     deadline_ms=_ms, started_ms=_ms, finished_ms=_ms, error_class=st.none() | st.sampled_from(ErrorClass),
-    message=_text, succeeded=st.booleans(), trigger=st.none() | st.sampled_from(Trigger)).map(
+    message=_text, succeeded=st.booleans(), trigger=st.none() | st.sampled_from(Trigger),
+    start_by_ms=_ms, never_started=st.booleans(), stdout_tail=_text, stderr_tail=_text,
+    exit_code=st.none() | st.integers(-255, 255), stop_requested_ms=_ms, ran_ms=_ms).map(
     # the stored form keeps `succeeded` only for a finished attempt
     lambda a: a if a.finished_ms else Attempt(**{**a.__dict__, 'succeeded': False}))
 
