@@ -426,6 +426,26 @@ def test_a_run_whose_worker_was_killed_is_judged_from_the_kill_on_the_worker_los
         assert "I3" not in fails_by, fails_by
 
 
+@pytest.mark.parametrize(("outage_after_kill_ms", "fails"), [(2_400, False), (17_000, True)])
+def test_a_lost_attempt_held_through_a_quorum_loss_is_judged_from_the_heal(
+        tmp_path: Path, outage_after_kill_ms: int, fails: bool) -> None:
+    """The worker is killed, then etcd loses quorum before its attempt could be given up: nothing is written
+    until the heal, so the run, retried 20.4 s after the kill and 10.1 s after the heal, is judged from the
+    heal (game day gd-s17a, every3-010@07:10:58: F7 on r3-w2, F4 of 2 members 2.4 s later for 7.9 s). An
+    outage that began only after the retry was owed (17 s after the kill) excuses nothing."""
+    x, _ = clean_run(tmp_path / "run")
+    kill = T0 + 40_000 + 300
+    start = kill + outage_after_kill_ms
+    end = start + 1_500 if fails else kill + 10_300
+    x.faults.append(FaultRecord(2, "F4", "etcd-1", start, end, {"members": 2}, "etcd", "etcd member loss",
+                                healthy_ms=end + 200))
+    _, fails_by, _ = judged(_lost_with_worker(x, tmp_path / "lost", 20_400))
+    if fails:
+        assert fails_by.get("I3") == 1, fails_by
+    else:
+        assert "I3" not in fails_by, fails_by
+
+
 def _planned(key: str) -> int:
     return int(key.rsplit("/", 1)[1])
 
