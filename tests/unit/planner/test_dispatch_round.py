@@ -380,6 +380,24 @@ def test_a_late_run_is_judged_as_if_it_had_run_on_time() -> None:
     assert states(after_landing(due, [unmeasured], now=102_010)) == {96_000: "dispatched"}
 
 
+def test_a_manual_trigger_is_not_judged_as_a_late_run() -> None:
+    """Game day gd-s17a (slow-003: buffer_one, 3.6 s runs every 2 s): the run of 30 s went out at 35.5 s after
+    a takeover; a manual trigger made at 33.879 s (no overlap of its own) waited behind it, in order, and ran
+    39.3..42.9 s. Judged as if it had started at its request it "overlapped" the run due at 34 s, and with the
+    run of 30 s counted as waiting then, 34 s was skipped though nothing was in progress at 34 s (the checker's
+    "manufactured overlap"). 34 s is the first run waiting in order: it starts; 36 s (buffered behind the run of
+    30 s, really in progress at 36 s) keeps its place; 40 and 42 s came due while the trigger really ran."""
+    r30 = landed(30_000, started=35_507, ran=3_629, recorded=39_282)
+    manual = replace(landed(33_879, started=39_286, ran=3_575, recorded=42_880), trigger=Trigger.MANUAL)
+    plan = after_landing([ex(34_000), ex(40_000), ex(42_000)], [r30, manual], policy=Overlap.BUFFER_ONE,
+                         parked={execution_id("s", 36_000): True}, now=42_886)
+    assert states(plan) == {34_000: "dispatched", 40_000: "skipped:overlap_skip", 42_000: "skipped:overlap_skip"}
+    # The same run scheduled (not an operator's) is still judged as if it had run on time.
+    scheduled = replace(manual, trigger=Trigger.SCHEDULED)
+    plan = after_landing([ex(34_000)], [scheduled], policy=Overlap.SKIP, now=42_886)
+    assert states(plan) == {34_000: "skipped:overlap_skip"}
+
+
 def test_catch_up_runs_are_not_judged_as_late_runs() -> None:
     """The missed-run policy chose them (missed_runs=all, cap 3): they run one after the other even when
     each takes longer than the period (docs/time.md)."""
