@@ -100,11 +100,17 @@ class CreditBook:
 
     def _parked(self, line: _Line, now: float) -> bool:
         """Holding credits it does not use: nothing received for `idle_after`, or far more unused than
-        it received in the last whole `idle_after` (so a stream that trickles keeps no fair share)."""
+        it received lately: in the last whole `idle_after`, or in the current one if more (so a stream that
+        trickles keeps no fair share, and one that has just started a burst keeps its credits)."""
         if line.last_used is None or now - line.last_used >= self.idle_after:
             return True
         self._count(line, 0, now)
-        return line.used_before >= 0 and line.unused > 2 * line.used_before + 1
+        # Judged on what it used lately: the last whole count, or the current one when that is more. On the
+        # last whole count alone, a planner that has just begun sending again after a quiet count (a new
+        # owner's first runs after an etcd quorum loss: `used_before` is 0) read as a trickle and was re-opened
+        # 0.2 s into its burst, dropping the answers to the starts it was recording (game day gd-s17a: +3 s).
+        recent = max(line.used_before, line.used)
+        return line.used_before >= 0 and line.unused > 2 * recent + 1
 
     def finished(self, n: int = 1) -> None:
         """`n` attempts ended (or were handed back, or were duplicates): their slots are free."""

@@ -485,7 +485,11 @@ class Worker:
             self._grant()
             self.stop_orphans(self.clock.monotonic())
             victim = self.book.reclaim(self.clock.monotonic())
-            if victim is not None and victim in self.streams:
+            # Never while attempts it sent wait for their start: the planner ends the call on our half-close
+            # without the answers to starts it is recording, so they would be reported not_started (and run
+            # again later) though recorded. They wait at most start_timeout; the next tick asks again.
+            if victim is not None and victim in self.streams and not any(
+                    a.state is State.PENDING and a.origin == victim for a in self._attempts.values()):
                 log.info("re-opening an idle planner stream to reclaim its credits",
                          extra={"planner": victim, "credits": self.book.unused(victim)})
                 self.streams[victim].recycle()

@@ -57,6 +57,29 @@ def test_a_stream_that_trickles_keeps_no_fair_share_from_a_starved_one() -> None
     _invariant(book, "a", "b")
 
 
+def test_a_burst_after_a_quiet_count_is_no_trickle() -> None:
+    """Game day gd-s17a: a planner silent through an etcd quorum loss and the lease lapse after it began
+    sending again as the new owner; 0.2 s into its burst the worker judged it on the last whole count (0:
+    a gap) and re-opened its stream, dropping the answers to the starts being recorded (+3 s on a run).
+    What it uses in the current count counts too."""
+    book = CreditBook(capacity=16, idle_after=5)
+    book.open("a", T0)
+    book.open("b", T0)
+    book.allocate(T0)
+    book.received("a", 1, T0)
+    book.allocate(T0)
+    book.finished()
+    for _ in range(4):
+        book.received("b", book.unused("b"), T0 + 1)
+        book.allocate(T0 + 1)
+    book.received("b", book.unused("b"), T0 + 1)
+    assert (book.free, book.unused("b"), book.unused("a")) == (0, 0, 8), "b starves while a holds 8"
+    book.received("a", 3, T0 + 12)  # a's first sends after 12 s of nothing
+    assert book.reclaim(T0 + 12.2) is None, "5 held against 3 used in this count: a burst, not parked"
+    assert book.reclaim(T0 + 17.5) == "a", "nothing more since: it is idle again"
+    _invariant(book, "a", "b")
+
+
 def test_every_stream_gets_a_probe_and_starved_streams_take_turns() -> None:
     book = CreditBook(capacity=2, idle_after=5)
     for k in ("a", "b", "c"):
