@@ -297,6 +297,11 @@ class PartitionPlanner:
             if st.schedule.id in held_from:  # planned times after the hold were not materialized
                 owed = max(st.activated_ms, min(owed, held_from[st.schedule.id]))
             self.m.track(st, owed)
+            # Runs written under an earlier pool follow the schedule's pool here too: an update's retarget
+            # is in the owner's memory only (written with the run's next transition), so a new owner read
+            # them in the old pool, where nobody took them (the stateful twin: a pool fixed from `nobody` to
+            # `b`, then two handovers; the run waited in `nobody` for good).
+            self._retarget(st.schedule.id, st.schedule.worker_pool)
             earlier = owed_activations(st, ck)
             hold_at = held_from.get(st.schedule.id)
             if hold_at is not None and hold_at < st.activated_ms:

@@ -366,6 +366,30 @@ async def test_item8_runs_written_under_a_wrong_pool_follow_the_fix() -> None:
     await _judge(w, kv)
 
 
+async def test_runs_written_under_a_wrong_pool_follow_the_fix_across_a_handover() -> None:
+    """The full-mode machine's counterexample (session 17), shrunk by hand: a spec change moves the schedule
+    from `nobody` to pool b; the runs already written ahead in `nobody` were retargeted in the owner's memory
+    only, and after two handovers the new owner read them in `nobody`, where nobody took them."""
+    w, kv = await _world()
+    await w.create(1, True, "a", SKIP_1S)
+    await w.create(1, True, "a", SKIP_1S)
+    await w.advance(6_800)
+    await w.update("s1", period_s=1, pool="nobody", missed=MissedRuns.SKIP)
+    await w.advance(400)
+    await w.update("s2", period_s=1, pool="a", missed=MissedRuns.SKIP)
+    await w.advance(700)
+    await w.update("s2", pool="b")
+    await w.advance(560)
+    await w.update("s1", period_s=2, pool="nobody", overlap=Overlap.ALLOW_ALL)
+    await w.update("s1", pool="b", overlap=Overlap.SKIP, missed=MissedRuns.ALL)
+    await w.advance(1_200)
+    await w.handover()
+    await w.advance(1_200)
+    await w.handover()
+    await w.advance(10_000)
+    await _judge(w, kv)
+
+
 async def test_item9_a_cancelled_run_is_not_started_again_before_it_stopped() -> None:
     w, kv = await _world()
     w.workers.plan.append(("slow", 10_000))
