@@ -568,6 +568,9 @@ class PartitionPlanner:
             for r in rs:
                 for x in self.ledger.existing(r):
                     self.pending.put(x)
+                    sch = self.schedules.get(x.schedule_id)
+                    if sch is not None:  # read back as written ahead, maybe under an earlier pool: follows it
+                        self._retarget(x.schedule_id, sch.stored.schedule.worker_pool)
                     if (x.state is ExecState.SKIPPED and not x.attempts and x.id in wanted
                             and x.skip_reason in (SkipReason.SCHEDULE_CHANGED.value, SkipReason.PAUSED.value)):
                         # Withdrawn before it ever ran by a change since undone (a spec changed back, a

@@ -390,6 +390,21 @@ async def test_runs_written_under_a_wrong_pool_follow_the_fix_across_a_handover(
     await _judge(w, kv)
 
 
+async def test_a_spec_change_that_fixes_the_pool_moves_the_runs_written_ahead() -> None:
+    """The full-mode machine (session 17), no handover at all: the new activation planned 00:00:04 again,
+    the create found the record written ahead in `nobody` and read it back over the retargeted one."""
+    w, kv = await _world()
+    await w.advance(406)
+    await w.create(1, False, "a", SKIP_1S)
+    await w.create(1, False, "a", SKIP_1S)
+    await w.advance(1_556)
+    await w.update("s1", period_s=1, pool="nobody", missed=MissedRuns.SKIP)
+    await w.advance(1_526)
+    await w.update("s1", period_s=2, pool="a")
+    await w.advance(10_000)
+    await _judge(w, kv)
+
+
 async def test_item9_a_cancelled_run_is_not_started_again_before_it_stopped() -> None:
     w, kv = await _world()
     w.workers.plan.append(("slow", 10_000))
