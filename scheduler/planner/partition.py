@@ -297,11 +297,6 @@ class PartitionPlanner:
             if st.schedule.id in held_from:  # planned times after the hold were not materialized
                 owed = max(st.activated_ms, min(owed, held_from[st.schedule.id]))
             self.m.track(st, owed)
-            # Runs written under an earlier pool follow the schedule's pool here too: an update's retarget
-            # is in the owner's memory only (written with the run's next transition), so a new owner read
-            # them in the old pool, where nobody took them (the stateful twin: a pool fixed from `nobody` to
-            # `b`, then two handovers; the run waited in `nobody` for good).
-            self._retarget(st.schedule.id, st.schedule.worker_pool)
             earlier = owed_activations(st, ck)
             hold_at = held_from.get(st.schedule.id)
             if hold_at is not None and hold_at < st.activated_ms:
@@ -326,8 +321,15 @@ class PartitionPlanner:
                         SkipReason.SCHEDULE_CHANGED, after_ms=first, rule=withdrawal_rule(earlier, tracked.plan))
                 elif st.activated_ms < ck.watermark_ms:
                     self._withdraw[st.schedule.id] = Withdrawal(SkipReason.SCHEDULE_CHANGED, after_ms=st.activated_ms)
-        for sid in {e.schedule_id for e in listing.unfinished} - self.schedules.keys():
+        with_runs = {e.schedule_id for e in listing.unfinished}
+        for sid in with_runs - self.schedules.keys():
             self._withdraw[sid] = Withdrawal(SkipReason.SCHEDULE_DELETED)
+        # Runs written under an earlier pool follow the schedule's pool here too: an update's retarget is in
+        # the owner's memory only (written with the run's next transition), so a new owner read them in the
+        # old pool, where nobody took them (the stateful twin: a pool fixed from `nobody` to `b`, then two
+        # handovers). Only schedules with unfinished runs: not a look per held schedule at every claim.
+        for sid in with_runs & self.schedules.keys():
+            self._retarget(sid, self.schedules[sid].stored.schedule.worker_pool)
         # The records were just read: notices left from before (no owner, a crash) are cleared in the
         # first round, after re-reading what they name (cheap, and correct whatever their age).
         self._rescan = True
