@@ -515,11 +515,16 @@ class World:
         now = self.clock.wall_ms()
         await self.settle()
         if self.live is None and self.claim_at is not None and now >= self.claim_at:
+            outage_from = self.log.outage_from
             claimed = await self.claim(takeover=True)
             if claimed and self.die_after_claim is not None and self.live is not None:
                 extra, self.die_after_claim = self.die_after_claim, None
                 self.log.ops.append(f"t={now - T0}: the claiming planner dies after its claim's first write")
                 await self.kill(extra)
+                # Nobody served in between: the outage goes on from the last round of an owner. The claim's
+                # write records planned times (it must: the next owner resumes after it), but withdrawals
+                # are a round's work, which this owner never did.
+                self.log.outage_from = outage_from
                 return
         inst = self.live
         if inst is not None:

@@ -79,7 +79,7 @@ from scheduler.store.schedules import ScheduleStore, StoredSchedule
 from scheduler.store.txn_check import duplicate_write
 from scheduler.tasks import Pacer
 from scheduler.timeplan import SkipReason
-from scheduler.timeplan.missed import SkipRange
+from scheduler.timeplan.missed import SkipRange, split_around
 
 log = logging.getLogger(__name__)
 
@@ -211,6 +211,9 @@ class PartitionPlanner:
         self.starved_pools: set[str] = set()  # pools whose whole capacity the last round used
         self._pools: frozenset[str] | None = None  # worker pools of the schedules (cache)
         self._stone_deletes: dict[bytes, int] = {}  # handled tombstones to delete (key -> its revision)
+        # Planned times after the checkpoint's replan margin that have a record, per schedule, as the claim
+        # read them (Ledger.list_for_claim): the claim's skips go around them. Used once, by start().
+        self._recorded: dict[str, list[int]] = {}
         self._revive: dict[str, tuple[Execution, Execution]] = {}  # withdrawn records owed again (old, new)
         # Notices of records others changed (API operations, results recorded elsewhere): key ->
         # (notice, its mod_revision). `_rescan`: list the partition's notices from etcd next round.
@@ -272,11 +275,13 @@ class PartitionPlanner:
     async def _load(self, pacer: Pacer) -> int:
         ck = await read_checkpoint(self.kv, self.ks, self.p, timeout=self.rpc_timeout)
         stored, rev = await self.store.list_partition(self.p, pacer=pacer)
-        listing = await self.ledger.list_for_claim(self.kv, self.p, timeout=self.rpc_timeout, pacer=pacer)
+        listing = await self.ledger.list_for_claim(self.kv, self.p, timeout=self.rpc_timeout, pacer=pacer,
+                                                   recorded_after=ck.watermark_ms - self.m.replan_ms)
         holds = await self.kv.range(self.ks.holds(self.p), prefix=True, timeout=self.rpc_timeout)
         stones = await self.kv.range(self.ks.tombstones(self.p), prefix=True, timeout=self.rpc_timeout)
         self.ck = ck
         self.sched_rev = max(rev, ck.sched_rev)
+        self._recorded = listing.recorded
         self.pending.clear()
         for e in listing.unfinished:
             self.pending.put(e)
@@ -919,9 +924,16 @@ class PartitionPlanner:
         # when this owner died or froze between the two writes (a game day: two runs of a schedule whose pause
         # landed during a quorum loss, before the watermark, missed silently).
         settled_runs, settled = self.m.take_settled()
+        # The previous owner may have written runs ahead of its watermark (a paused schedule holds it back
+        # while the others are written up to the lookahead): those planned times have their own record,
+        # which stands as any run written ahead does, so the catch-up's skips go around them. Covered, a
+        # run that ran also had a skip record (the stateful twin: a pause, then a planner kill).
+        recorded, self._recorded = self._recorded, {}
+        decided = [(sid, piece) for sid, r in [*skips, *settled]
+                   for piece in (split_around(r, recorded[sid]) if sid in recorded else (r,))]
         # The checkpoint keeps its writer's sched_rev: activations it did not know may still have
         # planned times between the catch-up horizon and the watermark, which the first round writes.
-        await self.write_planned([*runs, *settled_runs], [*skips, *settled],
+        await self.write_planned([*runs, *settled_runs], decided,
                                  max(self.ck.watermark_ms, now - self.s.late_grace_ms), self.ck.sched_rev)
 
     async def step(self, now: int) -> bool:

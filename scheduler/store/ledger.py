@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from scheduler.execution import TERMINAL, ExecState, Execution
 from scheduler.ids import ExecutionId
@@ -31,11 +31,13 @@ from scheduler.timeplan.missed import SkipRange
 @dataclass(frozen=True)
 class ClaimListing:
     """`Ledger.list_for_claim`: the unfinished records, the final records of the runs before them that the
-    overlap rule may still need, and the revision of the read."""
+    overlap rule may still need, the revision of the read, and per schedule the planned times after
+    `recorded_after` that have a record, whatever its state (what the previous owner wrote ahead)."""
 
     unfinished: list[Execution]
     ended: list[Execution]
     revision: int
+    recorded: dict[str, list[int]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -146,7 +148,7 @@ class Ledger:
 
     async def list_for_claim(
         self, kv: KV, partition: int, *, ran_before: int = 2, timeout: float | None = None,
-        pacer: Pacer | None = None,
+        pacer: Pacer | None = None, recorded_after: int | None = None,
     ) -> ClaimListing:
         """What a new owner loads: the partition's executions that are not terminal, and for each schedule
         with one, the final records of its last `ran_before` runs that ran (an attempt went out) before
@@ -156,10 +158,16 @@ class Ledger:
         where the dead owner would have skipped them). Terminal records (most of a busy partition's
         history) are recognised without decoding them, and only the few kept are decoded. Read in pages at
         one revision, and the event loop gets a turn between bounded stretches (`pacer`, else every
-        thousand records): a claim must not starve lease keep-alives."""
+        thousand records): a claim must not starve lease keep-alives.
+
+        With `recorded_after`, the planned times after it that have a record are listed per schedule (from
+        the keys alone): the previous owner may have written runs ahead of its checkpoint (a paused schedule
+        holds the watermark back while the others are written up to the lookahead), and the claim's
+        catch-up must not record a skip over a planned time that has its own record."""
         pacer = pacer or Pacer()
         out: list[Execution] = []
         ended: list[Execution] = []
+        recorded: dict[str, list[int]] = {}
         # Keys sort by schedule, then planned time: the runs that ran most recently before an unfinished
         # record of the same schedule are the last few terminal ones seen before it in the listing.
         group = b""
@@ -168,9 +176,13 @@ class Ledger:
         async for kvs, snapshot in range_pages(kv, self.ks.executions(partition), timeout=timeout):
             revision = snapshot
             for x in kvs:
-                g = x.key[:x.key.rfind(b"/")]
+                cut = x.key.rfind(b"/")
+                g = x.key[:cut]
                 if g != group:
                     group, recent = g, []
+                if recorded_after is not None and int(x.key[cut + 1:]) > recorded_after:
+                    eid = self.ks.execution_id_of(x.key)
+                    recorded.setdefault(eid.schedule_id, []).append(eid.planned_ms)
                 st = peek_state(x.value)
                 if st not in TERMINAL:
                     for value, rev in recent:
@@ -181,7 +193,7 @@ class Ledger:
                     recent.append((x.value, x.mod_revision))
                     del recent[:-ran_before]
                 await pacer.pace()
-        return ClaimListing(out, ended, revision)
+        return ClaimListing(out, ended, revision, recorded)
 
     async def list_partition(
         self, kv: KV, partition: int, *, schedule_id: str | None = None, timeout: float | None = None

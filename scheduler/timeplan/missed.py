@@ -15,6 +15,7 @@ what is run.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -104,3 +105,22 @@ def decide_missed(
     if not run and not skipped:
         kind = MissedKind.NONE
     return MissedDecision(kind, tuple(run), tuple(skipped), next_wakeup)
+
+
+def split_around(r: SkipRange, recorded: Sequence[int]) -> list[SkipRange]:
+    """`r` without the planned instants in `recorded` (ascending), which have a record of their own: a skip
+    range must never cover a planned time that ran or will run (a planned time has one record, either an
+    execution or a skip). The pieces between them keep the reason; empty pieces are dropped."""
+    out: list[SkipRange] = []
+    lo = r.after_ms
+    for t in recorded:
+        if t <= lo:
+            continue
+        if t > r.through_ms:
+            break
+        if t - 1 > lo:
+            out.append(SkipRange(r.reason, lo, t - 1))
+        lo = t
+    if r.through_ms > lo:
+        out.append(SkipRange(r.reason, lo, r.through_ms))
+    return out

@@ -639,3 +639,33 @@ async def test_runs_parked_behind_a_run_in_flight_are_decided_again_when_the_ove
     bad = await w.check()
     assert not bad, "\n".join(bad[:15]) + "\noperations:\n" + describe(w.log)
     await _judge(w, kv)
+
+
+async def test_a_takeover_catch_up_does_not_skip_a_time_that_already_ran() -> None:
+    """Found by the machine (full mode): two skip schedules, one paused, the planner killed; the next owner's
+    catch-up wrote a `policy_skip` range over a planned time of the other schedule that had already run."""
+    w, kv = await _world()
+    await w.advance(216)
+    await w.create(1, False, "a", SKIP_1S)
+    await w.create(1, False, "a", SKIP_1S)
+    await w.advance(2_041)
+    await w.pause("s1")
+    await w.advance(800)
+    await w.kill(restart_after_ms=5_183)
+    await w.advance(9_158)
+    await _judge(w, kv)
+
+
+async def test_a_pause_at_a_kill_with_claims_dying_after_their_first_write_withdraws_the_runs_ahead() -> None:
+    """Found by the machine (full mode): a pause at the instant the owner is killed, and the next two owners
+    each die right after their claim's first write; a run written ahead of the pause stayed `scheduled`."""
+    w, kv = await _world()
+    await w.create(1, False, "a", SKIP_1S)
+    await w.advance(2_641)
+    await w.pause("s1")
+    await w.kill(restart_after_ms=0)
+    w.die_after_claim = 0
+    await w.advance(3_237)
+    bad = await w.check()
+    assert not bad, "\n".join(bad[:15]) + "\noperations:\n" + describe(w.log)
+    await _judge(w, kv)

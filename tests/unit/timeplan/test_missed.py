@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scheduler.timeplan import MissedRuns, SkipReason, parse_spec
-from scheduler.timeplan.missed import MissedKind, SkipRange, decide_missed
+from scheduler.timeplan.missed import MissedKind, SkipRange, decide_missed, split_around
 
 MIN = 60_000
 HOUR = 60 * MIN
@@ -116,3 +116,26 @@ def test_every_missed_time_is_run_or_skipped_exactly_once(
     if window is not None:
         assert all(t > T0 + span - window for t in d.run)
     assert (d.kind is MissedKind.NONE) == (not missed)
+
+
+@given(lo=st.integers(0, 30), width=st.integers(0, 30),
+       recorded=st.lists(st.integers(-5, 70), unique=True).map(sorted))
+def test_split_around_leaves_exactly_the_recorded_instants_out(lo: int, width: int, recorded: list[int]) -> None:
+    """Every planned instant of the range is covered by exactly one piece unless it has a record of its
+    own, and no piece covers a recorded one (a claim's catch-up must not skip a run written ahead)."""
+    r = SkipRange(SkipReason.POLICY_SKIP, T0 + lo * 1000, T0 + (lo + width) * 1000)
+    times = [T0 + t * 1000 for t in recorded]
+    pieces = split_around(r, times)
+    assert all(p.reason is r.reason and p.after_ms < p.through_ms for p in pieces)
+    every_second = parse_spec("* * * * * *")
+    covered = [t for p in pieces for t in every_second.between_ms(p.after_ms, p.through_ms)]
+    assert covered == sorted(set(covered))  # no instant in two pieces
+    wanted = [t for t in every_second.between_ms(r.after_ms, r.through_ms) if t not in times]
+    assert covered == wanted
+
+
+def test_split_around_a_run_written_ahead() -> None:
+    r = SkipRange(SkipReason.POLICY_SKIP, T0 + 4_123, T0 + 6_363)
+    assert split_around(r, [T0 + 5_000]) == [SkipRange(SkipReason.POLICY_SKIP, T0 + 4_123, T0 + 4_999),
+                                            SkipRange(SkipReason.POLICY_SKIP, T0 + 5_000, T0 + 6_363)]
+    assert split_around(r, [T0 + 1_000, T0 + 9_000]) == [r]
