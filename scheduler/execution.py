@@ -47,6 +47,9 @@ class ExecState(StrEnum):
 TERMINAL = frozenset({ExecState.SUCCEEDED, ExecState.FAILED, ExecState.SKIPPED, ExecState.CANCELLED})
 # An attempt may be out on a worker in these states.
 IN_FLIGHT = frozenset({ExecState.DISPATCHED, ExecState.RUNNING, ExecState.CANCELLING})
+# A run in these states holds its schedule for the overlap rule: an attempt is out, or the run waits for its
+# retry (a run on its retry is the same run: a buffered run must not start beside the retry).
+HOLDING = IN_FLIGHT | {ExecState.RETRY_WAIT}
 
 # After a cancel of an attempt that is out, how long the worker has to confirm the stop before the
 # execution is taken as stopped anyway: the worker's cancel_grace (5 s) + the shell executor's

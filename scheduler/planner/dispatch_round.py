@@ -110,6 +110,16 @@ def overlapping(in_flight: Sequence[Execution], x: Execution, catchup: Set[str],
     at = came_due_ms(x, catchup)
     for r in in_flight:
         cur = r.current
+        if r.state is ExecState.RETRY_WAIT:
+            # Waiting for its retry (no attempt out): it holds x only if one of its attempts was in progress
+            # at x's due time; a run due in the backoff gap is not overlapped (docs/time.md).
+            if not attempt_spans(r, at):
+                continue
+            real.append(r)
+            c = confirmed.get(r.id)
+            if c is None or c[0] != r.mod_revision or c[1] < read_after_ms:
+                unconfirmed.append(r.id)
+            continue
         # A catch-up run counts like any other, by when it started: it overlaps nothing that was due
         # before it began (the other missed times of its catch-up queue behind it, in order), but it does
         # overlap a run that comes due while it is running (a drill found on-time runs queued behind
@@ -122,6 +132,18 @@ def overlapping(in_flight: Sequence[Execution], x: Execution, catchup: Set[str],
         if c is None or c[0] != r.mod_revision or c[1] < read_after_ms:
             unconfirmed.append(r.id)
     return real, unconfirmed
+
+
+def attempt_spans(r: Execution, at: int) -> bool:
+    """An attempt of r's current run, its last one included, was in progress at `at`: begun by then and not
+    recorded as ended before it."""
+    for a in r.attempts:
+        if a.attempt <= r.attempt_base:
+            continue
+        begun = a.started_ms or a.dispatched_ms
+        if begun and begun <= at and (not a.finished_ms or a.finished_ms > at):
+            return True
+    return False
 
 
 def _earlier_attempt_spans(r: Execution, at: int) -> bool:
@@ -299,6 +321,10 @@ def _plan_schedule(inp: RoundInput, plan: DispatchPlan, budget: dict[str, int], 
         if parked_first is not None and parked_first < x.planned_ms:
             held = held_behind = True
         policy = x.overlap or view.overlap  # a trigger/backfill may carry its own; rerun/replay: ALLOW_ALL
+        # Runs waiting for their retry count only for the runs due while one of their attempts was out (a run
+        # due in the backoff gap is not overlapped, and queues behind nothing: docs/time.md).
+        live = [r for r in in_flight
+                if r.state is not ExecState.RETRY_WAIT or attempt_spans(r, came_due_ms(x, inp.catchup))]
         real: list[Execution] = []
         behind = False  # a BUFFER that waits for a run of this schedule in flight
         until: int | None = None  # ... or until this instant, whichever comes first
@@ -309,7 +335,7 @@ def _plan_schedule(inp: RoundInput, plan: DispatchPlan, budget: dict[str, int], 
             # result in transit, from a reconnecting worker or through another planner, is no overlap).
             # A cancel loses nothing that is not running: it rests on a read sent after x's due time.
             skip_after = x.due_ms + inp.overlap_settle_ms
-            real, unconfirmed = overlapping(in_flight, x, inp.catchup, inp.confirmed, x.due_ms)
+            real, unconfirmed = overlapping(live, x, inp.catchup, inp.confirmed, x.due_ms)
             # Runs that have left flight and were in progress at x's due time, on their final records.
             # Only skip and buffer_one lose a run to them; for the others x starts (in order) as it would
             # have once they ended, so they change nothing.
@@ -317,7 +343,7 @@ def _plan_schedule(inp: RoundInput, plan: DispatchPlan, budget: dict[str, int], 
                     if ended and policy in (Overlap.SKIP, Overlap.BUFFER_ONE) else [])
             if gone and (policy is Overlap.SKIP or (waited and waited[0] < x.planned_ms)
                          or any(ExecutionId.parse(b).planned_ms < x.planned_ms for b in buffered)
-                         or _waiting_at(x, in_flight, ended, inp.catchup)):
+                         or _waiting_at(x, live, ended, inp.catchup)):
                 # Skip: a run was really in progress at x's due time. Buffer one: and an earlier one was
                 # waiting then (buffered behind a run, or itself waiting behind the one that ended, or one
                 # that has started since: it was not yet dispatched when x came due).
@@ -332,7 +358,7 @@ def _plan_schedule(inp: RoundInput, plan: DispatchPlan, budget: dict[str, int], 
                         action = OverlapAction.BUFFER
                         behind, until = True, skip_after
                     else:
-                        _, unsettled = overlapping(in_flight, x, inp.catchup, inp.confirmed, skip_after)
+                        _, unsettled = overlapping(live, x, inp.catchup, inp.confirmed, skip_after)
                         if len(unsettled) == len(real):
                             plan.confirm.update(unsettled)  # decided next round, on records read after then
                             action = OverlapAction.BUFFER
@@ -342,9 +368,9 @@ def _plan_schedule(inp: RoundInput, plan: DispatchPlan, budget: dict[str, int], 
                 elif action is OverlapAction.BUFFER:
                     buffered.append(x.id)
                     behind = True
-            elif in_flight or held:
+            elif live or held:
                 action = OverlapAction.BUFFER  # behind a late run: nothing was in progress at x's due time
-                behind = bool(in_flight) or held_behind
+                behind = bool(live) or held_behind
             else:
                 action = OverlapAction.START
             if gone and action is not OverlapAction.SKIP:
@@ -353,7 +379,7 @@ def _plan_schedule(inp: RoundInput, plan: DispatchPlan, budget: dict[str, int], 
             cas[x.id] = (x, skip(x, SkipReason.OVERLAP_SKIP.value))
             continue
         if action is OverlapAction.BUFFER:
-            if behind and in_flight:
+            if behind and live:
                 plan.behind.append(Behind(x, x.id in buffered, until, ordered=until is None))
                 held_behind = True
             else:
@@ -377,6 +403,8 @@ def _plan_schedule(inp: RoundInput, plan: DispatchPlan, budget: dict[str, int], 
                     cas[r.id] = (r, stop)
                     plan.stop.append((r, "overlap"))
                     stopping = stopping or stop.state is ExecState.CANCELLING
+                elif r.id not in cas and r.state is ExecState.RETRY_WAIT:
+                    cas[r.id] = (r, cancel(r, "overlap", inp.now_ms))  # nothing out: cancelled at once
             in_flight = [r for r in in_flight if r.id not in cas]
             if stopping:
                 plan.behind.append(Behind(x, False, ordered=False))  # until the cancelled runs' stop is recorded
@@ -387,4 +415,5 @@ def _plan_schedule(inp: RoundInput, plan: DispatchPlan, budget: dict[str, int], 
         new = dispatch(x, worker="", planner=inp.node_id, token=inp.token, now_ms=inp.now_ms,
                        start_timeout_ms=inp.start_timeout_ms)
         cas[x.id] = (x, new)
+        in_flight = [r for r in in_flight if r.id != x.id]  # a retry dispatched: its waiting record is gone
         in_flight.append(new)

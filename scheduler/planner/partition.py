@@ -39,6 +39,7 @@ from typing import Protocol
 from scheduler.clock import Clock
 from scheduler.errors import NotFound
 from scheduler.execution import (
+    HOLDING,
     IN_FLIGHT,
     KILL_MESSAGE,
     ErrorClass,
@@ -688,7 +689,9 @@ class PartitionPlanner:
         views = {sid: ScheduleView(sch.stored.schedule.policies.overlap,
                                    sch.stored.schedule.state is ScheduleState.PAUSED)
                  for sid in due if (sch := self.schedules.get(sid)) is not None}
-        in_flight = {sid: [r for r in self.pending.of_schedule(sid) if r.state in IN_FLIGHT] for sid in due}
+        # A run waiting for its retry is the same run, not over (docs/time.md): it holds its schedule as a
+        # run in flight does.
+        in_flight = {sid: [r for r in self.pending.of_schedule(sid) if r.state in HOLDING] for sid in due}
         plan = plan_dispatch(RoundInput(
             now_ms=now_ms, due=due, schedules=views, in_flight=in_flight, budget=limits, catchup=self._catchup,
             confirmed=self._confirmed, node_id=self.node_id, token=fence.fencing_token,

@@ -24,7 +24,7 @@ import itertools
 from collections.abc import Iterator
 
 from scheduler.execution import IN_FLIGHT, ExecState, Execution
-from scheduler.planner.dispatch_round import first_start_ms
+from scheduler.planner.dispatch_round import attempt_spans, first_start_ms
 
 
 def _ready_ms(e: Execution) -> int | None:
@@ -266,10 +266,17 @@ class PendingIndex:
         others would wait behind it again (it starts, or is skipped, and then the next comes back), and
         putting a long backlog back at once would have it taken and parked again, a few per round, in
         front of the pool's other work and of the schedule's own retries."""
-        if any(x.state in IN_FLIGHT for x in self._by_schedule.get(schedule_id, {}).values()):
+        runs = self._by_schedule.get(schedule_id, {}).values()
+        if any(x.state in IN_FLIGHT for x in runs):
             return
         behind = self._behind.get(schedule_id)
         if not behind:
+            return
+        # A run waiting for its retry holds the runs that came due while one of its attempts was out (a run on
+        # its retry is the same run): they would only be parked again, round after round, until it is back.
+        retrying = [r for r in runs if r.state is ExecState.RETRY_WAIT]
+        if retrying and any(attempt_spans(r, b.due_ms) for r in retrying
+                            for b in (self._by_id.get(i) for i in behind) if b is not None):
             return
         ordered = [i for i in behind if i in self._ordered and i in self._by_id]
         first = min(ordered, key=lambda i: self._by_id[i].planned_ms) if ordered else None

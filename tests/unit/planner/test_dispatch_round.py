@@ -443,3 +443,41 @@ def test_a_run_due_during_an_earlier_attempt_overlaps_the_retry() -> None:
     # Due after the first attempt had ended and before the retry began: nothing ran then.
     plan = round_([ex(99_600)], in_flight=[r], confirmed_at=NOW)
     assert states(plan) != {99_600: "skipped:overlap_skip"}
+
+
+def _timed_out(t: int, started: int, retry_at: int) -> Execution:
+    """A run planned at t whose attempt 1 (started at `started`) was timed out: waiting for its retry."""
+    r = dispatch(ex(t), worker="w", planner="n", token=FencingToken(0, 1), now_ms=started)
+    r, _ = result(r, 1, succeeded=False, error_class=ErrorClass.TIMEOUT, message="timed out", now_ms=retry_at - 10)
+    assert r.state is ExecState.RETRY_WAIT
+    return replace(r, next_attempt_ms=retry_at)
+
+
+@pytest.mark.parametrize("policy", [Overlap.BUFFER_ALL, Overlap.BUFFER_ONE])
+def test_a_run_waiting_for_its_retry_holds_a_buffered_run(policy: Overlap) -> None:
+    """A run on its retry is the same run (docs/time.md): a buffered run due while its first attempt was out
+    waits for the retry to end, not only for the attempt (game day gd-s17a ran them side by side)."""
+    r = _timed_out(95_000, started=95_010, retry_at=NOW + 10)
+    plan = round_([ex(98_000)], in_flight=[r], policy=policy, confirmed_at=NOW)
+    assert states(plan) == {} and behind(plan) == [(98_000, True)]
+
+
+def test_cancel_other_cancels_a_run_waiting_for_its_retry() -> None:
+    r = _timed_out(95_000, started=95_010, retry_at=NOW + 10)
+    plan = round_([ex(98_000)], in_flight=[r], policy=Overlap.CANCEL_OTHER, confirmed_at=NOW)
+    assert states(plan) == {95_000: "cancelled:overlap", 98_000: "dispatched"} and plan.stop == []
+
+
+def test_a_retry_dispatched_in_the_round_replaces_its_waiting_record() -> None:
+    r = _timed_out(95_000, started=95_010, retry_at=NOW)
+    plan = round_([r, ex(98_000)], in_flight=[r], policy=Overlap.BUFFER_ALL, confirmed_at=NOW)
+    assert states(plan) == {95_000: "dispatched"} and behind(plan) == [(98_000, True)]
+
+
+@pytest.mark.parametrize("policy", [Overlap.BUFFER_ALL, Overlap.SKIP])
+def test_a_run_due_in_a_retrys_backoff_gap_starts(policy: Overlap) -> None:
+    """Nothing of the run was out at 98 s (attempt 1 ended at 96 s): not overlapped, queued behind nothing."""
+    r = _timed_out(95_000, started=95_010, retry_at=96_010)
+    plan = round_([ex(98_000)], in_flight=[replace(r, next_attempt_ms=NOW + 5_000)], policy=policy,
+                  confirmed_at=NOW)
+    assert states(plan) == {98_000: "dispatched"} and behind(plan) == []

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from scheduler.execution import Attempt, ExecState, Execution, Trigger, dispatch
+from scheduler.execution import Attempt, ErrorClass, ExecState, Execution, Trigger, dispatch
 from scheduler.ids import FencingToken, execution_id
 from scheduler.model import RetryPolicy
 from scheduler.planner.pending import PendingIndex
@@ -181,3 +181,37 @@ def test_awaiting_start_sees_only_dispatches_whose_start_by_has_not_passed() -> 
     assert idx.awaiting_start(1_100) and not idx.awaiting_start(1_500)  # start-by 1.5 s: past it, nothing waits
     idx.put(replace(d, state=ExecState.RUNNING))
     assert not idx.awaiting_start(1_100)
+
+
+def test_a_run_buffered_behind_a_run_stays_behind_while_that_run_waits_for_its_retry() -> None:
+    """Game day gd-s17a (every3-010, buffer_all): the run it waited behind was timed out into retry_wait
+    (its worker killed), and it came back and started in the same round, beside the retry 10 ms later. A
+    run on its retry is the same run: a run behind it waits until it has really ended."""
+    idx = PendingIndex()
+    r = replace(dispatch(ex("s", 1_000), worker="w", planner="n", token=FencingToken(0, 1), now_ms=1_000),
+                state=ExecState.RUNNING)
+    idx.put(r)
+    x = ex("s", 2_000)
+    idx.put(x)
+    assert [e.id for es in idx.ready(2_000, {"a": 1}).values() for e in es] == [x.id]
+    idx.wait_behind(x, True)
+    timed_out = replace(r.attempts[0], finished_ms=8_990, error_class=ErrorClass.TIMEOUT)
+    idx.put(replace(r, state=ExecState.RETRY_WAIT, next_attempt_ms=9_000, attempts=(timed_out,)))  # retried at 9 s
+    assert idx.behind("s") == {x.id: True}, "the run is not over: it waits for its retry"
+    assert [e.id for es in idx.ready(9_000, {"a": 5}).values() for e in es] == [r.id], "only the retry is ready"
+    idx.put(replace(r, state=ExecState.DISPATCHED, next_attempt_ms=0))
+    assert idx.behind("s") == {x.id: True}
+    idx.put(replace(r, state=ExecState.SUCCEEDED))  # the retry lands: now it comes back
+    assert idx.behind("s") == {} and [e.id for es in idx.ready(9_500, {"a": 5}).values() for e in es] == [x.id]
+
+
+def test_a_run_due_in_a_retrys_backoff_gap_is_not_held_by_it() -> None:
+    """Nothing of the run was out at its due time: it goes straight back (docs/time.md), no spin."""
+    idx = PendingIndex()
+    r = dispatch(ex("s", 1_000), worker="w", planner="n", token=FencingToken(0, 1), now_ms=1_000)
+    timed_out = replace(r.attempts[0], finished_ms=1_500, error_class=ErrorClass.TIMEOUT)
+    idx.put(replace(r, state=ExecState.RETRY_WAIT, next_attempt_ms=9_000, attempts=(timed_out,)))
+    x = ex("s", 2_000)
+    idx.put(x)
+    idx.wait_behind(x, True)
+    assert idx.behind("s") == {}
