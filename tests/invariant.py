@@ -925,6 +925,27 @@ def judge(log: Log, es: list[Execution], ranges: dict[str, list[tuple[int, int, 
                     bad.append(f"[two-at-once] {two.eid} started at t={two.start_ms - T0} under cancel_other while "
                                f"{one.eid} still ran (until t={(one.end_ms or now) - T0})")
 
+    # skip / buffer_one / buffer_all: no two of a schedule's own runs at once (docs/time.md), but for a retry
+    # that starts beside a run due while none of its attempts was out (a run due in the backoff gap is not
+    # overlapped, and a retry is not held by the overlap policy).
+    for sid, fs in by_sched.items():
+        runs = sorted((f for f in fs if f.outcome != "lost" and f.run_trigger == "scheduled"),
+                      key=lambda f: f.start_ms)
+        for i, one in enumerate(runs):
+            for two in runs[i + 1:]:
+                if two.eid == one.eid or (one.end_ms is not None and two.start_ms >= one.end_ms):
+                    continue
+                v = log.version_at(sid, two.start_ms)
+                if v is None or v.policies.overlap not in (Overlap.SKIP, Overlap.BUFFER_ONE, Overlap.BUFFER_ALL):
+                    continue
+                if two.attempt > 1 and not any(
+                        f.start_ms <= one.planned_ms < (f.end_ms if f.end_ms is not None else now)
+                        for f in effects[two.eid] if f.attempt < two.attempt and f.outcome != "lost"):
+                    continue
+                bad.append(f"[overlap-two-at-once] {two.eid} (attempt {two.attempt}) started at "
+                           f"t={two.start_ms - T0} under {v.policies.overlap.value} while {one.eid} (attempt "
+                           f"{one.attempt}) still ran (t={one.start_ms - T0}-{(one.end_ms or now) - T0})")
+
     first_start: dict[str, Effect] = {}
     for f in sorted(log.effects, key=lambda f: f.start_ms):
         first_start.setdefault(f.eid, f)

@@ -615,6 +615,12 @@ class PartitionPlanner:
                     if why is SkipReason.PAUSED and x.planned_ms > (now_ms if w.until_ms is None else w.until_ms):
                         if w.until_ms is None:
                             again[sid] = w  # still paused: withdrawn in a later round, once due
+                        elif (sch is not None and x.trigger is Trigger.SCHEDULED
+                              and sch.plan.next_after_ms(x.planned_ms - 1) != x.planned_ms):
+                            # After the resume, a run written ahead stands only if the resumed spec plans it:
+                            # the spec may have changed while paused (the stateful twin: pause, change to
+                            # every 2 s, resume, all in one round; the old spec's run at 1 s ran).
+                            out[x.id] = (x, skip(x, SkipReason.SCHEDULE_CHANGED.value))
                         continue
                     out[x.id] = (x, skip(x, why.value))
                 elif x.state is ExecState.RETRY_WAIT:

@@ -6,7 +6,7 @@ checker (tests/invariant.py) after every step and at the end."""
 from __future__ import annotations
 
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
@@ -95,6 +95,57 @@ async def test_the_invariant_holds_against_real_etcd(kv: EtcdClient, key_prefix:
             await step(world, rng)
             bad = await world.check()
             assert not bad, "\n".join(bad[:15]) + "\noperations:\n" + describe(world.log)
+        await world.advance(15_000)
+        bad = await world.check(final=True)
+        assert not bad, "\n".join(bad[:15]) + "\noperations:\n" + describe(world.log)
+    finally:
+        await world.close()
+
+
+# ---- the twin's findings of session 18, replayed on a real etcd ----------------------------------------------
+
+SKIP_1S = default_policies(MissedRuns.SKIP, 1, 3, Overlap.SKIP)
+
+
+async def _catch_up_after_a_pause_and_a_kill(w: World) -> None:
+    """A paused schedule held the checkpoint back; the next owner's catch-up must not skip a run written ahead."""
+    await w.advance(216)
+    await w.create(1, False, "a", SKIP_1S)
+    await w.create(1, False, "a", SKIP_1S)
+    await w.advance(2_041)
+    await w.pause("s1")
+    await w.advance(800)
+    await w.kill(restart_after_ms=5_183)
+    await w.advance(9_158)
+
+
+async def _pause_change_resume(w: World) -> None:
+    """Pause, a spec change and a resume before the owner's next round: the old spec's run must not run."""
+    await w.create(1, False, "a", SKIP_1S)
+    await w.advance(300)
+    await w.pause("s1")
+    await w.update("s1", period_s=2)
+    await w.resume("s1")
+    await w.advance(700)
+
+
+async def _retry_beside_a_buffered_run(w: World) -> None:
+    """A run on its retry holds the run buffered behind its failed attempt (buffer_all)."""
+    w.workers.plan.extend([("fail_transient", 1_800), ("ok", 900), ("ok", 300)])
+    await w.create(1, False, "a", default_policies(MissedRuns.SKIP, 1, 3, Overlap.BUFFER_ALL))
+    await w.advance(6_000)
+
+
+@pytest.mark.parametrize("scenario", [_catch_up_after_a_pause_and_a_kill, _pause_change_resume,
+                                      _retry_beside_a_buffered_run], ids=lambda f: f.__name__.strip("_"))
+async def test_the_twins_findings_hold_on_real_etcd(kv: EtcdClient, key_prefix: str,
+                                                    scenario: Callable[[World], Awaitable[None]]) -> None:
+    world = World(kv, FakeClock(wall_ms=T0), Keyspace(key_prefix.rstrip("/")))
+    await world.start()
+    try:
+        await scenario(world)
+        bad = await world.check()
+        assert not bad, "\n".join(bad[:15]) + "\noperations:\n" + describe(world.log)
         await world.advance(15_000)
         bad = await world.check(final=True)
         assert not bad, "\n".join(bad[:15]) + "\noperations:\n" + describe(world.log)

@@ -669,3 +669,35 @@ async def test_a_pause_at_a_kill_with_claims_dying_after_their_first_write_withd
     bad = await w.check()
     assert not bad, "\n".join(bad[:15]) + "\noperations:\n" + describe(w.log)
     await _judge(w, kv)
+
+
+@pytest.mark.parametrize("overlap", [Overlap.SKIP, Overlap.BUFFER_ONE, Overlap.BUFFER_ALL])
+async def test_a_run_waiting_for_its_retry_holds_the_runs_due_while_its_attempt_ran(overlap: Overlap) -> None:
+    """Two game days (gd-s17a/b): a run's attempt failed (or its worker was lost) and went to retry_wait; the run
+    buffered behind it was released at once and ran beside the retry. A run on its retry is the same run."""
+    w, kv = await _world()
+    w.workers.plan.extend([("fail_transient", 1_800), ("ok", 900), ("ok", 300)])
+    await w.create(1, False, "a", default_policies(MissedRuns.SKIP, 1, 3, overlap))
+    await w.advance(6_000)
+    bad = await w.check()
+    assert not bad, "\n".join(bad[:15]) + "\noperations:\n" + describe(w.log)
+    await _judge(w, kv)
+
+
+@pytest.mark.parametrize("between_ms", [0, 250])
+async def test_a_pause_a_spec_change_and_a_resume_withdraw_the_old_specs_runs(between_ms: int) -> None:
+    """Found by the machine (full mode): pause, change the spec to every 2 s and resume, all before the owner's
+    next round; the run written ahead for 1 s, which the new spec does not plan, ran. (Also with a round
+    between the operations.)"""
+    w, kv = await _world()
+    await w.create(1, False, "a", SKIP_1S)
+    await w.advance(300)
+    await w.pause("s1")
+    await w.advance(between_ms)
+    await w.update("s1", period_s=2)
+    await w.advance(between_ms)
+    await w.resume("s1")
+    await w.advance(700)
+    bad = await w.check()
+    assert not bad, "\n".join(bad[:15]) + "\noperations:\n" + describe(w.log)
+    await _judge(w, kv)
