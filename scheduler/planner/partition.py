@@ -93,6 +93,10 @@ class Restart(Exception):
     """State may be stale (a lost CAS, an unknown outcome): reload from etcd."""
 
 
+# Dispatch passes per round at most (PartitionPlanner.dispatch_due): each puts aside only runs due now.
+DISPATCH_PASSES = 8
+
+
 @dataclass(frozen=True)
 class Withdrawal:
     """Pre-written runs of a schedule to withdraw in the next round (see `_withdrawals`)."""
@@ -662,17 +666,25 @@ class PartitionPlanner:
     async def dispatch_due(self, now_ms: int) -> None:
         reserved: dict[str, int] = {}
         try:
-            await self._dispatch_due(now_ms, reserved)
+            # A pass takes from each pool only as many runs as its workers can start; those the overlap rule
+            # puts aside (behind a run in flight, parked) leave the heap, so another pass takes the next
+            # ones. With one pass, a backfill's buffered runs, due before everyone else's, took the free
+            # slot round after round while the pool's other schedules waited (the stateful twin: 16 rounds).
+            for n in range(DISPATCH_PASSES):
+                if not await self._dispatch_due(now_ms, reserved, first=n == 0):
+                    break
         finally:
             for pool, n in reserved.items():
                 self.dispatcher.release(pool, n)
 
-    async def _dispatch_due(self, now_ms: int, reserved: dict[str, int]) -> None:
+    async def _dispatch_due(self, now_ms: int, reserved: dict[str, int], *, first: bool = True) -> bool:
+        """One dispatch pass; returns whether another may start more (runs were put aside, capacity is left).
+        Confirmation reads and withdrawals are the first pass's work (the next round's for what it adds)."""
         self.starved = False
         self.starved_pools = set()
-        if self._confirm:
+        if self._confirm and first:
             await self._confirm_in_flight()
-        withdrawn = self._withdrawals(now_ms)
+        withdrawn = self._withdrawals(now_ms) if first else {}
         if self._revive:  # CAS back to scheduled, in this round's batch (never two transitions of one record)
             for eid, pair in self._revive.items():
                 withdrawn.setdefault(eid, pair)
@@ -687,10 +699,10 @@ class PartitionPlanner:
             if cap > 0:
                 limits[pool] = min(cap, self.s.max_planned_per_round)
         if not limits and not withdrawn:
-            return
+            return False
         fence = self.ownership.fence(self.p)
         if fence is None:
-            return
+            return False
         due = self.pending.ready(now_ms, limits) if limits else {}
         views = {sid: ScheduleView(sch.stored.schedule.policies.overlap,
                                    sch.stored.schedule.state is ScheduleState.PAUSED)
@@ -716,9 +728,11 @@ class PartitionPlanner:
             reserved[pool] = reserved.get(pool, 0) + n
         self.starved_pools = {p for p in plan.starved_pools if self.pending.has_ready(now_ms, p)}
         self.starved = bool(self.starved_pools)
+        aside = {b.x.pool for b in plan.behind} | {x.pool for x in plan.park}
+        again = any(self.dispatcher.capacity(p) > 0 and self.pending.has_ready(now_ms, p) for p in aside)
         cas = plan.transitions
         if not cas:
-            return
+            return again
         pairs = list(cas.values())
         ok = await self._commit([self.ledger.cas_op(new, old.mod_revision, now_ms=now_ms, old_state=old.state)
                                   for old, new in pairs])
@@ -753,6 +767,7 @@ class PartitionPlanner:
             self.metrics.dispatched(sent, now_ms)
         if lost:
             raise Restart("a dispatch compare-and-swap lost: someone else changed the record")
+        return again
 
     def lose(self, attempts: list[tuple[str, int]]) -> None:
         """Attempts whose worker stopped heartbeating or disconnected and was not re-attached in time

@@ -701,3 +701,38 @@ async def test_a_pause_a_spec_change_and_a_resume_withdraw_the_old_specs_runs(be
     bad = await w.check()
     assert not bad, "\n".join(bad[:15]) + "\noperations:\n" + describe(w.log)
     await _judge(w, kv)
+
+
+async def test_a_backfills_buffered_runs_do_not_hold_the_pools_free_slot() -> None:
+    """Found by the machine (full mode), kept as found: a backfill's runs (buffer_all, all due at once) came
+    before every other run of their pool; with one slot free (a slow run in the other), each round took one of
+    them, put it behind the backfill run in flight, and stopped there: the pool's other schedules waited 16
+    rounds and more."""
+    w, kv = await _world()
+    await w.advance(406)
+    await w.create(1, False, "a", SKIP_1S)
+    await w.create(1, False, "a", SKIP_1S)
+    await w.advance(1_558)
+    await w.pause("s2")
+    await w.create(1, True, "a", default_policies(MissedRuns.ALL, 2, 3600, Overlap.CANCEL_OTHER))
+    await w.advance(1_053)
+    await w.pause("s1")
+    await w.advance(185)
+    await w.operate("cancel", lambda es: next((e for e in es if e.id == "s1@2026-01-01T00:00:03.000Z"), None))
+    await w.advance(1_396)
+    w.workers.plan.extend([("slow", 4_623), ("ok", 368)])
+    await w.advance(2_673)
+    await w.freeze()
+    await w.resume("s2")
+    await w.advance(3_085)
+    await w.operate("backfill", lambda es: None, sid="s3", back_s=16)
+    await w.advance(260)
+    await w.delete("s1", False)
+    await w.advance(775)
+    await w.update("s3", period_s=2, pool="a", overlap=Overlap.ALLOW_ALL)
+    await w.advance(2_758)
+    await w.handover()
+    await w.advance(2_378)
+    bad = await w.check()
+    assert not bad, "\n".join(bad[:15]) + "\noperations:\n" + describe(w.log)
+    await _judge(w, kv)
