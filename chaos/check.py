@@ -18,7 +18,9 @@ Invariants (names from ../shared/research/drills.md, C3; docs/drills.md says how
   I7  liveness after heal: start lag back under its bound within `lag.liveness_s` of each fault's end,
       and every partition owned 3 x TTL after the last one;
   I8  no unexpected error in the given logs (ERROR/CRITICAL, `UNEXPECTED`, tracebacks), minus the
-      scenario's `checks.allowed_errors`.
+      scenario's `checks.allowed_errors`;
+  I9  the overlap policy respected: under skip/buffer_one/buffer_all no two of a schedule's own runs have
+      effects under way at once, but for the documented cases (chaos/overlap.py).
 
 Validity, apart from pass/fail (etcd robustness's rule): too little load, a fault that exercised
 nothing (no takeover after a kill/pause/cut/region loss; no refused stale write after a pause or cut
@@ -39,6 +41,7 @@ from typing import Any
 from chaos.fencing import FencingChecks
 from chaos.lag import LagChecks, percentile
 from chaos.once import OnceChecks
+from chaos.overlap import OverlapChecks
 from chaos.owed import OwedChecks, fixed_period_ms, independent_times, planned_times
 from chaos.record import Run, RunError
 from chaos.regions import RegionChecks
@@ -57,7 +60,7 @@ def _is_error(line: str) -> bool:
     return "UNEXPECTED" in line or line.startswith("Traceback") or any(x in line for x in _ERROR_LEVELS)
 
 
-class _Checker(OnceChecks, FencingChecks, OwedChecks, LagChecks, ValidityChecks, RegionChecks):
+class _Checker(OnceChecks, FencingChecks, OwedChecks, LagChecks, ValidityChecks, RegionChecks, OverlapChecks):
     """One check of one run: each base fills its invariants; the order in `verdict` matters (I3/I7 and
     validity read the planned times I2 computed)."""
 
@@ -79,6 +82,7 @@ class _Checker(OnceChecks, FencingChecks, OwedChecks, LagChecks, ValidityChecks,
         self.i2()
         self.i3_i7()
         self.i8()
+        self.i9()
         self.validity()
         self.regions()
         failed = any(i.count for i in self.inv.values())

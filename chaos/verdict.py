@@ -1,4 +1,4 @@
-"""What a drill check returns: one `Invariant` per I1-I8 (status, what was checked, the first
+"""What a drill check returns: one `Invariant` per I1-I9 (status, what was checked, the first
 counterexamples), a row per fault window, and the `Verdict` with its exit code. Data only: the checks
 that fill it are chaos/check.py and the modules it composes."""
 
@@ -19,6 +19,7 @@ INVARIANTS = {
     "I6": "one owner per partition per revision",
     "I7": "liveness after heal",
     "I8": "no unexpected errors in the logs",
+    "I9": "overlap policy respected",
 }
 EXAMPLES = 20  # counterexamples kept per invariant (all are counted)
 

@@ -27,7 +27,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     pl.set_defaults(func=_call("plan"))
 
     ck = dsub.add_parser("check", help="judge a recorded run directory and write its report",
-                         description="Check invariants I1-I8 and validity from a run directory's files (run.json, "
+                         description="Check invariants I1-I9 and validity from a run directory's files (run.json, "
                          "effects.jsonl, etcd-watch.jsonl, ops.jsonl, faults.jsonl, logs/) and write report.md, "
                          "report.json and timeline.png. Exit 0 pass, 1 fail, 3 invalid, 2 bad input.")
     ck.add_argument("--history", required=True, metavar="DIR", help="the recorded run directory")

@@ -659,7 +659,7 @@ class PartitionPlanner:
                 continue
             e = decode_execution(kvs[0].value, kvs[0].mod_revision)
             self._refresh(e)
-            if e.state in IN_FLIGHT:
+            if e.state in HOLDING:  # a run waiting for its retry holds its schedule too (dispatch_round)
                 self._confirmed[e.id] = (e.mod_revision, sent)
         self.wake.set()
 

@@ -24,7 +24,7 @@ def test_report_of_a_passing_run(tmp_path: Path) -> None:
         assert words in md, words
     data = json.loads(out["json"].read_text())
     assert data["verdict"] == "pass" and data["exit_code"] == 0 and data["seed"] == 7
-    assert set(data["invariants"]) == {f"I{i}" for i in range(1, 9)}
+    assert set(data["invariants"]) == {f"I{i}" for i in range(1, 10)}
     png = out["png"].read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
 

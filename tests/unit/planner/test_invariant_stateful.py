@@ -736,3 +736,29 @@ async def test_a_backfills_buffered_runs_do_not_hold_the_pools_free_slot() -> No
     bad = await w.check()
     assert not bad, "\n".join(bad[:15]) + "\noperations:\n" + describe(w.log)
     await _judge(w, kv)
+
+
+async def test_runs_due_while_a_lost_dispatch_waits_for_its_retry_are_decided() -> None:
+    """Found by the machine (full mode) on the retry-holds change: a dispatch no worker received timed out into
+    retry_wait; the skip schedule's runs due while it was out waited for a confirming read of it, which only
+    ever confirmed runs in flight, so they were taken, put back and asked about every round, in front of their
+    pool's other schedules, which stopped running for good."""
+    w, kv = await _world()
+    await w.create(2, True, "a", default_policies(MissedRuns.ALL, 4, 3, Overlap.BUFFER_ALL))
+    await w.create(1, False, "a", SKIP_1S)
+    await w.advance(100)
+    await w.create(1, False, "a", SKIP_1S)
+    await w.operate("backfill", lambda es: None, sid="s1", back_s=8)
+    await w.advance(3_937)
+    w.workers.plan.extend([("lost", 0), ("fail_permanent", 144), ("fail_transient", 196)])
+    await w.advance(692)
+    await w.pause("s1")
+    await w.advance(2_739)
+    await w.freeze()
+    await w.create(2, True, "a", default_policies(MissedRuns.ALL, 2, 30, Overlap.ALLOW_ALL))
+    await w.advance(148)
+    await w.delete("s1", True)
+    await w.advance(5_811)
+    bad = await w.check()
+    assert not bad, "\n".join(bad[:15]) + "\noperations:\n" + describe(w.log)
+    await _judge(w, kv)
