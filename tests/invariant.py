@@ -1122,7 +1122,10 @@ def judge(log: Log, es: list[Execution], ranges: dict[str, list[tuple[int, int, 
             for f in fs:
                 if f.outcome != "lost":
                     continue
-                limit = f.start_ms + START_TIMEOUT_MS + 4 * ROUND_MS
+                # From the first round an owner had once the start timeout passed: nobody gives a dispatch up
+                # while the partition has no owner, or while its claims die before their first round.
+                due = f.start_ms + START_TIMEOUT_MS
+                limit = next((t for t, _ in log.rounds if t >= due), max(now, due)) + 4 * ROUND_MS
                 later = [g for g in fs if g.attempt > f.attempt]
                 e = by_id.get(eid)
                 att = None if e is None else next((a for a in e.attempts if a.attempt == f.attempt), None)

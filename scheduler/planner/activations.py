@@ -97,8 +97,13 @@ def in_effect_at(st: StoredSchedule, t_ms: int) -> Schedule:
 def withdrawal_rule(owed: Owed, current: Plan) -> Callable[[int], SkipReason | None]:
     """For a run written ahead by the checkpoint's writer under the activation it knew: None when the
     activation in effect at its planned time plans it too (the run stands: same id), else the reason it
-    is withdrawn (paused, or schedule_changed)."""
-    segs = [(s, s.schedule.plan()) for s in owed.unseen]
+    is withdrawn (paused, or schedule_changed). The activations are those the writer never saw, and the
+    one it knew if that was a pause."""
+    # A pause the writer knew is in it too: a run it wrote ahead before the pause, due after it, was left for
+    # its dispatch round to skip once due, and the writer may have died first (the stateful twin: that run
+    # ran after a resume and a spec change made while nobody owned the partition).
+    known_pause = (owed.seen,) if owed.seen is not None and owed.seen.paused else ()
+    segs = [(s, s.schedule.plan()) for s in (*known_pause, *owed.unseen)]
 
     def rule(planned_ms: int) -> SkipReason | None:
         for seg, plan in segs:

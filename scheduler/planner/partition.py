@@ -323,14 +323,16 @@ class PartitionPlanner:
             if st.schedule.state is ScheduleState.PAUSED:
                 self._withdraw[st.schedule.id] = Withdrawal(SkipReason.PAUSED)
             elif ck.sched_rev and st.activation_rev > ck.sched_rev:
-                # Changes the checkpoint's writer had not seen: its pre-written runs they do not plan.
-                first = earlier.first_change_ms
+                # Changes the checkpoint's writer had not seen: its pre-written runs they do not plan, and those
+                # planned while a pause it knew was in force. Whatever the watermark: the writer may have written
+                # runs ahead of it (a paused schedule holds it back while the others are written ahead).
                 tracked = self.schedules.get(st.schedule.id)  # absent: a spec this engine cannot plan
-                if first is not None and first < ck.watermark_ms and tracked is not None:
+                seen = earlier.seen
+                after = (seen.after_ms if seen is not None and seen.paused
+                         else earlier.first_change_ms if earlier.first_change_ms is not None else st.activated_ms)
+                if tracked is not None:
                     self._withdraw[st.schedule.id] = Withdrawal(
-                        SkipReason.SCHEDULE_CHANGED, after_ms=first, rule=withdrawal_rule(earlier, tracked.plan))
-                elif st.activated_ms < ck.watermark_ms:
-                    self._withdraw[st.schedule.id] = Withdrawal(SkipReason.SCHEDULE_CHANGED, after_ms=st.activated_ms)
+                        SkipReason.SCHEDULE_CHANGED, after_ms=after, rule=withdrawal_rule(earlier, tracked.plan))
         with_runs = {e.schedule_id for e in listing.unfinished}
         for sid in with_runs - self.schedules.keys():
             self._withdraw[sid] = Withdrawal(SkipReason.SCHEDULE_DELETED)
