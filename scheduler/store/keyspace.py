@@ -102,6 +102,11 @@ class Keyspace:
     def execution(self, partition: int, schedule_id: str, planned_ms: int) -> bytes:
         return self._k("executions", f"{partition:0{_PART_WIDTH}d}", schedule_id, f"{planned_ms:0{_MS_WIDTH}d}")
 
+    @staticmethod
+    def planned_key_part(planned_ms: int) -> bytes:
+        """The last segment of an execution key (`execution`): zero-padded, so keys compare as numbers do."""
+        return f"{planned_ms:0{_MS_WIDTH}d}".encode()
+
     def execution_id_of(self, key: bytes) -> ExecutionId:
         """The execution an execution key stands for (the inverse of `execution`)."""
         return self._id_in("executions", key)

@@ -168,6 +168,8 @@ class Ledger:
         out: list[Execution] = []
         ended: list[Execution] = []
         recorded: dict[str, list[int]] = {}
+        # Planned times are zero-padded in the keys: compared as bytes, no int per key of a big ledger.
+        after = None if recorded_after is None else self.ks.planned_key_part(max(recorded_after, 0))
         # Keys sort by schedule, then planned time: the runs that ran most recently before an unfinished
         # record of the same schedule are the last few terminal ones seen before it in the listing.
         group = b""
@@ -180,7 +182,7 @@ class Ledger:
                 g = x.key[:cut]
                 if g != group:
                     group, recent = g, []
-                if recorded_after is not None and int(x.key[cut + 1:]) > recorded_after:
+                if after is not None and x.key[cut + 1:] > after:
                     eid = self.ks.execution_id_of(x.key)
                     recorded.setdefault(eid.schedule_id, []).append(eid.planned_ms)
                 st = peek_state(x.value)
