@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass, field
 
-from scheduler.execution import IN_FLIGHT, ExecState, Execution, Trigger, cancel, dispatch, skip
+from scheduler.execution import IN_FLIGHT, Attempt, ExecState, Execution, Trigger, cancel, dispatch, skip
 from scheduler.ids import ExecutionId, FencingToken
 from scheduler.timeplan import Overlap, SkipReason
 from scheduler.timeplan.overlap import OverlapAction, decide_overlap
@@ -97,7 +97,8 @@ def came_due_ms(x: Execution, catchup: Set[str]) -> int:
 
 
 def overlapping(in_flight: Sequence[Execution], x: Execution, catchup: Set[str],
-                confirmed: Mapping[str, tuple[int, int]], read_after_ms: int) -> tuple[list[Execution], list[str]]:
+                confirmed: Mapping[str, tuple[int, int]], read_after_ms: int,
+                settle_ms: int) -> tuple[list[Execution], list[str]]:
     """The runs really in progress at x's due time, and which of them are not yet confirmed in flight
     by a read sent at or after `read_after_ms`.
 
@@ -111,10 +112,8 @@ def overlapping(in_flight: Sequence[Execution], x: Execution, catchup: Set[str],
     for r in in_flight:
         cur = r.current
         if r.state is ExecState.RETRY_WAIT:
-            # Waiting for its retry (no attempt out): it holds x only if one of its attempts was in progress
-            # at x's due time; a run due in the backoff gap is not overlapped (docs/time.md).
-            if not attempt_spans(r, at):
-                continue
+            # Waiting for its retry (no attempt out): the caller passes it only if one of its attempts was in
+            # progress at x's due time (`attempt_spans`); a run due in the backoff gap is not overlapped.
             real.append(r)
             c = confirmed.get(r.id)
             if c is None or c[0] != r.mod_revision or c[1] < read_after_ms:
@@ -125,7 +124,7 @@ def overlapping(in_flight: Sequence[Execution], x: Execution, catchup: Set[str],
         # overlap a run that comes due while it is running (a drill found on-time runs queued behind
         # catch-ups for ever when the work took longer than the period, 147 s behind after 4 minutes).
         if cur is None or (not explicit and (cur.started_ms or cur.dispatched_ms) > at
-                           and not _earlier_attempt_spans(r, at)):
+                           and not _earlier_attempt_spans(r, at, settle_ms)):
             continue
         real.append(r)
         c = confirmed.get(r.id)
@@ -134,30 +133,42 @@ def overlapping(in_flight: Sequence[Execution], x: Execution, catchup: Set[str],
     return real, unconfirmed
 
 
-def attempt_spans(r: Execution, at: int) -> bool:
-    """An attempt of r's current run, its last one included, was in progress at `at`: begun by then and not
-    recorded as ended before it."""
+def attempt_spans(r: Execution, at: int, settle_ms: int) -> bool:
+    """An attempt of r's current run, its last one included, was in progress at `at`: begun by then, and
+    still running after it by what its record proves (`_attempt_ran_until`), not by its recorded end, which a
+    result in transit delays (the stateful twin: an attempt that failed after 0.1 s, its result recorded by
+    the next owner 1.5 s later, made the run due in between an overlap skip though nothing ran then). An
+    attempt still out (no end recorded) is in progress."""
     for a in r.attempts:
         if a.attempt <= r.attempt_base:
             continue
         begun = a.started_ms or a.dispatched_ms
-        if begun and begun <= at and (not a.finished_ms or a.finished_ms > at):
+        if begun and begun <= at and (not a.finished_ms or at < _attempt_ran_until(a, settle_ms)):
             return True
     return False
 
 
-def _earlier_attempt_spans(r: Execution, at: int) -> bool:
+def _attempt_ran_until(a: Attempt, settle_ms: int) -> int:
+    """Until when an ended attempt is proved to have run (0: it proves nothing): `ran_until_ms` for one attempt."""
+    if not a.finished_ms or a.never_started:
+        return 0
+    by_worker = a.dispatched_ms + a.ran_ms if a.ran_ms else 0
+    return min(a.finished_ms, max(by_worker, a.finished_ms - settle_ms))
+
+
+def _earlier_attempt_spans(r: Execution, at: int, settle_ms: int) -> bool:
     """An earlier attempt of r's current run was in progress at `at`: begun by then, and not recorded as
     ended before it. A run that is on its retry is the same run (Temporal's view of a workflow run with
     retries), so a run that came due while its first attempt held the schedule overlaps it though the
     retry began later. A drill (smoke11) found a `skip` schedule running two at once: a worker was killed
     mid-run, the attempt timed out 11 s later and was retried, and the runs that had come due meanwhile
-    were judged against the retry's start, so one of them started next to the retry."""
+    were judged against the retry's start, so one of them started next to the retry. Still running at `at`
+    by what the record proves, as `attempt_spans` judges."""
     for a in r.attempts:
         if a.attempt <= r.attempt_base or a is r.current:
             continue
         begun = a.started_ms or a.dispatched_ms
-        if begun and begun <= at and (not a.finished_ms or a.finished_ms > at):
+        if begun and begun <= at and (not a.finished_ms or at < _attempt_ran_until(a, settle_ms)):
             return True
     return False
 
@@ -172,10 +183,7 @@ def ran_until_ms(r: Execution, settle_ms: int) -> int:
     in-flight rule gives a result in transit, so that a run that ended is judged as one still in flight
     would have been. Never later than the recorded end."""
     cur = r.current
-    if cur is None or not cur.finished_ms or cur.never_started:
-        return 0
-    by_worker = cur.dispatched_ms + cur.ran_ms if cur.ran_ms else 0
-    return min(cur.finished_ms, max(by_worker, cur.finished_ms - settle_ms))
+    return 0 if cur is None else _attempt_ran_until(cur, settle_ms)
 
 
 def first_start_ms(r: Execution) -> int:
@@ -324,7 +332,8 @@ def _plan_schedule(inp: RoundInput, plan: DispatchPlan, budget: dict[str, int], 
         # Runs waiting for their retry count only for the runs due while one of their attempts was out (a run
         # due in the backoff gap is not overlapped, and queues behind nothing: docs/time.md).
         live = [r for r in in_flight
-                if r.state is not ExecState.RETRY_WAIT or attempt_spans(r, came_due_ms(x, inp.catchup))]
+                if r.state is not ExecState.RETRY_WAIT
+                or attempt_spans(r, came_due_ms(x, inp.catchup), inp.overlap_settle_ms)]
         real: list[Execution] = []
         behind = False  # a BUFFER that waits for a run of this schedule in flight
         until: int | None = None  # ... or until this instant, whichever comes first
@@ -335,7 +344,7 @@ def _plan_schedule(inp: RoundInput, plan: DispatchPlan, budget: dict[str, int], 
             # result in transit, from a reconnecting worker or through another planner, is no overlap).
             # A cancel loses nothing that is not running: it rests on a read sent after x's due time.
             skip_after = x.due_ms + inp.overlap_settle_ms
-            real, unconfirmed = overlapping(live, x, inp.catchup, inp.confirmed, x.due_ms)
+            real, unconfirmed = overlapping(live, x, inp.catchup, inp.confirmed, x.due_ms, inp.overlap_settle_ms)
             # Runs that have left flight and were in progress at x's due time, on their final records.
             # Only skip and buffer_one lose a run to them; for the others x starts (in order) as it would
             # have once they ended, so they change nothing.
@@ -358,7 +367,8 @@ def _plan_schedule(inp: RoundInput, plan: DispatchPlan, budget: dict[str, int], 
                         action = OverlapAction.BUFFER
                         behind, until = True, skip_after
                     else:
-                        _, unsettled = overlapping(live, x, inp.catchup, inp.confirmed, skip_after)
+                        _, unsettled = overlapping(live, x, inp.catchup, inp.confirmed, skip_after,
+                                                   inp.overlap_settle_ms)
                         if len(unsettled) == len(real):
                             plan.confirm.update(unsettled)  # decided next round, on records read after then
                             action = OverlapAction.BUFFER

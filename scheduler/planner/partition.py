@@ -194,7 +194,7 @@ class PartitionPlanner:
         self._catchup: set[str] = set()
         self.m = Materializer(partition, settings, clock, self._catchup)  # what is owed, and what to write
         self.schedules = self.m.schedules
-        self.pending = PendingIndex()  # unfinished executions of this partition
+        self.pending = PendingIndex(settings.overlap_settle_ms)  # unfinished executions of this partition
         # Pre-written runs to withdraw (schedule id -> (planned after, reason)): a pause or delete
         # withdraws every scheduled one, a spec change those after it that the new spec does not plan.
         self._withdraw: dict[str, Withdrawal] = {}

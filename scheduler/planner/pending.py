@@ -36,7 +36,8 @@ def _ready_ms(e: Execution) -> int | None:
 
 
 class PendingIndex:
-    def __init__(self) -> None:
+    def __init__(self, overlap_settle_ms: int = 0) -> None:
+        self.overlap_settle_ms = overlap_settle_ms  # as the dispatch round judges a run waiting for its retry
         self._by_id: dict[str, Execution] = {}
         self._by_schedule: dict[str, dict[str, Execution]] = {}
         self._ready: dict[str, list[tuple[int, int, str]]] = {}  # pool -> heap
@@ -275,7 +276,7 @@ class PendingIndex:
         # A run waiting for its retry holds the runs that came due while one of its attempts was out (a run on
         # its retry is the same run): they would only be parked again, round after round, until it is back.
         retrying = [r for r in runs if r.state is ExecState.RETRY_WAIT]
-        if retrying and any(attempt_spans(r, b.due_ms) for r in retrying
+        if retrying and any(attempt_spans(r, b.due_ms, self.overlap_settle_ms) for r in retrying
                             for b in (self._by_id.get(i) for i in behind) if b is not None):
             return
         ordered = [i for i in behind if i in self._ordered and i in self._by_id]
