@@ -547,7 +547,9 @@ class World:
         now = self.clock.wall_ms()
         self.owner_expires_at = now + LEASE_TTL_MS
         self.claim_at = now + LEASE_TTL_MS + extra_ms
-        self.log.outage_from = now
+        # From its last round: what came due after it (a run written ahead of a pause, to skip once due) is
+        # the next owner's to settle, even if this one lived a little longer without a round.
+        self.log.outage_from = self.log.rounds[-1][0] if self.log.rounds else now
 
     def result_delay(self, instance: int, now: int) -> int:
         """When a result a worker has now for an attempt of `instance` reaches a planner that records it."""

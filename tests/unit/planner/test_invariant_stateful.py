@@ -848,3 +848,11 @@ async def test_a_failed_attempt_whose_result_came_late_does_not_make_an_overlap_
     bad = await w.check()
     assert not bad, "\n".join(bad[:15]) + "\noperations:\n" + describe(w.log)
     await _judge(w, kv)
+
+
+def test_a_run_due_between_the_owners_last_round_and_its_freeze_is_the_next_owners_to_withdraw() -> None:
+    """Found by the machine (full mode), 133 steps, a checker fix: a pause seen in a round at 26.75 s left the
+    run written ahead for 26.88 s to be skipped once due; the owner was frozen at 26.97 s, before its next
+    round, and the claims after it died before theirs. The checker judged withdrawals up to the freeze; the
+    outage counts from the owner's last round."""
+    _replay("pause_then_freeze_before_a_round.json")
