@@ -300,7 +300,10 @@ class Workers:
                 eff.result_ms = now
                 await self.world.deliver(job.e, ok, self._error_class(job), "", eff.ran_ms)
             elif kind == "start":
-                await self.world.confirm_start(job.e)
+                if not await self.world.confirm_start(job.e) and eff.end_ms is None:
+                    # The worker runs a handler only once its start is acknowledged: a refused one never ran.
+                    eff.end_ms = eff.busy_end_ms = eff.start_ms
+                    eff.outcome = "lost"
             elif kind == "late_result":
                 eff.result_ms = now
                 ok = job.behaviour in ("ok", "slow", "lost_ack")
@@ -673,19 +676,21 @@ class World:
         if disposition is Disposition.RECORDED:
             self.node._on_transition(new)
 
-    async def confirm_start(self, e: Execution) -> None:
-        """A worker confirms it starts attempt `e.attempt` (see CONFIRM_STARTS)."""
+    async def confirm_start(self, e: Execution) -> bool:
+        """A worker confirms it starts attempt `e.attempt` (see CONFIRM_STARTS). False: the start is refused
+        (the record moved on: cancelled before it started, given up), and the handler never runs."""
         for _ in range(5):
             cur = await self.node.ledger.get(self.kv, e.schedule_id, e.planned_ms)
             if cur is None or cur.attempt != e.attempt or cur.state is not ExecState.DISPATCHED:
-                return
+                return cur is not None and cur.attempt == e.attempt and cur.state in IN_FLIGHT
             new = started(cur, e.attempt, self.clock.wall_ms())
             extra = [] if self.live is not None else [notice_op(self.ks, 1, e.schedule_id, e.planned_ms)]
             r = await self.kv.txn([], [self.node.ledger.cas_op(new, cur.mod_revision, old_state=cur.state,
                                                                extra=extra)])
             if self.node.ledger.cas_results(r)[0]:
                 self.node._on_transition(with_revision(new, r.revision))
-                return
+                return True
+        return True  # not known either way: taken as started (the worker would retry; the safe side here)
 
     # ---- operations --------------------------------------------------------------------------------
 

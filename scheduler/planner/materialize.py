@@ -66,6 +66,10 @@ class Materializer:
         self.held: dict[str, int] = {}  # schedule id -> planned times after this are not materialized
         self.held_late: set[str] = set()  # held while their pool was saturated, not workerless
         self.hold_writes: dict[str, int | None] = {}  # hold records to put (from) or delete (None)
+        # Holds a claim read: kept by the claim's write (up to where its catch-up decided), deleted by the first
+        # round's, which plans what follows: with the delete in the claim's write, an owner that died between the
+        # two left those planned times with no record at all (the stateful twin: a `[gap]`).
+        self.unhold_next: set[str] = set()
         # Planned times of an activation that ended before they were handled (a hold, or heap entries not
         # yet materialized, when the next activation came): written by the next round.
         self.settled: list[tuple[str, SkipRange]] = []
@@ -79,6 +83,7 @@ class Materializer:
         self.held.clear()
         self.held_late.clear()
         self.hold_writes.clear()
+        self.unhold_next.clear()
         self.settled.clear()
         self.settled_runs.clear()
 
@@ -203,6 +208,10 @@ class Materializer:
         round (every planned time at or before the watermark was handled)."""
         execs: list[Execution] = []
         skips: list[tuple[str, SkipRange]] = []
+        for sid in self.unhold_next:
+            if sid not in self.held:  # held again since (its pool still blocked): that hold is written instead
+                self.hold_writes.setdefault(sid, None)
+        self.unhold_next.clear()
         if self.held:
             self._release_held(now_ms, execs, skips)
         settled_runs, settled = self.take_settled()

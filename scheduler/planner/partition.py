@@ -300,7 +300,7 @@ class PartitionPlanner:
         for kv in holds.kvs:
             sid = self.ks.last_segment(kv.key)
             held_from[sid] = int(json.loads(kv.value)["from"])
-            self.m.hold_writes[sid] = None  # the claim's catch-up covers it: deleted with the first write
+            self.m.hold_writes[sid] = None  # planned again from `from`: deleted (start() keeps it one round)
         for st in stored:
             await pacer.pace()
             owed = self.m.owed_from_checkpoint(st, ck)
@@ -954,6 +954,14 @@ class PartitionPlanner:
         # while the others are written up to the lookahead): those planned times have their own record,
         # which stands as any run written ahead does, so the catch-up's skips go around them. Covered, a
         # run that ran also had a skip record (the stateful twin: a pause, then a planner kill).
+        # A hold read at the claim stays until the first round has planned what follows the catch-up (its
+        # `from` moved to where this write decides): deleted here, a death between the two writes lost those
+        # planned times (the checkpoint is already past them).
+        for sid, hold in list(self.m.hold_writes.items()):
+            sch = self.schedules.get(sid)
+            if hold is None and sch is not None:
+                self.m.hold_writes[sid] = sch.owed_from
+                self.m.unhold_next.add(sid)
         recorded, self._recorded = self._recorded, {}
         decided = [(sid, piece) for sid, r in [*skips, *settled]
                    for piece in (split_around(r, recorded[sid]) if sid in recorded else (r,))]

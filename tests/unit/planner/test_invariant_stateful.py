@@ -856,3 +856,31 @@ def test_a_run_due_between_the_owners_last_round_and_its_freeze_is_the_next_owne
     round, and the claims after it died before theirs. The checker judged withdrawals up to the freeze; the
     outage counts from the owner's last round."""
     _replay("pause_then_freeze_before_a_round.json")
+
+
+def test_a_hold_read_at_a_claim_stays_until_the_first_round_has_planned_what_follows() -> None:
+    """Found by the machine (full mode), 117 steps: pool b was blocked, so s4 was held from 34 s (a hold record)
+    while the checkpoint moved on; at a handover the claim's write deleted the hold, and the planned time at
+    34 s, too recent for the claim's catch-up, was left to the first round: between the two writes it had no
+    record at all (an owner dying there lost it for good)."""
+    _replay("hold_read_at_a_claim.json")
+
+
+async def test_a_start_refused_because_the_run_was_cancelled_first_never_ran() -> None:
+    """Found by the machine (full mode), a fix of the twin's workers: an operator cancelled a run at the instant
+    it was dispatched, before its start was confirmed, then reran it; the twin's worker ran the first attempt
+    anyway. A real worker runs the handler only once its start is acknowledged (scheduler/worker/starts.py),
+    and this start is refused, the record having moved."""
+    w, kv = await _world()
+    await w.create(1, False, "a", SKIP_1S)
+    await w.advance(300)
+    await w.kill(restart_after_ms=0)
+    w.die_after_claim = 0
+    await w.advance(6_000)
+    first = "s1@2026-01-01T00:00:01.000Z"
+    await w.operate("cancel", lambda es: next((e for e in es if e.id == first), None))
+    await w.operate("rerun", lambda es: next((e for e in es if e.id == first), None))
+    await w.advance(250)
+    bad = await w.check()
+    assert not bad, "\n".join(bad[:15]) + "\noperations:\n" + describe(w.log)
+    await _judge(w, kv)
