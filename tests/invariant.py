@@ -1007,18 +1007,29 @@ def judge(log: Log, es: list[Execution], ranges: dict[str, list[tuple[int, int, 
             for s, exp in catch.get(sid, []):
                 if abs(s.at_ms - written) <= ROUND_MS and exp.get(p) == reason:
                     return None
+            # The same decision an earlier claim made, written again by a later one: a claim that died before
+            # its first round leaves its writer's sched_rev in the checkpoint, so the next owner plans the
+            # activations that writer did not know again from the replan margin (docs/time.md), and records
+            # the times the dead claim had already decided once more, for the same reason.
+            if any(s.at_ms <= written + ROUND_MS and exp.get(p) == reason for s, exp in catch.get(sid, [])):
+                return None
             # Held while its pool had no worker, then decided as missed (when the schedule changed, or as
             # the backlog outgrew the policy): the missed-run policy applies to the times it held.
             for v0, v1 in _segments(log, sid):
                 if v0.pool in ("a", "b") or p <= v0.at_ms or (v1 is not None and p > v1.at_ms):
                     continue
-                pol = v0.policies
                 if v1 is not None and v1.at_ms <= written <= v1.at_ms + 2 * ROUND_MS:
                     return None
-                if ((reason == "over_cap" and pol.missed_runs is MissedRuns.ALL)
-                        or (reason == "policy_skip" and pol.missed_runs is not MissedRuns.ALL)
-                        or (reason == "outside_catchup_window" and p <= written - pol.catchup_window_ms + GRACE_MS)):
-                    return None
+                # The held segment's policies, or those in force when the decision was written: a catch-up is
+                # decided with the policies of its moment (docs/time.md), and a takeover decides the held times
+                # of an activation that a later change (made while nobody owned the partition) ended.
+                now_v = log.version_at(sid, written)
+                for pol in (v0.policies, *((now_v.policies,) if now_v is not None else ())):
+                    if ((reason == "over_cap" and pol.missed_runs is MissedRuns.ALL)
+                            or (reason == "policy_skip" and pol.missed_runs is not MissedRuns.ALL)
+                            or (reason == "outside_catchup_window"
+                                and p <= written - pol.catchup_window_ms + GRACE_MS)):
+                        return None
             wants = sorted({exp[p] for s, exp in catch.get(sid, []) if p in exp})
             return f"{reason}, but the missed-run policy after the takeovers says {wants or 'nothing (not missed)'}"
         return f"unknown skip reason {reason!r}"

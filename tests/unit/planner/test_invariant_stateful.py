@@ -884,3 +884,17 @@ async def test_a_start_refused_because_the_run_was_cancelled_first_never_ran() -
     bad = await w.check()
     assert not bad, "\n".join(bad[:15]) + "\noperations:\n" + describe(w.log)
     await _judge(w, kv)
+
+
+def test_a_claim_records_again_the_catch_up_a_claim_dead_before_its_first_round_made() -> None:
+    """Found by the machine (full mode), a checker fix: a claim decided a catch-up and died before its first
+    round; its checkpoint kept its writer's sched_rev, so the next owner planned the activation again from the
+    replan margin and wrote the same `policy_skip` again. The checker took only the later claim's decisions."""
+    _replay("claims_deciding_again.json")
+
+
+def test_held_times_ended_by_a_pause_are_decided_with_the_policies_at_the_takeover() -> None:
+    """Found by the machine (full mode), a checker fix: held (pool `nobody`) under missed=all, then paused and
+    changed to missed=skip while nobody owned the partition; the next owner decided the held times with the
+    policies in force at the takeover (docs/time.md), which the checker did not accept."""
+    _replay("held_then_paused_policy_changed.json")
