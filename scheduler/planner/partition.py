@@ -76,6 +76,7 @@ from scheduler.store.keyspace import Keyspace
 from scheduler.store.kv import KV
 from scheduler.store.ledger import Ledger
 from scheduler.store.notices import Notice, parse_notice
+from scheduler.store.paging import range_pages
 from scheduler.store.schedules import ScheduleStore, StoredSchedule
 from scheduler.store.txn_check import duplicate_write
 from scheduler.tasks import Pacer
@@ -216,9 +217,13 @@ class PartitionPlanner:
         self.starved_pools: set[str] = set()  # pools whose whole capacity the last round used
         self._pools: frozenset[str] | None = None  # worker pools of the schedules (cache)
         self._stone_deletes: dict[bytes, int] = {}  # handled tombstones to delete (key -> its revision)
-        # Planned times after the checkpoint's replan margin that have a record, per schedule, as the claim
-        # read them (Ledger.list_for_claim): the claim's skips go around them. Used once, by start().
+        # What the previous owners recorded after the checkpoint's replan margin, as the claim read it: planned
+        # times with an execution record (Ledger.list_for_claim) and skip ranges, per schedule. Until this
+        # owner's writes are past them, it writes no skip over the one and no run under the other: a planned
+        # time has one record (`_one_record_per_time`).
         self._recorded: dict[str, list[int]] = {}
+        self._known_skips: dict[str, list[tuple[int, int]]] = {}
+        self._guard_until = 0
         self._revive: dict[str, tuple[Execution, Execution]] = {}  # withdrawn records owed again (old, new)
         # Notices of records others changed (API operations, results recorded elsewhere): key ->
         # (notice, its mod_revision). `_rescan`: list the partition's notices from etcd next round.
@@ -283,10 +288,20 @@ class PartitionPlanner:
         listing = await self.ledger.list_for_claim(self.kv, self.p, timeout=self.rpc_timeout, pacer=pacer,
                                                    recorded_after=ck.watermark_ms - self.m.replan_ms)
         holds = await self.kv.range(self.ks.holds(self.p), prefix=True, timeout=self.rpc_timeout)
+        margin = ck.watermark_ms - self.m.replan_ms
+        known_skips: dict[str, list[tuple[int, int]]] = {}
+        async for kvs, _ in range_pages(self.kv, self.ks.skips(self.p), keys_only=True, timeout=self.rpc_timeout):
+            for x in kvs:
+                sid, after, through = self.ks.skip_of(x.key)
+                if through > margin:
+                    known_skips.setdefault(sid, []).append((after, through))
+            await pacer.pace()
         stones = await self.kv.range(self.ks.tombstones(self.p), prefix=True, timeout=self.rpc_timeout)
         self.ck = ck
         self.sched_rev = max(rev, ck.sched_rev)
-        self._recorded = listing.recorded
+        self._recorded, self._known_skips = listing.recorded, known_skips
+        self._guard_until = max([t for ts in listing.recorded.values() for t in ts]
+                                + [b for rs in known_skips.values() for _, b in rs], default=0)
         self.pending.clear()
         for e in listing.unfinished:
             self.pending.put(e)
@@ -527,6 +542,25 @@ class PartitionPlanner:
         self.m.blocked_pools = blocked
         self.m.starved_pools = self.starved_pools
 
+    def _one_record_per_time(self, execs: list[Execution], skips: list[tuple[str, SkipRange]]
+                             ) -> tuple[list[Execution], list[tuple[str, SkipRange]]]:
+        """What the previous owners recorded stands, and nothing is written over it: a skip range goes around
+        the planned times that have an execution record (a run the previous owner wrote ahead of its watermark),
+        and a run of a planned time a skip range already covers is not created. A claim plans the activations
+        its predecessor's checkpoint did not know again from the replan margin, and a predecessor that died
+        after its claim's first write had decided some of those times already (the stateful twin: a `policy_skip`
+        range, then the same time created as a run by the next claim, and run)."""
+        known = self._known_skips
+        if known:
+            execs = [e for e in execs
+                     if not (e.trigger is Trigger.SCHEDULED and e.run_trigger is None and e.schedule_id in known
+                             and any(a < e.planned_ms <= b for a, b in known[e.schedule_id]))]
+        rec = self._recorded
+        if rec:
+            skips = [(sid, piece) for sid, r in skips
+                     for piece in (split_around(r, rec[sid]) if sid in rec else (r,))]
+        return execs, skips
+
     async def write_planned(
         self, execs: list[Execution], skips: list[tuple[str, SkipRange]], watermark_ms: int, sched_rev: int
     ) -> None:
@@ -536,6 +570,10 @@ class PartitionPlanner:
 
         `sched_rev`: the schedule revision the planning was done at (every activation at or before
         it had all its planned times up to the watermark handled), recorded with the checkpoint."""
+        if self._guard_until:
+            execs, skips = self._one_record_per_time(execs, skips)
+            if watermark_ms > self._guard_until:  # past everything the claim read: nothing left to guard
+                self._recorded, self._known_skips, self._guard_until = {}, {}, 0
         if self.pacer is not None and execs:
             execs = list(self.pacer.pace(execs))  # over-quota runs: a later due time, recorded (never dropped)
         stone_ops: list[Op] = []
@@ -962,12 +1000,10 @@ class PartitionPlanner:
             if hold is None and sch is not None:
                 self.m.hold_writes[sid] = sch.owed_from
                 self.m.unhold_next.add(sid)
-        recorded, self._recorded = self._recorded, {}
-        decided = [(sid, piece) for sid, r in [*skips, *settled]
-                   for piece in (split_around(r, recorded[sid]) if sid in recorded else (r,))]
+        # (write_planned keeps one record per planned time: `_one_record_per_time`.)
         # The checkpoint keeps its writer's sched_rev: activations it did not know may still have
         # planned times between the catch-up horizon and the watermark, which the first round writes.
-        await self.write_planned([*runs, *settled_runs], decided,
+        await self.write_planned([*runs, *settled_runs], [*skips, *settled],
                                  max(self.ck.watermark_ms, now - self.s.late_grace_ms), self.ck.sched_rev)
 
     async def step(self, now: int) -> bool:

@@ -102,6 +102,13 @@ class Keyspace:
     def execution(self, partition: int, schedule_id: str, planned_ms: int) -> bytes:
         return self._k("executions", f"{partition:0{_PART_WIDTH}d}", schedule_id, f"{planned_ms:0{_MS_WIDTH}d}")
 
+    def skip_of(self, key: bytes) -> tuple[str, int, int]:
+        """A skip key's (schedule id, after, through): the inverse of `skip`."""
+        head, _, span = key.rpartition(b"/")
+        after, _, through = span.partition(b"-")
+        sid = head[len(self._k("skips", "")) + _PART_WIDTH + 1:].decode()
+        return sid, int(after), int(through)
+
     @staticmethod
     def planned_key_part(planned_ms: int) -> bytes:
         """The last segment of an execution key (`execution`): zero-padded, so keys compare as numbers do."""
