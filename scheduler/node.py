@@ -85,6 +85,9 @@ class NullDispatcher:
     def capacity(self, pool: str) -> int:
         return 0
 
+    def served(self, pool: str) -> bool:
+        return False
+
     def reserve(self, pool: str, n: int) -> None:
         return None
 

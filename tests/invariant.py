@@ -210,6 +210,9 @@ class Workers:
     def capacity(self, pool: str) -> int:
         return max(0, POOL_CAPACITY.get(pool, 0) - self.busy(pool) - self.reserved.get(pool, 0))
 
+    def served(self, pool: str) -> bool:
+        return POOL_CAPACITY.get(pool, 0) > 0
+
     def reserve(self, pool: str, n: int) -> None:
         self.reserved[pool] = self.reserved.get(pool, 0) + n
 

@@ -163,6 +163,9 @@ class Dispatcher:
 
     # ---- DispatchSink (called by partition planners) --------------------------------------------------
 
+    def served(self, pool: str) -> bool:
+        return any(c.pool == pool for c in self.conns.values())
+
     def capacity(self, pool: str) -> int:
         # Only streams the pool's affinity lets us use now: otherwise the planner loops would hand over
         # work that then waits here for a worker it may not go to.

@@ -115,6 +115,11 @@ class DispatchSink(Protocol):
         """How many more assignments workers of this pool can take now (granted credits)."""
         ...
 
+    def served(self, pool: str) -> bool:
+        """Whether workers of the pool are connected, busy or not: a pool without capacity is saturated
+        (its held planned times run late) rather than without workers (they are missed, by the policy)."""
+        ...
+
     def reserve(self, pool: str, n: int) -> None:
         """Hold `n` of the pool's capacity for dispatches being committed: the partition loops run
         concurrently, and without this each would see (and take) the whole capacity."""
@@ -713,6 +718,7 @@ class PartitionPlanner:
             for n in range(DISPATCH_PASSES):
                 if not await self._dispatch_due(now_ms, reserved, first=n == 0):
                     break
+            self.starved = bool(self.starved_pools)
         finally:
             for pool, n in reserved.items():
                 self.dispatcher.release(pool, n)
@@ -720,8 +726,8 @@ class PartitionPlanner:
     async def _dispatch_due(self, now_ms: int, reserved: dict[str, int], *, first: bool = True) -> bool:
         """One dispatch pass; returns whether another may start more (runs were put aside, capacity is left).
         Confirmation reads and withdrawals are the first pass's work (the next round's for what it adds)."""
-        self.starved = False
-        self.starved_pools = set()
+        if first:  # the passes of one round add up
+            self.starved_pools = set()
         if self._confirm and first:
             await self._confirm_in_flight()
         withdrawn = self._withdrawals(now_ms) if first else {}
@@ -738,6 +744,11 @@ class PartitionPlanner:
             cap = self.dispatcher.capacity(pool)
             if cap > 0:
                 limits[pool] = min(cap, self.s.max_planned_per_round)
+            elif first and self.dispatcher.served(pool) and self.pending.has_ready(now_ms, pool):
+                # Workers there, all busy: saturated, not workerless (a hold made now runs late, nothing is
+                # missed). Counted only from the runs a round could take, this went unseen while every slot was
+                # busy at the round's start, and a busy pool's held times were decided as missed.
+                self.starved_pools.add(pool)
         if not limits and not withdrawn:
             return False
         fence = self.ownership.fence(self.p)
@@ -766,7 +777,7 @@ class PartitionPlanner:
         for pool, n in plan.started.items():
             self.dispatcher.reserve(pool, n)
             reserved[pool] = reserved.get(pool, 0) + n
-        self.starved_pools = {p for p in plan.starved_pools if self.pending.has_ready(now_ms, p)}
+        self.starved_pools |= {p for p in plan.starved_pools if self.pending.has_ready(now_ms, p)}
         self.starved = bool(self.starved_pools)
         aside = {b.x.pool for b in plan.behind} | {x.pool for x in plan.park}
         again = any(self.dispatcher.capacity(p) > 0 and self.pending.has_ready(now_ms, p) for p in aside)

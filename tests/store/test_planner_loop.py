@@ -46,6 +46,9 @@ class FakeDispatcher:
     def capacity(self, pool: str) -> int:
         return 1000
 
+    def served(self, pool: str) -> bool:
+        return True
+
     def reserve(self, pool: str, n: int) -> None:
         return None
 

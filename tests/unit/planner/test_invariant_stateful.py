@@ -903,8 +903,6 @@ def test_held_times_ended_by_a_pause_are_decided_with_the_policies_at_the_takeov
     _replay("held_then_paused_policy_changed.json")
 
 
-# ---- open: found by the machine, not fixed yet (each flips to XPASS, a failure, once it is) ----------------
-
 def test_a_claims_rewrite_does_not_run_a_time_a_dead_claim_skipped() -> None:
     """Found by the machine (full mode), present before session 18 too: a claim that died after its first write
     had decided a catch-up (a `policy_skip` range); its checkpoint kept its writer's sched_rev, so the next claim
@@ -914,11 +912,11 @@ def test_a_claims_rewrite_does_not_run_a_time_a_dead_claim_skipped() -> None:
     _replay("rewrite_over_a_dead_claims_skip.json")
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="open: a busy pool's hold decided as workerless")
-def test_open_a_hold_of_a_busy_pool_is_not_decided_as_missed() -> None:
-    """OPEN (session 11's note saw the same). Pool `a` has workers, all busy or with a dispatch no worker received
-    outstanding: backpressure held s3 and s5 from 46 s, and on release decided the held times by the missed-run
-    policy (`policy_skip`), as for a pool without workers, where a busy pool's held times should run late
-    (`held_late`). Which of the two a hold is depends on the round that made it (`starved_pools`). Before
-    session 18 the same history also had a run with a skip record."""
-    _replay("open_busy_pool_hold_decided_as_missed.json")
+def test_a_hold_of_a_busy_pool_is_not_decided_as_missed() -> None:
+    """Found by the machine (full mode), and by session 11's note: pool `a` has workers, all busy (or with a
+    dispatch no worker received outstanding) at the round's start: backpressure held s3 and s5 from 46 s, and
+    on release decided the held times by the missed-run policy (`policy_skip`), as for a pool without workers.
+    A pool was counted as saturated only from the runs a round could take, none when every slot was busy; now a
+    served pool without capacity is saturated (`DispatchSink.served`), and its held times run late. (Before
+    session 18 the same history also had a run with a skip record.)"""
+    _replay("busy_pool_hold_decided_as_missed.json")
