@@ -70,7 +70,9 @@ class OverlapChecks(Context):
         earlier = [a for a in self.idx.attempts_of.get(retry.schedule_id, [])
                    if a.exec_id == retry.exec_id and a.attempt < retry.attempt]
         if not earlier:
-            return False
+            # Its earlier attempts left no effect (a dispatch no worker started, a worker killed before the
+            # start reached the sink): nothing of that run was under way when `other` came due.
+            return retry.attempt > 1
         due = self.idx.harness_ms(other.planned_ms)
         return not any(a.start_ms - SLACK_MS <= due < self._end(a) + SLACK_MS for a in earlier)
 

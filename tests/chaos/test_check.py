@@ -706,3 +706,15 @@ def test_a_retry_beside_a_run_due_while_its_attempt_ran_fails_i9(tmp_path: Path,
     x.effect(eid, 2, token_of(x, "slow-000"), "r1-w1", T0 + 12_200, T0 + 12_300)
     _, fails, _ = judged(x.build(tmp_path / "run"))
     assert fails.get("I9", 0) == (0 if first_attempt_ends_ms < 12_000 else 1), fails
+
+
+def test_a_retry_whose_first_attempt_left_no_effect_may_start_beside_a_run(tmp_path: Path) -> None:
+    """I9: attempt 1 of slow-000@10 s never reached the sink (its worker was killed as it started, game day
+    gd-s18a); its retry at 12.2 s beside the run due at 12 s is the backoff-gap case: nothing of that run was
+    under way when the other came due."""
+    x, _ = clean_run(tmp_path / "run")
+    eid = execution_id("slow-000", T0 + 10_000)
+    x.effects = [e for e in x.effects if e.exec_id != eid]
+    x.effect(eid, 2, token_of(x, "slow-000"), "r1-w1", T0 + 12_200, T0 + 12_300)
+    _, fails, _ = judged(x.build(tmp_path / "run"))
+    assert "I9" not in fails, fails
