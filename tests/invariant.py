@@ -1005,7 +1005,9 @@ def judge(log: Log, es: list[Execution], ranges: dict[str, list[tuple[int, int, 
             v = log.version_at(sid, written)
             if v is None or v.policies.overlap is not Overlap.CANCEL_OTHER:
                 return "superseded, but its overlap policy was not cancel_other then"
-            return None if p + v.period_s * 1000 <= written + ROUND_MS else "superseded, but no later run was due yet"
+            k = v.period_s * 1000  # the next planned time of the spec then (a multiple of its period), not p + k:
+            nxt = (p // k + 1) * k  # after a spec change p need not be one of its times
+            return None if nxt <= written + ROUND_MS else "superseded, but no later run was due yet"
         if reason in ("outside_catchup_window", "over_cap", "policy_skip"):
             for s, exp in catch.get(sid, []):
                 if abs(s.at_ms - written) <= ROUND_MS and exp.get(p) == reason:

@@ -415,6 +415,12 @@ def _plan_schedule(inp: RoundInput, plan: DispatchPlan, budget: dict[str, int], 
                     stopping = stopping or stop.state is ExecState.CANCELLING
                 elif r.id not in cas and r.state is ExecState.RETRY_WAIT:
                     cas[r.id] = (r, cancel(r, "overlap", inp.now_ms))  # nothing out: cancelled at once
+            # An older run waiting for its retry is cancelled too, even if its attempt ended before x came due:
+            # its retry would run beside x (the stateful twin: a transient failure's retry started beside the
+            # newer run of a cancel_other schedule). Nothing is out: cancelled at once.
+            for r in in_flight:
+                if r.id not in cas and r.state is ExecState.RETRY_WAIT and r.planned_ms < x.planned_ms:
+                    cas[r.id] = (r, cancel(r, "overlap", inp.now_ms))
             in_flight = [r for r in in_flight if r.id not in cas]
             if stopping:
                 plan.behind.append(Behind(x, False, ordered=False))  # until the cancelled runs' stop is recorded

@@ -920,3 +920,17 @@ def test_a_hold_of_a_busy_pool_is_not_decided_as_missed() -> None:
     served pool without capacity is saturated (`DispatchSink.served`), and its held times run late. (Before
     session 18 the same history also had a run with a skip record.)"""
     _replay("busy_pool_hold_decided_as_missed.json")
+
+
+def test_cancel_other_cancels_an_older_run_waiting_for_its_retry() -> None:
+    """Found by the machine (full mode), present before session 18 too: under cancel_other, an older run's
+    attempt failed (transient) before the newer run came due; the newer one started, and the older one's retry
+    started beside it. A newer run of a cancel_other schedule now cancels older runs waiting for a retry."""
+    _replay("cancel_other_retry_beside_newer.json")
+
+
+def test_a_run_superseded_after_a_spec_change_is_judged_by_the_new_specs_next_time() -> None:
+    """Found by the machine (full mode), a checker fix: a run of 7 s waiting for its retry was superseded when
+    the spec became every 5 s under cancel_other and the run at 10 s came due; the checker took the next planned
+    time to be 7 + 5 s."""
+    _replay("superseded_after_a_spec_change.json")
