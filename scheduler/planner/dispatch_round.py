@@ -139,8 +139,13 @@ def attempt_spans(r: Execution, at: int, settle_ms: int) -> bool:
     result in transit delays (the stateful twin: an attempt that failed after 0.1 s, its result recorded by
     the next owner 1.5 s later, made the run due in between an overlap skip though nothing ran then). An
     attempt still out (no end recorded) is in progress."""
+    return _spans(r, at, settle_ms, last=True)
+
+
+def _spans(r: Execution, at: int, settle_ms: int, *, last: bool) -> bool:
+    """`attempt_spans` (last: the current attempt counts too) and `_earlier_attempt_spans` (it does not)."""
     for a in r.attempts:
-        if a.attempt <= r.attempt_base:
+        if a.attempt <= r.attempt_base or (not last and a is r.current):
             continue
         begun = a.started_ms or a.dispatched_ms
         if begun and begun <= at and (not a.finished_ms or at < _attempt_ran_until(a, settle_ms)):
@@ -164,13 +169,7 @@ def _earlier_attempt_spans(r: Execution, at: int, settle_ms: int) -> bool:
     mid-run, the attempt timed out 11 s later and was retried, and the runs that had come due meanwhile
     were judged against the retry's start, so one of them started next to the retry. Still running at `at`
     by what the record proves, as `attempt_spans` judges."""
-    for a in r.attempts:
-        if a.attempt <= r.attempt_base or a is r.current:
-            continue
-        begun = a.started_ms or a.dispatched_ms
-        if begun and begun <= at and (not a.finished_ms or at < _attempt_ran_until(a, settle_ms)):
-            return True
-    return False
+    return _spans(r, at, settle_ms, last=False)
 
 
 def ran_until_ms(r: Execution, settle_ms: int) -> int:
