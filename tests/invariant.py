@@ -1204,3 +1204,19 @@ def describe(log: Log) -> str:
     return "\n".join(log.ops)
 
 
+
+
+# ---- scenarios run both on the twin (tests/unit/planner) and on a real etcd (tests/store) ------------------
+
+async def catch_up_after_a_pause_and_a_kill(w: World) -> None:
+    """Two skip schedules, one paused, the planner killed: the next owner's catch-up must not record a skip
+    over a run the dead owner had written ahead of its watermark (the paused one held the watermark back)."""
+    skip_1s = default_policies(MissedRuns.SKIP, 1, 3, Overlap.SKIP)
+    await w.advance(216)
+    await w.create(1, False, "a", skip_1s)
+    await w.create(1, False, "a", skip_1s)
+    await w.advance(2_041)
+    await w.pause("s1")
+    await w.advance(800)
+    await w.kill(restart_after_ms=5_183)
+    await w.advance(9_158)

@@ -104,9 +104,8 @@ class Keyspace:
 
     def skip_of(self, key: bytes) -> tuple[str, int, int]:
         """A skip key's (schedule id, after, through): the inverse of `skip`."""
-        head, _, span = key.rpartition(b"/")
+        sid, span = self._split("skips", key)
         after, _, through = span.partition(b"-")
-        sid = head[len(self._k("skips", "")) + _PART_WIDTH + 1:].decode()
         return sid, int(after), int(through)
 
     @staticmethod
@@ -120,9 +119,13 @@ class Keyspace:
 
     def _id_in(self, kind: str, key: bytes) -> ExecutionId:
         """`<prefix>/<kind>/<partition>/<schedule id>/<planned ms>` -> (schedule id, planned ms)."""
-        head, _, planned = key.rpartition(b"/")
-        sid = head[len(self._k(kind, "")) + _PART_WIDTH + 1:].decode()
+        sid, planned = self._split(kind, key)
         return ExecutionId(sid, int(planned))
+
+    def _split(self, kind: str, key: bytes) -> tuple[str, bytes]:
+        """`<prefix>/<kind>/<partition>/<schedule id>/<last>` -> (schedule id, last segment)."""
+        head, _, last = key.rpartition(b"/")
+        return head[len(self._k(kind, "")) + _PART_WIDTH + 1:].decode(), last
 
     def skips(self, partition: int, schedule_id: str | None = None) -> bytes:
         if schedule_id is None:

@@ -16,7 +16,16 @@ from scheduler.execution import ExecState, Execution
 from scheduler.store.etcd import EtcdClient
 from scheduler.store.keyspace import Keyspace
 from scheduler.timeplan import MissedRuns, Overlap
-from tests.invariant import POOLS, START_TIMEOUT_CHECK, T0, Behaviour, World, default_policies, describe
+from tests.invariant import (
+    POOLS,
+    START_TIMEOUT_CHECK,
+    T0,
+    Behaviour,
+    World,
+    catch_up_after_a_pause_and_a_kill,
+    default_policies,
+    describe,
+)
 
 pytestmark = pytest.mark.etcd
 
@@ -93,30 +102,21 @@ async def test_the_invariant_holds_against_real_etcd(kv: EtcdClient, key_prefix:
     try:
         for _ in range(STEPS):
             await step(world, rng)
-            bad = await world.check()
-            assert not bad, "\n".join(bad[:15]) + "\noperations:\n" + describe(world.log)
+            await _holds(world)
         await world.advance(15_000)
-        bad = await world.check(final=True)
-        assert not bad, "\n".join(bad[:15]) + "\noperations:\n" + describe(world.log)
+        await _holds(world, final=True)
     finally:
         await world.close()
+
+
+async def _holds(world: World, *, final: bool = False) -> None:
+    bad = await world.check(final=final)
+    assert not bad, "\n".join(bad[:15]) + "\noperations:\n" + describe(world.log)
 
 
 # ---- the twin's findings of session 18, replayed on a real etcd ----------------------------------------------
 
 SKIP_1S = default_policies(MissedRuns.SKIP, 1, 3, Overlap.SKIP)
-
-
-async def _catch_up_after_a_pause_and_a_kill(w: World) -> None:
-    """A paused schedule held the checkpoint back; the next owner's catch-up must not skip a run written ahead."""
-    await w.advance(216)
-    await w.create(1, False, "a", SKIP_1S)
-    await w.create(1, False, "a", SKIP_1S)
-    await w.advance(2_041)
-    await w.pause("s1")
-    await w.advance(800)
-    await w.kill(restart_after_ms=5_183)
-    await w.advance(9_158)
 
 
 async def _pause_change_resume(w: World) -> None:
@@ -136,7 +136,7 @@ async def _retry_beside_a_buffered_run(w: World) -> None:
     await w.advance(6_000)
 
 
-@pytest.mark.parametrize("scenario", [_catch_up_after_a_pause_and_a_kill, _pause_change_resume,
+@pytest.mark.parametrize("scenario", [catch_up_after_a_pause_and_a_kill, _pause_change_resume,
                                       _retry_beside_a_buffered_run], ids=lambda f: f.__name__.strip("_"))
 async def test_the_twins_findings_hold_on_real_etcd(kv: EtcdClient, key_prefix: str,
                                                     scenario: Callable[[World], Awaitable[None]]) -> None:
@@ -144,10 +144,8 @@ async def test_the_twins_findings_hold_on_real_etcd(kv: EtcdClient, key_prefix: 
     await world.start()
     try:
         await scenario(world)
-        bad = await world.check()
-        assert not bad, "\n".join(bad[:15]) + "\noperations:\n" + describe(world.log)
+        await _holds(world)
         await world.advance(15_000)
-        bad = await world.check(final=True)
-        assert not bad, "\n".join(bad[:15]) + "\noperations:\n" + describe(world.log)
+        await _holds(world, final=True)
     finally:
         await world.close()

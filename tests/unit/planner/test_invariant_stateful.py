@@ -41,7 +41,17 @@ from scheduler.store.etcd.ops import Compare, delete, put
 from scheduler.store.keyspace import Keyspace
 from scheduler.store.memory import MemoryKV
 from scheduler.timeplan import MissedRuns, Overlap
-from tests.invariant import PARTITION, POOLS, START_TIMEOUT_CHECK, T0, Behaviour, World, default_policies, describe
+from tests.invariant import (
+    PARTITION,
+    POOLS,
+    START_TIMEOUT_CHECK,
+    T0,
+    Behaviour,
+    World,
+    catch_up_after_a_pause_and_a_kill,
+    default_policies,
+    describe,
+)
 
 T = TypeVar("T")
 
@@ -648,14 +658,7 @@ async def test_a_takeover_catch_up_does_not_skip_a_time_that_already_ran() -> No
     """Found by the machine (full mode): two skip schedules, one paused, the planner killed; the next owner's
     catch-up wrote a `policy_skip` range over a planned time of the other schedule that had already run."""
     w, kv = await _world()
-    await w.advance(216)
-    await w.create(1, False, "a", SKIP_1S)
-    await w.create(1, False, "a", SKIP_1S)
-    await w.advance(2_041)
-    await w.pause("s1")
-    await w.advance(800)
-    await w.kill(restart_after_ms=5_183)
-    await w.advance(9_158)
+    await catch_up_after_a_pause_and_a_kill(w)
     await _judge(w, kv)
 
 
