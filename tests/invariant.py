@@ -984,6 +984,21 @@ def judge(log: Log, es: list[Execution], ranges: dict[str, list[tuple[int, int, 
     for sid in log.versions:
         catch[sid] = [(s, expected_catch_up(log, sid, s)) for s in starts]
 
+    def later_time_due(sid: str, p: int, by: int) -> bool:
+        """A planned time of sid after p came due by `by`, under the version in force when it came due: the next
+        time of the spec in force then, or one of an earlier spec owed before a change (a spec change does not
+        withdraw runs already due; a later run due before the change supersedes an older one just as well)."""
+        vs = log.versions.get(sid, [])
+        for i, v in enumerate(vs):
+            end = vs[i + 1].at_ms if i + 1 < len(vs) else by + 1
+            if v.state != "active" or end <= p:
+                continue
+            k = v.period_s * 1000  # its planned times are multiples of its period (after a change p need not be one)
+            q = (max(p, v.activated_ms - 1) // k + 1) * k
+            if q < end and q <= by:
+                return True
+        return False
+
     def skip_ok(sid: str, eid: str, p: int, reason: str, written: int) -> str | None:
         """None if the reason is justified for planned time p (skip written at `written`), else why not."""
         if reason == "paused":
@@ -1005,9 +1020,7 @@ def judge(log: Log, es: list[Execution], ranges: dict[str, list[tuple[int, int, 
             v = log.version_at(sid, written)
             if v is None or v.policies.overlap is not Overlap.CANCEL_OTHER:
                 return "superseded, but its overlap policy was not cancel_other then"
-            k = v.period_s * 1000  # the next planned time of the spec then (a multiple of its period), not p + k:
-            nxt = (p // k + 1) * k  # after a spec change p need not be one of its times
-            return None if nxt <= written + ROUND_MS else "superseded, but no later run was due yet"
+            return None if later_time_due(sid, p, written + ROUND_MS) else "superseded, but no later run was due yet"
         if reason in ("outside_catchup_window", "over_cap", "policy_skip"):
             for s, exp in catch.get(sid, []):
                 if abs(s.at_ms - written) <= ROUND_MS and exp.get(p) == reason:

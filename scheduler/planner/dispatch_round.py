@@ -59,6 +59,11 @@ class RoundInput:
     # schedule id -> final records of its runs that left flight while some of its due runs waited
     # (PendingIndex.ended): a run decided after the one before it landed is judged on that one's history.
     ended: Mapping[str, Sequence[Execution]] = field(default_factory=dict)
+    # cancel_other schedule id -> the newest planned time of its own new runs due, wherever they wait (parked
+    # behind a run in flight, deferred for capacity, or in `due`): they supersede older ones all the same (else
+    # a backlog that waited behind a stopping run came back one run at a time, each started in turn, instead
+    # of the newest winning).
+    newest_due: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -232,7 +237,7 @@ def overlapped_by_ended(ended: Sequence[Execution], x: Execution, catchup: Set[s
     return out
 
 
-def _scheduled_run(x: Execution) -> bool:
+def scheduled_run(x: Execution) -> bool:
     """A new run of one of the schedule's own planned times: not a retry, nor an operator's trigger, backfill,
     rerun or replay (each asked for by somebody, with its own overlap policy or none)."""
     return (x.state is ExecState.SCHEDULED and x.overlap is None and x.trigger is Trigger.SCHEDULED
@@ -240,15 +245,16 @@ def _scheduled_run(x: Execution) -> bool:
 
 
 def _newest_cancel_other(waiting: Sequence[Execution], view: ScheduleView,
-                         cas: Mapping[str, object]) -> int | None:
-    """The planned time of the newest due new run of the schedule's own planned times, under a `cancel_other`
-    schedule; None if there is none. (Only such a one supersedes: the skip record is justified by a later
-    planned time of the schedule being due, which an audit can recompute.)"""
+                         cas: Mapping[str, object], elsewhere: int | None) -> int | None:
+    """The planned time of the newest due new run of the schedule's own planned times (waiting, or due
+    `elsewhere`: parked or deferred), under a `cancel_other` schedule; None if there is none. (Only such a
+    one supersedes: the skip record is justified by a later planned time of the schedule being due, which an
+    audit can recompute.)"""
     if view.overlap is not Overlap.CANCEL_OTHER:
         return None
-    out = None
+    out = elsewhere
     for y in waiting:
-        if y.id not in cas and _scheduled_run(y):
+        if y.id not in cas and scheduled_run(y):
             out = y.planned_ms if out is None else max(out, y.planned_ms)
     return out
 
@@ -263,7 +269,7 @@ def _superseded(x: Execution, view: ScheduleView) -> bool:
     that once fell behind stayed one run behind for good, each run starting as the next came due (the half
     game day's slow-006, 2.2 s late every run after its faults). Only a new run of the schedule's own
     policy (`cancel_other`), not a retry, nor a trigger's or backfill's run (an operator asked for that one)."""
-    return _scheduled_run(x) and view.overlap is Overlap.CANCEL_OTHER
+    return scheduled_run(x) and view.overlap is Overlap.CANCEL_OTHER
 
 
 def plan_dispatch(inp: RoundInput) -> DispatchPlan:
@@ -285,7 +291,7 @@ def plan_dispatch(inp: RoundInput) -> DispatchPlan:
                     plan.park.append(x)  # a retry of a paused schedule waits for the resume
             continue
         _plan_schedule(inp, plan, budget, view, list(inp.in_flight.get(sid, ())), waiting, inp.behind.get(sid, {}),
-                       inp.ended.get(sid, ()))
+                       inp.ended.get(sid, ()), inp.newest_due.get(sid))
     for pool, left in budget.items():
         if left <= 0:
             plan.starved_pools.add(pool)
@@ -307,7 +313,7 @@ def _waiting_at(x: Execution, in_flight: Sequence[Execution], ended: Sequence[Ex
 
 def _plan_schedule(inp: RoundInput, plan: DispatchPlan, budget: dict[str, int], view: ScheduleView,
                    in_flight: list[Execution], waiting: Sequence[Execution], parked: Mapping[str, bool],
-                   ended: Sequence[Execution] = ()) -> None:
+                   ended: Sequence[Execution] = (), newest_due: int | None = None) -> None:
     cas = plan.transitions
     # Parked runs earlier than x wait for a run in flight: x waits behind them, in order. (Later ones
     # are parked behind x's predecessors and come back one by one: they hold nothing back.)
@@ -316,7 +322,7 @@ def _plan_schedule(inp: RoundInput, plan: DispatchPlan, budget: dict[str, int], 
     # held by the policy behind a run really in progress (BUFFER_ONE counts them)
     buffered: list[str] = [eid for eid, by_policy in parked.items() if by_policy]
     waited: list[int] = []  # BUFFER_ONE: planned times of runs that waited behind a run that has left flight
-    newest = _newest_cancel_other(waiting, view, cas)
+    newest = _newest_cancel_other(waiting, view, cas, newest_due)
     for x in waiting:
         if x.id in cas:
             continue

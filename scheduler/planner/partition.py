@@ -80,7 +80,7 @@ from scheduler.store.paging import range_pages
 from scheduler.store.schedules import ScheduleStore, StoredSchedule
 from scheduler.store.txn_check import duplicate_write
 from scheduler.tasks import Pacer
-from scheduler.timeplan import SkipReason
+from scheduler.timeplan import Overlap, SkipReason
 from scheduler.timeplan.missed import SkipRange, split_around
 
 log = logging.getLogger(__name__)
@@ -766,7 +766,9 @@ class PartitionPlanner:
             confirmed=self._confirmed, node_id=self.node_id, token=fence.fencing_token,
             start_timeout_ms=self.s.start_timeout_ms, overlap_settle_ms=self.s.overlap_settle_ms,
             transitions=withdrawn, behind={sid: w for sid in due if (w := self.pending.behind(sid))},
-            ended={sid: gone for sid in due if (gone := self.pending.ended(sid))}))
+            ended={sid: gone for sid in due if (gone := self.pending.ended(sid))},
+            newest_due={sid: p for sid, v in views.items() if v.overlap is Overlap.CANCEL_OTHER
+                        and (p := self.pending.newest_due(sid, now_ms, withdrawn)) is not None}))
         for x in plan.defer:
             self.pending.defer(x)
         for b in plan.behind:
@@ -779,7 +781,10 @@ class PartitionPlanner:
             reserved[pool] = reserved.get(pool, 0) + n
         self.starved_pools |= {p for p in plan.starved_pools if self.pending.has_ready(now_ms, p)}
         self.starved = bool(self.starved_pools)
-        aside = {b.x.pool for b in plan.behind} | {x.pool for x in plan.park}
+        # Runs put aside, or skipped (a cancel_other backlog superseded by its newest run), took none of their
+        # pool's capacity: another pass takes the next ones (the newest run waited 1.25 s behind ten superseded).
+        aside = ({b.x.pool for b in plan.behind} | {x.pool for x in plan.park}
+                 | {new.pool for _, new in plan.transitions.values() if new.state is ExecState.SKIPPED})
         again = any(self.dispatcher.capacity(p) > 0 and self.pending.has_ready(now_ms, p) for p in aside)
         cas = plan.transitions
         if not cas:

@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 from scheduler.execution import IN_FLIGHT, ExecState, Execution
-from scheduler.planner.dispatch_round import attempt_spans, first_start_ms
+from scheduler.planner.dispatch_round import attempt_spans, first_start_ms, scheduled_run
 
 
 def _ready_ms(e: Execution) -> int | None:
@@ -260,6 +260,13 @@ class PendingIndex:
     def behind(self, schedule_id: str) -> dict[str, bool]:
         """The runs of a schedule waiting behind one in flight: {id: buffered by the policy}."""
         return self._behind.get(schedule_id, {})
+
+    def newest_due(self, schedule_id: str, now_ms: int, leaving: Mapping[str, object]) -> int | None:
+        """The newest planned time of the schedule's own new runs due by now_ms and not `leaving` (withdrawn
+        this round), wherever they wait: handed to this round, parked behind a run in flight, or deferred for
+        capacity. Under cancel_other the newest wins over all of them (RoundInput.newest_due)."""
+        return max((x.planned_ms for x in self._by_schedule.get(schedule_id, {}).values()
+                    if x.due_ms <= now_ms and x.id not in leaving and scheduled_run(x)), default=None)
 
     def _release_behind(self, schedule_id: str) -> None:
         """Nothing of the schedule in flight: the runs waiting to be decided again (a skip's settle, a

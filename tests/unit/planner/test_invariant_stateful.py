@@ -932,6 +932,28 @@ def test_cancel_other_cancels_an_older_run_waiting_for_its_retry() -> None:
     _replay("cancel_other_retry_beside_newer.json")
 
 
+async def test_a_cancel_other_backlog_behind_a_stopping_run_is_won_by_its_newest_run_at_once() -> None:
+    """Found from the machine's finding below: under cancel_other, the runs due while a cancelled run (its worker
+    crashed) took 10 s to stop waited parked behind it or deferred for capacity, out of sight of the newest-wins
+    rule; once it stopped they came back a pool's capacity at a time, and the oldest ones ran one after another
+    (2 s and 3 s, then 9 s and 10 s, ...), each cancelled by the next: the run due on time started only 3 s
+    later. Now every due run of the schedule counts, skips free no capacity, and the newest starts at once."""
+    w, kv = await _world()
+    w.workers.plan.append(("crash", 200))
+    await w.create(1, False, "a", default_policies(MissedRuns.SKIP, 1, 3, Overlap.CANCEL_OTHER))
+    await w.advance(16_000)
+    xs = {x.planned_ms - T0 + 123: x for x in await w.executions()}  # T0 is 123 ms past a second
+    first = xs[1_000].current
+    assert first is not None and first.finished_ms is not None
+    stopped = first.finished_ms - T0
+    late = [p for p, x in xs.items() if 1_000 < p <= stopped and x.attempts]
+    assert late == [max(p for p in xs if p <= stopped)], f"ran after the stop at {stopped} ms: {sorted(late)}"
+    assert all(xs[p].skip_reason == "superseded" for p in xs if 1_000 < p < late[0])
+    newest = xs[late[0]].current
+    assert newest is not None and newest.dispatched_ms - T0 <= stopped + 250  # in the round that saw the stop
+    await _judge(w, kv)
+
+
 def test_a_run_superseded_after_a_spec_change_is_judged_by_the_new_specs_next_time() -> None:
     """Found by the machine (full mode), a checker fix: a run of 7 s waiting for its retry was superseded when
     the spec became every 5 s under cancel_other and the run at 10 s came due; the checker took the next planned
@@ -939,15 +961,15 @@ def test_a_run_superseded_after_a_spec_change_is_judged_by_the_new_specs_next_ti
     _replay("superseded_after_a_spec_change.json")
 
 
+def test_a_run_is_superseded_by_a_later_run_due_before_a_spec_change() -> None:
+    """Found by the machine (full mode), a checker fix: every second, a worker crash, then the spec changed to
+    every 5 s under cancel_other at 18.4 s; the run of 15 s, waiting behind the crashed one, was superseded at
+    18.5 s by the run of 18 s (the old spec's, due before the change: owed, not withdrawn), which the checker
+    did not count because the new spec's next time (20 s) was not due yet."""
+    _replay("superseded_by_a_run_due_before_a_spec_change.json")
+
+
 # ---- open: found by the machine at the end of session 18, not fixed yet (each flips to a failure once it is) ----
-
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="open: superseded by a run the new spec does not plan")
-def test_open_a_run_is_superseded_only_by_a_later_time_of_the_spec_in_force() -> None:
-    """OPEN. Every second, a worker crash, then the spec changed to every 5 s under cancel_other: the run of
-    15 s, waiting for its retry, was recorded `superseded` at 18.5 s, when no later time of the new spec (20 s)
-    was due; the old spec's runs written ahead, not yet withdrawn in that round, are the likely cause."""
-    _replay("open_superseded_by_an_old_specs_run.json")
-
 
 @pytest.mark.xfail(strict=True, raises=AssertionError, reason="open: catch-up window after pauses and dying claims")
 def test_open_catch_up_window_after_pauses_and_claims_that_died() -> None:
