@@ -81,7 +81,7 @@ from scheduler.store.schedules import ScheduleStore, StoredSchedule
 from scheduler.store.txn_check import duplicate_write
 from scheduler.tasks import Pacer
 from scheduler.timeplan import Overlap, SkipReason
-from scheduler.timeplan.missed import SkipRange, split_around
+from scheduler.timeplan.missed import SkipRange, cut_out, split_around
 
 log = logging.getLogger(__name__)
 
@@ -550,8 +550,9 @@ class PartitionPlanner:
     def _one_record_per_time(self, execs: list[Execution], skips: list[tuple[str, SkipRange]]
                              ) -> tuple[list[Execution], list[tuple[str, SkipRange]]]:
         """What the previous owners recorded stands, and nothing is written over it: a skip range goes around
-        the planned times that have an execution record (a run the previous owner wrote ahead of its watermark),
-        and a run of a planned time a skip range already covers is not created. A claim plans the activations
+        the planned times that have an execution record (a run the previous owner wrote ahead of its watermark)
+        and around the skip ranges recorded already, and a run of a planned time a skip range already covers is
+        not created. A claim plans the activations
         its predecessor's checkpoint did not know again from the replan margin, and a predecessor that died
         after its claim's first write had decided some of those times already (the stateful twin: a `policy_skip`
         range, then the same time created as a run by the next claim, and run)."""
@@ -560,6 +561,8 @@ class PartitionPlanner:
             execs = [e for e in execs
                      if not (e.trigger is Trigger.SCHEDULED and e.run_trigger is None and e.schedule_id in known
                              and any(a < e.planned_ms <= b for a, b in known[e.schedule_id]))]
+            skips = [(sid, piece) for sid, r in skips
+                     for piece in (cut_out(r, known[sid]) if sid in known else (r,))]
         rec = self._recorded
         if rec:
             skips = [(sid, piece) for sid, r in skips

@@ -124,3 +124,22 @@ def split_around(r: SkipRange, recorded: Sequence[int]) -> list[SkipRange]:
     if r.through_ms > lo:
         out.append(SkipRange(r.reason, lo, r.through_ms))
     return out
+
+
+def cut_out(r: SkipRange, covered: Sequence[tuple[int, int]]) -> list[SkipRange]:
+    """`r` without the ranges in `covered` ((after, through] each, any order), which are skip records of their
+    own: a planned time has one record, and one decided already (by an owner that died after writing it)
+    stands. The pieces left keep the reason; empty pieces are dropped."""
+    out = [r]
+    for a, b in covered:
+        nxt: list[SkipRange] = []
+        for p in out:
+            if b <= p.after_ms or a >= p.through_ms:  # disjoint: (a, b] and (after, through]
+                nxt.append(p)
+                continue
+            if a > p.after_ms:
+                nxt.append(SkipRange(p.reason, p.after_ms, a))
+            if b < p.through_ms:
+                nxt.append(SkipRange(p.reason, b, p.through_ms))
+        out = nxt
+    return [p for p in out if p.through_ms > p.after_ms]

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scheduler.timeplan import MissedRuns, SkipReason, parse_spec
-from scheduler.timeplan.missed import MissedKind, SkipRange, decide_missed, split_around
+from scheduler.timeplan.missed import MissedKind, SkipRange, cut_out, decide_missed, split_around
 
 MIN = 60_000
 HOUR = 60 * MIN
@@ -139,3 +139,30 @@ def test_split_around_a_run_written_ahead() -> None:
     assert split_around(r, [T0 + 5_000]) == [SkipRange(SkipReason.POLICY_SKIP, T0 + 4_123, T0 + 4_999),
                                             SkipRange(SkipReason.POLICY_SKIP, T0 + 5_000, T0 + 6_363)]
     assert split_around(r, [T0 + 1_000, T0 + 9_000]) == [r]
+
+
+@given(st.integers(0, 30), st.integers(0, 30),
+       st.lists(st.tuples(st.integers(0, 60_000), st.integers(0, 20_000)), max_size=4))
+def test_cut_out_leaves_exactly_the_instants_other_skips_cover_out(lo: int, width: int,
+                                                                   others: list[tuple[int, int]]) -> None:
+    """Every planned instant of the range is covered by exactly one piece unless another skip record covers it,
+    and no piece covers one that does (a claim's catch-up must not record a time a dead owner's skip decided)."""
+    r = SkipRange(SkipReason.OUTSIDE_CATCHUP_WINDOW, T0 + lo * 1000, T0 + (lo + width) * 1000)
+    covered_by = [(T0 + a, T0 + a + w) for a, w in others]
+    pieces = cut_out(r, covered_by)
+    assert all(p.reason is r.reason and p.after_ms < p.through_ms for p in pieces)
+    every_second = parse_spec("* * * * * *")
+    covered = [t for p in pieces for t in every_second.between_ms(p.after_ms, p.through_ms)]
+    assert covered == sorted(set(covered))
+    wanted = [t for t in every_second.between_ms(r.after_ms, r.through_ms)
+              if not any(a < t <= b for a, b in covered_by)]
+    assert covered == wanted
+
+
+def test_cut_out_a_dead_owners_skip() -> None:
+    r = SkipRange(SkipReason.OUTSIDE_CATCHUP_WINDOW, T0 + 18_888, T0 + 23_047)
+    assert cut_out(r, [(T0 + 18_999, T0 + 19_011), (T0 + 19_011, T0 + 20_116)]) == [
+        SkipRange(SkipReason.OUTSIDE_CATCHUP_WINDOW, T0 + 18_888, T0 + 18_999),
+        SkipRange(SkipReason.OUTSIDE_CATCHUP_WINDOW, T0 + 20_116, T0 + 23_047)]
+    assert cut_out(r, [(T0 + 1_000, T0 + 18_888), (T0 + 23_047, T0 + 30_000)]) == [r]
+    assert cut_out(r, [(T0, T0 + 30_000)]) == []
