@@ -397,6 +397,13 @@ def _plan_schedule(inp: RoundInput, plan: DispatchPlan, budget: dict[str, int], 
             if behind and live:
                 plan.behind.append(Behind(x, x.id in buffered, until, ordered=until is None))
                 held_behind = True
+            elif behind and parked_first is not None and parked_first < x.planned_ms:
+                # In order behind a parked earlier run of its schedule, with nothing of it live at x's time: x
+                # waits parked too (it comes back in order once that one has). Deferred to the ready heap, it
+                # stood in front of the schedule's own retry, due later, which the parked run waits for: with
+                # the pool's share taken by such runs every pass, the retry never came up (the stateful twin:
+                # a buffer_one schedule wedged for good after one worker crash).
+                plan.behind.append(Behind(x, False, ordered=True))
             else:
                 plan.defer.append(x)
             held = True

@@ -954,6 +954,22 @@ async def test_a_cancel_other_backlog_behind_a_stopping_run_is_won_by_its_newest
     await _judge(w, kv)
 
 
+async def test_a_buffer_one_schedule_whose_worker_crashed_is_not_wedged_behind_its_own_retry() -> None:
+    """Found by the machine (full mode, session 19), a wedge from session 18's retry-holds: a buffer_one run's
+    worker crashed; the run buffered behind it stayed parked until the retry had run, and the runs after that
+    one were handed back to the ready heap each round, in front of the retry (due later): with the pool's
+    share of each pass taken by them, the retry never came up and the schedule never ran again."""
+    w, kv = await _world()
+    w.workers.plan.append(("crash", 700))
+    await w.create(1, False, "a", default_policies(MissedRuns.SKIP, 1, 3, Overlap.BUFFER_ONE))
+    await w.advance(30_000)
+    bad = await w.check()
+    assert not bad, "\n".join(bad[:15])
+    first = next(x for x in await w.executions() if x.planned_ms - T0 + 123 == 1_000)
+    assert first.state is ExecState.SUCCEEDED and len(first.attempts) == 2
+    await _judge(w, kv)
+
+
 def test_a_run_superseded_after_a_spec_change_is_judged_by_the_new_specs_next_time() -> None:
     """Found by the machine (full mode), a checker fix: a run of 7 s waiting for its retry was superseded when
     the spec became every 5 s under cancel_other and the run at 10 s came due; the checker took the next planned
