@@ -114,7 +114,7 @@ async def _holds(world: World, *, final: bool = False) -> None:
     assert not bad, "\n".join(bad[:15]) + "\noperations:\n" + describe(world.log)
 
 
-# ---- the twin's findings of session 18, replayed on a real etcd ----------------------------------------------
+# ---- the twin's findings of sessions 18 and 19, replayed on a real etcd -------------------------------------
 
 SKIP_1S = default_policies(MissedRuns.SKIP, 1, 3, Overlap.SKIP)
 
@@ -136,8 +136,16 @@ async def _retry_beside_a_buffered_run(w: World) -> None:
     await w.advance(6_000)
 
 
+async def _crash_under_buffer_one(w: World) -> None:
+    """Session 19: a buffer_one run's worker crashed; the schedule must not wedge behind the run's retry."""
+    w.workers.plan.append(("crash", 700))
+    await w.create(1, False, "a", default_policies(MissedRuns.SKIP, 1, 3, Overlap.BUFFER_ONE))
+    await w.advance(20_000)
+
+
 @pytest.mark.parametrize("scenario", [catch_up_after_a_pause_and_a_kill, _pause_change_resume,
-                                      _retry_beside_a_buffered_run], ids=lambda f: f.__name__.strip("_"))
+                                      _retry_beside_a_buffered_run, _crash_under_buffer_one],
+                         ids=lambda f: f.__name__.strip("_"))
 async def test_the_twins_findings_hold_on_real_etcd(kv: EtcdClient, key_prefix: str,
                                                     scenario: Callable[[World], Awaitable[None]]) -> None:
     world = World(kv, FakeClock(wall_ms=T0), Keyspace(key_prefix.rstrip("/")))
