@@ -244,6 +244,15 @@ def scheduled_run(x: Execution) -> bool:
             and x.run_trigger is None)
 
 
+def supersedes(x: Execution) -> bool:
+    """x can supersede older runs under cancel_other: a run of one of the schedule's own planned times, new or
+    waiting for its retry (the same run, begun already: an older one started after it would only run beside
+    its retry; the stateful twin saw s8@51 started while s8@52 waited 0.4 s for its retry, which then began
+    beside it)."""
+    return (x.state in (ExecState.SCHEDULED, ExecState.RETRY_WAIT) and x.overlap is None
+            and x.trigger is Trigger.SCHEDULED and x.run_trigger is None)
+
+
 def _newest_cancel_other(waiting: Sequence[Execution], view: ScheduleView,
                          cas: Mapping[str, object], elsewhere: int | None) -> int | None:
     """The planned time of the newest due new run of the schedule's own planned times (waiting, or due
@@ -254,7 +263,7 @@ def _newest_cancel_other(waiting: Sequence[Execution], view: ScheduleView,
         return None
     out = elsewhere
     for y in waiting:
-        if y.id not in cas and scheduled_run(y):
+        if y.id not in cas and supersedes(y):
             out = y.planned_ms if out is None else max(out, y.planned_ms)
     return out
 

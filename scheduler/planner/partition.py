@@ -569,6 +569,18 @@ class PartitionPlanner:
                      for piece in (split_around(r, rec[sid]) if sid in rec else (r,))]
         return execs, skips
 
+    def _around_pending(self, skips: list[tuple[str, SkipRange]]) -> list[tuple[str, SkipRange]]:
+        """A skip range goes around the planned times this owner holds a record of: a run written ahead that a
+        later plan of the same instant decides again, e.g. a spec change whose new spec has the instant too (the
+        run is kept, not withdrawn) followed by the catch-up of a hold (the stateful twin: `@every 1s` changed to
+        every second on a workerless pool, then moved to one with workers; s3@11 ran, and was recorded as
+        `outside_catchup_window` too). Skips are few (a catch-up's ranges): the lookup is per range."""
+        out: list[tuple[str, SkipRange]] = []
+        for sid, r in skips:
+            times = [e.planned_ms for e in self.pending.of_schedule(sid) if r.after_ms < e.planned_ms <= r.through_ms]
+            out.extend((sid, piece) for piece in split_around(r, times)) if times else out.append((sid, r))
+        return out
+
     async def write_planned(
         self, execs: list[Execution], skips: list[tuple[str, SkipRange]], watermark_ms: int, sched_rev: int
     ) -> None:
@@ -582,6 +594,8 @@ class PartitionPlanner:
             execs, skips = self._one_record_per_time(execs, skips)
             if watermark_ms > self._guard_until:  # past everything the claim read: nothing left to guard
                 self._recorded, self._known_skips, self._guard_until = {}, {}, 0
+        if skips and len(self.pending):
+            skips = self._around_pending(skips)
         if self.pacer is not None and execs:
             execs = list(self.pacer.pace(execs))  # over-quota runs: a later due time, recorded (never dropped)
         stone_ops: list[Op] = []

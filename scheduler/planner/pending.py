@@ -24,7 +24,7 @@ import itertools
 from collections.abc import Iterator, Mapping
 
 from scheduler.execution import IN_FLIGHT, ExecState, Execution
-from scheduler.planner.dispatch_round import attempt_spans, first_start_ms, scheduled_run
+from scheduler.planner.dispatch_round import attempt_spans, first_start_ms, supersedes
 
 
 def _ready_ms(e: Execution) -> int | None:
@@ -262,11 +262,13 @@ class PendingIndex:
         return self._behind.get(schedule_id, {})
 
     def newest_due(self, schedule_id: str, now_ms: int, leaving: Mapping[str, object]) -> int | None:
-        """The newest planned time of the schedule's own new runs due by now_ms and not `leaving` (withdrawn
-        this round), wherever they wait: handed to this round, parked behind a run in flight, or deferred for
-        capacity. Under cancel_other the newest wins over all of them (RoundInput.newest_due)."""
+        """The newest planned time of the schedule's own runs (new, or waiting for a retry) planned by now_ms
+        and not `leaving` (withdrawn this round), wherever they wait: handed to this round, parked behind a run
+        in flight, deferred for capacity. Under cancel_other the newest wins over all of them
+        (RoundInput.newest_due)."""
         return max((x.planned_ms for x in self._by_schedule.get(schedule_id, {}).values()
-                    if x.due_ms <= now_ms and x.id not in leaving and scheduled_run(x)), default=None)
+                    if (x.state is ExecState.RETRY_WAIT or x.due_ms <= now_ms) and x.id not in leaving
+                    and supersedes(x)), default=None)
 
     def _release_behind(self, schedule_id: str) -> None:
         """Nothing of the schedule in flight: the runs waiting to be decided again (a skip's settle, a

@@ -992,3 +992,20 @@ def test_a_claim_records_no_planned_time_a_dead_claims_skip_decided() -> None:
     `outside_catchup_window` over it: two records for one planned time. The claim's catch-up now goes around
     the skip ranges it read (it already went around the runs)."""
     _replay("catch_up_over_a_dying_claims_skip.json")
+
+
+def test_a_catch_up_records_no_skip_over_a_run_written_ahead_that_a_spec_change_kept() -> None:
+    """Found by the machine (full mode, session 19), 131 steps: s3 `@every 1s` on a workerless pool had its runs
+    written ahead; its spec became every second (the same instants, so the run of 11 s was kept, not
+    withdrawn), and once the schedule moved to a pool with workers, the hold's catch-up recorded (10.9 s, 11.2 s]
+    as `outside_catchup_window` while the kept run of 11 s ran: two records for one planned time. A skip range
+    now goes around every planned time the owner holds a record of."""
+    _replay("ran_and_skipped_after_a_hold.json")
+
+
+def test_cancel_other_starts_no_older_run_while_a_newer_one_waits_for_its_retry() -> None:
+    """Found by the machine (full mode, session 19), 161 steps: under cancel_other, s8@52 started (the newest)
+    and failed at once; the older s8@51, parked behind it, came back while s8@52 waited for its retry and was
+    started, and the retry then began beside it (two at once). A run waiting for its retry counts as the newest
+    run: the older one is superseded."""
+    _replay("cancel_other_two_at_once.json")
