@@ -211,12 +211,16 @@ def late_overlap(r: Execution, x: Execution, catchup: Set[str]) -> bool:
     manual trigger that waited out a takeover was judged as if it had started at its request, and the
     buffer_one run due 0.1 s later was skipped though nothing was in progress then). The checkers
     (chaos/context.py, tests/invariant.py) count only scheduled runs as late runs too."""
-    cur = r.current
-    if (cur is None or not cur.ran_ms or cur.never_started or r.id == x.id or x.id in catchup or r.id in catchup
-            or r.overlap is not None or r.trigger is not Trigger.SCHEDULED or r.run_trigger is not None
-            or r.planned_ms >= x.planned_ms):
+    # Its first attempt, not its current one: on time, that is the attempt that would have begun at its due
+    # time (the stateful twin: a late run's first attempt failed after 0.1 s and its retry ran 12 s; judged on
+    # the retry's 12 s from its due time, the run due 2 s later was skipped though nothing ran then). The
+    # checkers judge on the first start too.
+    first = next((a for a in r.attempts if a.attempt > r.attempt_base), None)
+    if (first is None or not first.ran_ms or first.never_started or r.id == x.id or x.id in catchup
+            or r.id in catchup or r.overlap is not None or r.trigger is not Trigger.SCHEDULED
+            or r.run_trigger is not None or r.planned_ms >= x.planned_ms):
         return False
-    return r.due_ms <= x.due_ms < first_start_ms(r) and x.due_ms < r.due_ms + cur.ran_ms
+    return r.due_ms <= x.due_ms < (first.started_ms or first.dispatched_ms) and x.due_ms < r.due_ms + first.ran_ms
 
 
 def overlapped_by_ended(ended: Sequence[Execution], x: Execution, catchup: Set[str], settle_ms: int) -> list[Execution]:

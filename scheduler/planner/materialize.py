@@ -333,25 +333,37 @@ class Materializer:
             self.settled.append((sch.stored.schedule.id, SkipRange(why, after, deleted_ms)))
 
     def settle_hold(self, sch: Tracked, until_ms: int, ended_by: SkipReason) -> None:
-        """A held schedule changed (new activation) or was deleted before its pool was served again: its
-        held planned times up to the change are decided as missed now, by its policy. The runs that policy
-        runs after a spec change are created (they follow the schedule's pool, which the change may have
-        fixed); a pause or a delete ends them (recorded as paused or deleted)."""
+        """A held schedule changed (new activation) or was deleted before its pool was served again: its held
+        planned times up to the change are decided now. After a spec change they are those of an ended
+        activation (`settle`: missed by its policy beyond the late grace, late runs within it; the runs follow
+        the schedule's pool, which the change may have fixed); a pause or a delete ends the runs (recorded as
+        paused or deleted), the missed ones beyond the late grace keeping their policy's reasons."""
         sid = sch.stored.schedule.id
         after = self.held.pop(sid)
         self.held_late.discard(sid)
         self.hold_writes[sid] = None
         if after >= until_ms:
             return
-        p = sch.stored.schedule.policies
-        d = decide_missed(sch.plan, after, until_ms, p.missed_runs, p.catchup_window_ms, p.catchup_cap)
-        self.settled += [(sid, r) for r in d.skipped]
-        if ended_by is not SkipReason.SCHEDULE_CHANGED:  # a pause or a delete ends them (and would withdraw them)
-            self.settled += [(sid, SkipRange(ended_by, t - 1, t)) for t in d.run]
+        # Missed only beyond the late grace, as when a hold is released (`_release_held`) or an activation ended
+        # unhandled (`settle`): the times held for less are late, not missed. A spec change leaves them owed (as
+        # `settle` does); a pause or a delete ends them as it ends any run due and not started. (The stateful
+        # twin: a pool changed to a workerless one at a takeover, then a pause 1.8 s later: the three times
+        # held meanwhile were recorded `policy_skip`, though they had been due for less than the late grace.)
+        if ended_by is SkipReason.SCHEDULE_CHANGED:
+            self.settle(sch, after, until_ms)
             return
-        now = self.clock.wall_ms()
-        for t in d.run:
-            e = self.new_execution(sch, t, now)
-            self.settled_runs.append(e)
-            self.catchup.add(e.id)
+        horizon = self.clock.wall_ms() - self.s.late_grace_ms
+        if after < horizon:
+            p = sch.stored.schedule.policies
+            end = min(until_ms, horizon)
+            window = p.catchup_window_ms - (horizon - end)  # counts back from now, as in `settle`
+            if window < 0:
+                self.settled.append((sid, SkipRange(SkipReason.OUTSIDE_CATCHUP_WINDOW, after, end)))
+            else:
+                d = decide_missed(sch.plan, after, end, p.missed_runs, window, p.catchup_cap)
+                self.settled += [(sid, r) for r in d.skipped]
+                self.settled += [(sid, SkipRange(ended_by, t - 1, t)) for t in d.run]
+            after = end
+        if after < until_ms and sch.plan.any_between_ms(after, until_ms):
+            self.settled.append((sid, SkipRange(ended_by, after, until_ms)))
 

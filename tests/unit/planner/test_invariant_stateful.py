@@ -1009,3 +1009,19 @@ def test_cancel_other_starts_no_older_run_while_a_newer_one_waits_for_its_retry(
     started, and the retry then began beside it (two at once). A run waiting for its retry counts as the newest
     run: the older one is superseded."""
     _replay("cancel_other_two_at_once.json")
+
+
+def test_a_hold_ended_by_a_pause_records_the_times_held_within_the_late_grace_as_paused() -> None:
+    """Found by the machine (full mode, session 19), 125 steps: a takeover found s1's pool changed to one without
+    workers, so s1 was held; a pause 1.8 s later ended the hold and its three held times were decided by the
+    missed-run policy (`policy_skip`), though they had been due for less than the late grace: late, not missed.
+    They are recorded as `paused` now, as any run due and not started at a pause."""
+    _replay("policy_skip_after_a_kill_and_a_pool_change.json")
+
+
+def test_a_late_run_is_judged_as_if_on_time_by_its_first_attempt_not_its_retry() -> None:
+    """Found by the machine (full mode, session 19), shrunk: a takeover found s1@1 and s1@2 late; s1@1's first
+    attempt failed after 0.1 s and its retry ran 12 s. Judged on the retry's 12 s from its due time ("had it
+    run on time"), s1@3, due before either began, was skipped as an overlap though nothing ran then. A late
+    run is judged on its first attempt, as the checkers judge it."""
+    _replay("late_run_judged_on_its_retry.json")
