@@ -718,3 +718,29 @@ def test_a_retry_whose_first_attempt_left_no_effect_may_start_beside_a_run(tmp_p
     x.effect(eid, 2, token_of(x, "slow-000"), "r1-w1", T0 + 12_200, T0 + 12_300)
     _, fails, _ = judged(x.build(tmp_path / "run"))
     assert "I9" not in fails, fails
+
+
+@pytest.mark.parametrize("skewed", [False, True])
+def test_an_overlap_skip_read_off_a_record_a_skewed_planner_stamped_is_judged_within_the_skew_bound(
+        tmp_path: Path, skewed: bool) -> None:
+    """Game day, session 18: an F6 skew (+30 s, held to about +1 s by the planning clock) made a planner stamp a
+    dispatch 1 s late; the next owner read the run's end off that record and skipped the run due 0.95 s after
+    the real end. Within the documented skew bound that skip is justified; without a skew on the planner that
+    stamped the record it is a manufactured overlap (I2)."""
+    x, _ = clean_run(tmp_path / "run")
+    t = T0 + 40_000  # slow-000's run of 40 s ended at 40.1 s instead of 41.54 s: the skip of 41 s has no overlap
+    eid = execution_id("slow-000", t)
+    x.effects = [e for e in x.effects if not (e.exec_id == eid and e.phase == "end")]
+    start = next(e for e in x.effects if e.exec_id == eid)
+    x.effects.append(replace(start, seq=max(e.seq for e in x.effects) + 1, phase="end", t_ms=T0 + 40_100))
+    key = KS.execution(partition_for("slow-000", P), "slow-000", t).decode()
+    x.watch = [replace(w, t_ms=T0 + 40_125) if w.key == key and b'"succeeded"' in w.value else w for w in x.watch]
+    if skewed:
+        node = x.owners[partition_for("slow-000", P)][0]
+        x.faults.append(FaultRecord(2, "F6", node, T0 + 39_500, T0 + 40_500, {"offset": "+30s"}, "planner",
+                                    "clock skew", healthy_ms=T0 + 41_000))
+    _, fails, _ = judged(x.build(tmp_path / "s"))
+    if skewed:
+        assert "I2" not in fails, fails
+    else:
+        assert fails.get("I2", 0) == 1, fails
