@@ -421,6 +421,23 @@ def _plan_schedule(inp: RoundInput, plan: DispatchPlan, budget: dict[str, int], 
                 plan.defer.append(x)
             held = True
             continue
+        if policy is Overlap.CANCEL_OTHER:
+            # Newest wins, between a run's retry and a newer run too (the stateful twin, twice: a newer run
+            # started while an older one waited for its retry, from a start decided without an overlap, and
+            # the retry then began beside it). A retry of the schedule's own run that a newer run supersedes is
+            # cancelled (nothing is out); a starting run cancels the older runs waiting for a retry.
+            if x.state is ExecState.RETRY_WAIT:
+                if x.overlap is None and x.trigger is Trigger.SCHEDULED and x.run_trigger is None and (
+                        (newest is not None and newest > x.planned_ms) or any(
+                        r.planned_ms > x.planned_ms and r.state in IN_FLIGHT and r.id not in cas for r in in_flight)):
+                    cas[x.id] = (x, cancel(x, "overlap", inp.now_ms))
+                    in_flight = [r for r in in_flight if r.id != x.id]
+                    continue
+            else:
+                for r in in_flight:
+                    if r.id not in cas and r.state is ExecState.RETRY_WAIT and r.planned_ms < x.planned_ms:
+                        cas[r.id] = (r, cancel(r, "overlap", inp.now_ms))
+                in_flight = [r for r in in_flight if r.id not in cas]
         if budget.get(x.pool, 0) <= 0:
             plan.defer.append(x)  # waits for worker capacity
             plan.starved_pools.add(x.pool)
@@ -440,13 +457,7 @@ def _plan_schedule(inp: RoundInput, plan: DispatchPlan, budget: dict[str, int], 
                     stopping = stopping or stop.state is ExecState.CANCELLING
                 elif r.id not in cas and r.state is ExecState.RETRY_WAIT:
                     cas[r.id] = (r, cancel(r, "overlap", inp.now_ms))  # nothing out: cancelled at once
-            # An older run waiting for its retry is cancelled too, even if its attempt ended before x came due:
-            # its retry would run beside x (the stateful twin: a transient failure's retry started beside the
-            # newer run of a cancel_other schedule). Nothing is out: cancelled at once.
-            for r in in_flight:
-                if r.id not in cas and r.state is ExecState.RETRY_WAIT and r.planned_ms < x.planned_ms:
-                    cas[r.id] = (r, cancel(r, "overlap", inp.now_ms))
-            in_flight = [r for r in in_flight if r.id not in cas]
+            in_flight = [r for r in in_flight if r.id not in cas]  # (older runs waiting for a retry: above)
             if stopping:
                 plan.behind.append(Behind(x, False, ordered=False))  # until the cancelled runs' stop is recorded
                 held = held_behind = True

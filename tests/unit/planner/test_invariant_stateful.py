@@ -1025,3 +1025,13 @@ def test_a_late_run_is_judged_as_if_on_time_by_its_first_attempt_not_its_retry()
     run on time"), s1@3, due before either began, was skipped as an overlap though nothing ran then. A late
     run is judged on its first attempt, as the checkers judge it."""
     _replay("late_run_judged_on_its_retry.json")
+
+
+@pytest.mark.parametrize("case", ["cancel_other_older_started_beside_newer.json",
+                                  "cancel_other_older_started_beside_newer_2.json"])
+def test_cancel_other_never_runs_an_older_runs_retry_beside_a_newer_run(case: str) -> None:
+    """Found by the machine twice (full mode, session 19): under cancel_other, a run failed and waited for its
+    retry; the next run came due and, with nothing running at its time, started without an overlap decision,
+    so the older run's retry was not cancelled and began beside it. A starting run now cancels older runs
+    waiting for a retry whatever its overlap decision, and a retry a newer run supersedes is cancelled."""
+    _replay(case)
