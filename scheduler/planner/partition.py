@@ -317,15 +317,19 @@ class PartitionPlanner:
         self._confirmed.clear()
         self._pools = None
         held_from: dict[str, int] = {}
+        held_late: set[str] = set()  # held while their pool was saturated: late, not missed
         for kv in holds.kvs:
             sid = self.ks.last_segment(kv.key)
-            held_from[sid] = int(json.loads(kv.value)["from"])
+            hold = json.loads(kv.value)
+            held_from[sid] = int(hold["from"])
+            if hold.get("late"):
+                held_late.add(sid)
             self.m.hold_writes[sid] = None  # planned again from `from`: deleted (start() keeps it one round)
         for st in stored:
             await pacer.pace()
             owed = self.m.owed_from_checkpoint(st, ck)
-            if st.schedule.id in held_from:  # planned times after the hold were not materialized
-                owed = max(st.activated_ms, min(owed, held_from[st.schedule.id]))
+            if st.schedule.id in held_from and st.schedule.id not in held_late:
+                owed = max(st.activated_ms, min(owed, held_from[st.schedule.id]))  # not materialized: owed
             self.m.track(st, owed)
             earlier = owed_activations(st, ck)
             hold_at = held_from.get(st.schedule.id)
@@ -340,6 +344,15 @@ class PartitionPlanner:
                                        st.activated_ms, SkipReason.PAUSED if paused else SkipReason.SCHEDULE_CHANGED)
             elif hold_at is None:
                 self._settle_earlier(st, earlier, ck)
+            elif st.schedule.id in held_late and (sch := self.m.schedules.get(st.schedule.id)) is not None:
+                # The dead owner held these times only because every worker of the pool was busy: they run late,
+                # as they would have under it (`_release_held`), up to the watermark; after it, this claim's
+                # catch-up decides them as any outage's. (The stateful twin: the catch-up took the held times
+                # for missed, and s3@8 was recorded `policy_skip` though its pool was only saturated.)
+                if st.schedule.state is ScheduleState.PAUSED:
+                    self.m.settle(sch, hold_at, owed)  # recorded as paused
+                else:
+                    self.m.rewrite(sch, hold_at, owed)
             if st.schedule.state is ScheduleState.PAUSED:
                 self._withdraw[st.schedule.id] = Withdrawal(SkipReason.PAUSED)
             elif ck.sched_rev and st.activation_rev > ck.sched_rev:
@@ -613,8 +626,11 @@ class PartitionPlanner:
         # Holds go with the other ops, which are committed before the checkpoint (in its txn when they fit,
         # in chunks before it otherwise: thousands of schedules of a pool may be held in one round), so
         # the checkpoint never passes a held time without its hold.
-        ops += [put(self.ks.hold(self.p, sid), json.dumps({"from": t}).encode()) if t is not None
-                else delete(self.ks.hold(self.p, sid)) for sid, t in holds.items()]
+        # `late`: held while the pool's workers were all busy, not absent (a new owner runs the held times late
+        # rather than deciding them as missed).
+        ops += [put(self.ks.hold(self.p, sid), json.dumps(
+                    {"from": t, "late": True} if sid in self.m.held_late else {"from": t}).encode())
+                if t is not None else delete(self.ks.hold(self.p, sid)) for sid, t in holds.items()]
         if not ops and not write_ck:
             return
         async with self.ownership.writing(self.p) as fence:

@@ -1035,3 +1035,13 @@ def test_cancel_other_never_runs_an_older_runs_retry_beside_a_newer_run(case: st
     so the older run's retry was not cancelled and began beside it. A starting run now cancels older runs
     waiting for a retry whatever its overlap decision, and a retry a newer run supersedes is cancelled."""
     _replay(case)
+
+
+@pytest.mark.parametrize("case", ["busy_pool_hold_at_a_kill.json", "busy_pool_hold_at_two_kills.json"])
+def test_a_new_owner_runs_late_the_times_a_saturated_pool_held(case: str) -> None:
+    """Found by the machine twice (full mode, session 19), shrunk: slow runs kept pool a's workers busy, so a new
+    schedule of that pool was held (saturated, not workerless: its times run late, nothing is missed); the
+    owner was killed, and the next claim read the hold and decided the held times by the missed-run policy
+    (`policy_skip`). The hold record now says `late`, and a new owner runs those times late up to the
+    watermark (the catch-up decides what follows, as after any outage)."""
+    _replay(case)
