@@ -336,34 +336,22 @@ class Materializer:
         """A held schedule changed (new activation) or was deleted before its pool was served again: its held
         planned times up to the change are decided now. After a spec change they are those of an ended
         activation (`settle`: missed by its policy beyond the late grace, late runs within it; the runs follow
-        the schedule's pool, which the change may have fixed); a pause or a delete ends the runs (recorded as
-        paused or deleted), the missed ones beyond the late grace keeping their policy's reasons."""
+        the schedule's pool, which the change may have fixed); a pause or a delete ends them (recorded as
+        paused or schedule_deleted)."""
         sid = sch.stored.schedule.id
         after = self.held.pop(sid)
         self.held_late.discard(sid)
         self.hold_writes[sid] = None
         if after >= until_ms:
             return
-        # Missed only beyond the late grace, as when a hold is released (`_release_held`) or an activation ended
-        # unhandled (`settle`): the times held for less are late, not missed. A spec change leaves them owed (as
-        # `settle` does); a pause or a delete ends them as it ends any run due and not started. (The stateful
-        # twin: a pool changed to a workerless one at a takeover, then a pause 1.8 s later: the three times
-        # held meanwhile were recorded `policy_skip`, though they had been due for less than the late grace.)
+        # After a spec change they are those of an ended activation (`settle`: missed beyond the late grace, as
+        # when a hold is released, late runs within it). A pause or a delete ends them all, one range, as a
+        # claim records a held schedule's tombstone (`PartitionPlanner._bury`): they were not run because of it.
+        # (The stateful twin: a pause 1.8 s after a hold began recorded the held times `policy_skip`; a delete
+        # recorded them `policy_skip` and `schedule_deleted` both.)
         if ended_by is SkipReason.SCHEDULE_CHANGED:
             self.settle(sch, after, until_ms)
             return
-        horizon = self.clock.wall_ms() - self.s.late_grace_ms
-        if after < horizon:
-            p = sch.stored.schedule.policies
-            end = min(until_ms, horizon)
-            window = p.catchup_window_ms - (horizon - end)  # counts back from now, as in `settle`
-            if window < 0:
-                self.settled.append((sid, SkipRange(SkipReason.OUTSIDE_CATCHUP_WINDOW, after, end)))
-            else:
-                d = decide_missed(sch.plan, after, end, p.missed_runs, window, p.catchup_cap)
-                self.settled += [(sid, r) for r in d.skipped]
-                self.settled += [(sid, SkipRange(ended_by, t - 1, t)) for t in d.run]
-            after = end
         if after < until_ms and sch.plan.any_between_ms(after, until_ms):
             self.settled.append((sid, SkipRange(ended_by, after, until_ms)))
 

@@ -516,11 +516,12 @@ class PartitionPlanner:
             return
         self.sched_rev = max(self.sched_rev, revision)
         old = self.schedules.pop(schedule_id, None)
-        if old is not None and schedule_id in self.m.held:
+        held = schedule_id in self.m.held  # (settle_hold ends the hold: read before, or both would record)
+        if old is not None and held:
             self.m.settle_hold(old, self.clock.wall_ms(), SkipReason.SCHEDULE_DELETED)
         self._pools = None
         self._withdraw[schedule_id] = Withdrawal(SkipReason.SCHEDULE_DELETED)
-        if old is not None and schedule_id not in self.m.held:
+        if old is not None and not held:
             # Its planned times up to the delete this owner has not handled yet (none, normally).
             self.m.settle_deleted(old, self.clock.wall_ms())
         if revision:  # the tombstone written with the delete (same revision): handled, so it goes

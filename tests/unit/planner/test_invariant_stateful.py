@@ -1015,7 +1015,7 @@ def test_a_hold_ended_by_a_pause_records_the_times_held_within_the_late_grace_as
     """Found by the machine (full mode, session 19), 125 steps: a takeover found s1's pool changed to one without
     workers, so s1 was held; a pause 1.8 s later ended the hold and its three held times were decided by the
     missed-run policy (`policy_skip`), though they had been due for less than the late grace: late, not missed.
-    They are recorded as `paused` now, as any run due and not started at a pause."""
+    They are recorded as `paused` now (a pause or a delete ends a hold's times all: docs/time.md)."""
     _replay("policy_skip_after_a_kill_and_a_pool_change.json")
 
 
@@ -1045,3 +1045,12 @@ def test_a_new_owner_runs_late_the_times_a_saturated_pool_held(case: str) -> Non
     (`policy_skip`). The hold record now says `late`, and a new owner runs those times late up to the
     watermark (the catch-up decides what follows, as after any outage)."""
     _replay(case)
+
+
+def test_a_hold_ended_by_a_delete_records_its_times_once_as_deleted() -> None:
+    """Found by the machine (full mode, session 19), 63 steps: s3 was held (its pool changed to one without
+    workers), then deleted; the owner decided the held times by the missed-run policy (`policy_skip`) and then,
+    the hold being gone, settled the deleted schedule's times again (`schedule_deleted` from its activation):
+    two records for s3@10. A delete ends a hold's times once, all `schedule_deleted`, as a claim reading the
+    tombstone does."""
+    _replay("hold_ended_by_a_delete.json")
