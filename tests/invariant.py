@@ -131,6 +131,10 @@ class Start:
     # The checkpoint's mod_revision (0: none): the writes before it were seen by its writer (the World
     # hands every write to the live planner before its next round), those after it were not.
     ck_rev: int = 0
+    # Hold records read with the checkpoint: schedule id -> `from`. A hold overrides the watermark for its
+    # schedule (docs/keyspace.md): its times after `from` were not materialized, and the claim's catch-up
+    # decides them as any others behind it.
+    holds: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -478,7 +482,10 @@ class World:
         now = self.clock.wall_ms()
         ck = await self.kv.get(self.ks.checkpoint(PARTITION))
         wm = 0 if ck is None else int(json.loads(ck.value)["watermark_ms"])
-        self.log.starts.append(Start(now, wm, takeover, 0 if ck is None else ck.mod_revision))
+        held = await self.kv.range(self.ks.holds(PARTITION), prefix=True)
+        holds = {self.ks.last_segment(kv.key): int(json.loads(kv.value)["from"]) for kv in held.kvs
+                 if not json.loads(kv.value).get("late")}  # a late hold's times run late: not missed
+        self.log.starts.append(Start(now, wm, takeover, 0 if ck is None else ck.mod_revision, holds))
         if takeover:
             self.log.outage_from = None
         self.node.planners[PARTITION] = inst.planner
@@ -873,7 +880,8 @@ def expected_catch_up(log: Log, sid: str, start: Start) -> dict[int, str]:
         # create or change made after the writer's last checkpoint but before the watermark it wrote (which
         # runs `lookahead_ms` ahead) was planned by nobody (docs/time.md, Activation).
         seen = a.rev < start.ck_rev
-        lo, hi = (max(start.watermark_ms, a.activated_ms) if seen else a.activated_ms), min(horizon, end)
+        wm = min(start.watermark_ms, start.holds.get(sid, start.watermark_ms))
+        lo, hi = (max(wm, a.activated_ms) if seen else a.activated_ms), min(horizon, end)
         if a.state != "active" or hi <= lo:
             continue
         k = a.period_s * 1000

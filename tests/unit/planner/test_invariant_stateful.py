@@ -1054,3 +1054,13 @@ def test_a_hold_ended_by_a_delete_records_its_times_once_as_deleted() -> None:
     two records for s3@10. A delete ends a hold's times once, all `schedule_deleted`, as a claim reading the
     tombstone does."""
     _replay("hold_ended_by_a_delete.json")
+
+
+@pytest.mark.parametrize("case", ["hold_at_a_handover.json", "hold_at_claims_long.json"])
+def test_a_claim_decides_the_times_a_hold_kept_behind_the_watermark(case: str) -> None:
+    """Found by the machine twice (full mode, session 19), a checker fix: s3 was held (its pool without workers)
+    from 9.876 s while the checkpoint moved on to 16 s; a graceful handover's claim decided the held time of
+    9.877 s by the missed-run policy (`policy_skip`, 5 s late). A hold overrides the watermark for its schedule
+    (docs/keyspace.md); the checker's model of a claim's catch-up took the watermark alone and said "not
+    missed". It now reads the holds with the checkpoint, as the claim does."""
+    _replay(case)
