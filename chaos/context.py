@@ -42,7 +42,8 @@ class Context:
                      for f in self.faults]
         self.reruns: dict[str, int] = {}
         for o in run.ops:
-            if o.ok and o.op in ("rerun", "replay"):
+            # (A failed rerun whose unanswered try may have been applied counts too: chaos/ops.py.)
+            if (o.ok or o.result.get("maybe_applied")) and o.op in ("rerun", "replay"):
                 eid = str(o.result.get("execution_id") or o.params.get("execution_id") or "")
                 if eid:
                     self.reruns[eid] = self.reruns.get(eid, 0) + 1

@@ -86,15 +86,22 @@ class OpRunner:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + OP_DEADLINE_S
         error = ""
+        # What the operation chose on its first try (a rerun's target), kept across retries: after an answer
+        # that never came (UNAVAILABLE, DEADLINE_EXCEEDED) the request may have been applied, and choosing
+        # again ("the latest finished execution") would act on another one. A game day saw one rerun request
+        # rerun two executions that way, and the checker count the second effect of the first as a duplicate.
+        state: dict[str, Any] = {}
         while True:
             try:
                 address = self.live.api_address(self.rng)
                 async with SchedulerClient(address, timeout=max(0.5, deadline - loop.time())) as c:
-                    result = await self._call(c, op, planned)
+                    result = await self._call(c, op, planned, state)
                 self.rec.op(OpRecord(t0, op.op, op.schedule_id, True, SYSTEM_CLOCK.wall_ms(), dict(op.params), result))
                 return
             except ClientError as e:
                 error = f"{e.code.name}: {e}"
+                if e.code in _RETRY_ON:
+                    state["unanswered"] = True
                 if e.code not in _RETRY_ON or loop.time() + 0.3 >= deadline:
                     break
             except RuntimeError as e:  # no planner running right now (a region loss)
@@ -102,9 +109,13 @@ class OpRunner:
                 if loop.time() + 0.3 >= deadline:
                     break
             await asyncio.sleep(0.3)
-        self.rec.op(OpRecord(t0, op.op, op.schedule_id, False, SYSTEM_CLOCK.wall_ms(), dict(op.params), {}, error))
+        # Failed, but an unanswered try may have been applied: the checker allows its effect (chaos/context.py).
+        maybe = {"execution_id": state["target"], "maybe_applied": True} if state.get("unanswered") and \
+            "target" in state else {}
+        self.rec.op(OpRecord(t0, op.op, op.schedule_id, False, SYSTEM_CLOCK.wall_ms(), dict(op.params), maybe, error))
 
-    async def _call(self, c: SchedulerClient, op: PlannedOp, planned: PlannedSchedule | None) -> dict[str, Any]:
+    async def _call(self, c: SchedulerClient, op: PlannedOp, planned: PlannedSchedule | None,
+                    state: dict[str, Any]) -> dict[str, Any]:
         sid = op.schedule_id
         if op.op == "create":
             assert planned is not None and self.live.sink_url
@@ -140,11 +151,20 @@ class OpRunner:
                 last = progress
             return {} if last is None else {"created": last.created, "existing": last.existing, "planned": last.planned}
         if op.op == "rerun":
-            page = await c.list_executions(schedule_id=sid, states=list(_FINISHED), newest_first=True, page_size=1)
-            if not page.executions:
-                return {"skipped": "nothing finished yet"}
-            e = page.executions[0]
-            again = await c.rerun_execution(sid, e.planned_at.ToMilliseconds())
+            if "target" not in state:
+                page = await c.list_executions(schedule_id=sid, states=list(_FINISHED), newest_first=True,
+                                               page_size=1)
+                if not page.executions:
+                    return {"skipped": "nothing finished yet"}
+                state["target"], state["planned_ms"] = page.executions[0].execution_id, \
+                    page.executions[0].planned_at.ToMilliseconds()
+            try:
+                again = await c.rerun_execution(sid, state["planned_ms"])
+            except ClientError as e:
+                if not (state.get("unanswered") and e.code is grpc.StatusCode.FAILED_PRECONDITION):
+                    raise
+                # Not finished any more: the unanswered try reran it (nothing else reruns in a drill).
+                return {"execution_id": state["target"], "applied_by": "an unanswered earlier try"}
             return {"execution_id": again.execution_id}
         if op.op == "switchover":  # `schedule_id` holds the region (chaos/scenario.py CLUSTER_OPS)
             policy = await c.switchover(sid, reason="drill")

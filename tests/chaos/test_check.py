@@ -744,3 +744,24 @@ def test_an_overlap_skip_read_off_a_record_a_skewed_planner_stamped_is_judged_wi
         assert "I2" not in fails, fails
     else:
         assert fails.get("I2", 0) == 1, fails
+
+
+@pytest.mark.parametrize("recorded", ["none", "maybe_applied"])
+def test_a_rerun_whose_answer_never_came_allows_its_effect(tmp_path: Path, recorded: str) -> None:
+    """Game day, session 19: the harness's rerun of the latest finished execution got no answer (the planner
+    it asked was cut off), was applied all the same, and the retry chose again and reran another one. The
+    harness now keeps its first choice across retries and records a failed request whose unanswered try may
+    have been applied (`maybe_applied`): that rerun's effect is allowed; without the record it is a duplicate."""
+    x, run = clean_run(tmp_path / "run")
+    eid = execution_id("s-003", T0 + 10_000)
+    tok = token_of(x, "s-003")
+    first = next(e for e in run.effects if e.exec_id == eid and e.phase == "start")
+    x.effect(eid, 2, tok, "r1-w2", first.t_ms + 5_000, first.t_ms + 5_100)
+    if recorded == "maybe_applied":
+        x.ops.append(OpRecord(first.t_ms + 4_000, "rerun", "s-003", False, first.t_ms + 9_000, {},
+                              {"execution_id": eid, "maybe_applied": True}, "UNAVAILABLE: cut off"))
+    _, fails, _ = judged(x.build(tmp_path / "r"))
+    if recorded == "maybe_applied":
+        assert "I1" not in fails, fails
+    else:
+        assert fails.get("I1") == 1, fails
