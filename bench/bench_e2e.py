@@ -40,6 +40,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -148,10 +149,12 @@ def _secure_files(workdir: Path) -> tuple[list[str], list[str]]:
     return planner, worker
 
 
-async def run_rate(rate: int, args: argparse.Namespace, workdir: Path, secure: bool = False) -> Result:
-    workdir = workdir / ("secure" if secure else "plain")
+async def run_rate(rate: int, args: argparse.Namespace, workdir: Path, secure: bool = False,
+                   loop: str = "asyncio") -> Result:
+    workdir = workdir / (("secure" if secure else "plain") + ("" if loop == "asyncio" else f"-{loop}"))
     workdir.mkdir(parents=True, exist_ok=True)
     sec_planner, sec_worker = _secure_files(workdir) if secure else ([], [])
+    sec_planner, sec_worker = [*sec_planner, "--event-loop", loop], [*sec_worker, "--event-loop", loop]
     etcd_bin = find_binary("etcd")
     assert etcd_bin, "etcd not found: run scripts/setup.sh"
     ceil = await ceiling_alone(etcd_bin, workdir / f"etcd-ceiling-{rate}", 3.0 if args.quick else 8.0)
@@ -224,6 +227,31 @@ async def run_rate(rate: int, args: argparse.Namespace, workdir: Path, secure: b
         cluster.close()
 
 
+def _row(r: Result, label: str) -> None:
+    print(f"{r.rate:>9} {r.materialized_per_s:>14.0f} {r.completed_per_s:>11.0f} {r.lag_p50:>10.0f} "
+          f"{r.lag_p99:>7.0f} {r.lag_max:>7.0f} {r.etcd_requests_per_exec:>13.2f} "
+          f"{r.ceiling_keys_per_s:>14.0f} {r.materialized_per_s / r.ceiling_keys_per_s:>11.3f} "
+          f"{sum(r.cpu_us):>9.0f} = {r.cpu_us[0]:.0f} + {r.cpu_us[1]:.0f} + {r.cpu_us[2]:.0f} {label}", flush=True)
+
+
+def _compare_loops(rate: int, args: argparse.Namespace, workdir: Path) -> None:
+    """asyncio and uvloop alternating (A B B A ...), so that a drift of the machine hits both alike."""
+    got: dict[str, list[Result]] = {"asyncio": [], "uvloop": []}
+    for i in range(args.repeat):
+        for loop in (("asyncio", "uvloop") if i % 2 == 0 else ("uvloop", "asyncio")):
+            r = asyncio.run(run_rate(rate, args, workdir / f"{loop}-{i}", loop=loop))
+            got[loop].append(r)
+            _row(r, loop)
+    a, u = got["asyncio"], got["uvloop"]
+    measures: list[tuple[str, Callable[[Result], float]]] = [
+        ("completed/s", lambda r: r.completed_per_s), ("lag p99", lambda r: r.lag_p99),
+        ("CPU us/exec", lambda r: sum(r.cpu_us)), ("planner CPU us/exec", lambda r: r.cpu_us[0]),
+        ("worker CPU us/exec", lambda r: r.cpu_us[1])]
+    for name, f in measures:
+        ratios = [f(y) / max(f(x), 1e-9) for x, y in zip(a, u, strict=True)]
+        print(f"{rate:>9} uvloop / asyncio {name}: " + ", ".join(f"{q:.3f}" for q in ratios), flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
@@ -235,6 +263,9 @@ def main() -> None:
     ap.add_argument("--log-level", default="warning")
     ap.add_argument("--workdir", default=None, help="keep logs here instead of a temporary directory")
     ap.add_argument("--secure", action="store_true", help="each rate also with mTLS + authorization; ratios")
+    ap.add_argument("--compare-loops", action="store_true",
+                    help="each rate on asyncio's loop and on uvloop (planners and workers), alternating; ratios")
+    ap.add_argument("--repeat", type=int, default=1, help="with --compare-loops: pairs per rate")
     args = ap.parse_args()
     rates = [int(r) for r in (args.rates or ("200" if args.quick else "1000,2000,4000")).split(",")]
     args.seconds = args.seconds or (6.0 if args.quick else 40.0)
@@ -246,6 +277,9 @@ def main() -> None:
               f"{'max ms':>7} {'etcd req/exec':>13} {'ceiling keys/s':>14} {'mat/ceiling':>11} "
               f"{'CPU us/exec planners+workers+etcd':>33}")
         for rate in rates:
+            if args.compare_loops:
+                _compare_loops(rate, args, Path(tmp) / str(rate))
+                continue
             runs = [asyncio.run(run_rate(rate, args, Path(tmp) / str(rate)))]
             if args.secure:
                 runs.append(asyncio.run(run_rate(rate, args, Path(tmp) / str(rate), secure=True)))

@@ -9,7 +9,7 @@ import json
 import signal
 from pathlib import Path
 
-from scheduler import logs
+from scheduler import eventloop, logs
 from scheduler.clock import SYSTEM_CLOCK
 from scheduler.timeplan.plan import to_ms
 from scheduler.worker import ExecutionContext, Worker, WorkerSettings
@@ -46,5 +46,7 @@ if __name__ == "__main__":
     ap.add_argument("--tls-ca-file", default=None)  # bench_e2e --secure: mutual TLS to the planners
     ap.add_argument("--tls-cert-file", default=None)
     ap.add_argument("--tls-key-file", default=None)
+    ap.add_argument("--event-loop", default="asyncio", choices=eventloop.LOOPS)
     logs.setup("warning")
-    asyncio.run(main(ap.parse_args()))
+    a = ap.parse_args()
+    eventloop.run(main(a), a.event_loop)

@@ -11,7 +11,7 @@ import signal
 import sys
 from typing import TYPE_CHECKING, Any
 
-from scheduler import logs
+from scheduler import eventloop, logs
 from scheduler._gen.scheduler.v1 import cluster_pb2 as cpb
 from scheduler.cli.common import client_parent, enum_name, print_json, run_call
 from scheduler.cli.output import Exit, fail_invalid
@@ -171,7 +171,7 @@ def run(args: argparse.Namespace) -> int:
     from scheduler.planner.ownership import ClusterMismatch
 
     try:
-        return asyncio.run(_main(etcd, coord, planner, tls))  # type: ignore[arg-type]
+        return eventloop.run(_main(etcd, coord, planner, tls), planner.event_loop)  # type: ignore[arg-type]
     except InvalidArgument as e:  # found only when acting on it (an address already in use)
         return fail_invalid(e)
     except ClusterMismatch as e:

@@ -10,7 +10,7 @@ import logging
 import signal
 from typing import TYPE_CHECKING
 
-from scheduler import logs
+from scheduler import eventloop, logs
 from scheduler.cli.output import Exit, fail_invalid
 from scheduler.cli.planner import add_settings_flags, serve_metrics
 from scheduler.config import parse_listen_address
@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
         return fail_invalid(e)
     logs.setup(settings.log_level)
     try:
-        return asyncio.run(_main(settings))
+        return eventloop.run(_main(settings), settings.event_loop)
     except InvalidArgument as e:  # found only when acting on it (an address already in use)
         return fail_invalid(e)
 

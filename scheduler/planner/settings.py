@@ -5,6 +5,7 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass
 
+from scheduler import eventloop
 from scheduler.config import TEST_MODE_ENV, Settings, parse_listen_address, test_mode
 from scheduler.errors import InvalidArgument
 
@@ -85,6 +86,7 @@ class PlannerSettings(Settings):
     # twice the rate); over it: RESOURCE_EXHAUSTED with a retry hint. 0: no limit. Needs auth (principals).
     rate_limit_rps: float = 0.0
     rate_limit_burst: int = 0
+    event_loop: str = "asyncio"  # asyncio or uvloop (scheduler/eventloop.py; bench/README.md measures both)
 
     @property
     def probe_rtt_bound(self) -> float:
@@ -131,6 +133,7 @@ class PlannerSettings(Settings):
             raise InvalidArgument("rate_limit_burst", "must be in 0-10000000 (0: twice rate_limit_rps)")
         if not 10 <= self.audit_max_events <= 1_000_000:
             raise InvalidArgument("audit_max_events", "must be in 10-1000000")
+        eventloop.check("event_loop", self.event_loop)
         if self.unsafe_duplicate_delivery_file and not test_mode():
             raise InvalidArgument("unsafe_duplicate_delivery_file",
                                   f"is refused outside test mode ({TEST_MODE_ENV}=1): it delivers assignments twice")

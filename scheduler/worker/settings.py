@@ -7,6 +7,7 @@ import os
 import socket
 from dataclasses import dataclass
 
+from scheduler import eventloop
 from scheduler.auth.bearer import read_token_file
 from scheduler.config import TEST_MODE_ENV, Settings, check_tls_files, parse_listen_address, refuse_plaintext, test_mode
 from scheduler.errors import InvalidArgument
@@ -70,6 +71,7 @@ class WorkerSettings(Settings):
     # Tests only: run an assignment delivered twice twice (no dedupe by execution id + attempt), to show
     # that a drill's I1 check catches it (drill fault F9). Refused outside test mode.
     unsafe_disable_dedupe: bool = False
+    event_loop: str = "asyncio"  # asyncio or uvloop (scheduler/eventloop.py; bench/README.md measures both)
 
     @property
     def tls_enabled(self) -> bool:
@@ -109,6 +111,7 @@ class WorkerSettings(Settings):
             raise InvalidArgument("reconnect_backoff_max", "must be >= reconnect_backoff_min")
         parse_listen_address("metrics_address", self.metrics_address)
         parse_listen_address("health_address", self.health_address)
+        eventloop.check("event_loop", self.event_loop)
         if self.unsafe_disable_dedupe and not test_mode():
             raise InvalidArgument("unsafe_disable_dedupe",
                                   f"is refused outside test mode ({TEST_MODE_ENV}=1): it reruns repeated deliveries")
