@@ -67,6 +67,8 @@ HELP: dict[str, str] = {
                          "(keep it above lease_ttl + takeover time)",
     "start_timeout_ms": "ms; a dispatched attempt whose worker has not had its start recorded by then is "
                         "dispatched again (same id) and the worker drops it unrun",
+    "event_loop": "asyncio or uvloop (needs `pip install uvloop`); the event loop the process runs on "
+                  "(bench/README.md measures both)",
     "max_clock_skew": "seconds; a planner whose clock is further than this from the majority of the planners "
                       "owns no partitions (and never plans with a time further than this from theirs)",
     "clock_probe_interval": "seconds between probes of the peers' clocks (back in bounds for 3 probes: eligible "
