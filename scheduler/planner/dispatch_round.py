@@ -421,28 +421,27 @@ def _plan_schedule(inp: RoundInput, plan: DispatchPlan, budget: dict[str, int], 
                 plan.defer.append(x)
             held = True
             continue
-        if policy is Overlap.CANCEL_OTHER:
-            # Newest wins, between a run's retry and a newer run too (the stateful twin, twice: a newer run
-            # started while an older one waited for its retry, from a start decided without an overlap, and
-            # the retry then began beside it). A retry of the schedule's own run that a newer run supersedes is
-            # cancelled (nothing is out); a starting run cancels the older runs waiting for a retry.
-            if x.state is ExecState.RETRY_WAIT:
-                if x.overlap is None and x.trigger is Trigger.SCHEDULED and x.run_trigger is None and (
-                        (newest is not None and newest > x.planned_ms) or any(
-                        r.planned_ms > x.planned_ms and r.state in IN_FLIGHT and r.id not in cas for r in in_flight)):
-                    cas[x.id] = (x, cancel(x, "overlap", inp.now_ms))
-                    in_flight = [r for r in in_flight if r.id != x.id]
-                    continue
-            else:
-                for r in in_flight:
-                    if r.id not in cas and r.state is ExecState.RETRY_WAIT and r.planned_ms < x.planned_ms:
-                        cas[r.id] = (r, cancel(r, "overlap", inp.now_ms))
-                in_flight = [r for r in in_flight if r.id not in cas]
+        # cancel_other, newest wins between a run's retry and a newer run too (the stateful twin, twice: a newer
+        # run started while an older one waited for its retry, from a start decided without an overlap, and the
+        # retry then began beside it). A retry of the schedule's own run that a newer run supersedes is cancelled
+        # (nothing is out); a starting run cancels the older runs waiting for a retry (below).
+        if (policy is Overlap.CANCEL_OTHER and x.state is ExecState.RETRY_WAIT and x.overlap is None
+                and x.trigger is Trigger.SCHEDULED and x.run_trigger is None
+                and ((newest is not None and newest > x.planned_ms) or any(
+                    r.planned_ms > x.planned_ms and r.state in IN_FLIGHT and r.id not in cas for r in in_flight))):
+            cas[x.id] = (x, cancel(x, "overlap", inp.now_ms))
+            in_flight = [r for r in in_flight if r.id != x.id]
+            continue
         if budget.get(x.pool, 0) <= 0:
             plan.defer.append(x)  # waits for worker capacity
             plan.starved_pools.add(x.pool)
             held = True
             continue
+        if policy is Overlap.CANCEL_OTHER and x.state is not ExecState.RETRY_WAIT:
+            for r in in_flight:  # x starts (now, or once what it cancels has stopped): older retries end here
+                if r.id not in cas and r.state is ExecState.RETRY_WAIT and r.planned_ms < x.planned_ms:
+                    cas[r.id] = (r, cancel(r, "overlap", inp.now_ms))
+            in_flight = [r for r in in_flight if r.id not in cas]
         if action is OverlapAction.CANCEL_THEN_START:
             # Cancel is recorded before the work stops (CANCELLING until the worker confirms the stop or
             # the kill deadline passes): x starts only once every run it cancelled has really stopped.
