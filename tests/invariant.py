@@ -865,6 +865,11 @@ def expected_catch_up(log: Log, sid: str, start: Start) -> dict[int, str]:
     start (a catch-up is decided when it is made), each activation's times on their own (its window and
     cap count back from its end)."""
     v = log.version_at(sid, start.at_ms)
+    if v is not None and v.state == "deleted" and v.at_ms == start.at_ms:
+        # Deleted at the instant of the start: the claim may have listed the schedule before the delete landed
+        # (the same fake instant; the stateful twin: a graceful handover and a delete at 14.877 s), and then
+        # decided its catch-up as of the version before.
+        v = log.version_at(sid, start.at_ms - 1)
     if v is None or v.state == "deleted":
         return {}
     horizon = start.at_ms - SETTINGS.late_grace_ms

@@ -355,7 +355,14 @@ def _plan_schedule(inp: RoundInput, plan: DispatchPlan, budget: dict[str, int], 
         real: list[Execution] = []
         behind = False  # a BUFFER that waits for a run of this schedule in flight
         until: int | None = None  # ... or until this instant, whichever comes first
-        if x.state is ExecState.RETRY_WAIT or policy is Overlap.ALLOW_ALL:
+        if x.state is ExecState.RETRY_WAIT and policy is Overlap.CANCEL_OTHER and (older := [
+                r for r in in_flight if r.id not in cas and r.planned_ms < x.planned_ms
+                and (r.state in IN_FLIGHT or r.state is ExecState.CANCELLING)]):
+            # Newest wins for a retry too: older runs started meanwhile (an operator's backfill run, say) are
+            # cancelled and the retry starts once they have stopped (the stateful twin: a backfill's run of
+            # 14 s started while the run of 36 s waited for its retry, which then began beside it).
+            action, real = OverlapAction.CANCEL_THEN_START, older
+        elif x.state is ExecState.RETRY_WAIT or policy is Overlap.ALLOW_ALL:
             action = OverlapAction.START  # a retry is the same run, not a new one
         else:
             # A skip loses x: it rests on a run still in flight `overlap_settle_ms` after x's due time (a

@@ -1064,3 +1064,18 @@ def test_a_claim_decides_the_times_a_hold_kept_behind_the_watermark(case: str) -
     (docs/keyspace.md); the checker's model of a claim's catch-up took the watermark alone and said "not
     missed". It now reads the holds with the checkpoint, as the claim does."""
     _replay(case)
+
+
+def test_cancel_other_a_retry_cancels_an_older_run_started_meanwhile() -> None:
+    """Found by the machine (full mode, session 19), 161 steps: under cancel_other, the run of 36 s failed and
+    waited for its retry; a backfill's run of 14 s (an operator's run, with its own policy) started meanwhile,
+    and the retry began beside it (a retry always started: it is the same run). The newest wins for a retry too:
+    it cancels the older runs in flight and starts once they have stopped."""
+    _replay("cancel_other_beside_a_backfill_run.json")
+
+
+def test_a_claim_and_a_delete_at_the_same_instant_are_judged_on_what_the_claim_listed() -> None:
+    """Found by the machine (full mode, session 19), a checker fix: a graceful handover and a delete of the held
+    s3 at the same fake instant; the claim listed s3 before the delete landed and decided its held time by the
+    policy, while the checker's model of the claim saw the schedule deleted and expected nothing."""
+    _replay("hold_at_a_handover_then_delete.json")
