@@ -241,11 +241,15 @@ def overlapped_by_ended(ended: Sequence[Execution], x: Execution, catchup: Set[s
     return out
 
 
-def scheduled_run(x: Execution) -> bool:
-    """A new run of one of the schedule's own planned times: not a retry, nor an operator's trigger, backfill,
-    rerun or replay (each asked for by somebody, with its own overlap policy or none)."""
-    return (x.state is ExecState.SCHEDULED and x.overlap is None and x.trigger is Trigger.SCHEDULED
-            and x.run_trigger is None)
+def _own_run(x: Execution) -> bool:
+    """A run of one of the schedule's own planned times: not an operator's trigger, backfill, rerun or replay
+    (each asked for by somebody, with its own overlap policy or none)."""
+    return x.overlap is None and x.trigger is Trigger.SCHEDULED and x.run_trigger is None
+
+
+def _scheduled_run(x: Execution) -> bool:
+    """A new run of one of the schedule's own planned times (`_own_run`, and not a retry)."""
+    return x.state is ExecState.SCHEDULED and _own_run(x)
 
 
 def supersedes(x: Execution) -> bool:
@@ -253,8 +257,7 @@ def supersedes(x: Execution) -> bool:
     waiting for its retry (the same run, begun already: an older one started after it would only run beside
     its retry; the stateful twin saw s8@51 started while s8@52 waited 0.4 s for its retry, which then began
     beside it)."""
-    return (x.state in (ExecState.SCHEDULED, ExecState.RETRY_WAIT) and x.overlap is None
-            and x.trigger is Trigger.SCHEDULED and x.run_trigger is None)
+    return x.state in (ExecState.SCHEDULED, ExecState.RETRY_WAIT) and _own_run(x)
 
 
 def _newest_cancel_other(waiting: Sequence[Execution], view: ScheduleView,
@@ -282,7 +285,7 @@ def _superseded(x: Execution, view: ScheduleView) -> bool:
     that once fell behind stayed one run behind for good, each run starting as the next came due (the half
     game day's slow-006, 2.2 s late every run after its faults). Only a new run of the schedule's own
     policy (`cancel_other`), not a retry, nor a trigger's or backfill's run (an operator asked for that one)."""
-    return scheduled_run(x) and view.overlap is Overlap.CANCEL_OTHER
+    return _scheduled_run(x) and view.overlap is Overlap.CANCEL_OTHER
 
 
 def plan_dispatch(inp: RoundInput) -> DispatchPlan:
@@ -432,8 +435,7 @@ def _plan_schedule(inp: RoundInput, plan: DispatchPlan, budget: dict[str, int], 
         # run started while an older one waited for its retry, from a start decided without an overlap, and the
         # retry then began beside it). A retry of the schedule's own run that a newer run supersedes is cancelled
         # (nothing is out); a starting run cancels the older runs waiting for a retry (below).
-        if (policy is Overlap.CANCEL_OTHER and x.state is ExecState.RETRY_WAIT and x.overlap is None
-                and x.trigger is Trigger.SCHEDULED and x.run_trigger is None
+        if (policy is Overlap.CANCEL_OTHER and x.state is ExecState.RETRY_WAIT and _own_run(x)
                 and ((newest is not None and newest > x.planned_ms) or any(
                     r.planned_ms > x.planned_ms and r.state in IN_FLIGHT and r.id not in cas for r in in_flight))):
             cas[x.id] = (x, cancel(x, "overlap", inp.now_ms))

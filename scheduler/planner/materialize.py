@@ -352,6 +352,6 @@ class Materializer:
         if ended_by is SkipReason.SCHEDULE_CHANGED:
             self.settle(sch, after, until_ms)
             return
-        if after < until_ms and sch.plan.any_between_ms(after, until_ms):
+        if sch.plan.any_between_ms(after, until_ms):  # (after < until_ms: returned above otherwise)
             self.settled.append((sid, SkipRange(ended_by, after, until_ms)))
 
