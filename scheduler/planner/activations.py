@@ -114,3 +114,45 @@ def withdrawal_rule(owed: Owed, current: Plan) -> Callable[[int], SkipReason | N
         return None if current.next_after_ms(planned_ms - 1) == planned_ms else SkipReason.SCHEDULE_CHANGED
 
     return rule
+
+
+@dataclass(frozen=True)
+class Withdrawal:
+    """Pre-written runs of a schedule to withdraw in the next round (see `_withdrawals`)."""
+
+    reason: SkipReason  # paused, schedule_deleted, schedule_changed
+    after_ms: int = 0  # schedule_changed: only runs planned after the change
+    until_ms: int | None = None  # paused: only runs planned up to this (None: up to now)
+    # schedule_changed after several changes nobody saw: the reason for a run at a planned time (None:
+    # the activation in effect then plans it too). Without it, the current spec decides.
+    rule: Callable[[int], SkipReason | None] | None = None
+    # schedule_changed: the last planned time of a run written ahead when it was made. Such runs are judged
+    # once due (`_withdrawals`); later ones were written under the current spec, which plans them.
+    ahead_ms: int = 0
+
+def after_change(prev: Withdrawal | None, before: Plan, current: Plan, at_ms: int, ahead_ms: int) -> Withdrawal:
+    """The withdrawal a spec change at `at_ms` leaves while `prev` waits (not applied yet, or waiting for
+    runs written ahead to come due): a run planned up to the change is judged as `prev` judges it, under
+    the plan in force then (`before`); a later one by the new plan (`current`). Replacing `prev` lost its
+    judgement (the stateful twin: */5 changed to */2 and, before the owner's next round, to every second;
+    the */5 run at 5 s, which */2 did not plan at its time, stayed scheduled). `ahead_ms`: the last planned
+    time of a run written ahead so far."""
+    if prev is None:
+        return Withdrawal(SkipReason.SCHEDULE_CHANGED, after_ms=at_ms, ahead_ms=ahead_ms)
+
+    def earlier(planned_ms: int) -> SkipReason | None:
+        if prev.reason is SkipReason.PAUSED:  # a resumed pause (`until_ms` set): paused up to the resume
+            if prev.until_ms is None or planned_ms <= prev.until_ms:
+                return SkipReason.PAUSED
+        elif planned_ms <= prev.after_ms:
+            return None  # planned before that change: it stands
+        elif prev.rule is not None:
+            return prev.rule(planned_ms)
+        return None if before.next_after_ms(planned_ms - 1) == planned_ms else SkipReason.SCHEDULE_CHANGED
+
+    def rule(planned_ms: int) -> SkipReason | None:
+        if planned_ms <= at_ms:
+            return earlier(planned_ms)
+        return None if current.next_after_ms(planned_ms - 1) == planned_ms else SkipReason.SCHEDULE_CHANGED
+
+    return Withdrawal(SkipReason.SCHEDULE_CHANGED, rule=rule, ahead_ms=max(ahead_ms, prev.ahead_ms))

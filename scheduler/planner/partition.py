@@ -57,7 +57,14 @@ from scheduler.loop_lag import LOAD_HEAP
 from scheduler.metrics.planner import PlannerMetrics
 from scheduler.model import ScheduleState
 from scheduler.planner import starts
-from scheduler.planner.activations import Owed, in_effect_at, owed_activations, withdrawal_rule
+from scheduler.planner.activations import (
+    Owed,
+    Withdrawal,
+    after_change,
+    in_effect_at,
+    owed_activations,
+    withdrawal_rule,
+)
 from scheduler.planner.dispatch_round import RoundInput, ScheduleView, plan_dispatch
 from scheduler.planner.materialize import Materializer, Tracked
 from scheduler.planner.ownership import Ownership
@@ -96,18 +103,6 @@ class Restart(Exception):
 
 # Dispatch passes per round at most (PartitionPlanner.dispatch_due): each puts aside only runs due now.
 DISPATCH_PASSES = 8
-
-
-@dataclass(frozen=True)
-class Withdrawal:
-    """Pre-written runs of a schedule to withdraw in the next round (see `_withdrawals`)."""
-
-    reason: SkipReason  # paused, schedule_deleted, schedule_changed
-    after_ms: int = 0  # schedule_changed: only runs planned after the change
-    until_ms: int | None = None  # paused: only runs planned up to this (None: up to now)
-    # schedule_changed after several changes nobody saw: the reason for a run at a planned time (None:
-    # the activation in effect then plans it too). Without it, the current spec decides.
-    rule: Callable[[int], SkipReason | None] | None = None
 
 
 class DispatchSink(Protocol):
@@ -365,7 +360,8 @@ class PartitionPlanner:
                          else earlier.first_change_ms if earlier.first_change_ms is not None else st.activated_ms)
                 if tracked is not None:
                     self._withdraw[st.schedule.id] = Withdrawal(
-                        SkipReason.SCHEDULE_CHANGED, after_ms=after, rule=withdrawal_rule(earlier, tracked.plan))
+                        SkipReason.SCHEDULE_CHANGED, after_ms=after, rule=withdrawal_rule(earlier, tracked.plan),
+                        ahead_ms=self._written_ahead(st.schedule.id))
         with_runs = {e.schedule_id for e in listing.unfinished}
         for sid in with_runs - self.schedules.keys():
             self._withdraw[sid] = Withdrawal(SkipReason.SCHEDULE_DELETED)
@@ -498,10 +494,16 @@ class PartitionPlanner:
                     if w is not None and w.reason is SkipReason.PAUSED and w.until_ms is None:
                         # A pause not applied yet: it withdraws only what was planned before this resume.
                         self._withdraw[sid] = replace(w, until_ms=st.activated_ms)
-                else:
-                    self._withdraw[sid] = Withdrawal(SkipReason.SCHEDULE_CHANGED, after_ms=st.activated_ms)
+                elif (cur := self.schedules.get(sid)) is not None:
+                    self._withdraw[sid] = after_change(self._withdraw.get(sid), old.plan, cur.plan, st.activated_ms,
+                                                       max(old.handled, self._written_ahead(sid)))
             self._retarget(sid, st.schedule.worker_pool)
         self.wake.set()
+
+    def _written_ahead(self, sid: str) -> int:
+        """The last planned time of a run of the schedule's own written ahead and waiting (0: none)."""
+        return max((x.planned_ms for x in self.pending.of_schedule(sid)
+                    if x.state is ExecState.SCHEDULED and x.trigger is Trigger.SCHEDULED), default=0)
 
     def _retarget(self, sid: str, pool: str) -> None:
         """Runs waiting for a worker follow their schedule's pool (an update fixing a mistyped pool
@@ -689,6 +691,15 @@ class PartitionPlanner:
                     if (sch is None or x.state is not ExecState.SCHEDULED or x.trigger is not Trigger.SCHEDULED
                             or x.planned_ms <= w.after_ms):
                         continue  # planned before the change, or an operator's run
+                    if x.planned_ms > now_ms:
+                        # Judged once due, as a pause's are: a change back before then (a spec changed and
+                        # restored) owes it again, and the materializer does not bring it back while its
+                        # pool has no worker (the stateful twin: withdrawn at 4.75 s, owed again at 4.76 s,
+                        # left skipped `schedule_changed` under a hold for good). Runs written after the
+                        # change (beyond `ahead_ms`) were planned by the current spec: nothing to keep for.
+                        if x.planned_ms <= w.ahead_ms:
+                            again[sid] = w
+                        continue
                     because = (w.rule(x.planned_ms) if w.rule is not None
                                else None if sch.plan.next_after_ms(x.planned_ms - 1) == x.planned_ms else why)
                     if because is None:

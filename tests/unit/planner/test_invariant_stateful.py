@@ -1081,19 +1081,17 @@ def test_a_claim_and_a_delete_at_the_same_instant_are_judged_on_what_the_claim_l
     _replay("hold_at_a_handover_then_delete.json")
 
 
-# ---- open: found by the machine at the end of session 19 (present on f8775da too); each flips to a failure
-# once fixed ----
-
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="open: schedule_changed skip after spec churn")
-def test_open_a_held_schedule_under_spec_churn_records_a_schedule_changed_skip() -> None:
-    """OPEN. Two dozen updates of s1 in 5 s, its pool changed to one without workers (a hold), spec changes to
-    every 2 s and back: s1@5 is recorded skipped `schedule_changed` where the checker has no rule for that
-    reason (a withdrawal outside the withdrawal rule, or a checker gap: not traced yet)."""
-    _replay("open_schedule_changed_skip_after_spec_churn.json")
+def test_a_run_withdrawn_by_a_spec_change_undone_before_it_came_due_stays_owed_under_a_hold() -> None:
+    """s1 moved to a pool without workers (a hold), changed to every 2 s and back 94 ms later: s1@5, written
+    ahead under the first spec, was withdrawn `schedule_changed` in the round between the two changes, and
+    with the pool held the materializer never wrote it again to revive it: the spec in force at 5 s plans it.
+    A spec change's withdrawal now judges a run written ahead once it is due (as a pause's does)."""
+    _replay("a_spec_changed_and_restored_under_a_hold.json")
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="open: a run not withdrawn after spec churn")
-def test_open_a_run_written_ahead_is_withdrawn_after_spec_churn() -> None:
-    """OPEN. Spec, pool and policy changes of s1 every few hundred ms (workerless pools among them): s1@5,
-    written ahead, stays `scheduled` though no version of the spec owes it any more ([not-withdrawn])."""
-    _replay("open_not_withdrawn_after_spec_churn.json")
+def test_two_spec_changes_before_a_round_withdraw_what_the_first_no_longer_plans() -> None:
+    """*/5 changed to */2 at 4.85 s, then to every second at 4.92 s, both before the owner's next round: the
+    second change's withdrawal replaced the first's, which only looked after 4.92 s, and s1@5 (4.88 s), not
+    planned by the */2 spec in force at its time, stayed scheduled. Pending withdrawals are merged now
+    (`activations.after_change`)."""
+    _replay("two_changes_before_a_round_withdraw_by_the_first.json")
