@@ -371,6 +371,14 @@ class PartitionPlanner:
         # handovers). Only schedules with unfinished runs: not a look per held schedule at every claim.
         for sid in with_runs & self.schedules.keys():
             self._retarget(sid, self.schedules[sid].stored.schedule.worker_pool)
+            if sid not in self._withdraw and self._unplanned_ahead(self.schedules[sid]):
+                # Runs written ahead under an earlier spec that the current one does not plan after its
+                # change: their writer, which saw the change, withdraws them only once due, and may have died
+                # first (the stateful twin: a change at 0.70 s, the owner killed at 0.75 s, the old spec's
+                # run at 0.88 s ran under the next owner). Judged the same way here.
+                st = self.schedules[sid].stored
+                self._withdraw[sid] = Withdrawal(SkipReason.SCHEDULE_CHANGED, after_ms=st.activated_ms,
+                                                 ahead_ms=self._written_ahead(sid))
         # The records were just read: notices left from before (no owner, a crash) are cleared in the
         # first round, after re-reading what they name (cheap, and correct whatever their age).
         self._rescan = True
@@ -499,6 +507,13 @@ class PartitionPlanner:
                                                        max(old.handled, self._written_ahead(sid)))
             self._retarget(sid, st.schedule.worker_pool)
         self.wake.set()
+
+    def _unplanned_ahead(self, sch: Tracked) -> bool:
+        """A run of the schedule's own waiting, planned after its activation, that its plan does not plan."""
+        return any(x.state is ExecState.SCHEDULED and x.trigger is Trigger.SCHEDULED
+                   and x.planned_ms > sch.stored.activated_ms
+                   and sch.plan.next_after_ms(x.planned_ms - 1) != x.planned_ms
+                   for x in self.pending.of_schedule(sch.stored.schedule.id))
 
     def _written_ahead(self, sid: str) -> int:
         """The last planned time of a run of the schedule's own written ahead and waiting (0: none)."""

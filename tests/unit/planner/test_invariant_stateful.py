@@ -1095,3 +1095,10 @@ def test_two_spec_changes_before_a_round_withdraw_what_the_first_no_longer_plans
     planned by the */2 spec in force at its time, stayed scheduled. Pending withdrawals are merged now
     (`activations.after_change`)."""
     _replay("two_changes_before_a_round_withdraw_by_the_first.json")
+
+
+def test_a_run_a_spec_change_left_for_its_due_time_is_withdrawn_by_the_next_owner() -> None:
+    """s1 every second changed to every 2 s at 0.70 s, its owner killed at 0.75 s: the run at 0.88 s, written
+    ahead under the old spec, was left to be withdrawn once due (the deferral above) and ran under the next
+    owner, whose claim took the change as handled by the writer that had seen it."""
+    _replay("change_then_kill_before_the_withdrawal.json")
