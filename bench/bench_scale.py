@@ -162,6 +162,45 @@ async def owners(kv: EtcdClient) -> dict[int, str]:
     return {int(x.key.rsplit(b"/", 1)[1]): str(json.loads(x.value)["node"]) for x in r.kvs}
 
 
+def spawn_planners(schedctl: str, cluster: EtcdCluster, args: argparse.Namespace, workdir: Path,
+                   lookahead_ms: int = 1000) -> list[Planner]:
+    """`args.planners` planner processes on PREFIX (logs in workdir/planner{i}.log)."""
+    out = []
+    for i in range(args.planners):
+        log = workdir / f"planner{i}.log"
+        proc = _spawn([schedctl, "planner", "--node-id", f"p{i}", "--etcd-endpoints", ",".join(cluster.endpoints),
+                       "--etcd-prefix", PREFIX, "--partitions", str(args.partitions), "--api-port", "0",
+                       "--metrics-address", "127.0.0.1:0", "--log-level", "info", "--lookahead-ms",
+                       str(lookahead_ms), "--lease-ttl", str(args.lease_ttl), "--rpc-timeout", str(args.rpc_timeout)],
+                      log)
+        out.append(Planner(f"p{i}", proc, log, time.monotonic()))
+    return out
+
+
+async def wait_loaded(kv: EtcdClient, planners: list[Planner], partitions: int, timeout: float, workdir: Path) -> None:
+    """Until every partition is owned and every planner has loaded all it owns (`ready_after` set)."""
+    loop = asyncio.get_running_loop()
+    give_up = loop.time() + timeout
+    while True:
+        await asyncio.sleep(0.5)
+        own = await owners(kv)
+        for p in planners:
+            if p.proc.poll() is not None:
+                raise SystemExit(f"planner {p.name} exited ({p.proc.returncode}): {p.log.read_text()[-2000:]}")
+            p.read_log()
+            mine = {q for q, node in own.items() if node == p.name}
+            if mine and mine <= p.loaded.keys() and p.ready_after is None:
+                p.ready_after = time.monotonic() - p.spawned
+            elif not mine <= p.loaded.keys():
+                p.ready_after = None  # a rebalance handed it more: not ready yet
+        if (len(own) == partitions and all(p.ready_after is not None for p in planners)
+                and all(p.api and p.metrics for p in planners)):
+            return
+        if loop.time() > give_up:
+            raise SystemExit(f"the cluster did not load within {timeout:.0f} s "
+                             f"(owned {len(own)}/{partitions}); logs in {workdir}")
+
+
 async def run(args: argparse.Namespace, workdir: Path) -> None:
     etcd_bin = find_binary("etcd")
     assert etcd_bin, "etcd not found: run scripts/setup.sh"
@@ -183,35 +222,8 @@ async def run(args: argparse.Namespace, workdir: Path) -> None:
             empty_rss = await idle_planner_rss(schedctl, cluster, args, workdir)
             print(f"an idle planner (no schedules, same settings) uses {empty_rss / 1024:.0f} MiB RSS: "
                   "the per-schedule figures below subtract it")
-            for i in range(args.planners):
-                log = workdir / f"planner{i}.log"
-                proc = _spawn([schedctl, "planner", "--node-id", f"p{i}", "--etcd-endpoints",
-                               ",".join(cluster.endpoints), "--etcd-prefix", PREFIX, "--partitions",
-                               str(args.partitions), "--api-port", "0", "--metrics-address", "127.0.0.1:0",
-                               "--log-level", "info", "--lookahead-ms", "1000", "--lease-ttl", str(args.lease_ttl),
-                               "--rpc-timeout", str(args.rpc_timeout)],
-                              log)
-                planners.append(Planner(f"p{i}", proc, log, time.monotonic()))
-            loop = asyncio.get_running_loop()
-            give_up = loop.time() + args.load_timeout
-            while True:
-                await asyncio.sleep(0.5)
-                own = await owners(kv)
-                for p in planners:
-                    if p.proc.poll() is not None:
-                        raise SystemExit(f"planner {p.name} exited ({p.proc.returncode}): {p.log.read_text()[-2000:]}")
-                    p.read_log()
-                    mine = {q for q, node in own.items() if node == p.name}
-                    if mine and mine <= p.loaded.keys() and p.ready_after is None:
-                        p.ready_after = time.monotonic() - p.spawned
-                    elif not mine <= p.loaded.keys():
-                        p.ready_after = None  # a rebalance handed it more: not ready yet
-                if (len(own) == args.partitions and all(p.ready_after is not None for p in planners)
-                        and all(p.api and p.metrics for p in planners)):
-                    break
-                if loop.time() > give_up:
-                    raise SystemExit(f"the cluster did not load within {args.load_timeout:.0f} s "
-                                     f"(owned {len(own)}/{args.partitions}); logs in {workdir}")
+            planners += spawn_planners(schedctl, cluster, args, workdir)
+            await wait_loaded(kv, planners, args.partitions, args.load_timeout, workdir)
             addrs = ",".join(p.api for p in planners)
             outs = [workdir / f"lags-{i}.json" for i in range(args.workers)]
             for i in range(args.workers):
