@@ -416,6 +416,21 @@ class Ownership:
             kv = self.owners.items.get(self._ks.owner(p))
             if (kv is None or kv.create_revision != o.token) and self.owners.revision >= o.token:
                 self._lose(p, LostReason.OWNER_CHANGED, token=o.token)
+        # Owner keys under our live lease that we do not hold (a release whose delete failed, a claim whose
+        # outcome was unknown and landed after we looked): nobody serves them and no peer can claim them
+        # until our session ends. Delete them, fenced on their own create_revision.
+        for key, kv in list(self.owners.items.items()):
+            p = self._ks.partition_of(key)
+            if kv.lease == session.lease_id and p not in self.owned:
+                try:
+                    r = await self._kv.txn([Compare.create_revision(key, "==", kv.create_revision)], [delete(key)],
+                                           timeout=self._s.rpc_timeout)
+                except EtcdError as e:
+                    log.warning("deleting a stray owner key of partition %d: %s", p, e)
+                    continue
+                if r.succeeded:
+                    log.warning("deleted an owner key of ours that we do not hold",
+                                extra={"partition": p, "token": kv.create_revision, "event": "stray_owner_key"})
         decision = decide(self.snapshot())
         self.last_decision = decision
         for p in decision.release:
@@ -476,11 +491,24 @@ class Ownership:
         if self.owned.get(partition) is not o:
             return  # lost meanwhile
         key = self._ks.owner(partition)
-        with contextlib.suppress(EtcdError):
-            # Only our own claim: never delete a key somebody else has re-created since. If this
-            # fails, the key goes with our lease; the partition is no longer written either way.
-            await self._kv.txn([Compare.create_revision(key, "==", o.token)], [delete(key)],
-                               timeout=self._s.rpc_timeout)
+        # The handover IS the delete: until etcd has answered it, the owner key names us under our session
+        # lease, which we keep renewing, so no peer can claim the partition and we no longer serve it (a game
+        # day's F5 killed the etcd member two releases' deletes went to: both keys stayed 33 and 47 s, until
+        # those planners' sessions happened to end). Retry until etcd answers; the compare on our claim's
+        # revision makes a retry after an unknown outcome harmless. A lost session ends the loop (_drop_all),
+        # and then the lease's expiry deletes the key.
+        pause = 0.05
+        while self.owned.get(partition) is o:
+            try:
+                # Only our own claim: never delete a key somebody else has re-created since.
+                await self._kv.txn([Compare.create_revision(key, "==", o.token)], [delete(key)],
+                                   timeout=self._s.rpc_timeout)
+                break
+            except EtcdError as e:
+                log.warning("releasing partition %d: %s; retrying", partition, e,
+                            extra={"partition": partition, "event": "release_retry"})
+                await asyncio.sleep(pause)
+                pause = min(2 * pause, self._s.renew)
         self._lose(partition, LostReason.RELEASED, token=o.token)
         self._wake.set()
 
