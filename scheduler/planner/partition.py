@@ -1005,6 +1005,11 @@ class PartitionPlanner:
         if e.state is not ExecState.SCHEDULED or e.schedule_id not in self.schedules:
             return
         sch = self.schedules[e.schedule_id]
+        if e.pool != sch.stored.schedule.worker_pool:
+            # Written before a pool change this owner has already applied (a trigger and an update fixing the
+            # pool at one instant): it follows the schedule's pool as the runs pending then did (the stateful
+            # twin: the triggered run stayed in the old pool, which had no worker, for good).
+            self._retarget(e.schedule_id, sch.stored.schedule.worker_pool)
         if sch.stored.schedule.state is ScheduleState.PAUSED:
             # A run written as the pause landed is withdrawn too.
             self._withdraw.setdefault(e.schedule_id, Withdrawal(SkipReason.PAUSED))

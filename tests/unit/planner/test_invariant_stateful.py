@@ -1102,3 +1102,10 @@ def test_a_run_a_spec_change_left_for_its_due_time_is_withdrawn_by_the_next_owne
     ahead under the old spec, was left to be withdrawn once due (the deferral above) and ran under the next
     owner, whose claim took the change as handled by the writer that had seen it."""
     _replay("change_then_kill_before_the_withdrawal.json")
+
+
+def test_a_run_triggered_as_its_pool_is_fixed_follows_the_new_pool() -> None:
+    """s4 in a pool without workers, triggered and moved to pool b at the same instant: the owner applied the
+    update (retargeting the runs it held) before the triggered run's record reached it, which then waited for
+    the old pool for good ([stuck])."""
+    _replay("trigger_then_pool_fix_at_one_instant.json")
