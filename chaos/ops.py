@@ -133,10 +133,15 @@ class OpRunner:
             return {}
         if op.op == "update":
             cur = await c.get_schedule(sid)
+            mask = []
             if "overlap" in op.params:
                 cur.policies.overlap = _OVERLAP_PB[Overlap(str(op.params["overlap"]))]
-            await c.update_schedule(cur, update_mask=["policies"])
-            return {}
+                mask.append("policies")
+            if "spec" in op.params:  # a new activation: the old spec's runs written ahead are withdrawn
+                cur.spec = str(op.params["spec"])
+                mask.append("spec")
+            await c.update_schedule(cur, update_mask=mask)
+            return {"spec": cur.spec} if "spec" in op.params else {}
         if op.op == "trigger":
             e = await c.trigger_schedule(sid)
             return {"execution_id": e.execution_id}

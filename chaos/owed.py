@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from chaos.context import SLACK_MS, Context
 from chaos.index import Activation
 from chaos.verdict import Invariant
-from scheduler.execution import ExecState
+from scheduler.execution import ExecState, Trigger
 from scheduler.ids import execution_id
 from scheduler.timeplan import CronPlan, EveryPlan, MissedRuns, Overlap, Plan
 
@@ -105,6 +105,7 @@ class OwedChecks(Context):
         self.owed_list = list(self.owed())
         for sid, t, _ in self.owed_list:
             self.owed_of.setdefault(sid, []).append(t)
+        self.unowed_runs(inv)
         for sid, t, act in self.owed_list:
             inv.checked += 1
             eid = execution_id(sid, t)
@@ -151,6 +152,29 @@ class OwedChecks(Context):
             self.bump("gaps")
             inv.fail(f"[gap] {eid}: owed since the activation at {act.activated_ms} ({act.state}), no effect, no "
                      f"execution record and no skip record (missed silently)")
+
+    def unowed_runs(self, inv: Invariant) -> None:
+        """`[not-owed-ran]`: a scheduled run of a planned time no activation owes (planned while paused, after
+        the delete, or not a time of the spec in force then) ran: it had to be withdrawn. A change takes
+        effect when the owner sees it, so a time within SLACK_MS after one may run under the version before.
+        Operators' runs (trigger, backfill) are not planned times; a rerun or replay reruns a run that was."""
+        owed = {sid: set(ts) for sid, ts in self.owed_of.items()}
+        for eid, atts in self.idx.attempts.items():
+            recs = self.idx.records.get(eid)
+            if not atts or not recs or recs[0][2].trigger is not Trigger.SCHEDULED:
+                continue
+            sid, t = recs[0][2].schedule_id, recs[0][2].planned_ms
+            if not self.window_from < t <= self.judged_until or t in owed.get(sid, ()):
+                continue
+            inv.checked += 1
+            before = self.idx.version_at(sid, t - SLACK_MS)
+            plan = before.plan() if before is not None and before.state == "active" else None
+            if plan is not None and plan.next_after_ms(t - 1) == t:
+                continue  # owed under the version in force just before: a change the owner had not seen yet
+            now = self.idx.version_at(sid, t)
+            inv.fail(f"[not-owed-ran] {eid}: ran, though no activation owes that planned time (the schedule was "
+                     f"{now.state if now else 'not created yet'} then, under spec "
+                     f"{now.schedule.spec if now and now.schedule else '?'!r})")
 
     def pool_served(self, pool: str) -> bool:
         """Some worker of the run serves `pool` (run.json names each worker's pool). When no worker

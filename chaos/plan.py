@@ -32,8 +32,11 @@ from chaos.scenario import Cluster, FixedFault, LoadGroup, Scenario, ScenarioErr
 
 __all__ = ["FaultWindow", "Plan", "PlannedOp", "PlannedSchedule", "make_plan"]
 
-# Random update ops flip one of these (a policy change keeps the schedule's planned times).
+# Random update ops flip one of these (a policy change keeps the schedule's planned times), or, one in
+# three, change the spec to one of these (a new activation: the old spec's runs written ahead and not planned
+# by the new one are withdrawn; docs/time.md). Fixed periods: the checker computes their times twice.
 _UPDATE_OVERLAPS = ("skip", "allow_all", "buffer_one")
+_UPDATE_SPECS = ("* * * * * *", "*/2 * * * * *", "@every 3s phase 1s", "*/5 * * * * *")
 # A random pause is resumed this many seconds later, so a long run keeps its load.
 _RESUME_AFTER_S = (2.0, 10.0)
 
@@ -272,6 +275,8 @@ def _pick(rng: random.Random, s: Scenario, target: str) -> str:
 
 def _random_params(rng: random.Random, op: str, at: float) -> dict[str, Any]:
     if op == "update":
+        if rng.random() < 1 / 3:
+            return {"spec": rng.choice(_UPDATE_SPECS)}
         return {"overlap": rng.choice(_UPDATE_OVERLAPS)}
     if op == "backfill":
         return {"from_s": _round(max(0.0, at - 30.0)), "until_s": _round(max(0.0, at - 10.0))}

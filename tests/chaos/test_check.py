@@ -765,3 +765,29 @@ def test_a_rerun_whose_answer_never_came_allows_its_effect(tmp_path: Path, recor
         assert "I1" not in fails, fails
     else:
         assert fails.get("I1") == 1, fails
+
+
+@pytest.mark.parametrize("withdrawn", [True, False])
+def test_a_run_of_a_time_the_new_spec_does_not_plan_fails_i2(tmp_path: Path, withdrawn: bool) -> None:
+    """s-007 changed from every second to every 2 s at 40.9 s: its odd seconds from 43 s on are owed by no
+    activation. Withdrawn (no record, no effect), I2 passes; run, each is `[not-owed-ran]`. The run at 41 s,
+    100 ms after the change (within the watch's slack), may run under the spec before it."""
+    x, _ = clean_run(tmp_path / "run")
+    sid, at = "s-007", T0 + 40_900
+    x.schedule(replace(sched(sid), spec="*/2 * * * * *"), at, at)
+    x.ops.append(OpRecord(at - 10, "update", sid, True, at + 10))
+    odd = {T0 + s * 1000 for s in range(43, 61, 2)}
+    if withdrawn:
+        keys = {KS.execution(partition_for(sid, P), sid, t).decode() for t in odd}
+        x.watch = [w for w in x.watch if w.key not in keys]
+        x.effects = [e for e in x.effects if not (e.schedule_id == sid and e.planned_ms in odd)]
+    run = x.build(tmp_path / "c")
+    write_run(run)
+    i2 = check_run(load_run(run.directory)).invariants["I2"]
+    lines = [line for line in i2.examples if "[not-owed-ran]" in line]
+    if withdrawn:
+        assert not i2.count, i2.examples
+    else:
+        assert lines and i2.count == len(lines), i2.examples
+        assert {line.split()[1].rstrip(":") for line in lines} <= {execution_id(sid, t) for t in odd}
+        assert not any(execution_id(sid, T0 + 41_000) in line for line in lines)  # within the slack
