@@ -118,7 +118,8 @@ def withdrawal_rule(owed: Owed, current: Plan) -> Callable[[int], SkipReason | N
 
 @dataclass(frozen=True)
 class Withdrawal:
-    """Pre-written runs of a schedule to withdraw in the next round (see `_withdrawals`)."""
+    """Pre-written runs of a schedule to withdraw (see `_withdrawals`): in the next round, or for a spec change
+    and a pause, each once it is due."""
 
     reason: SkipReason  # paused, schedule_deleted, schedule_changed
     after_ms: int = 0  # schedule_changed: only runs planned after the change
@@ -129,6 +130,7 @@ class Withdrawal:
     # schedule_changed: the last planned time of a run written ahead when it was made. Such runs are judged
     # once due (`_withdrawals`); later ones were written under the current spec, which plans them.
     ahead_ms: int = 0
+
 
 def after_change(prev: Withdrawal | None, before: Plan, current: Plan, at_ms: int, ahead_ms: int) -> Withdrawal:
     """The withdrawal a spec change at `at_ms` leaves while `prev` waits (not applied yet, or waiting for
