@@ -941,8 +941,11 @@ def judge(log: Log, es: list[Execution], ranges: dict[str, list[tuple[int, int, 
             for two in runs[i + 1:]:
                 if two.eid == one.eid or two.run_trigger != "scheduled":
                     continue
-                v = log.version_at(sid, two.start_ms)
-                if v is None or v.policies.overlap is not Overlap.CANCEL_OTHER:
+                # The policy of the version in force at the start, and of the one just before: an update at the
+                # very instant of a round is not seen by it yet (the owner sees it through its watch; docs/time.md,
+                # Activation: the stateful twin's allow_all start at the instant of an update to cancel_other).
+                if not all(v is not None and v.policies.overlap is Overlap.CANCEL_OTHER
+                           for v in (log.version_at(sid, two.start_ms), log.version_at(sid, two.start_ms - 1))):
                     continue
                 if one.end_ms is None or two.start_ms < one.end_ms:
                     bad.append(f"[two-at-once] {two.eid} started at t={two.start_ms - T0} under cancel_other while "
@@ -959,8 +962,11 @@ def judge(log: Log, es: list[Execution], ranges: dict[str, list[tuple[int, int, 
                 if two.eid == one.eid or (one.end_ms is not None and two.start_ms >= one.end_ms):
                     continue
                 v = log.version_at(sid, two.start_ms)
-                if v is None or v.policies.overlap not in (Overlap.SKIP, Overlap.BUFFER_ONE, Overlap.BUFFER_ALL):
-                    continue
+                queueing = (Overlap.SKIP, Overlap.BUFFER_ONE, Overlap.BUFFER_ALL)
+                if not all(u is not None and u.policies.overlap in queueing
+                           for u in (v, log.version_at(sid, two.start_ms - 1))):
+                    continue  # (an update at the very instant of the start: as above)
+                assert v is not None
                 if two.attempt > 1 and not any(
                         f.start_ms <= one.planned_ms < (f.end_ms if f.end_ms is not None else now)
                         for f in effects[two.eid] if f.attempt < two.attempt and f.outcome != "lost"):

@@ -1109,3 +1109,11 @@ def test_a_run_triggered_as_its_pool_is_fixed_follows_the_new_pool() -> None:
     update (retargeting the runs it held) before the triggered run's record reached it, which then waited for
     the old pool for good ([stuck])."""
     _replay("trigger_then_pool_fix_at_one_instant.json")
+
+
+def test_a_start_at_the_instant_of_an_update_to_cancel_other_is_judged_on_the_policy_before() -> None:
+    """Checker: s7 allow_all, updated to cancel_other at 19.278 s, the very instant of the round that started
+    s7@18 beside s7@17 under allow_all (the owner sees an update through its watch, after that round). Judged
+    on the version at the start alone it was [two-at-once]; a start is now judged on the policy of the version
+    in force at it and just before it, as a claim at the instant of a delete is."""
+    _replay("cancel_other_at_the_instant_of_a_sigcont.json")
