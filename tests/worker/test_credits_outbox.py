@@ -197,3 +197,22 @@ def test_outbox_ack_retry_and_timeout() -> None:
     box.acked(("s@1", 1), Disposition.FORGET, T0 + 12)
     box.acked(("s@9", 1), Disposition.FORGET, T0 + 12)  # unknown: ignored
     assert len(box) == 0
+
+
+def test_outbox_resends_exactly_the_results_whose_answer_is_overdue() -> None:
+    """Many results awaiting answers (a burst, with busy planners): each comes up again once, when its own
+    answer is overdue; answered ones never; sending new ones does not touch the waiting ones."""
+    box = Outbox(ack_timeout=10)
+    for i in range(1, 1001):
+        box.add(_result(i), origin="a")
+    assert sum(len(rs) for rs in box.route(["a", "b"], T0).values()) == 1000
+    for i in range(1, 1001, 2):
+        box.acked((f"s@{i}", 1), Disposition.FORGET, T0 + 1)
+    box.add(_result(2000), origin="a")
+    assert [r.execution_id for r in box.route(["a", "b"], T0 + 5)["a"]] == ["s@2000"]
+    assert box.route(["a", "b"], T0 + 9.9) == {}
+    assert box.route([], T0 + 10) == {}, "nothing connected: they wait"
+    again = box.route(["a", "b"], T0 + 10)
+    assert sorted(r.execution_id for r in again["b"]) == sorted(f"s@{i}" for i in range(2, 1001, 2))
+    assert box.route(["a", "b"], T0 + 14) == {}
+    assert [r.execution_id for rs in box.route(["a", "b"], T0 + 15).values() for r in rs] == ["s@2000"]
