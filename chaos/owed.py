@@ -163,6 +163,10 @@ class OwedChecks(Context):
             recs = self.idx.records.get(eid)
             if not atts or not recs or recs[0][2].trigger is not Trigger.SCHEDULED:
                 continue
+            # Attempts after an operator's rerun or replay of it (a withdrawn run may be rerun) are theirs.
+            base = min((r.attempt_base for _, _, r in recs if r.run_trigger is not None), default=None)
+            if base is not None and all(a.attempt > base for a in atts):
+                continue
             sid, t = recs[0][2].schedule_id, recs[0][2].planned_ms
             if not self.window_from < t <= self.judged_until or t in owed.get(sid, ()):
                 continue
