@@ -336,10 +336,11 @@ class Materializer:
         """A held schedule changed (new activation) or was deleted before its pool was served again: its held
         planned times up to the change are decided now. After a spec change they are those of an ended
         activation (`settle`: missed by its policy beyond the late grace, late runs within it; the runs follow
-        the schedule's pool, which the change may have fixed); a pause or a delete ends them (recorded as
-        paused or schedule_deleted)."""
+        the schedule's pool, which the change may have fixed), or, held only because its pool was saturated,
+        late runs all; a pause or a delete ends them (recorded as paused or schedule_deleted)."""
         sid = sch.stored.schedule.id
         after = self.held.pop(sid)
+        late = sid in self.held_late
         self.held_late.discard(sid)
         self.hold_writes[sid] = None
         if after >= until_ms:
@@ -350,7 +351,14 @@ class Materializer:
         # (The stateful twin: a pause 1.8 s after a hold began recorded the held times `policy_skip`; a delete
         # recorded them `policy_skip` and `schedule_deleted` both.)
         if ended_by is SkipReason.SCHEDULE_CHANGED:
-            self.settle(sch, after, until_ms)
+            if late:
+                # Held only because every worker of its pool was busy: owed and not missed, they run late, as
+                # `_release_held` runs them (a spec change withdraws no time already due). The stateful twin: a
+                # saturated pool's hold ended by a change while nobody owned the partition, and the claim recorded
+                # s3@23 `outside_catchup_window`.
+                self.rewrite(sch, after, until_ms)
+            else:
+                self.settle(sch, after, until_ms)
             return
         if sch.plan.any_between_ms(after, until_ms):  # (after < until_ms: returned above otherwise)
             self.settled.append((sid, SkipRange(ended_by, after, until_ms)))

@@ -330,10 +330,13 @@ class PartitionPlanner:
             hold_at = held_from.get(st.schedule.id)
             if hold_at is not None and hold_at < st.activated_ms:
                 # Held under an earlier activation, which ended (a change while no owner was there): its
-                # held planned times up to the change are decided as missed, by its policy.
+                # held planned times up to the change are decided as missed, by its policy (run late if the
+                # hold was only a saturated pool's).
                 before = in_effect_at(st, hold_at)
                 with contextlib.suppress(Exception):  # a stored spec a newer engine refuses: nothing to plan
                     self.m.held[st.schedule.id] = hold_at
+                    if st.schedule.id in held_late:
+                        self.m.held_late.add(st.schedule.id)  # its times run late (`settle_hold`)
                     paused = st.schedule.state is ScheduleState.PAUSED
                     self.m.settle_hold(Tracked(replace(st, schedule=before), before.plan(), 0, hold_at),
                                        st.activated_ms, SkipReason.PAUSED if paused else SkipReason.SCHEDULE_CHANGED)

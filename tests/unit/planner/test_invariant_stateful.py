@@ -1117,3 +1117,12 @@ def test_a_start_at_the_instant_of_an_update_to_cancel_other_is_judged_on_the_po
     on the version at the start alone it was [two-at-once]; a start is now judged on the policy of the version
     in force at it and just before it, as a claim at the instant of a delete is."""
     _replay("cancel_other_at_the_instant_of_a_sigcont.json")
+
+
+def test_a_saturated_pools_hold_ended_by_a_change_runs_its_times_late() -> None:
+    """s3 held from 22.9 s because every worker of pool a was busy (slow workers), its owner frozen, then
+    changed (to pool nobody, then every 5 s) while nobody owned the partition: the claim decided the held
+    times as an ended activation's missed times and recorded s3@23 `outside_catchup_window`, though they were
+    owed and only waiting for a worker. A saturated pool's held times run late when a change ends the hold,
+    as they do when the pool frees up (a live owner's `settle_hold` did the same)."""
+    _replay("catch_up_window_skip_of_a_held_schedule_after_a_freeze.json")
