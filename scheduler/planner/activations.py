@@ -94,6 +94,26 @@ def in_effect_at(st: StoredSchedule, t_ms: int) -> Schedule:
     return st.schedule
 
 
+def segments_between(st: StoredSchedule, lo_ms: int, hi_ms: int) -> list[Segment]:
+    """The activations of `st` in force over (lo, hi], oldest first, each cut to that span, from its history
+    (hi: at most the current activation's instant). A stretch the history no longer covers is under the
+    version in effect at `lo` (what a single `in_effect_at` gave before)."""
+    hist = st.meta.history
+    ends = [int(h.get("activated", 0)) for h in hist[1:]] + [st.activated_ms] if hist else []
+    out: list[Segment] = []
+    for h, until in zip(hist, ends, strict=True):
+        a = int(h.get("activated", 0))
+        if until <= lo_ms or a >= hi_ms:
+            continue
+        seg = _segment(st.schedule, h, until)
+        if seg is not None:
+            out.append(Segment(seg.schedule, max(lo_ms, a), min(hi_ms, until)))
+    if not out or out[0].after_ms > lo_ms:
+        first = Segment(in_effect_at(st, lo_ms), lo_ms, out[0].after_ms if out else hi_ms)
+        out.insert(0, first)
+    return out
+
+
 def withdrawal_rule(owed: Owed, current: Plan) -> Callable[[int], SkipReason | None]:
     """For a run written ahead by the checkpoint's writer under the activation it knew: None when the
     activation in effect at its planned time plans it too (the run stands: same id), else the reason it

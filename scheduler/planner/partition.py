@@ -61,8 +61,8 @@ from scheduler.planner.activations import (
     Owed,
     Withdrawal,
     after_change,
-    in_effect_at,
     owed_activations,
+    segments_between,
     withdrawal_rule,
 )
 from scheduler.planner.dispatch_round import RoundInput, ScheduleView, plan_dispatch
@@ -332,14 +332,20 @@ class PartitionPlanner:
                 # Held under an earlier activation, which ended (a change while no owner was there): its
                 # held planned times up to the change are decided as missed, by its policy (run late if the
                 # hold was only a saturated pool's).
-                before = in_effect_at(st, hold_at)
-                with contextlib.suppress(Exception):  # a stored spec a newer engine refuses: nothing to plan
-                    self.m.held[st.schedule.id] = hold_at
-                    if st.schedule.id in held_late:
-                        self.m.held_late.add(st.schedule.id)  # its times run late (`settle_hold`)
-                    paused = st.schedule.state is ScheduleState.PAUSED
-                    self.m.settle_hold(Tracked(replace(st, schedule=before), before.plan(), 0, hold_at),
-                                       st.activated_ms, SkipReason.PAUSED if paused else SkipReason.SCHEDULE_CHANGED)
+                # Each activation since the hold decides its own stretch, ended as the next one ends it (the
+                # stateful twin: held, paused, resumed and changed while nobody owned the partition; the claim
+                # took the whole stretch for the pause's and recorded the times after the resume `paused`).
+                pieces = segments_between(st, hold_at, st.activated_ms)
+                for i, seg in enumerate(pieces):
+                    nxt = pieces[i + 1].schedule if i + 1 < len(pieces) else st.schedule
+                    with contextlib.suppress(Exception):  # a stored spec a newer engine refuses: nothing to plan
+                        self.m.held[st.schedule.id] = seg.after_ms
+                        if st.schedule.id in held_late:
+                            self.m.held_late.add(st.schedule.id)  # its times run late (`settle_hold`)
+                        self.m.settle_hold(Tracked(replace(st, schedule=seg.schedule), seg.schedule.plan(), 0,
+                                                   seg.after_ms), seg.until_ms,
+                                           SkipReason.PAUSED if nxt.state is ScheduleState.PAUSED
+                                           else SkipReason.SCHEDULE_CHANGED)
             elif hold_at is None:
                 self._settle_earlier(st, earlier, ck)
             elif st.schedule.id in held_late and (sch := self.m.schedules.get(st.schedule.id)) is not None:

@@ -9,7 +9,7 @@ import pytest
 
 from scheduler.errors import FailedPrecondition
 from scheduler.model import Schedule, ScheduleState
-from scheduler.planner.activations import in_effect_at, owed_activations, withdrawal_rule
+from scheduler.planner.activations import in_effect_at, owed_activations, segments_between, withdrawal_rule
 from scheduler.store.checkpoint import Checkpoint
 from scheduler.store.codec import ScheduleMeta, decode_schedule_meta, encode_schedule, plan_fields
 from scheduler.store.keyspace import Keyspace
@@ -65,6 +65,20 @@ def test_in_effect_at() -> None:
     assert in_effect_at(NOW, T + 5_000).spec == "*/2 * * * * *"
     assert in_effect_at(NOW, T + 9_000).state is ScheduleState.PAUSED
     assert in_effect_at(NOW, T + 12_000).spec == "*/3 * * * * *"
+
+
+def test_segments_between_cut_each_activation_to_the_span() -> None:
+    """A hold from T+2 s to the current activation: the every-second, every-2-s and paused stretches, each its
+    own (a claim settles each as the activation that ended it would have)."""
+    segs = segments_between(NOW, T + 2_000, T + 12_000)
+    assert [(s.schedule.spec, s.after_ms, s.until_ms, s.paused) for s in segs] == [
+        ("* * * * * *", T + 2_000, T + 4_000, False), ("*/2 * * * * *", T + 4_000, T + 8_000, False),
+        ("*/2 * * * * *", T + 8_000, T + 12_000, True)]
+    assert [(s.after_ms, s.until_ms) for s in segments_between(NOW, T + 9_000, T + 12_000)] == [(T + 9_000, T + 12_000)]
+    # Before what the history holds: the version in effect at the start (no history: the schedule itself).
+    bare = replace(NOW, meta=ScheduleMeta())
+    assert [(s.schedule.spec, s.after_ms, s.until_ms) for s in segments_between(bare, T, T + 12_000)] == [
+        ("*/3 * * * * *", T, T + 12_000)]
 
 
 def test_history_is_pruned_to_what_no_checkpoint_covered() -> None:

@@ -1126,3 +1126,10 @@ def test_a_saturated_pools_hold_ended_by_a_change_runs_its_times_late() -> None:
     owed and only waiting for a worker. A saturated pool's held times run late when a change ends the hold,
     as they do when the pool frees up (a live owner's `settle_hold` did the same)."""
     _replay("catch_up_window_skip_of_a_held_schedule_after_a_freeze.json")
+
+
+def test_a_hold_spanning_a_pause_and_a_resume_made_without_an_owner_is_settled_per_activation() -> None:
+    """s1 held (pool nobody), paused at 8.0 s, resumed at 10.1 s and changed at 11.9 s while claims kept dying:
+    the next claim settled the whole held stretch with the version in effect where the hold began (the pause)
+    and recorded (8.0-11.9 s] `paused`, s1@11 included, though that time came after the resume."""
+    _replay("held_paused_resumed_changed_without_an_owner.json")
