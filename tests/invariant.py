@@ -1053,7 +1053,14 @@ def judge(log: Log, es: list[Execution], ranges: dict[str, list[tuple[int, int, 
             # Held while its pool had no worker, then decided as missed (when the schedule changed, or as
             # the backlog outgrew the policy): the missed-run policy applies to the times it held.
             for v0, v1 in _segments(log, sid):
-                if v0.pool in ("a", "b") or p <= v0.at_ms or (v1 is not None and p > v1.at_ms):
+                if v0.pool in ("a", "b") or (v1 is not None and p > v1.at_ms):
+                    continue
+                if p <= v0.at_ms and not any(
+                        v0.at_ms <= s.at_ms and (v1 is None or s.at_ms < v1.at_ms)
+                        and min(s.watermark_ms, s.holds.get(sid, s.watermark_ms)) < p <= s.at_ms for s in starts):
+                    # Planned before the pool lost its workers: held only if a claim made while it had none
+                    # took it over from behind its checkpoint (its catch-up, held as the pool's; the stateful
+                    # twin: s2@3, owed through two dying claims, held by the claim at 7.9 s, decided at 8.1 s).
                     continue
                 if v1 is not None and v1.at_ms <= written <= v1.at_ms + 2 * ROUND_MS:
                     return None

@@ -1133,3 +1133,11 @@ def test_a_hold_spanning_a_pause_and_a_resume_made_without_an_owner_is_settled_p
     the next claim settled the whole held stretch with the version in effect where the hold began (the pause)
     and recorded (8.0-11.9 s] `paused`, s1@11 included, though that time came after the resume."""
     _replay("held_paused_resumed_changed_without_an_owner.json")
+
+
+def test_a_time_a_claim_held_for_a_workerless_pool_is_decided_by_its_policy_when_the_pool_is_fixed() -> None:
+    """Checker: s2@3 owed through a frozen owner and two claims that died after their first write; the claim at
+    7.9 s found s2's pool without workers (changed at 6.7 s) and held its times from its checkpoint, s2@3
+    included; the pool fixed at 8.0 s, the held times were decided by the missed-run policy (`policy_skip`).
+    The checker's hold rule took only times planned after the pool lost its workers as held."""
+    _replay("policy_skip_after_two_dying_claims.json")
