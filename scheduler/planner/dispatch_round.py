@@ -451,6 +451,14 @@ def _plan_schedule(inp: RoundInput, plan: DispatchPlan, budget: dict[str, int], 
                 if r.id not in cas and r.state is ExecState.RETRY_WAIT and r.planned_ms < x.planned_ms:
                     cas[r.id] = (r, cancel(r, "overlap", inp.now_ms))
             in_flight = [r for r in in_flight if r.id not in cas]
+            # ... and so do older runs started since x came due, which its overlap decision (on what was in
+            # progress at its due time) did not see: x would start beside them (the stateful twin: a backfill
+            # run's retry began 70 ms after s11@40 came due, and s11@40 started beside it).
+            seen = {r.id for r in real}
+            since = [r for r in in_flight if r.id not in cas and r.id not in seen and r.planned_ms < x.planned_ms
+                     and r.state in IN_FLIGHT]
+            if since:
+                action, real = OverlapAction.CANCEL_THEN_START, [*real, *since]
         if action is OverlapAction.CANCEL_THEN_START:
             # Cancel is recorded before the work stops (CANCELLING until the worker confirms the stop or
             # the kill deadline passes): x starts only once every run it cancelled has really stopped.

@@ -1141,3 +1141,11 @@ def test_a_time_a_claim_held_for_a_workerless_pool_is_decided_by_its_policy_when
     included; the pool fixed at 8.0 s, the held times were decided by the missed-run policy (`policy_skip`).
     The checker's hold rule took only times planned after the pool lost its workers as held."""
     _replay("policy_skip_after_two_dying_claims.json")
+
+
+def test_a_cancel_other_run_cancels_an_older_run_started_after_it_came_due() -> None:
+    """s11 cancel_other with a backfill's runs out: the retry of backfill run s11@25 began at 39.94 s, 70 ms
+    after s11@40 came due; s11@40's overlap decision (on what ran at its due time) saw only s11@26 waiting for
+    its retry, cancelled that, and started beside s11@25 ([two-at-once]). A starting cancel_other run now
+    cancels the older runs in flight whatever their start, as it already did the older retries."""
+    _replay("cancel_other_after_a_backfill_and_dying_claims.json")
