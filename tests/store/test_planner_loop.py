@@ -316,7 +316,9 @@ async def _left_by_a_dead_owner(kv: EtcdClient, node: PlannerNode, ks: Keyspace,
     result recorded by another planner after the kill; the runs at T0 + 1 s and T0 + 2 s, written ahead,
     came due while R ran and were never decided. Returns T0."""
     now = SYSTEM_CLOCK.wall_ms()
-    t0 = now - 2_600 - (now % 1000)  # on a second: the schedule plans whole seconds
+    # On a second: the schedule plans whole seconds. (It was `now - 2_600 - now % 1000`, on .400: runs of times
+    # the spec does not plan, which a claim now withdraws as an earlier spec's runs written ahead.)
+    t0 = now - 3_000 - (now % 1000)
     await _dead_owners_ledger(kv, node, ks, Policies(overlap=overlap, missed_runs=MissedRuns.LATEST), t0, None,
                               (50, 60, 2_550, 2_450), t0 + 2000)
     return t0
