@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from bench_e2e import _cpu_s, _spawn, _stop  # noqa: E402
-from bench_scale import PREFIX, Planner, spawn_planners, wait_loaded  # noqa: E402
+from bench_scale import PREFIX, Planner, add_cluster_args, spawn_planners, stop_all, wait_loaded  # noqa: E402
 
 from chaos.infra.etcd import EtcdCluster, find_binary  # noqa: E402
 from scheduler.clock import SYSTEM_CLOCK  # noqa: E402
@@ -163,11 +163,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> None:
                   f"{within:,} of {args.burst:,} started within {GOAL_S:.0f} s, the last after "
                   f"{max(done, default=0) / 1000:.1f} s")
     finally:
-        for w in workers:
-            _stop(w)
-        for p in planners:
-            _stop(p.proc)
-        cluster.close()
+        stop_all(workers, planners, cluster)
 
 
 def main() -> None:
@@ -176,12 +172,9 @@ def main() -> None:
     ap.add_argument("--burst", type=int, help="schedules due at T2 (default 100,000; --quick 2,000)")
     ap.add_argument("--baseline", type=int, help="schedules due at T1 (default 10,000; --quick 200)")
     ap.add_argument("--partitions", type=int, help="P (default 64; --quick 16)")
-    ap.add_argument("--planners", type=int, default=2)
-    ap.add_argument("--workers", type=int, default=2)
+    add_cluster_args(ap, workers=2)
     ap.add_argument("--concurrency", type=int, default=2048, help="each worker's concurrent executions")
     ap.add_argument("--lookahead-ms", type=int, default=1000, help="the planners' materialization lookahead")
-    ap.add_argument("--lease-ttl", type=int, default=5)
-    ap.add_argument("--rpc-timeout", type=float, default=1.0)
     ap.add_argument("--lead", type=float, help="seconds from the creates to T1 (default 25; --quick 6)")
     ap.add_argument("--gap", type=float, help="seconds from T1 to T2 (default 30; --quick 8)")
     ap.add_argument("--settle", type=float, help="seconds after T2 the run waits for starts (default 60; --quick 8)")

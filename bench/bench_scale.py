@@ -177,6 +177,25 @@ def spawn_planners(schedctl: str, cluster: EtcdCluster, args: argparse.Namespace
     return out
 
 
+def stop_all(workers: list[subprocess.Popen[bytes]], planners: list[Planner], cluster: EtcdCluster) -> None:
+    """Workers first (their results still have planners to go to), then planners, then etcd."""
+    for w in workers:
+        _stop(w)
+    for p in planners:
+        _stop(p.proc)
+    cluster.close()
+
+
+def add_cluster_args(ap: argparse.ArgumentParser, workers: int) -> None:
+    """The options both cluster benchmarks take (planners, workers, lease TTL, etcd call timeout)."""
+    ap.add_argument("--planners", type=int, default=2)
+    ap.add_argument("--workers", type=int, default=workers)
+    ap.add_argument("--lease-ttl", type=int, default=5)
+    ap.add_argument("--rpc-timeout", type=float, default=1.0,
+                    help="the planners' etcd call timeout (a 2 s TTL needs 0.4: renew + 2 x rpc_timeout <= "
+                         "TTL - margin)")
+
+
 async def wait_loaded(kv: EtcdClient, planners: list[Planner], partitions: int, timeout: float, workdir: Path) -> None:
     """Until every partition is owned and every planner has loaded all it owns (`ready_after` set)."""
     loop = asyncio.get_running_loop()
@@ -271,11 +290,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> None:
             print(f"session losses: {total_lost} (must be 0); load average {load_avg[0]:.2f} "
                   f"{load_avg[1]:.2f} {load_avg[2]:.2f}")
     finally:
-        for w in workers:
-            _stop(w)
-        for p in planners:
-            _stop(p.proc)
-        cluster.close()
+        stop_all(workers, planners, cluster)
 
 
 def main() -> None:
@@ -284,12 +299,7 @@ def main() -> None:
     ap.add_argument("--schedules", type=int, help="schedules held (default 1,000,000; --quick 20,000)")
     ap.add_argument("--due", type=int, help="of them, schedules due every second (default 500; --quick 50)")
     ap.add_argument("--partitions", type=int, help="P (default 256; --quick 32)")
-    ap.add_argument("--planners", type=int, default=2)
-    ap.add_argument("--workers", type=int, default=1)
-    ap.add_argument("--lease-ttl", type=int, default=5)
-    ap.add_argument("--rpc-timeout", type=float, default=1.0,
-                    help="the planners' etcd call timeout (a 2 s TTL needs 0.4: renew + 2 x rpc_timeout <= "
-                         "TTL - margin)")
+    add_cluster_args(ap, workers=1)
     ap.add_argument("--window", type=float, help="measured seconds after loading (default 60; --quick 8)")
     ap.add_argument("--warmup", type=float, default=5.0, help="seconds between the workers' start and the window")
     ap.add_argument("--load-timeout", type=float, default=900.0)
