@@ -329,12 +329,12 @@ class PartitionPlanner:
             earlier = owed_activations(st, ck)
             hold_at = held_from.get(st.schedule.id)
             if hold_at is not None and hold_at < st.activated_ms:
-                # Held under an earlier activation, which ended (a change while no owner was there): its
-                # held planned times up to the change are decided as missed, by its policy (run late if the
-                # hold was only a saturated pool's).
-                # Each activation since the hold decides its own stretch, ended as the next one ends it (the
-                # stateful twin: held, paused, resumed and changed while nobody owned the partition; the claim
-                # took the whole stretch for the pause's and recorded the times after the resume `paused`).
+                # Held under an earlier activation, which ended (a change while no owner was there): its held
+                # planned times up to the change are decided as missed by its policy (run late if the hold was
+                # only a saturated pool's). Each activation since the hold decides its own stretch, ended as the
+                # next one ends it (the stateful twin: held, paused, resumed and changed while nobody owned the
+                # partition; the claim took the whole stretch for the pause's and recorded the times after the
+                # resume `paused`).
                 pieces = segments_between(st, hold_at, st.activated_ms)
                 for i, seg in enumerate(pieces):
                     nxt = pieces[i + 1].schedule if i + 1 < len(pieces) else st.schedule
@@ -517,17 +517,19 @@ class PartitionPlanner:
             self._retarget(sid, st.schedule.worker_pool)
         self.wake.set()
 
+    def _own_waiting(self, sid: str) -> list[int]:
+        """Planned times of the schedule's own runs written and not dispatched yet."""
+        return [x.planned_ms for x in self.pending.of_schedule(sid)
+                if x.state is ExecState.SCHEDULED and x.trigger is Trigger.SCHEDULED]
+
     def _unplanned_ahead(self, sch: Tracked) -> bool:
         """A run of the schedule's own waiting, planned after its activation, that its plan does not plan."""
-        return any(x.state is ExecState.SCHEDULED and x.trigger is Trigger.SCHEDULED
-                   and x.planned_ms > sch.stored.activated_ms
-                   and sch.plan.next_after_ms(x.planned_ms - 1) != x.planned_ms
-                   for x in self.pending.of_schedule(sch.stored.schedule.id))
+        return any(t > sch.stored.activated_ms and sch.plan.next_after_ms(t - 1) != t
+                   for t in self._own_waiting(sch.stored.schedule.id))
 
     def _written_ahead(self, sid: str) -> int:
         """The last planned time of a run of the schedule's own written ahead and waiting (0: none)."""
-        return max((x.planned_ms for x in self.pending.of_schedule(sid)
-                    if x.state is ExecState.SCHEDULED and x.trigger is Trigger.SCHEDULED), default=0)
+        return max(self._own_waiting(sid), default=0)
 
     def _retarget(self, sid: str, pool: str) -> None:
         """Runs waiting for a worker follow their schedule's pool (an update fixing a mistyped pool
