@@ -875,8 +875,16 @@ def expected_catch_up(log: Log, sid: str, start: Start) -> dict[int, str]:
     horizon = start.at_ms - SETTINGS.late_grace_ms
     p = v.policies
     out: dict[int, str] = {}
-    acts = [x for i, x in enumerate(log.versions.get(sid, []))
-            if i == 0 or x.activated_ms != log.versions[sid][i - 1].activated_ms]
+    acts: list[Version] = []
+    for x in log.versions.get(sid, []):
+        if acts and x.activated_ms == acts[-1].activated_ms:
+            if x.at_ms == acts[-1].at_ms:
+                # Made at the activation's very instant (a create and a spec change at once): one activation,
+                # planned by the spec it ended that instant with (the stateful twin: s5 created */5 and changed to
+                # every second at 5.55 s).
+                acts[-1] = x
+            continue
+        acts.append(x)
     for i, a in enumerate(acts):
         if a.at_ms > start.at_ms:
             break
@@ -1193,12 +1201,14 @@ def judge(log: Log, es: list[Execution], ranges: dict[str, list[tuple[int, int, 
                 att = None if e is None else next((a for a in e.attempts if a.attempt == f.attempt), None)
                 if later and later[0].start_ms > limit:
                     # Given up in time, the next attempt waits like any retry: for a worker of its pool
-                    # with capacity, and for a resume if the schedule was paused meanwhile.
+                    # with capacity, and for a resume if the schedule was paused meanwhile. Its pool is the
+                    # one its schedule had then (a record follows its schedule's pool changes), not the one
+                    # it ends with.
                     gave_up = att.finished_ms if att is not None and att.finished_ms else None
-                    pool = e.pool if e is not None else ""
                     free = [] if gave_up is None else [
                         t for t, cap in log.rounds if gave_up + ROUND_MS < t < later[0].start_ms
-                        and cap.get(pool, 0) > 0 and state_at(f.sid, t) == "active"]
+                        and (v := log.version_at(f.sid, t)) is not None and v.state == "active"
+                        and cap.get(v.pool, 0) > 0]
                     if gave_up is None or gave_up > limit or len(free) >= STUCK_ROUNDS:
                         bad.append(f"[start-timeout] {eid}: attempt {f.attempt} dispatched at t={f.start_ms - T0} "
                                    f"never reached a worker; attempt {later[0].attempt} came only at "

@@ -1151,20 +1151,17 @@ def test_a_cancel_other_run_cancels_an_older_run_started_after_it_came_due() -> 
     _replay("cancel_other_after_a_backfill_and_dying_claims.json")
 
 
-# ---- open: found by the machine at the end of session 20 (present on 6a05dec too); each flips to a failure
-# once fixed ----
-
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="open: a lost dispatch retried late after a pool change")
-def test_open_a_lost_dispatch_of_a_run_cancelled_and_rerun_across_a_pool_change_is_retried_in_time() -> None:
-    """OPEN. s3@5's dispatch never reached a worker; its schedule moved to a pool without workers, the run
-    was cancelled and rerun at 5.9 s, the pool fixed at 11.4 s: attempt 2 came only at 11.5 s ([start-timeout]:
-    given up late, or the checker's start-timeout rule not allowing for the workerless pool; not traced yet)."""
-    _replay("open_start_timeout_retry_late_after_faults.json")
+def test_a_lost_dispatch_cancelled_and_rerun_while_its_pool_has_no_worker_waits_for_the_pool() -> None:
+    """Found by the machine (full mode), a checker gap: s3@5's dispatch never reached a worker; its schedule
+    moved to a pool without workers, the run was cancelled and rerun at 5.9 s and the pool fixed at 11.4 s;
+    attempt 2 came at 11.5 s, as it should. The checker counted the rounds in which the pool the record ended
+    with (`a`) had free workers, not the pool its schedule had then (`nobody`)."""
+    _replay("start_timeout_rerun_across_a_pool_change.json")
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="open: outside_catchup_window for a time not missed")
-def test_open_a_schedule_created_and_changed_at_once_during_dying_claims_is_not_skipped() -> None:
-    """OPEN. s5 created */5 and changed to every second at the same instant (5.55 s, missed=all) while claims
-    kept dying after their first write: s5@6 was recorded `outside_catchup_window` though no takeover's
-    policy says it was missed (the create and the change at one instant, or the claim's window; not traced)."""
-    _replay("open_catch_up_window_skip_not_missed_after_faults.json")
+def test_a_schedule_created_and_changed_at_one_instant_is_caught_up_by_the_spec_it_ended_with() -> None:
+    """Found by the machine (full mode), a checker gap: s5 created `*/5` and changed to every second at the same
+    instant (5.55 s, missed=all, window 3 s) while claims kept dying; the claim at 13.9 s recorded s5@6
+    `outside_catchup_window`, as its policy says. The checker took the activation's times from the create's
+    spec (no time of `*/5` between 5.55 and 8.9 s) and called the skip unjustified."""
+    _replay("create_and_spec_change_at_one_instant.json")
