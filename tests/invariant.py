@@ -166,6 +166,7 @@ class Log:
     effects: list[Effect] = field(default_factory=list)
     cancels: set[str] = field(default_factory=set)  # execution ids an operator cancelled
     reruns: dict[str, int] = field(default_factory=dict)
+    rerun_ms: dict[str, list[int]] = field(default_factory=dict)  # when each rerun was asked, per execution id
     # Planner trouble seen by the driver: malformed txns, restarts per clock advance, stale writes.
     errors: list[str] = field(default_factory=list)
     # Per round: (time, free capacity per pool after the round).
@@ -809,6 +810,7 @@ class World:
                     self.log.ops.append(f"t={now - T0}: rerun {e0.id} ({e0.state.value})")
                     await self.ops.rerun(e0.schedule_id, e0.planned_ms)
                     self.log.reruns[e0.id] = self.log.reruns.get(e0.id, 0) + 1
+                    self.log.rerun_ms.setdefault(e0.id, []).append(now)
                 elif what == "cancel":
                     self.log.ops.append(f"t={now - T0}: cancel {e0.id} ({e0.state.value})")
                     await self.ops.cancel_execution(e0.id)
@@ -1203,10 +1205,13 @@ def judge(log: Log, es: list[Execution], ranges: dict[str, list[tuple[int, int, 
                     # Given up in time, the next attempt waits like any retry: for a worker of its pool
                     # with capacity, and for a resume if the schedule was paused meanwhile. Its pool is the
                     # one its schedule had then (a record follows its schedule's pool changes), not the one
-                    # it ends with.
+                    # it ends with. An attempt cancelled (by an operator or cancel_other) has no retry: the
+                    # next one waits from the operator's rerun.
                     gave_up = att.finished_ms if att is not None and att.finished_ms else None
-                    free = [] if gave_up is None else [
-                        t for t, cap in log.rounds if gave_up + ROUND_MS < t < later[0].start_ms
+                    waits_from = None if gave_up is None else max(
+                        [gave_up, *(t for t in log.rerun_ms.get(eid, []) if t < later[0].start_ms)])
+                    free = [] if waits_from is None else [
+                        t for t, cap in log.rounds if waits_from + ROUND_MS < t < later[0].start_ms
                         and (v := log.version_at(f.sid, t)) is not None and v.state == "active"
                         and cap.get(v.pool, 0) > 0]
                     if gave_up is None or gave_up > limit or len(free) >= STUCK_ROUNDS:

@@ -1165,3 +1165,19 @@ def test_a_schedule_created_and_changed_at_one_instant_is_caught_up_by_the_spec_
     `outside_catchup_window`, as its policy says. The checker took the activation's times from the create's
     spec (no time of `*/5` between 5.55 and 8.9 s) and called the skip unjustified."""
     _replay("create_and_spec_change_at_one_instant.json")
+
+
+def test_a_cancel_other_run_does_not_start_beside_a_replay_dispatched_in_the_same_round() -> None:
+    """Found by the machine (full mode): s5 changed to cancel_other and a dead letter of it (s5@3) replayed at
+    6.1 s, while s5@6 waited on the confirmation of s5@5's state; the round at 6.25 s dispatched the replay
+    and then s5@6, whose cancel of older runs started since it came due looked only at runs already written
+    in flight, not the replay dispatched just before it in the same round: the two ran at once. s5@6 now
+    waits a round, and cancels the replay as any older run started after it came due."""
+    _replay("cancel_other_replay_two_at_once.json")
+
+
+def test_a_lost_dispatch_cancelled_then_rerun_later_is_judged_from_the_rerun() -> None:
+    """Found by the machine (full mode), a checker gap: s4@11's dispatch was lost, cancel_other cancelled it
+    (no retry owed), and an operator reran it at 18.05 s; attempt 2 came at 18.25 s. The checker counted the
+    free rounds from the cancel, as if a retry had been owed since."""
+    _replay("start_timeout_cancelled_then_rerun.json")
