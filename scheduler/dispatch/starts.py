@@ -60,6 +60,7 @@ class StartRecorder:
         self._task: asyncio.Task[None] | None = None
         self.started = 0
         self.refused = 0
+        self.unknown = 0  # answered UNKNOWN: etcd did not answer (the worker asks another planner)
 
     def enqueue(self, worker: str, reqs: Sequence[wpb.StartRequest],
                 reply: Callable[[list[wpb.StartAckEntry]], None], scope: Scope | None = None) -> None:
@@ -158,8 +159,10 @@ class StartRecorder:
         q.reply(self._ack(q, wpb.START_DISPOSITION_REFUSED, why))
 
     async def _slow(self, q: _Req, now_ms: int) -> None:
-        """Read the record and decide on it: one read + one CAS. A lost CAS or an etcd error refuses the
-        start; the worker then reports the attempt not started, which is safe whatever was written."""
+        """Read the record and decide on it: one read + one CAS. A lost CAS refuses the start; the worker
+        then reports the attempt not started, which is safe whatever was written. An etcd error answers
+        UNKNOWN: the worker asks another planner, whose read tells (a start of its own recorded by us is
+        STARTED there; one not recorded is recorded or refused there)."""
         try:
             eid = ExecutionId.parse(q.r.execution_id)
             sid, planned_ms = eid.schedule_id, eid.planned_ms
@@ -182,8 +185,18 @@ class StartRecorder:
                 self._refuse(q, d)
                 return
             tr = await self.kv.txn([], [self._op(e, d)])
-        except (SchedError, ValueError) as err:
+        except ValueError as err:
             self._refuse(q, f"could not record the start: {err}")
+            return
+        except SchedError as err:
+            # etcd did not answer us: the start may have been recorded (by the fast path's txn, or this
+            # one). Another planner can read the record and answer for it (the half game day gd-s20b: a
+            # flaky link made its owner refuse 17 starts it had recorded, which then waited 7 s for a
+            # second attempt).
+            self.unknown += 1
+            log.info("start outcome unknown", extra={"event": "start_unknown", "execution_id": q.r.execution_id,
+                                                     "attempt": q.r.attempt, "worker": q.worker, "reason": str(err)})
+            q.reply(self._ack(q, wpb.START_DISPOSITION_UNKNOWN, f"could not record the start: {err}"))
             return
         if self.ledger.cas_results(tr)[0]:
             self._won(q, with_revision(d, tr.revision))

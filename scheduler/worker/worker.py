@@ -84,7 +84,7 @@ class Worker:
         self.book = CreditBook(s.concurrency, s.credit_idle_after)
         self.outbox = Outbox(s.result_ack_timeout)
         self.planners = PlannerSet(self, s)
-        self.starts = StartGate(self._send_to)
+        self.starts = StartGate(self._send_to, lambda: self.planners.connected)
         self._handlers: dict[str, Handler] = {}
         self._attempts: dict[AttemptKey, Attempt] = {}
         self._done: OrderedDict[AttemptKey, float] = OrderedDict()  # finished here -> monotonic time, oldest first
@@ -264,7 +264,7 @@ class Worker:
         elif kind == "reattached":
             self._on_reattached(stream, msg.reattached)
         elif kind == "start_ack":
-            self.starts.on_ack(msg.start_ack)
+            self.starts.on_ack(msg.start_ack, stream.address)
         elif kind == "probe":
             stream.probe_seen = msg.probe.seq
         else:  # a second Welcome, or a message newer than this SDK: nothing to do

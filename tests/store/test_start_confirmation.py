@@ -22,12 +22,15 @@ from scheduler._gen.scheduler.v1 import worker_service_pb2_grpc as wgrpc
 from scheduler.clock import SYSTEM_CLOCK
 from scheduler.config import CoordinationSettings
 from scheduler.dispatch.service import Dispatcher
+from scheduler.dispatch.starts import StartRecorder
 from scheduler.execution import UNSTARTED_MESSAGE, ExecState, Execution
 from scheduler.model import Policies, RetryPolicy, Schedule
 from scheduler.node import PlannerNode
 from scheduler.planner.settings import PlannerSettings
 from scheduler.server import start_server
 from scheduler.store.etcd import EtcdClient
+from scheduler.store.etcd.errors import OutcomeUnknown as EtcdOutcomeUnknown
+from scheduler.store.etcd.errors import Unavailable
 from scheduler.store.keyspace import Keyspace
 
 pytestmark = pytest.mark.etcd
@@ -329,3 +332,71 @@ async def test_a_start_of_a_dispatch_by_an_earlier_owner_is_refused(kv: EtcdClie
         await server.stop(None)
     assert ack.disposition == wpb.START_DISPOSITION_REFUSED, ack
     assert (await record(node, kv, "moved", planned)).state is ExecState.DISPATCHED
+
+
+class _LostAnswers:
+    """A planner's etcd behind a flaky link: its writes land (or not) but their answers are lost, and its
+    reads time out (the half game day gd-s20b: an owner's start CAS landed, its answer and the read-back
+    timed out, and it refused 17 starts it had recorded)."""
+
+    def __init__(self, kv: EtcdClient, *, land: bool) -> None:
+        self.kv, self.land = kv, land
+
+    async def txn(self, compare: Any, success: Any = (), failure: Any = (), *, timeout: float | None = None) -> Any:
+        if self.land:
+            await self.kv.txn(compare, success, failure)
+        raise EtcdOutcomeUnknown("the answer was lost on the way back")
+
+    async def get(self, *args: Any, **kwargs: Any) -> Any:
+        raise Unavailable("etcd did not answer")
+
+
+@pytest.mark.parametrize("landed", [True, False], ids=["start-landed", "start-not-landed"])
+async def test_a_start_its_planner_cannot_confirm_is_answered_unknown_and_another_planner_answers_for_it(
+    kv: EtcdClient, key_prefix: str, landed: bool
+) -> None:
+    """UNKNOWN, not REFUSED, when etcd did not answer: the worker asks another planner (worker/starts.py),
+    which reads the record and answers STARTED for the start recorded for this worker, or records it."""
+    prefix = key_prefix.rstrip("/")
+    async with planner(kv, prefix) as (node, _d, port):
+        planned = (SYSTEM_CLOCK.wall_ms() // 1000 + 2) * 1000
+        await node.store.create(Schedule(id="gray", tenant="t", spec="* * * * * *", worker_pool="pool",
+                                         task_type="x", start_ms=planned, end_ms=planned, policies=POLICIES),
+                                SYSTEM_CLOCK.wall_ms())
+        w = Client(port, "w1")
+        try:
+            await w.next("welcome")
+            a = (await w.next("assignments")).assignments[0]
+            e = await record(node, kv, "gray", planned)
+            assert e.state is ExecState.DISPATCHED
+            owner_behind_a_flaky_link = StartRecorder(
+                kv=_LostAnswers(kv, land=landed), ledger=node.ledger, ks=node.ks, partitions=COORD.partitions,  # type: ignore[arg-type]
+                clock=SYSTEM_CLOCK, lookup=lambda eid: e if eid == e.id else None, on_started=lambda _e: None,
+                notice_for=lambda _s, _p: ())
+            acks: list[wpb.StartAckEntry] = []
+            owner_behind_a_flaky_link.enqueue("w1", start_request(a).starts, acks.extend)
+            async with asyncio.timeout(5):
+                while not acks:
+                    await asyncio.sleep(0.01)
+            assert acks[0].disposition == wpb.START_DISPOSITION_UNKNOWN, acks
+            assert (await record(node, kv, "gray", planned)).state is (
+                ExecState.RUNNING if landed else ExecState.DISPATCHED)
+            # Another planner (owning nothing) answers the worker's second ask.
+            other = PlannerNode(kv, Keyspace(prefix), replace(COORD, node_id="n2"), SYSTEM_CLOCK, planner=FAST)
+            server, port2 = await start_server(other.make_dispatcher(), "127.0.0.1", 0)
+            try:
+                w2 = Client(port2, "w1")
+                try:
+                    await w2.next("welcome")
+                    w2.send(started=start_request(a))
+                    ack = (await w2.next("start_ack")).acks[0]
+                finally:
+                    await w2.close()
+            finally:
+                await server.stop(None)
+            after = await record(node, kv, "gray", planned)
+        finally:
+            await w.close()
+    assert ack.disposition == wpb.START_DISPOSITION_STARTED, ack
+    cur = after.current
+    assert after.state is ExecState.RUNNING and cur is not None and cur.worker == "w1" and after.attempt == 1, after

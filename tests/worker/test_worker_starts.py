@@ -5,6 +5,8 @@ are reported not_started, and their slots come back."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
+from typing import Any
 
 from scheduler._gen.scheduler.v1 import execution_pb2 as epb
 from scheduler._gen.scheduler.v1 import worker_service_pb2 as wpb
@@ -112,3 +114,54 @@ async def test_without_start_timeout_an_older_planners_assignment_runs_at_once(
     conn.assign(assignment(1))
     await planner.wait_for(lambda: conn.results, what="a result")
     assert not conn.of_kind("started") and conn.results[0].outcome == epb.ATTEMPT_OUTCOME_SUCCEEDED
+
+
+async def test_a_start_whose_outcome_its_planner_does_not_know_is_asked_of_another_planner(
+    planners: Callable[..., Any], make_worker: WorkerFactory
+) -> None:
+    """UNKNOWN (etcd did not answer the owner, which may have recorded the start): the same request goes to
+    another connected planner, whose STARTED runs the handler (half game day gd-s20b: an owner behind a flaky
+    link refused 17 starts it had recorded; they waited 7 s for a second attempt)."""
+    a_side: FakePlanner = await planners(planner_id="planner-a")
+    b_side: FakePlanner = await planners(planner_id="planner-b")
+    a_side.start_answer = lambda r, c: wpb.START_DISPOSITION_UNKNOWN
+    b_side.start_answer = lambda r, c: wpb.START_DISPOSITION_STARTED
+    w = make_worker([a_side.address, b_side.address])
+    ran: list[str] = []
+
+    @w.task("t")
+    async def handler(ctx: ExecutionContext, payload: bytes) -> None:
+        ran.append(ctx.execution_id)
+
+    await w.start()
+    conn = await _ready(a_side)
+    await _ready(b_side)
+    job = assignment(1, start_timeout=2.0)
+    conn.assign(job)
+    b_conn = await b_side.conn(1)
+    # The result goes to the planner that could reach etcd first, too (the origin could not).
+    await b_side.wait_for(lambda: b_conn.results, what="the result")
+    assert [(r.execution_id, r.attempt) for r in _starts(b_conn)] == [(job.execution_id, 1)]
+    assert ran == [job.execution_id]
+    assert b_conn.results[0].outcome == epb.ATTEMPT_OUTCOME_SUCCEEDED and not b_conn.results[0].not_started
+    assert w.starts.asked_again == 1 and not conn.results
+
+
+async def test_an_unknown_start_with_no_other_planner_to_ask_never_runs(
+    planner: FakePlanner, make_worker: WorkerFactory
+) -> None:
+    w = make_worker([planner.address])
+    ran: list[str] = []
+
+    @w.task("t")
+    async def handler(ctx: ExecutionContext, payload: bytes) -> None:
+        ran.append(ctx.execution_id)
+
+    planner.start_answer = lambda r, c: wpb.START_DISPOSITION_UNKNOWN
+    await w.start()
+    conn = await _ready(planner)
+    conn.assign(assignment(1, start_timeout=2.0))
+    await planner.wait_for(lambda: conn.results, what="a result")
+    r = conn.results[0]
+    assert r.not_started and "start refused" in r.message, r.message
+    assert not ran and len(_starts(conn)) == 1, "asked once: nobody else to ask"

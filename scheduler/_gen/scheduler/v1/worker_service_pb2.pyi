@@ -19,6 +19,7 @@ class StartDisposition(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     START_DISPOSITION_UNSPECIFIED: _ClassVar[StartDisposition]
     START_DISPOSITION_STARTED: _ClassVar[StartDisposition]
     START_DISPOSITION_REFUSED: _ClassVar[StartDisposition]
+    START_DISPOSITION_UNKNOWN: _ClassVar[StartDisposition]
 
 class CancelReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -38,6 +39,7 @@ class ResultDisposition(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
 START_DISPOSITION_UNSPECIFIED: StartDisposition
 START_DISPOSITION_STARTED: StartDisposition
 START_DISPOSITION_REFUSED: StartDisposition
+START_DISPOSITION_UNKNOWN: StartDisposition
 CANCEL_REASON_UNSPECIFIED: CancelReason
 CANCEL_REASON_REQUESTED: CancelReason
 CANCEL_REASON_SCHEDULE_STOPPED: CancelReason
