@@ -446,14 +446,16 @@ def _plan_schedule(inp: RoundInput, plan: DispatchPlan, budget: dict[str, int], 
             plan.starved_pools.add(x.pool)
             held = True
             continue
+        if policy is Overlap.CANCEL_OTHER and any(
+                r.id in cas and cas[r.id][1] is r and r.planned_ms < x.planned_ms for r in in_flight):
+            # An older run dispatched in this very round (an operator's replay or rerun, say) would run beside x
+            # (a new run or a retry), and its dispatch is not written yet to be cancelled: x waits for the next
+            # round, which cancels it as any older run started since (the stateful twin, twice: a replay of s5@3
+            # and s5@6 started together; a rerun of s4@2 and the retry of s4@17).
+            plan.defer.append(x)
+            held = True
+            continue
         if policy is Overlap.CANCEL_OTHER and x.state is not ExecState.RETRY_WAIT:
-            if any(r.id in cas and cas[r.id][1] is r and r.planned_ms < x.planned_ms for r in in_flight):
-                # An older run dispatched in this very round (an operator's replay, say) would run beside x, and
-                # its dispatch is not written yet to be cancelled: x waits for the next round, which cancels it
-                # as below (the stateful twin: a replay of s5@3 and s5@6 started together under cancel_other).
-                plan.defer.append(x)
-                held = True
-                continue
             for r in in_flight:  # x starts (now, or once what it cancels has stopped): older retries end here
                 if r.id not in cas and r.state is ExecState.RETRY_WAIT and r.planned_ms < x.planned_ms:
                     cas[r.id] = (r, cancel(r, "overlap", inp.now_ms))

@@ -1181,3 +1181,10 @@ def test_a_lost_dispatch_cancelled_then_rerun_later_is_judged_from_the_rerun() -
     (no retry owed), and an operator reran it at 18.05 s; attempt 2 came at 18.25 s. The checker counted the
     free rounds from the cancel, as if a retry had been owed since."""
     _replay("start_timeout_cancelled_then_rerun.json")
+
+
+def test_a_cancel_other_retry_does_not_start_beside_a_rerun_dispatched_in_the_same_round() -> None:
+    """Found by the machine (full mode), the same gap for a retry: an operator reran s4@2 at 17.4 s while s4@17
+    waited for its retry; the round at 17.5 s dispatched the rerun, then the retry, which cancels older runs
+    started meanwhile only once they are written in flight ([two-at-once]). The retry now waits a round too."""
+    _replay("cancel_other_retry_beside_a_rerun.json")
