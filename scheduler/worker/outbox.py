@@ -40,6 +40,7 @@ class Outbox:
         # `_scan_at` (the earliest time one of them can be due) has come.
         self._fresh: dict[AttemptKey, None] = {}
         self._scan_at = float("inf")
+        self.resent = 0  # sends after the first (answer overdue, stream lost, RETRY): logged at close
 
     def __len__(self) -> int:
         return len(self._items)
@@ -84,6 +85,8 @@ class Outbox:
                     or connected
                 target = others[spread % len(others)]
                 spread += 1
+            if p.sent_at:
+                self.resent += 1
             p.sent_on, p.sent_at = target, now
             out.setdefault(target, []).append(p.result)
         if out:

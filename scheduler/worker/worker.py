@@ -214,7 +214,9 @@ class Worker:
             if isinstance(handler, Closable):
                 with contextlib.suppress(Exception):
                     await handler.aclose()
-        log.info("worker closed", extra={"unacknowledged_results": len(self.outbox)})
+        log.info("worker closed", extra={"unacknowledged_results": len(self.outbox),
+                                         "results_resent": self.outbox.resent,
+                                         "starts_asked_again": self.starts.asked_again})
         self._closed.set()
 
     # --- callbacks from the planner streams -------------------------------------------------------
