@@ -256,10 +256,17 @@ class Materializer:
     def _release_held(self, now_ms: int, execs: list[Execution], skips: list[tuple[str, SkipRange]]) -> None:
         """Held schedules whose pool is served again: their planned times since the hold go through the
         missed-run policy (they are as missed as after an outage), then they are planned as usual."""
-        horizon = now_ms - self.s.late_grace_ms
         for sid, after in list(self.held.items()):
             sch = self.schedules.get(sid)
             if sch is not None and sch.stored.schedule.worker_pool in self.blocked_pools:
+                if sch.stored.schedule.worker_pool in self.starved_pools and sid not in self.held_late:
+                    # Held while its pool had no worker; its pool has workers now, all busy (the schedule moved to
+                    # a busy pool, or the workers came back busy): the times held until now are missed as at a
+                    # release, and from here it waits as a saturated pool's, late, not missed (the stateful twin:
+                    # s1 moved from a workerless pool to a saturated one at 6.8 s, and its run of 7 s was recorded
+                    # policy_skip when the pool freed up at 12.5 s).
+                    self.held[sid] = self.hold_writes[sid] = self._decide_held(sch, after, now_ms, execs, skips)
+                    self.held_late.add(sid)
                 continue
             del self.held[sid]
             self.hold_writes[sid] = None
@@ -271,16 +278,23 @@ class Materializer:
                 self.held_late.discard(sid)
                 self.push_next(sch, after)
                 continue
-            if after < horizon:
-                p = sch.stored.schedule.policies
-                d = decide_missed(sch.plan, after, horizon, p.missed_runs, p.catchup_window_ms, p.catchup_cap)
-                for t in d.run:
-                    e = self.new_execution(sch, t, now_ms)
-                    execs.append(e)
-                    self.catchup.add(e.id)
-                skips += [(sid, r) for r in d.skipped]
-            sch.owed_from = max(after, horizon)
+            sch.owed_from = self._decide_held(sch, after, now_ms, execs, skips)
             self.push_next(sch, sch.owed_from)
+
+    def _decide_held(self, sch: Tracked, after: int, now_ms: int, execs: list[Execution],
+                     skips: list[tuple[str, SkipRange]]) -> int:
+        """A hold's planned times older than the late grace, decided by the missed-run policy; returns where
+        the schedule's times are owed from after that."""
+        horizon = now_ms - self.s.late_grace_ms
+        if after < horizon:
+            p = sch.stored.schedule.policies
+            d = decide_missed(sch.plan, after, horizon, p.missed_runs, p.catchup_window_ms, p.catchup_cap)
+            for t in d.run:
+                e = self.new_execution(sch, t, now_ms)
+                execs.append(e)
+                self.catchup.add(e.id)
+            skips += [(sch.stored.schedule.id, r) for r in d.skipped]
+        return max(after, horizon)
 
     def settle(self, sch: Tracked, after_ms: int, until_ms: int) -> None:
         """Planned times in (after, until] of an activation that ended before this owner handled them:

@@ -195,7 +195,7 @@ class PartitionPlanner:
         self._catchup: set[str] = set()
         self.m = Materializer(partition, settings, clock, self._catchup)  # what is owed, and what to write
         self.schedules = self.m.schedules
-        self.pending = PendingIndex(settings.overlap_settle_ms)  # unfinished executions of this partition
+        self.pending = PendingIndex(settings.overlap_settle_ms, self._pool_of)  # unfinished executions here
         # Pre-written runs to withdraw (schedule id -> (planned after, reason)): a pause or delete
         # withdraws every scheduled one, a spec change those after it that the new spec does not plan.
         self._withdraw: dict[str, Withdrawal] = {}
@@ -530,6 +530,10 @@ class PartitionPlanner:
     def _written_ahead(self, sid: str) -> int:
         """The last planned time of a run of the schedule's own written ahead and waiting (0: none)."""
         return max(self._own_waiting(sid), default=0)
+
+    def _pool_of(self, sid: str) -> str | None:
+        sch = self.schedules.get(sid)
+        return sch.stored.schedule.worker_pool if sch is not None else None
 
     def _retarget(self, sid: str, pool: str) -> None:
         """Runs waiting for a worker follow their schedule's pool (an update fixing a mistyped pool
@@ -1015,12 +1019,9 @@ class PartitionPlanner:
         self.pending.put(e)
         if e.state is not ExecState.SCHEDULED or e.schedule_id not in self.schedules:
             return
+        # (Written before a pool change this owner has already applied, a trigger and an update fixing the pool
+        # at one instant, it waits in the schedule's pool: PendingIndex.put.)
         sch = self.schedules[e.schedule_id]
-        if e.pool != sch.stored.schedule.worker_pool:
-            # Written before a pool change this owner has already applied (a trigger and an update fixing the
-            # pool at one instant): it follows the schedule's pool as the runs pending then did (the stateful
-            # twin: the triggered run stayed in the old pool, which had no worker, for good).
-            self._retarget(e.schedule_id, sch.stored.schedule.worker_pool)
         if sch.stored.schedule.state is ScheduleState.PAUSED:
             # A run written as the pause landed is withdrawn too.
             self._withdraw.setdefault(e.schedule_id, Withdrawal(SkipReason.PAUSED))

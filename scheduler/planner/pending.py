@@ -21,10 +21,13 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import replace
 
 from scheduler.execution import IN_FLIGHT, ExecState, Execution
 from scheduler.planner.dispatch_round import attempt_spans, first_start_ms, supersedes
+
+_WAITING = (ExecState.SCHEDULED, ExecState.RETRY_WAIT)  # waiting for a worker of their pool
 
 
 def _ready_ms(e: Execution) -> int | None:
@@ -36,8 +39,13 @@ def _ready_ms(e: Execution) -> int | None:
 
 
 class PendingIndex:
-    def __init__(self, overlap_settle_ms: int = 0) -> None:
+    def __init__(self, overlap_settle_ms: int = 0, pool_of: Callable[[str], str | None] | None = None) -> None:
         self.overlap_settle_ms = overlap_settle_ms  # as the dispatch round judges a run waiting for its retry
+        # Schedule id -> its pool now (None: not known). A run waiting for a worker (new, or for its retry)
+        # waits in its schedule's pool, whatever pool its record was written in: a record that comes back
+        # to wait after a pool change (an attempt dispatched before it failed) would otherwise wait for
+        # the old pool (the stateful twin: a retry waited for pool a, which had no capacity, for good).
+        self._pool_of = pool_of
         self._by_id: dict[str, Execution] = {}
         self._by_schedule: dict[str, dict[str, Execution]] = {}
         self._ready: dict[str, list[tuple[int, int, str]]] = {}  # pool -> heap
@@ -82,6 +90,9 @@ class PendingIndex:
             self._keep_ended(e)
 
     def _put(self, e: Execution) -> None:
+        if self._pool_of is not None and e.state in _WAITING and (pool := self._pool_of(e.schedule_id)) \
+                and pool != e.pool:
+            e = replace(e, pool=pool)
         self._by_id[e.id] = e
         self._by_schedule.setdefault(e.schedule_id, {})[e.id] = e
         ready = _ready_ms(e)

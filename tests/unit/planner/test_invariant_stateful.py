@@ -184,8 +184,8 @@ class PlannerInvariant(RuleBasedStateMachine):
             return picked[-1]
 
         self.run(self.world.operate("cancel" if kind == "cancel_and_rerun" else kind, pick))
-        if kind == "cancel_and_rerun" and picked:
-            self.run(self.world.operate("rerun", lambda es: next((e for e in es if e.id == picked[0].id), None)))
+        if kind == "cancel_and_rerun" and picked and (first := picked[0]) is not None:  # None: a replay's pick gone
+            self.run(self.world.operate("rerun", lambda es: next((e for e in es if e.id == first.id), None)))
 
     # ---- time and workers ----------------------------------------------------------------------------
 
@@ -1188,3 +1188,18 @@ def test_a_cancel_other_retry_does_not_start_beside_a_rerun_dispatched_in_the_sa
     waited for its retry; the round at 17.5 s dispatched the rerun, then the retry, which cancels older runs
     started meanwhile only once they are written in flight ([two-at-once]). The retry now waits a round too."""
     _replay("cancel_other_retry_beside_a_rerun.json")
+
+
+def test_a_hold_whose_schedule_moves_to_a_busy_pool_runs_the_later_times_late() -> None:
+    """Found by the machine (full mode, twice): s1 was held in a pool without workers, then moved at 6.8 s to pool
+    a, whose workers were all busy; the hold went on as a workerless one, and when pool a freed up at 12.5 s the
+    missed-run policy decided every held time, s1@7 (due after the move) included, `policy_skip`. The times held
+    until the pool has workers are missed; from then on they wait as a saturated pool's, late, not missed."""
+    _replay("hold_moved_to_a_saturated_pool.json")
+
+
+def test_a_retry_after_a_pool_change_waits_in_the_schedules_new_pool() -> None:
+    """Found by the machine (full mode): s4 moved to pool b while an attempt of s4@1 was out; it failed and came
+    back to wait for its retry in the pool its record was written in (a, without capacity), for good ([stuck]).
+    A run waiting for a worker waits in its schedule's pool, whatever its record says (PendingIndex.put)."""
+    _replay("retry_after_a_pool_change_waits_in_the_new_pool.json")
