@@ -33,6 +33,10 @@ async def main(args: argparse.Namespace) -> None:
     await stop.wait()
     await asyncio.to_thread(Path(args.out).write_text, json.dumps(lags))
     await worker.close()
+    # For the logs a benchmark keeps: results sent again (overdue answers, broken streams) and starts asked of
+    # another planner, over the whole run.
+    print(json.dumps({"worker": args.id, "results_resent": worker.outbox.resent,
+                      "starts_asked_again": worker.starts.asked_again}), flush=True)
     run.cancel()
     await asyncio.gather(run, return_exceptions=True)
 

@@ -27,6 +27,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
+STARVED_FOR = 0.5  # seconds a stream must have been starved before an idle one is re-opened for it
+
+
 @dataclass
 class _Line:
     opened_at: float
@@ -38,6 +41,7 @@ class _Line:
     used: int = 0  # assignments received since `used_from`
     used_from: float = 0.0  # start of the current `idle_after` count
     used_before: int = -1  # ... and in the count before it (-1: none ended yet)
+    starved_since: float | None = None  # when `reclaim` first saw it starved (None: not starved then)
 
 
 class CreditBook:
@@ -146,9 +150,23 @@ class CreditBook:
         credits, holds none, and no slot is free). Only idle streams are chosen, and a stream is left
         alone for `idle_after` after it opened, so this cannot churn."""
         if self.draining or self.free > 0:
+            for line in self._lines.values():
+                line.starved_since = None
             return None
-        starved = [k for k, line in self._lines.items() if line.want > 0 and line.unused == 0 and not line.closing]
-        if not starved:
+        starved = []
+        for k, line in self._lines.items():
+            if line.want > 0 and line.unused == 0 and not line.closing:
+                starved.append(k)
+                if line.starved_since is None:
+                    line.starved_since = now
+            else:
+                line.starved_since = None
+        # Starved for a while, not just now: when every planner's runs come due at one instant (a burst
+        # after a quiet spell), one stream uses its credits up a few milliseconds before the others begin
+        # to use theirs, and those others are idle by every other measure. Re-opening one of them then
+        # broke a planner's stream in the middle of its burst (bench_burst: 775 runs dispatched on it were
+        # orphaned and given up 47 s later).
+        if not any(now - (self._lines[k].starved_since or now) >= STARVED_FOR for k in starved):
             return None
         idle = [
             (line.unused, key)

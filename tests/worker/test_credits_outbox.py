@@ -8,7 +8,7 @@ import pytest
 
 from scheduler._gen.scheduler.v1 import worker_service_pb2 as wpb
 from scheduler.worker.backoff import Backoff
-from scheduler.worker.credits import CreditBook
+from scheduler.worker.credits import STARVED_FOR, CreditBook
 from scheduler.worker.outbox import Disposition, Outbox
 
 T0 = 1000.0
@@ -146,7 +146,29 @@ def test_reclaim(now: float, starved_has_probe: bool, draining: bool, expected: 
     if not starved_has_probe:
         assert grants == {"a": 1}
     book.draining = draining
+    assert book.reclaim(now - STARVED_FOR) is None, "starved just now: not yet"
     assert book.reclaim(now) == expected
+
+
+def test_a_stream_starved_only_as_a_burst_begins_re_opens_nobody() -> None:
+    """Every planner's runs due at one instant after a quiet spell: one stream uses its credits up a few ms
+    before the others use theirs; they are not parked, only a few ms behind (bench_burst: a planner's
+    stream re-opened in the middle of its burst, 775 runs orphaned)."""
+    book = CreditBook(capacity=4, idle_after=5)
+    book.open("a", T0)
+    book.open("b", T0)
+    book.allocate(T0)
+    book.received("a", 1, T0)
+    book.received("b", 1, T0)
+    book.finished(2)
+    book.allocate(T0 + 1)
+    burst = T0 + 30  # both idle since T0
+    book.received("a", book.unused("a"), burst)
+    book.allocate(burst)  # nothing free: a starves
+    assert book.reclaim(burst + 0.01) is None, "a has starved for 10 ms: b's burst has not begun yet"
+    book.received("b", 1, burst + 0.02)  # b's planner sends
+    assert book.reclaim(burst + 0.25) is None, "b is busy now: not parked"
+    assert book.reclaim(burst + 6) == "b", "b idle again and a starved all along: re-open b"
 
 
 def test_backoff_grows_with_full_jitter_and_resets() -> None:
