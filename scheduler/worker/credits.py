@@ -26,7 +26,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-
 STARVED_FOR = 0.5  # seconds a stream must have been starved before an idle one is re-opened for it
 
 
