@@ -340,6 +340,7 @@ class PartitionPlanner:
                     nxt = pieces[i + 1].schedule if i + 1 < len(pieces) else st.schedule
                     with contextlib.suppress(Exception):  # a stored spec a newer engine refuses: nothing to plan
                         self.m.held[st.schedule.id] = seg.after_ms
+                        self.m.held_dirty = True
                         if st.schedule.id in held_late:
                             self.m.held_late.add(st.schedule.id)  # its times run late (`settle_hold`)
                         self.m.settle_hold(Tracked(replace(st, schedule=seg.schedule), seg.schedule.plan(), 0,
@@ -488,6 +489,7 @@ class PartitionPlanner:
         if old is not None and old.stored.activation_rev == st.activation_rev:
             if old.stored.schedule.worker_pool != st.schedule.worker_pool:
                 self._pools = None
+                self.m.held_dirty = True  # a held schedule's pool: released or not by the new one
             old.stored = st
             self._retarget(sid, st.schedule.worker_pool)
             self.wake.set()
@@ -548,6 +550,7 @@ class PartitionPlanner:
             return
         self.sched_rev = max(self.sched_rev, revision)
         old = self.schedules.pop(schedule_id, None)
+        self.m.held_dirty = True
         held = schedule_id in self.m.held  # (settle_hold ends the hold: read before, or both would record)
         if old is not None and held:
             self.m.settle_hold(old, self.clock.wall_ms(), SkipReason.SCHEDULE_DELETED)
