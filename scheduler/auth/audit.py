@@ -3,13 +3,15 @@ who made it, when, and how it ended, in etcd under `audit/` (docs/keyspace.md).
 
 One put per event, written before the call's answer leaves the server, so an answered call is in the
 log (a planner that dies between the change and the put loses that one event; the action itself is
-never undone for it). Bounded by count: every `trim_every` writes a node counts the log and deletes the
-oldest beyond `max_events`, so the log stays at most `max_events + trim_every x nodes` long. Two nodes
-trimming at once delete the same oldest keys: harmless.
+never undone for it). A put that fails is tried twice more (idempotent: the same key and value), which
+delays that answer by at most three `timeout`s. Bounded by count: every `trim_every` writes a node
+counts the log and deletes the oldest beyond `max_events`, so the log stays at most
+`max_events + trim_every x nodes` long. Two nodes trimming at once delete the same oldest keys: harmless.
 """
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import logging
@@ -22,6 +24,8 @@ from scheduler.store.keyspace import Keyspace
 from scheduler.store.kv import KV
 
 log = logging.getLogger("scheduler.audit")
+
+_RETRY_DELAYS = (0.1, 0.3)  # seconds before the second and third try of an event's put
 
 # Calls that change state; reads are not audited (they would drown the rest, and change nothing).
 _AUDITED = {
@@ -98,7 +102,17 @@ class AuditLog:
         ev = AuditEvent(Keyspace.last_segment(key), now, who, action, target, result, message[:MAX_MESSAGE],
                         self.node_id)
         try:
-            await self.kv.put(key, ev.encode(), timeout=self.timeout)
+            # A few tries: the put of one key and value is idempotent (a put whose answer was lost may have
+            # landed; putting it again changes nothing), and a done action left unaudited is an error. The game
+            # day lost one to a flaky link (F10, 200 +- 100 ms) on a single 1 s try.
+            for delay in (*_RETRY_DELAYS, None):
+                try:
+                    await self.kv.put(key, ev.encode(), timeout=self.timeout)
+                    break
+                except (EtcdError, TimeoutError):
+                    if delay is None:
+                        raise
+                    await asyncio.sleep(delay)
             self._since_trim += 1
             if self._since_trim >= self.trim_every:
                 self._since_trim = 0
