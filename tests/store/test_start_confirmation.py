@@ -115,6 +115,31 @@ def ok(a: wpb.Assignment) -> wpb.Results:
                                            outcome=execution_pb2.ATTEMPT_OUTCOME_SUCCEEDED)])
 
 
+async def one_shot(node: PlannerNode, sid: str) -> int:
+    """A schedule whose only planned time is 2 s or less away; returns that time."""
+    planned = (SYSTEM_CLOCK.wall_ms() // 1000 + 2) * 1000
+    await node.store.create(Schedule(id=sid, tenant="t", spec="* * * * * *", worker_pool="pool", task_type="x",
+                                     start_ms=planned, end_ms=planned, policies=POLICIES), SYSTEM_CLOCK.wall_ms())
+    return planned
+
+
+async def start_elsewhere(kv: EtcdClient, prefix: str, a: wpb.Assignment) -> wpb.StartAckEntry:
+    """Another planner, owning nothing, serves worker w1's stream and answers its Started for `a`."""
+    other = PlannerNode(kv, Keyspace(prefix), replace(COORD, node_id="n2"), SYSTEM_CLOCK, planner=FAST)
+    server, port = await start_server(other.make_dispatcher(), "127.0.0.1", 0)
+    try:
+        w = Client(port, "w1")
+        try:
+            await w.next("welcome")
+            w.send(started=start_request(a))
+            ack: wpb.StartAckEntry = (await w.next("start_ack")).acks[0]
+            return ack
+        finally:
+            await w.close()
+    finally:
+        await server.stop(None)
+
+
 async def record(node: PlannerNode, kv: EtcdClient, sid: str, planned_ms: int) -> Execution:
     e = await node.ledger.get(kv, sid, planned_ms)
     assert e is not None
@@ -178,9 +203,7 @@ async def test_an_unstarted_dispatch_runs_again_within_the_start_timeout_and_a_l
 
 async def test_a_start_is_recorded_running_with_its_worker_and_time(kv: EtcdClient, key_prefix: str) -> None:
     async with planner(kv, key_prefix.rstrip("/")) as (node, _d, port):
-        planned = (SYSTEM_CLOCK.wall_ms() // 1000 + 2) * 1000
-        await node.store.create(Schedule(id="run", tenant="t", spec="* * * * * *", worker_pool="pool", task_type="x",
-                                         start_ms=planned, end_ms=planned, policies=POLICIES), SYSTEM_CLOCK.wall_ms())
+        planned = await one_shot(node, "run")
         w = Client(port, "w1")
         try:
             await w.next("welcome")
@@ -304,10 +327,7 @@ async def test_a_start_of_a_dispatch_by_an_earlier_owner_is_refused(kv: EtcdClie
     """The start CAS is fenced by the owner token the attempt was dispatched under."""
     prefix = key_prefix.rstrip("/")
     async with planner(kv, prefix) as (node, _d, port):
-        planned = (SYSTEM_CLOCK.wall_ms() // 1000 + 2) * 1000
-        await node.store.create(Schedule(id="moved", tenant="t", spec="* * * * * *", worker_pool="pool",
-                                         task_type="x", start_ms=planned, end_ms=planned, policies=POLICIES),
-                                SYSTEM_CLOCK.wall_ms())
+        planned = await one_shot(node, "moved")
         w = Client(port, "w1")
         try:
             await w.next("welcome")
@@ -317,19 +337,7 @@ async def test_a_start_of_a_dispatch_by_an_earlier_owner_is_refused(kv: EtcdClie
     # The owner is gone; its owner key (and lease) with it. Another node serves the stream, owning nothing.
     p = node.store.partition("moved")
     await kv.delete(node.ks.owner(p))
-    other = PlannerNode(kv, Keyspace(prefix), replace(COORD, node_id="n2"), SYSTEM_CLOCK, planner=FAST)
-    d2 = other.make_dispatcher()
-    server, port2 = await start_server(d2, "127.0.0.1", 0)
-    try:
-        w2 = Client(port2, "w1")
-        try:
-            await w2.next("welcome")
-            w2.send(started=start_request(a))
-            ack = (await w2.next("start_ack")).acks[0]
-        finally:
-            await w2.close()
-    finally:
-        await server.stop(None)
+    ack = await start_elsewhere(kv, prefix, a)
     assert ack.disposition == wpb.START_DISPOSITION_REFUSED, ack
     assert (await record(node, kv, "moved", planned)).state is ExecState.DISPATCHED
 
@@ -359,10 +367,7 @@ async def test_a_start_its_planner_cannot_confirm_is_answered_unknown_and_anothe
     which reads the record and answers STARTED for the start recorded for this worker, or records it."""
     prefix = key_prefix.rstrip("/")
     async with planner(kv, prefix) as (node, _d, port):
-        planned = (SYSTEM_CLOCK.wall_ms() // 1000 + 2) * 1000
-        await node.store.create(Schedule(id="gray", tenant="t", spec="* * * * * *", worker_pool="pool",
-                                         task_type="x", start_ms=planned, end_ms=planned, policies=POLICIES),
-                                SYSTEM_CLOCK.wall_ms())
+        planned = await one_shot(node, "gray")
         w = Client(port, "w1")
         try:
             await w.next("welcome")
@@ -381,19 +386,7 @@ async def test_a_start_its_planner_cannot_confirm_is_answered_unknown_and_anothe
             assert acks[0].disposition == wpb.START_DISPOSITION_UNKNOWN, acks
             assert (await record(node, kv, "gray", planned)).state is (
                 ExecState.RUNNING if landed else ExecState.DISPATCHED)
-            # Another planner (owning nothing) answers the worker's second ask.
-            other = PlannerNode(kv, Keyspace(prefix), replace(COORD, node_id="n2"), SYSTEM_CLOCK, planner=FAST)
-            server, port2 = await start_server(other.make_dispatcher(), "127.0.0.1", 0)
-            try:
-                w2 = Client(port2, "w1")
-                try:
-                    await w2.next("welcome")
-                    w2.send(started=start_request(a))
-                    ack = (await w2.next("start_ack")).acks[0]
-                finally:
-                    await w2.close()
-            finally:
-                await server.stop(None)
+            ack = await start_elsewhere(kv, prefix, a)  # the worker's second ask
             after = await record(node, kv, "gray", planned)
         finally:
             await w.close()

@@ -8,6 +8,8 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
+import pytest
+
 from scheduler._gen.scheduler.v1 import execution_pb2 as epb
 from scheduler._gen.scheduler.v1 import worker_service_pb2 as wpb
 from scheduler.worker import ExecutionContext
@@ -50,9 +52,12 @@ async def test_the_handler_runs_only_after_the_start_is_acknowledged(
     assert all(r.outcome == epb.ATTEMPT_OUTCOME_SUCCEEDED and not r.not_started for r in conn.results)
 
 
+@pytest.mark.parametrize("answer", [wpb.START_DISPOSITION_REFUSED, wpb.START_DISPOSITION_UNKNOWN],
+                         ids=["refused", "unknown-and-nobody-else-to-ask"])
 async def test_a_refused_start_never_runs_and_is_reported_not_started(
-    planner: FakePlanner, make_worker: WorkerFactory
+    planner: FakePlanner, make_worker: WorkerFactory, answer: wpb.StartDisposition
 ) -> None:
+    """REFUSED; or UNKNOWN with no other planner connected to ask (asked once: nobody else)."""
     w = make_worker([planner.address])
     ran: list[str] = []
 
@@ -60,7 +65,7 @@ async def test_a_refused_start_never_runs_and_is_reported_not_started(
     async def handler(ctx: ExecutionContext, payload: bytes) -> None:
         ran.append(ctx.execution_id)
 
-    planner.start_answer = lambda r, c: wpb.START_DISPOSITION_REFUSED
+    planner.start_answer = lambda r, c: answer
     await w.start()
     conn = await _ready(planner)
     conn.assign(assignment(1, start_timeout=2.0))
@@ -68,7 +73,7 @@ async def test_a_refused_start_never_runs_and_is_reported_not_started(
     r = conn.results[0]
     assert r.not_started and r.outcome == epb.ATTEMPT_OUTCOME_FAILED and r.error_class == epb.ERROR_CLASS_TRANSIENT
     assert r.message == "not started: start refused: refused by the test", r.message
-    assert not ran
+    assert not ran and len(_starts(conn)) == 1
     await planner.wait_for(lambda: conn.credits >= 1, what="the slot granted again")
 
 
@@ -146,22 +151,3 @@ async def test_a_start_whose_outcome_its_planner_does_not_know_is_asked_of_anoth
     assert b_conn.results[0].outcome == epb.ATTEMPT_OUTCOME_SUCCEEDED and not b_conn.results[0].not_started
     assert w.starts.asked_again == 1 and not conn.results
 
-
-async def test_an_unknown_start_with_no_other_planner_to_ask_never_runs(
-    planner: FakePlanner, make_worker: WorkerFactory
-) -> None:
-    w = make_worker([planner.address])
-    ran: list[str] = []
-
-    @w.task("t")
-    async def handler(ctx: ExecutionContext, payload: bytes) -> None:
-        ran.append(ctx.execution_id)
-
-    planner.start_answer = lambda r, c: wpb.START_DISPOSITION_UNKNOWN
-    await w.start()
-    conn = await _ready(planner)
-    conn.assign(assignment(1, start_timeout=2.0))
-    await planner.wait_for(lambda: conn.results, what="a result")
-    r = conn.results[0]
-    assert r.not_started and "start refused" in r.message, r.message
-    assert not ran and len(_starts(conn)) == 1, "asked once: nobody else to ask"
