@@ -123,6 +123,17 @@ async def one_shot(node: PlannerNode, sid: str) -> int:
     return planned
 
 
+@contextlib.asynccontextmanager
+async def first_assignment(port: int) -> AsyncIterator[tuple[Client, wpb.Assignment]]:
+    """Worker w1's stream to the planner at `port`, once its first assignment came; closed at the end."""
+    w = Client(port, "w1")
+    try:
+        await w.next("welcome")
+        yield w, (await w.next("assignments")).assignments[0]
+    finally:
+        await w.close()
+
+
 async def start_elsewhere(kv: EtcdClient, prefix: str, a: wpb.Assignment) -> wpb.StartAckEntry:
     """Another planner, owning nothing, serves worker w1's stream and answers its Started for `a`."""
     other = PlannerNode(kv, Keyspace(prefix), replace(COORD, node_id="n2"), SYSTEM_CLOCK, planner=FAST)
@@ -204,10 +215,7 @@ async def test_an_unstarted_dispatch_runs_again_within_the_start_timeout_and_a_l
 async def test_a_start_is_recorded_running_with_its_worker_and_time(kv: EtcdClient, key_prefix: str) -> None:
     async with planner(kv, key_prefix.rstrip("/")) as (node, _d, port):
         planned = await one_shot(node, "run")
-        w = Client(port, "w1")
-        try:
-            await w.next("welcome")
-            a = (await w.next("assignments")).assignments[0]
+        async with first_assignment(port) as (w, a):
             assert (await record(node, kv, "run", planned)).state is ExecState.DISPATCHED
             w.send(started=start_request(a))
             assert (await w.next("start_ack")).acks[0].disposition == wpb.START_DISPOSITION_STARTED
@@ -216,8 +224,6 @@ async def test_a_start_is_recorded_running_with_its_worker_and_time(kv: EtcdClie
             assert await record(node, kv, "run", planned) == e
             w.send(results=ok(a))
             assert (await w.next("result_ack")).acks[0].disposition == wpb.RESULT_DISPOSITION_RECORDED
-        finally:
-            await w.close()
     cur = e.current
     assert e.state is ExecState.RUNNING and cur is not None, e
     assert cur.worker == "w1" and cur.dispatched_ms <= cur.started_ms <= SYSTEM_CLOCK.wall_ms(), cur
@@ -328,12 +334,8 @@ async def test_a_start_of_a_dispatch_by_an_earlier_owner_is_refused(kv: EtcdClie
     prefix = key_prefix.rstrip("/")
     async with planner(kv, prefix) as (node, _d, port):
         planned = await one_shot(node, "moved")
-        w = Client(port, "w1")
-        try:
-            await w.next("welcome")
-            a = (await w.next("assignments")).assignments[0]
-        finally:
-            await w.close()
+        async with first_assignment(port) as (_w, a):
+            pass
     # The owner is gone; its owner key (and lease) with it. Another node serves the stream, owning nothing.
     p = node.store.partition("moved")
     await kv.delete(node.ks.owner(p))
@@ -368,10 +370,7 @@ async def test_a_start_its_planner_cannot_confirm_is_answered_unknown_and_anothe
     prefix = key_prefix.rstrip("/")
     async with planner(kv, prefix) as (node, _d, port):
         planned = await one_shot(node, "gray")
-        w = Client(port, "w1")
-        try:
-            await w.next("welcome")
-            a = (await w.next("assignments")).assignments[0]
+        async with first_assignment(port) as (_w, a):
             e = await record(node, kv, "gray", planned)
             assert e.state is ExecState.DISPATCHED
             owner_behind_a_flaky_link = StartRecorder(
@@ -388,8 +387,6 @@ async def test_a_start_its_planner_cannot_confirm_is_answered_unknown_and_anothe
                 ExecState.RUNNING if landed else ExecState.DISPATCHED)
             ack = await start_elsewhere(kv, prefix, a)  # the worker's second ask
             after = await record(node, kv, "gray", planned)
-        finally:
-            await w.close()
     assert ack.disposition == wpb.START_DISPOSITION_STARTED, ack
     cur = after.current
     assert after.state is ExecState.RUNNING and cur is not None and cur.worker == "w1" and after.attempt == 1, after
