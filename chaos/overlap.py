@@ -4,15 +4,15 @@ overlap"). F8's expectation in the catalogue (../shared/research/drills.md): the
 
 Allowed, as documented:
 
-- a retry that starts beside a run due while none of its attempts was out: a run due in the backoff gap
-  is not overlapped, and a retry is not held by the overlap policy;
 - a run whose effect outlived its record: the owner recorded its attempt as over (timed out, lost with
   its worker) before the other started, so its decision was right on what etcd held (a worker cut off
   keeps running until it learns it lost the attempt);
 - operators' runs (trigger, backfill, rerun, replay): not runs of the on-time schedule.
 
 Two games days before this check (gd-s17b/c) had 100-132 such pairs per run, each a retry beside the
-run that had been buffered behind its failed attempt."""
+run that had been buffered behind its failed attempt. Until game day gd-s21b a retry could still start
+beside a run due in its backoff gap (allowed then: nothing of it was under way at that run's due time); that
+run now waits for the retry to end, and the exemption is gone."""
 
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ class OverlapChecks(Context):
                     v = self.idx.version_at(sid, self.idx.cluster_ms(two.start_ms))
                     if v is None or v.schedule is None or v.schedule.policies.overlap not in HOLDS:
                         continue
-                    if self._retry_of_gap(two, one) or self._left_flight_before(one, two.start_ms):
+                    if self._left_flight_before(one, two.start_ms):
                         continue
                     self.bump("overlap_violations")
                     inv.fail(f"[two-runs-at-once] {sid}: {two.exec_id} (attempt {two.attempt}) started at "
@@ -63,18 +63,6 @@ class OverlapChecks(Context):
         if a.end_ms is not None:
             return a.end_ms
         return self.crash_of(a) or self.meta.end_ms
-
-    def _retry_of_gap(self, retry: Attempt, other: Attempt) -> bool:
-        """`retry` is a later attempt of its run, and `other` came due while none of that run's earlier
-        attempts was under way (in the backoff gap, or before the run first started)."""
-        earlier = [a for a in self.idx.attempts_of.get(retry.schedule_id, [])
-                   if a.exec_id == retry.exec_id and a.attempt < retry.attempt]
-        if not earlier:
-            # Its earlier attempts left no effect (a dispatch no worker started, a worker killed before the
-            # start reached the sink): nothing of that run was under way when `other` came due.
-            return retry.attempt > 1
-        due = self.idx.harness_ms(other.planned_ms)
-        return not any(a.start_ms - SLACK_MS <= due < self._end(a) + SLACK_MS for a in earlier)
 
     def _left_flight_before(self, a: Attempt, t: int) -> bool:
         """etcd's history shows attempt `a` over (its record out of flight, or on a later attempt) before

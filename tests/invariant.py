@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
+import itertools
 import json
 import os
 from collections import deque
@@ -961,9 +962,8 @@ def judge(log: Log, es: list[Execution], ranges: dict[str, list[tuple[int, int, 
                     bad.append(f"[two-at-once] {two.eid} started at t={two.start_ms - T0} under cancel_other while "
                                f"{one.eid} still ran (until t={(one.end_ms or now) - T0})")
 
-    # skip / buffer_one / buffer_all: no two of a schedule's own runs at once (docs/time.md), but for a retry
-    # that starts beside a run due while none of its attempts was out (a run due in the backoff gap is not
-    # overlapped, and a retry is not held by the overlap policy).
+    # skip / buffer_one / buffer_all: no two of a schedule's own runs at once (docs/time.md), a retry included: a
+    # run due in the backoff gap of an earlier one is not overlapped by it, but waits for its retry to end.
     for sid, fs in by_sched.items():
         runs = sorted((f for f in fs if f.outcome != "lost" and f.run_trigger == "scheduled"),
                       key=lambda f: f.start_ms)
@@ -977,10 +977,6 @@ def judge(log: Log, es: list[Execution], ranges: dict[str, list[tuple[int, int, 
                            for u in (v, log.version_at(sid, two.start_ms - 1))):
                     continue  # (an update at the very instant of the start: as above)
                 assert v is not None
-                if two.attempt > 1 and not any(
-                        f.start_ms <= one.planned_ms < (f.end_ms if f.end_ms is not None else now)
-                        for f in effects[two.eid] if f.attempt < two.attempt and f.outcome != "lost"):
-                    continue
                 bad.append(f"[overlap-two-at-once] {two.eid} (attempt {two.attempt}) started at "
                            f"t={two.start_ms - T0} under {v.policies.overlap.value} while {one.eid} (attempt "
                            f"{one.attempt}) still ran (t={one.start_ms - T0}-{(one.end_ms or now) - T0})")
@@ -1170,6 +1166,11 @@ def judge(log: Log, es: list[Execution], ranges: dict[str, list[tuple[int, int, 
                                                              Overlap.CANCEL_OTHER)
             if siblings and queued:
                 continue  # waits behind a run that is in flight (itself judged below)
+            holding = (e.overlap or cur.policies.overlap) in (Overlap.BUFFER_ONE, Overlap.BUFFER_ALL, Overlap.SKIP)
+            if holding and e.state is ExecState.SCHEDULED and any(
+                    x.schedule_id == e.schedule_id and x.state is ExecState.RETRY_WAIT and x.planned_ms < e.planned_ms
+                    for x in es):
+                continue  # waits for an earlier run's retry to end (itself judged as ready at its retry time)
             earlier = [x for x in es if x.schedule_id == e.schedule_id and x.planned_ms < e.planned_ms
                        and not x.terminal and x.state is not ExecState.RETRY_WAIT]
             progress = [f for f in by_sched.get(e.schedule_id, []) if f.start_ms > now - 2 * STUCK_ROUNDS * ROUND_MS]
@@ -1182,6 +1183,10 @@ def judge(log: Log, es: list[Execution], ranges: dict[str, list[tuple[int, int, 
 
             # A run of its schedule out then (or its result in transit): it may wait behind it.
             out = [(f.start_ms, max(f.busy_end_ms or f.end_ms or now, f.result_ms or 0) + ROUND_MS) for f in runs]
+            if holding and e.state is ExecState.SCHEDULED:  # ... and an earlier run's backoff gaps
+                out += [(a.finished_ms, b.dispatched_ms + ROUND_MS) for x in es
+                        if x.schedule_id == e.schedule_id and x.planned_ms < e.planned_ms
+                        for a, b in itertools.pairwise(x.attempts) if a.finished_ms]
             free = [t for t, cap in log.rounds if t > since + ROUND_MS and cap.get(cur.pool, 0) > 0
                     and not any(a <= t < b for a, b in out)]
             if len(free) >= STUCK_ROUNDS:

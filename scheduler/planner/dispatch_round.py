@@ -30,6 +30,9 @@ from scheduler.ids import ExecutionId, FencingToken
 from scheduler.timeplan import Overlap, SkipReason
 from scheduler.timeplan.overlap import OverlapAction, decide_overlap
 
+# The policies that never run two of a schedule's runs at once.
+HOLDS = frozenset({Overlap.SKIP, Overlap.BUFFER_ONE, Overlap.BUFFER_ALL})
+
 
 @dataclass(frozen=True)
 class ScheduleView:
@@ -77,6 +80,9 @@ class Behind:
     # is in flight any more only the earliest such comes back. Otherwise (a skip waiting for the settle
     # time, a start waiting for a cancelled run's stop) it is decided again as soon as nothing is.
     ordered: bool = True
+    # It waits for an earlier run of its schedule waiting for its retry (`_plan_schedule`): it stays parked
+    # while that run is still waiting, though nothing of the schedule is in flight.
+    after_retry: bool = False
 
 
 @dataclass
@@ -351,11 +357,20 @@ def _plan_schedule(inp: RoundInput, plan: DispatchPlan, budget: dict[str, int], 
             held = held_behind = True
         policy = x.overlap or view.overlap  # a trigger/backfill may carry its own; rerun/replay: ALLOW_ALL
         # Runs waiting for their retry count only for the runs due while one of their attempts was out (a run
-        # due in the backoff gap is not overlapped, and queues behind nothing: docs/time.md).
+        # due in the backoff gap is not overlapped: it waits for the retry, below; docs/time.md).
         live = [r for r in in_flight
                 if r.state is not ExecState.RETRY_WAIT
                 or attempt_spans(r, came_due_ms(x, inp.catchup), inp.overlap_settle_ms)]
+        # An earlier run waiting for its retry holds x under the policies that never run two at once, though
+        # nothing of it was in progress at x's due time: x queues behind it (in order, as behind a late run),
+        # and is never skipped for it. Started in the backoff gap, x had the retry start beside it ("a retry
+        # is the same run": game day gd-s21b, a skip schedule's late run timed out into retry_wait, the run
+        # queued behind it started, and the retry 0.1 s later).
+        retrying = policy in HOLDS and x.state is ExecState.SCHEDULED and any(
+            r.state is ExecState.RETRY_WAIT and r.planned_ms < x.planned_ms and r.id not in cas
+            and all(r.id != y.id for y in live) for r in in_flight)
         real: list[Execution] = []
+        retry_behind = False  # x is a retry that waits for a run of its schedule in flight
         behind = False  # a BUFFER that waits for a run of this schedule in flight
         until: int | None = None  # ... or until this instant, whichever comes first
         if x.state is ExecState.RETRY_WAIT and policy is Overlap.CANCEL_OTHER and (older := [
@@ -365,6 +380,16 @@ def _plan_schedule(inp: RoundInput, plan: DispatchPlan, budget: dict[str, int], 
             # cancelled and the retry starts once they have stopped (the stateful twin: a backfill's run of
             # 14 s started while the run of 36 s waited for its retry, which then began beside it).
             action, real = OverlapAction.CANCEL_THEN_START, older
+        elif x.state is ExecState.RETRY_WAIT and policy in HOLDS and any(
+                r.id != x.id and r.state in IN_FLIGHT for r in in_flight):
+            # A retry is the same run, never skipped; but under these policies it does not start beside another
+            # run of its schedule either. That run began after x's earlier attempt (else it would be waiting
+            # behind x): under allow_all before a policy change, or an earlier run late behind x (the stateful
+            # twin, twice: the retries of s5@37 and @38 began 50 ms after the change to buffer_all beside @39
+            # and @40; after a takeover's backlog s7@57 started late in the round s7@58's retry began). x waits,
+            # in order, until it has ended.
+            action, behind = OverlapAction.BUFFER, True
+            retry_behind = True
         elif x.state is ExecState.RETRY_WAIT or policy is Overlap.ALLOW_ALL:
             action = OverlapAction.START  # a retry is the same run, not a new one
         else:
@@ -406,9 +431,9 @@ def _plan_schedule(inp: RoundInput, plan: DispatchPlan, budget: dict[str, int], 
                 elif action is OverlapAction.BUFFER:
                     buffered.append(x.id)
                     behind = True
-            elif live or held:
+            elif live or held or retrying:
                 action = OverlapAction.BUFFER  # behind a late run: nothing was in progress at x's due time
-                behind = bool(live) or held_behind
+                behind = bool(live) or held_behind or retrying
             else:
                 action = OverlapAction.START
             if gone and action is not OverlapAction.SKIP:
@@ -417,8 +442,8 @@ def _plan_schedule(inp: RoundInput, plan: DispatchPlan, budget: dict[str, int], 
             cas[x.id] = (x, skip(x, SkipReason.OVERLAP_SKIP.value))
             continue
         if action is OverlapAction.BUFFER:
-            if behind and live:
-                plan.behind.append(Behind(x, x.id in buffered, until, ordered=until is None))
+            if behind and (live or retrying or retry_behind):
+                plan.behind.append(Behind(x, x.id in buffered, until, ordered=until is None, after_retry=retrying))
                 held_behind = True
             elif behind and parked_first is not None and parked_first < x.planned_ms:
                 # In order behind a parked earlier run of its schedule, with nothing of it live at x's time: x

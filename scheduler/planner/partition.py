@@ -850,7 +850,7 @@ class PartitionPlanner:
         for x in plan.defer:
             self.pending.defer(x)
         for b in plan.behind:
-            self.pending.wait_behind(b.x, b.by_policy, b.until_ms, ordered=b.ordered)
+            self.pending.wait_behind(b.x, b.by_policy, b.until_ms, ordered=b.ordered, after_retry=b.after_retry)
         for x in plan.park:
             self.pending.park(x)
         self._confirm |= plan.confirm

@@ -55,6 +55,7 @@ class PendingIndex:
         # id -> instant a run waiting behind is decided again regardless (its heap entry has this time)
         self._wake: dict[str, int] = {}
         self._ordered: set[str] = set()  # ids waiting in order behind the runs before them (DispatchPlan)
+        self._after_retry: set[str] = set()  # ... of which behind an earlier run waiting for its retry
         # schedule id -> {(id, attempt): final record} of runs that left flight, while a scheduled run of
         # the schedule waits that came due between their start and their recorded end (see `ended`)
         self._ended: dict[str, dict[tuple[str, int], Execution]] = {}
@@ -121,6 +122,7 @@ class PendingIndex:
                 parked.pop(execution_id, None)
             self._wake.pop(execution_id, None)
             self._ordered.discard(execution_id)
+            self._after_retry.discard(execution_id)
             behind = self._behind.get(e.schedule_id)
             if behind is not None:
                 behind.pop(execution_id, None)
@@ -136,6 +138,7 @@ class PendingIndex:
         self._behind.clear()
         self._wake.clear()
         self._ordered.clear()
+        self._after_retry.clear()
         self._ended.clear()
         self._deadlines.clear()
         self._start_bys.clear()
@@ -161,6 +164,7 @@ class PendingIndex:
                     continue  # finished, or moved on (another time, another pool) since this entry was pushed
                 if self._wake.pop(eid, None) is not None:  # its wake-up came before the run it waited for landed
                     self._ordered.discard(eid)
+                    self._after_retry.discard(eid)
                     behind = self._behind.get(e.schedule_id)
                     if behind is not None:
                         behind.pop(eid, None)
@@ -209,9 +213,11 @@ class PendingIndex:
         if e.id in self._by_id:
             self._parked.setdefault(e.schedule_id, {})[e.id] = e
 
-    def wait_behind(self, e: Execution, by_policy: bool, until_ms: int | None = None, *, ordered: bool = True) -> None:
+    def wait_behind(self, e: Execution, by_policy: bool, until_ms: int | None = None, *, ordered: bool = True,
+                    after_retry: bool = False) -> None:
         """Hold `e` out of the ready heaps until no run of its schedule is in flight, or until `until_ms`
-        if given, whichever comes first (`DispatchPlan.behind`)."""
+        if given, whichever comes first (`DispatchPlan.behind`); `after_retry`: nor an earlier one waits for
+        its retry."""
         if e.id not in self._by_id:
             return
         self._behind.setdefault(e.schedule_id, {})[e.id] = by_policy
@@ -219,6 +225,10 @@ class PendingIndex:
             self._ordered.add(e.id)
         else:
             self._ordered.discard(e.id)
+        if after_retry:
+            self._after_retry.add(e.id)
+        else:
+            self._after_retry.discard(e.id)
         if until_ms is not None:
             self._wake[e.id] = until_ms
             heapq.heappush(self._ready.setdefault(e.pool, []), (until_ms, next(self._seq), e.id))
@@ -295,12 +305,16 @@ class PendingIndex:
             return
         # A run waiting for its retry holds the runs that came due while one of its attempts was out (a run on
         # its retry is the same run): they would only be parked again, round after round, until it is back.
-        retrying = [r for r in runs if r.state is ExecState.RETRY_WAIT]
+        # Not a retry parked here itself (behind a run that has ended now): it comes back first, in order.
+        retrying = [r for r in runs if r.state is ExecState.RETRY_WAIT and r.id not in behind]
         if retrying and any(attempt_spans(r, b.due_ms, self.overlap_settle_ms) for r in retrying
                             for b in (self._by_id.get(i) for i in behind) if b is not None):
             return
         ordered = [i for i in behind if i in self._ordered and i in self._by_id]
         first = min(ordered, key=lambda i: self._by_id[i].planned_ms) if ordered else None
+        if first is not None and first in self._after_retry and any(
+                r.planned_ms < self._by_id[first].planned_ms for r in retrying):
+            first = None  # in order behind an earlier run's retry: it comes back once that has ended
         for eid in [i for i in behind if i not in self._ordered or i == first or i not in self._by_id]:
             del behind[eid]
             self._back_from_behind(eid)
@@ -311,6 +325,7 @@ class PendingIndex:
         """A run no longer waiting behind another goes back to the ready heap."""
         self._wake.pop(eid, None)
         self._ordered.discard(eid)
+        self._after_retry.discard(eid)
         cur = self._by_id.get(eid)
         if cur is not None:
             self.defer(cur)

@@ -13,7 +13,7 @@ from scheduler.clock import SYSTEM_CLOCK
 from scheduler.config import CoordinationSettings
 from scheduler.dispatch.results import record_result
 from scheduler.execution import Attempt, ErrorClass, ExecState, Execution, Trigger
-from scheduler.ids import FencingToken, execution_id
+from scheduler.ids import ExecutionId, FencingToken, execution_id
 from scheduler.model import Policies, RetryPolicy, Schedule, ScheduleState
 from scheduler.node import PlannerNode
 from scheduler.planner.settings import PlannerSettings
@@ -477,3 +477,53 @@ async def test_a_claim_writes_what_it_settles_before_its_checkpoint_moves(
     owed = range(t0 + 1000, min(watermark, paused_at) + 1, 1000)
     missing = [t - t0 for t in owed if t not in recorded and not any(a < t <= b for a, b in ranges)]
     assert not missing, f"planned times behind the moved watermark with no record: {missing} (ms after T0)"
+
+
+class TimedDispatcher(FakeDispatcher):
+    """Runs each attempt for `run_s` and records when it ran; the first attempt of the first run fails
+    (transient, retried no sooner than `retry_after_ms`)."""
+
+    def __init__(self, kv: EtcdClient, node: PlannerNode, run_s: float, retry_after_ms: int) -> None:
+        super().__init__(kv, node)
+        self.run_s, self.retry_after_ms = run_s, retry_after_ms
+        self.ran: list[tuple[str, int, int, int]] = []  # (execution id, attempt, start, end)
+
+    async def _finish(self, e: Execution) -> None:
+        assert self.node is not None
+        start = SYSTEM_CLOCK.wall_ms()
+        await asyncio.sleep(self.run_s)
+        fail = not self.ran and e.attempt == 1
+        end = SYSTEM_CLOCK.wall_ms()
+        self.ran.append((e.id, e.attempt, start, end))
+        new, _ = await record_result(self.kv, self.node.ledger, e.schedule_id, e.planned_ms, e.attempt,
+                                     succeeded=not fail, error_class=ErrorClass.TRANSIENT if fail else None,
+                                     message="", now_ms=end, retry_after_ms=self.retry_after_ms if fail else 0,
+                                     payload_of=self.node.payload_of)
+        p = self.node.planners.get(self.node.store.partition(e.schedule_id))
+        if p is not None:
+            p.record_transition(new)
+
+
+@pytest.mark.parametrize("overlap", [Overlap.SKIP, Overlap.BUFFER_ALL])
+async def test_a_run_due_in_a_retrys_backoff_gap_waits_for_the_retry(
+        kv: EtcdClient, key_prefix: str, overlap: Overlap) -> None:
+    """Game day gd-s21b (slow-000, skip): a run failed into retry_wait, the next one, due in the backoff gap,
+    started, and the retry began beside it. Runs of 0.8 s every second; the first fails at 0.8 s and is retried
+    0.6 s later: the run due at 1 s (nothing ran then) must wait for the retry to end, never run beside it,
+    and is not skipped for it."""
+    ks = Keyspace(key_prefix.rstrip("/"))
+    node = PlannerNode(kv, ks, COORD, SYSTEM_CLOCK, planner=FAST)
+    disp = TimedDispatcher(kv, node, run_s=0.8, retry_after_ms=600)
+    node.dispatcher = disp
+    pol = Policies(overlap=overlap, retry=RetryPolicy(max_attempts=3, initial_backoff_ms=100, max_backoff_ms=100))
+    await node.store.create(sched(1, policies=pol), SYSTEM_CLOCK.wall_ms())
+    await run_node(node, 5.0)
+    await asyncio.gather(*disp.tasks, return_exceptions=True)
+    ran = sorted(disp.ran, key=lambda r: r[2])
+    assert ran and ran[0][1] == 1 and any(eid == ran[0][0] and att == 2 for eid, att, _, _ in ran), ran
+    for i, (b, nb, sb, _) in enumerate(ran[1:]):
+        a, na, _, ea = max(ran[:i + 1], key=lambda r: r[3])
+        assert sb >= ea - 20, f"{b} (attempt {nb}) started at {sb} while {a} (attempt {na}) ran until {ea}"
+    first = ExecutionId.parse(ran[0][0]).planned_ms
+    gap_run = await node.ledger.get(kv, "s1", first + 1000)
+    assert gap_run is not None and gap_run.state is ExecState.SUCCEEDED, gap_run

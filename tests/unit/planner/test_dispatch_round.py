@@ -192,13 +192,6 @@ def test_no_capacity_defers_and_marks_the_pool_starved() -> None:
     assert plan.starved_pools == {"p"}
 
 
-def test_retries_start_whatever_runs() -> None:
-    r = running(98_000, started=98_010)
-    retry = replace(ex(97_000, state=ExecState.RETRY_WAIT), attempt=1)
-    plan = round_([retry], in_flight=[r], confirmed_at=NOW)
-    assert states(plan) == {97_000: "dispatched"}
-
-
 def test_paused_and_deleted_schedules() -> None:
     due = [ex(98_000), ex(97_000, state=ExecState.RETRY_WAIT)]
     paused = round_(due, paused=True)
@@ -474,10 +467,42 @@ def test_a_retry_dispatched_in_the_round_replaces_its_waiting_record() -> None:
     assert states(plan) == {95_000: "dispatched"} and behind(plan) == [(98_000, True)]
 
 
-@pytest.mark.parametrize("policy", [Overlap.BUFFER_ALL, Overlap.SKIP])
-def test_a_run_due_in_a_retrys_backoff_gap_starts(policy: Overlap) -> None:
-    """Nothing of the run was out at 98 s (attempt 1 ended at 96 s): not overlapped, queued behind nothing."""
+@pytest.mark.parametrize("policy", [Overlap.BUFFER_ALL, Overlap.BUFFER_ONE, Overlap.SKIP])
+def test_a_run_due_in_a_retrys_backoff_gap_waits_for_the_retry_and_is_not_skipped(policy: Overlap) -> None:
+    """Nothing of the run was out at 98 s (attempt 1 ended at 96 s): not overlapped, so never skipped for it;
+    but started now, it would have the retry start beside it (game day gd-s21b): it waits, in order, after
+    the retry, and so does the run after it."""
+    r = _timed_out(95_000, started=95_010, retry_at=96_010)
+    plan = round_([ex(98_000), ex(99_000)], in_flight=[replace(r, next_attempt_ms=NOW + 5_000)], policy=policy,
+                  confirmed_at=NOW)
+    assert states(plan) == {} and behind(plan) == [(98_000, False), (99_000, False)]
+    assert all(b.after_retry and b.ordered for b in plan.behind)
+
+
+@pytest.mark.parametrize("policy", [Overlap.ALLOW_ALL, Overlap.CANCEL_OTHER])
+def test_a_run_due_in_a_retrys_backoff_gap_starts_under_the_policies_that_run_two_at_once(policy: Overlap) -> None:
     r = _timed_out(95_000, started=95_010, retry_at=96_010)
     plan = round_([ex(98_000)], in_flight=[replace(r, next_attempt_ms=NOW + 5_000)], policy=policy,
                   confirmed_at=NOW)
-    assert states(plan) == {98_000: "dispatched"} and behind(plan) == []
+    assert states(plan)[98_000] == "dispatched" and behind(plan) == []
+
+
+@pytest.mark.parametrize("policy", [Overlap.SKIP, Overlap.BUFFER_ONE, Overlap.BUFFER_ALL])
+def test_a_retry_waits_for_a_run_of_its_schedule_in_flight_under_a_policy_that_holds(policy: Overlap) -> None:
+    """A later run began while s@95 waited for its retry (under allow_all before a change, say): the retry, due
+    now, waits for it in order (never skipped), and so does the run due after it; in the same round, a run
+    dispatched before the retry holds it too."""
+    r = replace(_timed_out(95_000, started=95_010, retry_at=96_010), next_attempt_ms=NOW - 100)
+    plan = round_([r, ex(99_000)], in_flight=[r, running(98_000, started=99_500)], policy=policy, confirmed_at=NOW)
+    assert states(plan) == {} and [b.x.planned_ms for b in plan.behind] == [95_000, 99_000]
+    assert plan.behind[0].ordered and not plan.behind[0].by_policy
+    late = ex(94_000)  # an earlier run, late, that starts in this round first
+    plan = round_([late, r], in_flight=[r], policy=policy, confirmed_at=NOW)
+    assert states(plan) == {94_000: "dispatched"} and [b.x.planned_ms for b in plan.behind] == [95_000]
+
+
+def test_a_retry_starts_beside_a_run_in_flight_under_allow_all() -> None:
+    """A retry is the same run: under allow_all it starts whatever runs."""
+    r = _timed_out(95_000, started=95_010, retry_at=NOW - 100)
+    plan = round_([r], in_flight=[r, running(98_000, started=98_010)], policy=Overlap.ALLOW_ALL, confirmed_at=NOW)
+    assert states(plan) == {95_000: "dispatched"}

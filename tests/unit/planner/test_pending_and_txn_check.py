@@ -205,13 +205,49 @@ def test_a_run_buffered_behind_a_run_stays_behind_while_that_run_waits_for_its_r
     assert idx.behind("s") == {} and [e.id for es in idx.ready(9_500, {"a": 5}).values() for e in es] == [x.id]
 
 
-def test_a_run_due_in_a_retrys_backoff_gap_is_not_held_by_it() -> None:
-    """Nothing of the run was out at its due time: it goes straight back (docs/time.md), no spin."""
+def test_a_run_due_in_a_retrys_backoff_gap_waits_for_the_retry_only_when_the_round_says_so() -> None:
+    """Nothing of the run was out at its due time. Parked by a policy that runs two at once (a cancel_other
+    start waiting for a stop), it goes straight back, no spin. Parked in order behind the earlier run's retry
+    (skip and the buffers, docs/time.md), it stays until that retry has ended, and the run after it too."""
     idx = PendingIndex()
     r = dispatch(ex("s", 1_000), worker="w", planner="n", token=FencingToken(0, 1), now_ms=1_000)
     timed_out = replace(r.attempts[0], finished_ms=1_500, error_class=ErrorClass.TIMEOUT)
-    idx.put(replace(r, state=ExecState.RETRY_WAIT, next_attempt_ms=9_000, attempts=(timed_out,)))
-    x = ex("s", 2_000)
+    waiting = replace(r, state=ExecState.RETRY_WAIT, next_attempt_ms=9_000, attempts=(timed_out,))
+    idx.put(waiting)
+    x, y = ex("s", 2_000), ex("s", 3_000)
     idx.put(x)
-    idx.wait_behind(x, True)
+    idx.put(y)
+    idx.wait_behind(x, False, ordered=False)
     assert idx.behind("s") == {}
+    assert sorted(e.id for es in idx.ready(3_000, {"a": 5}).values() for e in es) == [x.id, y.id]
+    idx.wait_behind(x, False, after_retry=True)
+    idx.wait_behind(y, False, after_retry=True)
+    assert idx.behind("s") == {x.id: False, y.id: False}
+    assert [e.id for es in idx.ready(9_000, {"a": 5}).values() for e in es] == [r.id], "only the retry is ready"
+    retried = dispatch(waiting, worker="w", planner="n", token=FencingToken(0, 1), now_ms=9_000)
+    idx.put(retried)
+    assert idx.behind("s") == {x.id: False, y.id: False}
+    idx.put(replace(retried, state=ExecState.SUCCEEDED))  # the retry has ended: the first in order comes back
+    assert idx.behind("s") == {y.id: False}
+    assert [e.id for es in idx.ready(9_500, {"a": 5}).values() for e in es] == [x.id]
+
+
+def test_a_retry_parked_behind_a_run_comes_back_first_when_it_ends() -> None:
+    """A retry waits behind a later run in flight (a policy that holds); the run due after both waits behind the
+    retry. The run ends: the retry comes back, not the later run, whose due time the retry's first attempt
+    spanned (that hold must not keep the retry itself parked: it would wait for itself for good)."""
+    idx = PendingIndex()
+    r = dispatch(ex("s", 1_000), worker="w", planner="n", token=FencingToken(0, 1), now_ms=1_000)
+    spans = replace(r.attempts[0], finished_ms=3_500, error_class=ErrorClass.TIMEOUT)  # out at 3 s
+    waiting = replace(r, state=ExecState.RETRY_WAIT, next_attempt_ms=2_500, attempts=(spans,))
+    other = dispatch(ex("s", 2_000), worker="w", planner="n", token=FencingToken(0, 1), now_ms=2_000)
+    later = ex("s", 3_000)
+    for e in (waiting, other, later):
+        idx.put(e)
+    assert sorted(e.id for es in idx.ready(3_000, {"a": 5}).values() for e in es) == [waiting.id, later.id]
+    idx.wait_behind(waiting, False)
+    idx.wait_behind(later, True)
+    assert idx.behind("s") == {waiting.id: False, later.id: True}
+    idx.put(replace(other, state=ExecState.SUCCEEDED))
+    assert idx.behind("s") == {later.id: True}
+    assert [e.id for es in idx.ready(4_000, {"a": 5}).values() for e in es] == [waiting.id]
