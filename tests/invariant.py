@@ -1074,7 +1074,17 @@ def judge(log: Log, es: list[Execution], ranges: dict[str, list[tuple[int, int, 
                 # decided with the policies of its moment (docs/time.md), and a takeover decides the held times
                 # of an activation that a later change (made while nobody owned the partition) ended.
                 now_v = log.version_at(sid, written)
-                for pol in (v0.policies, *((now_v.policies,) if now_v is not None else ())):
+                # ... or those of a later change of its policies alone while the hold lasted (no worker still, the
+                # same activation): the hold is decided with the policies it ended with (the stateful twin: s1
+                # held from 2.8 s, made missed=all at 15.5 s, its times from 8 s decided over_cap at the spec
+                # change at 29.3 s).
+                held_on: list[Policies] = []
+                for u in log.versions.get(sid, []):
+                    if v0.at_ms < u.at_ms <= written:
+                        if u.pool in ("a", "b") or u.state != "active" or u.activated_ms != v0.activated_ms:
+                            break
+                        held_on.append(u.policies)
+                for pol in (v0.policies, *held_on, *((now_v.policies,) if now_v is not None else ())):
                     if ((reason == "over_cap" and pol.missed_runs is MissedRuns.ALL)
                             or (reason == "policy_skip" and pol.missed_runs is not MissedRuns.ALL)
                             or (reason == "outside_catchup_window"
@@ -1212,13 +1222,19 @@ def judge(log: Log, es: list[Execution], ranges: dict[str, list[tuple[int, int, 
                     # one its schedule had then (a record follows its schedule's pool changes), not the one
                     # it ends with. An attempt cancelled (by an operator or cancel_other) has no retry: the
                     # next one waits from the operator's rerun.
+                    # Under skip and the buffers it also waits for the other runs of its schedule in flight
+                    # (docs/time.md: a retry does not start beside another run).
                     gave_up = att.finished_ms if att is not None and att.finished_ms else None
                     waits_from = None if gave_up is None else max(
                         [gave_up, *(t for t in log.rerun_ms.get(eid, []) if t < later[0].start_ms)])
+                    others = [(a.dispatched_ms, (a.finished_ms or now) + ROUND_MS) for x in es
+                              if x.schedule_id == f.sid and x.id != eid for a in x.attempts]
                     free = [] if waits_from is None else [
                         t for t, cap in log.rounds if waits_from + ROUND_MS < t < later[0].start_ms
                         and (v := log.version_at(f.sid, t)) is not None and v.state == "active"
-                        and cap.get(v.pool, 0) > 0]
+                        and cap.get(v.pool, 0) > 0 and not (
+                            v.policies.overlap in (Overlap.SKIP, Overlap.BUFFER_ONE, Overlap.BUFFER_ALL)
+                            and any(a <= t < b for a, b in others))]
                     if gave_up is None or gave_up > limit or len(free) >= STUCK_ROUNDS:
                         bad.append(f"[start-timeout] {eid}: attempt {f.attempt} dispatched at t={f.start_ms - T0} "
                                    f"never reached a worker; attempt {later[0].attempt} came only at "

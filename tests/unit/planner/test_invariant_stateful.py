@@ -1219,6 +1219,28 @@ def test_a_retry_after_a_pool_change_waits_in_the_schedules_new_pool() -> None:
 def test_a_retry_does_not_start_beside_another_run_under_a_policy_that_holds(case: str) -> None:
     """Session 22, once runs due in a retry's backoff gap waited for it ([overlap-two-at-once], the twin's
     backoff-gap exemption gone): s7 (skip), after a takeover's backlog, had s7@58 dispatched (and failed into
-    retry_wait) before the earlier s7@57 started, late, in the round s7@58's retry began; s5 made buffer_all from allow_all had the retries of s5@37 and @38 begin beside
-    @39 and @40, started under allow_all. A retry under skip and the buffers waits for the runs in flight."""
+    retry_wait) before the earlier s7@57 started, late, in the round s7@58's retry began; s5 made buffer_all
+    from allow_all had the retries of s5@37 and @38 begin beside @39 and @40, started under allow_all. A retry
+    under skip and the buffers waits for the runs in flight."""
     _replay(case)
+
+
+def test_a_hold_ended_by_a_spec_change_is_decided_by_the_policies_it_ended_with() -> None:
+    """Session 22 (a checker gap): s1 held from 2.8 s (pool without workers, missed=skip), made missed=all (cap 2)
+    at 15.5 s, then a spec change to a served pool at 29.3 s: the owner ran the last two held times and
+    recorded the earlier ones over_cap, by the policies the hold ended with; the checker took each time's own
+    version (missed=skip for those planned before 15.5 s)."""
+    _replay("hold_decided_by_the_policies_it_ended_with.json")
+
+
+def test_a_retry_after_a_lost_dispatch_does_not_start_beside_a_later_run() -> None:
+    """Session 22: s3 (skip) started s3@20 late, beside s3@22's start; found by the twin once its backoff-gap
+    exemption was gone ([overlap-two-at-once] on the code before the retry holds)."""
+    _replay("retry_beside_a_later_run_after_a_lost_dispatch.json")
+
+
+def test_a_lost_dispatchs_retry_waits_for_runs_begun_under_allow_all_and_is_not_late() -> None:
+    """Session 22 (a checker gap): s1@7's dispatch was lost under allow_all, s1@8-10 started beside it; s1 was
+    made buffer_one at 10.5 s; the retry of s1@7 waited for those runs to end (a retry does not start beside
+    another run under skip and the buffers), which the [start-timeout] rule counted as rounds it could start."""
+    _replay("retry_waits_for_runs_begun_under_allow_all.json")
