@@ -41,7 +41,10 @@ class Context:
                               None if f.healthy_ms is None or f.end_ms is None else (f.healthy_ms - f.end_ms) / 1000)
                      for f in self.faults]
         self.reruns: dict[str, int] = {}
+        self.cancels: set[str] = set()  # executions the drill's cancel ops named (acknowledged or perhaps applied)
         for o in run.ops:
+            if (o.ok or o.result.get("maybe_applied")) and o.op == "cancel" and o.result.get("execution_id"):
+                self.cancels.add(str(o.result["execution_id"]))
             # (A failed rerun whose unanswered try may have been applied counts too: chaos/ops.py.)
             if (o.ok or o.result.get("maybe_applied")) and o.op in ("rerun", "replay"):
                 eid = str(o.result.get("execution_id") or o.params.get("execution_id") or "")

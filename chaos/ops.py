@@ -20,6 +20,7 @@ import grpc
 from chaos.load import schedule_of
 from chaos.plan import PlannedOp, PlannedSchedule
 from chaos.record import OpRecord, RunWriter
+from chaos.scenario import CANCEL_REASON
 from scheduler._gen.scheduler.v1 import execution_pb2 as epb
 from scheduler._gen.scheduler.v1 import schedule_pb2 as spb
 from scheduler.api.convert import schedule_to_pb
@@ -43,6 +44,7 @@ OP_DEADLINE_S = 10.0
 _RETRY_ON = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 _OVERLAP_PB = {o: getattr(spb, f"OVERLAP_POLICY_{o.name}") for o in Overlap}
 _FINISHED = (epb.EXECUTION_STATE_SUCCEEDED, epb.EXECUTION_STATE_FAILED)
+_OUT = (epb.EXECUTION_STATE_DISPATCHED, epb.EXECUTION_STATE_RUNNING)
 
 
 class OpRunner:
@@ -171,7 +173,45 @@ class OpRunner:
                 # Not finished any more: the unanswered try reran it (nothing else reruns in a drill).
                 return {"execution_id": state["target"], "applied_by": "an unanswered earlier try"}
             return {"execution_id": again.execution_id}
+        if op.op == "cancel":
+            return await self._cancel(c, sid, state)
+        if op.op == "replay":
+            return await self._replay(c, sid, state)
         if op.op == "switchover":  # `schedule_id` holds the region (chaos/scenario.py CLUSTER_OPS)
             policy = await c.switchover(sid, reason="drill")
             return {"primary": policy.primary_region, "version": int(policy.version)}
         raise ValueError(f"unknown operation {op.op!r}")
+
+    @staticmethod
+    async def _cancel(c: SchedulerClient, sid: str, state: dict[str, Any]) -> dict[str, Any]:
+        """Cancel the schedule's newest run out with a worker (what an operator stops by hand)."""
+        if "target" not in state:
+            page = await c.list_executions(schedule_id=sid, states=list(_OUT), newest_first=True, page_size=1)
+            if not page.executions:
+                return {"skipped": "nothing in flight"}
+            state["target"] = page.executions[0].execution_id
+        try:
+            await c.cancel_execution(state["target"], reason=CANCEL_REASON)
+        except ClientError as e:
+            if e.code is not grpc.StatusCode.FAILED_PRECONDITION:
+                raise
+            # Ended meanwhile (its result landed first), or cancelled by an unanswered earlier try.
+            return {"execution_id": state["target"], "not_cancelled": e.message}
+        return {"execution_id": state["target"]}
+
+    @staticmethod
+    async def _replay(c: SchedulerClient, sid: str, state: dict[str, Any]) -> dict[str, Any]:
+        """Replay the schedule's newest dead letter (as it died)."""
+        if "target" not in state:
+            page = await c.list_dead_letters(schedule_id=sid, page_size=100)
+            if not page.dead_letters:
+                return {"skipped": "no dead letter"}
+            newest = max(page.dead_letters, key=lambda d: d.dead_lettered_at.ToMilliseconds())
+            state["target"] = newest.execution.execution_id
+        try:
+            again = await c.replay_dead_letter(state["target"], reason="drill replay")
+        except ClientError as e:
+            if not (state.get("unanswered") and e.code is grpc.StatusCode.FAILED_PRECONDITION):
+                raise
+            return {"execution_id": state["target"], "applied_by": "an unanswered earlier try"}
+        return {"execution_id": again.execution_id}

@@ -9,10 +9,11 @@ from collections.abc import Iterator
 
 from chaos.context import SLACK_MS, Context
 from chaos.index import Activation
+from chaos.scenario import CANCEL_REASON
 from chaos.verdict import Invariant
-from scheduler.execution import ExecState, Trigger
+from scheduler.execution import ExecState, Execution, Trigger
 from scheduler.ids import execution_id
-from scheduler.timeplan import CronPlan, EveryPlan, MissedRuns, Overlap, Plan
+from scheduler.timeplan import CronPlan, EveryPlan, MissedRuns, Overlap, Plan, SkipReason
 
 __all__ = ["OwedChecks", "fixed_period_ms", "independent_times", "planned_times"]
 
@@ -99,6 +100,22 @@ class OwedChecks(Context):
                 inv.fail(f"[lost-op] {o.op} of {o.schedule_id} acknowledged at {self.rel(o.t_end_ms or o.t_ms)}, "
                          f"but etcd's history shows no change of the schedule while it ran")
 
+    def _bad_cancel(self, eid: str, rec: Execution) -> str:
+        """Why the cancel of planned run `eid` is not justified ('' if it is): a cancel loses the run, so it
+        must come from the overlap policy (`cancel_other`), a delete of its schedule, or an operator's cancel
+        of it (the drill's own `cancel` ops, acknowledged or perhaps applied)."""
+        reason = rec.skip_reason
+        if reason == "overlap":
+            if any(v.schedule is not None and v.schedule.policies.overlap is Overlap.CANCEL_OTHER
+                   for v in self.idx.versions.get(rec.schedule_id, [])):
+                return ""
+            return "by the overlap policy, but the schedule was never cancel_other"
+        if reason in (SkipReason.SCHEDULE_DELETED.value, SkipReason.PAUSED.value):
+            return ""  # (the withdrawn runs' checks judge the delete or pause itself)
+        if reason == CANCEL_REASON:
+            return "" if eid in self.cancels else "as the drill's cancel, but no cancel op named it"
+        return "though neither its policy, a delete nor an operator cancelled it"
+
     def i2(self) -> None:
         inv = self.inv["I2"]
         self.ops_landed(inv)
@@ -113,6 +130,8 @@ class OwedChecks(Context):
             final = self.idx.final_record(eid)
             rec = final[2] if final else None
             covering = self.idx.skip_covering(sid, t)
+            if rec is not None and rec.state is ExecState.CANCELLED and (why := self._bad_cancel(eid, rec)):
+                inv.fail(f"[bad-cancel] {eid}: cancelled ({rec.skip_reason!r}) {why}")
             if atts:
                 self.bump("ran")
                 if rec is not None and rec.state is ExecState.SKIPPED:

@@ -282,6 +282,10 @@ def _random_params(rng: random.Random, op: str, at: float) -> dict[str, Any]:
         return {"from_s": _round(max(0.0, at - 30.0)), "until_s": _round(max(0.0, at - 10.0))}
     if op == "rerun":
         return {"which": "latest_finished"}
+    if op == "cancel":
+        return {"which": "latest_in_flight"}
+    if op == "replay":
+        return {"which": "latest_dead_letter"}
     return {}
 
 

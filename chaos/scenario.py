@@ -24,6 +24,7 @@ from scheduler.timeplan import MissedRuns, Overlap
 from scheduler.topology import Topology
 
 __all__ = [
+    "CANCEL_REASON",
     "SCENARIO_DIR",
     "Cluster",
     "CommandTarget",
@@ -49,7 +50,8 @@ __all__ = [
 SCENARIO_DIR = Path(__file__).with_name("scenarios")
 
 EXECUTORS = ("http", "shell")
-OPS = ("create", "update", "pause", "resume", "delete", "trigger", "backfill", "rerun")
+OPS = ("create", "update", "pause", "resume", "delete", "trigger", "backfill", "rerun", "cancel", "replay")
+CANCEL_REASON = "drill cancel"  # the reason the drill's cancel ops give (chaos/owed.py judges cancels by it)
 # Operations on the cluster, not on a schedule (target: a region), in [[operations]] only: a random mix of
 # switchovers would turn a drill about schedules into one about regions.
 CLUSTER_OPS = ("switchover",)

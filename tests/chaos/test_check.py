@@ -792,3 +792,30 @@ def test_a_run_of_a_time_the_new_spec_does_not_plan_fails_i2(tmp_path: Path, wit
         assert lines and i2.count == len(lines), i2.examples
         assert {line.split()[1].rstrip(":") for line in lines} <= {execution_id(sid, t) for t in odd}
         assert not any(execution_id(sid, T0 + 41_000) in line for line in lines)  # within the slack
+
+
+@pytest.mark.parametrize("by", ["the drill", "nobody"])
+def test_a_cancelled_run_needs_a_cause_i2(tmp_path: Path, by: str) -> None:
+    """I2: a cancel loses a run, so it must come from the overlap policy, a delete, or an operator's cancel of
+    that run: here s-003@10 s, running, is cancelled with the drill's reason, by the drill's cancel op or by
+    nobody (`[bad-cancel]`)."""
+    from chaos.scenario import CANCEL_REASON
+    from scheduler.execution import cancel
+
+    x, _ = clean_run(tmp_path / "run")
+    t = T0 + 10_000
+    e = new_execution(id=execution_id("s-003", t), schedule_id="s-003", tenant="t", pool="default",
+                      task_type="http", planned_ms=t, due_ms=t, trigger=Trigger.SCHEDULED,
+                      retry=sched("s-003").policies.retry, timeout_ms=30_000)
+    tok = token_of(x, "s-003")
+    e = started(dispatch(e, worker="", planner="r1-p2", token=tok, now_ms=t), 1, t + 20, "r1-w1")
+    e = cancel(e, CANCEL_REASON, t + 30, kill_after_ms=0)
+    x.record(replace(e, state=ExecState.CANCELLED), t + 200)
+    if by == "the drill":
+        x.ops.append(OpRecord(t + 25, "cancel", "s-003", True, t + 35, result={"execution_id": e.id}))
+    write_run(x.build(tmp_path / "run"))
+    i2 = check_run(load_run(tmp_path / "run")).invariants["I2"]
+    if by == "the drill":
+        assert i2.count == 0, i2.examples
+    else:
+        assert i2.count == 1 and i2.examples[0].startswith("[bad-cancel]"), i2.examples

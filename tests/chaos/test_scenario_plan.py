@@ -98,6 +98,12 @@ def test_random_pauses_are_resumed() -> None:
         assert any(o.op == "resume" and o.schedule_id == p.schedule_id and o.at_s > p.at_s for o in plan.operations)
 
 
+def test_the_game_days_mix_cancels_and_replays_naming_what() -> None:
+    plan = make_plan(load(find("game-day")), seed=1)
+    got = {o.op: o.params for o in plan.operations if o.op in ("cancel", "replay")}
+    assert got == {"cancel": {"which": "latest_in_flight"}, "replay": {"which": "latest_dead_letter"}}
+
+
 @pytest.mark.parametrize(("extra", "field", "words"), [
     ("[cluster]\nlease_ttl = 2\n", "cluster.lease_ttl", "unknown key"),
     ("[cluster]\nlease_ttl_s = \"2\"\n", "cluster.lease_ttl_s", "must be a number"),
