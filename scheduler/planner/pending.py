@@ -170,6 +170,12 @@ class PendingIndex:
                         behind.pop(eid, None)
                         if not behind:
                             del self._behind[e.schedule_id]
+                elif eid in self._behind.get(e.schedule_id, ()) or eid in self._parked.get(e.schedule_id, ()):
+                    # Parked (behind a run in flight, or until a resume): an entry pushed before it was (each put
+                    # of its record pushes one), not its turn. Taken, it counted against the pool's share and was
+                    # only parked again: the stateful twin had a backfill's buffered runs take all eight passes
+                    # of a round this way, round after round, while a one-slot pool's on-time run waited.
+                    continue
                 seen.add(eid)
                 taken += 1
                 out.setdefault(e.schedule_id, []).append(e)

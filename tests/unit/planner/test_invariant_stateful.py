@@ -1244,3 +1244,11 @@ def test_a_lost_dispatchs_retry_waits_for_runs_begun_under_allow_all_and_is_not_
     made buffer_one at 10.5 s; the retry of s1@7 waited for those runs to end (a retry does not start beside
     another run under skip and the buffers), which the [start-timeout] rule counted as rounds it could start."""
     _replay("retry_waits_for_runs_begun_under_allow_all.json")
+
+
+def test_parked_runs_do_not_take_a_pools_share_of_a_round() -> None:
+    """Session 22 (present before it): a backfill's buffered runs of s2, parked behind the one running, kept
+    coming back from heap entries their record's earlier puts had left, each taking a pass (of eight per round)
+    only to be parked again; pool b's one free slot went unused round after round while s2@19 and @20 waited
+    ([stuck], 14 rounds)."""
+    _replay("parked_runs_stale_entries_take_the_passes.json")

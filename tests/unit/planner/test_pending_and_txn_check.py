@@ -251,3 +251,18 @@ def test_a_retry_parked_behind_a_run_comes_back_first_when_it_ends() -> None:
     idx.put(replace(other, state=ExecState.SUCCEEDED))
     assert idx.behind("s") == {later.id: True}
     assert [e.id for es in idx.ready(4_000, {"a": 5}).values() for e in es] == [waiting.id]
+
+
+def test_a_parked_run_is_not_handed_out_again_by_an_older_heap_entry() -> None:
+    """Each put of a waiting record pushes a heap entry; parked behind a run in flight (or until a resume), the
+    run's older entries are not its turn: handed out, they took the pool's share and the run was parked again."""
+    idx = PendingIndex()
+    r = dispatch(ex("s", 1_000), worker="w", planner="n", token=FencingToken(0, 1), now_ms=1_000)
+    x = ex("s", 2_000)
+    for e in (r, x, x, ex("t", 2_500)):  # x put twice: two entries
+        idx.put(e)
+    assert {e.id for es in idx.ready(3_000, {"a": 1}).values() for e in es} == {x.id}
+    idx.wait_behind(x, True)
+    assert [e.id for es in idx.ready(3_000, {"a": 1}).values() for e in es] == [execution_id("t", 2_500)]
+    idx.put(replace(r, state=ExecState.SUCCEEDED))
+    assert [e.id for es in idx.ready(3_000, {"a": 1}).values() for e in es] == [x.id]
