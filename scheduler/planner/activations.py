@@ -118,12 +118,15 @@ def withdrawal_rule(owed: Owed, current: Plan) -> Callable[[int], SkipReason | N
     """For a run written ahead by the checkpoint's writer under the activation it knew: None when the
     activation in effect at its planned time plans it too (the run stands: same id), else the reason it
     is withdrawn (paused, or schedule_changed). The activations are those the writer never saw, and the
-    one it knew if that was a pause."""
-    # A pause the writer knew is in it too: a run it wrote ahead before the pause, due after it, was left for
-    # its dispatch round to skip once due, and the writer may have died first (the stateful twin: that run
-    # ran after a resume and a spec change made while nobody owned the partition).
-    known_pause = (owed.seen,) if owed.seen is not None and owed.seen.paused else ()
-    segs = [(s, s.schedule.plan()) for s in (*known_pause, *owed.unseen)]
+    one it knew."""
+    # The activation the writer knew is in it too. A pause: a run it wrote ahead before the pause, due after it,
+    # was left for its dispatch round to skip once due, and the writer may have died first (the stateful twin:
+    # that run ran after a resume and a spec change made while nobody owned the partition). A spec change alike:
+    # its old spec's runs written ahead are withdrawn only once due (the stateful twin, session 22: s2@11,
+    # written under `* * * * * *`, due under `*/5`; the writer killed first, the next claim dead before its
+    # first round, and a change back to `* * * * * *` made meanwhile: judged by that spec, it ran).
+    known = (owed.seen,) if owed.seen is not None else ()
+    segs = [(s, s.schedule.plan()) for s in (*known, *owed.unseen)]
 
     def rule(planned_ms: int) -> SkipReason | None:
         for seg, plan in segs:

@@ -362,11 +362,12 @@ class PartitionPlanner:
                 self._withdraw[st.schedule.id] = Withdrawal(SkipReason.PAUSED)
             elif ck.sched_rev and st.activation_rev > ck.sched_rev:
                 # Changes the checkpoint's writer had not seen: its pre-written runs they do not plan, and those
-                # planned while a pause it knew was in force. Whatever the watermark: the writer may have written
-                # runs ahead of it (a paused schedule holds it back while the others are written ahead).
+                # planned while a pause it knew was in force, or a spec it knew does not plan. Whatever the
+                # watermark: the writer may have written runs ahead of it (a paused schedule holds it back while
+                # the others are written ahead).
                 tracked = self.schedules.get(st.schedule.id)  # absent: a spec this engine cannot plan
                 seen = earlier.seen
-                after = (seen.after_ms if seen is not None and seen.paused
+                after = (seen.after_ms if seen is not None
                          else earlier.first_change_ms if earlier.first_change_ms is not None else st.activated_ms)
                 if tracked is not None:
                     self._withdraw[st.schedule.id] = Withdrawal(

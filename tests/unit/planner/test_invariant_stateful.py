@@ -1252,3 +1252,12 @@ def test_parked_runs_do_not_take_a_pools_share_of_a_round() -> None:
     only to be parked again; pool b's one free slot went unused round after round while s2@19 and @20 waited
     ([stuck], 14 rounds)."""
     _replay("parked_runs_stale_entries_take_the_passes.json")
+
+
+def test_a_run_the_dead_writer_left_for_its_spec_change_is_withdrawn_after_a_change_back() -> None:
+    """Session 22 (present before it; traced in /work/runs/s22o2-trace.md): s2@11 was written ahead under
+    `* * * * * *`; the change to `*/5` at 9.9 s (in the checkpoint) leaves it to be withdrawn once due, but its
+    writer was killed at 10.7 s, the next claim died before its first round, and a change back to
+    `* * * * * *` was made at 16.4 s while nobody owned the partition. The claim after judged s2@11 by that
+    spec, and it ran ([not-owed-ran]); the activation the writer knew counts now, paused or not."""
+    _replay("spec_change_known_to_a_dead_writer_then_changed_back.json")
