@@ -96,6 +96,7 @@ RESULT_ACK_TIMEOUT_MS = 3_000  # the SDK default result_ack_timeout
 POOL_CAPACITY = {"a": 2, "b": 2, "nobody": 0}
 POOLS = tuple(POOL_CAPACITY)
 STUCK_ROUNDS = 12  # rounds with free capacity in its pool a due run may wait before it is "stuck"
+HOLDS = (Overlap.SKIP, Overlap.BUFFER_ONE, Overlap.BUFFER_ALL)  # the policies that never run two at once
 RESTART_LOOP = 20  # restarts within one advance of the clock that make a loop
 SETTINGS = PlannerSettings(lookahead_ms=2_000, late_grace_ms=5_000, backlog_ms=2_000, checkpoint_interval_ms=1_000,
                            max_planned_per_round=200, heartbeat_timeout=HEARTBEAT_TIMEOUT_MS / 1000)
@@ -972,8 +973,7 @@ def judge(log: Log, es: list[Execution], ranges: dict[str, list[tuple[int, int, 
                 if two.eid == one.eid or (one.end_ms is not None and two.start_ms >= one.end_ms):
                     continue
                 v = log.version_at(sid, two.start_ms)
-                queueing = (Overlap.SKIP, Overlap.BUFFER_ONE, Overlap.BUFFER_ALL)
-                if not all(u is not None and u.policies.overlap in queueing
+                if not all(u is not None and u.policies.overlap in HOLDS
                            for u in (v, log.version_at(sid, two.start_ms - 1))):
                     continue  # (an update at the very instant of the start: as above)
                 assert v is not None
@@ -1176,7 +1176,7 @@ def judge(log: Log, es: list[Execution], ranges: dict[str, list[tuple[int, int, 
                                                              Overlap.CANCEL_OTHER)
             if siblings and queued:
                 continue  # waits behind a run that is in flight (itself judged below)
-            holding = (e.overlap or cur.policies.overlap) in (Overlap.BUFFER_ONE, Overlap.BUFFER_ALL, Overlap.SKIP)
+            holding = (e.overlap or cur.policies.overlap) in HOLDS
             if holding and e.state is ExecState.SCHEDULED and any(
                     x.schedule_id == e.schedule_id and x.state is ExecState.RETRY_WAIT and x.planned_ms < e.planned_ms
                     for x in es):
@@ -1233,8 +1233,7 @@ def judge(log: Log, es: list[Execution], ranges: dict[str, list[tuple[int, int, 
                         t for t, cap in log.rounds if waits_from + ROUND_MS < t < later[0].start_ms
                         and (v := log.version_at(f.sid, t)) is not None and v.state == "active"
                         and cap.get(v.pool, 0) > 0 and not (
-                            v.policies.overlap in (Overlap.SKIP, Overlap.BUFFER_ONE, Overlap.BUFFER_ALL)
-                            and any(a <= t < b for a, b in others))]
+                            v.policies.overlap in HOLDS and any(a <= t < b for a, b in others))]
                     if gave_up is None or gave_up > limit or len(free) >= STUCK_ROUNDS:
                         bad.append(f"[start-timeout] {eid}: attempt {f.attempt} dispatched at t={f.start_ms - T0} "
                                    f"never reached a worker; attempt {later[0].attempt} came only at "
