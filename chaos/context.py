@@ -43,10 +43,12 @@ class Context:
         self.reruns: dict[str, int] = {}
         self.cancels: set[str] = set()  # executions the drill's cancel ops named (acknowledged or perhaps applied)
         for o in run.ops:
-            if (o.ok or o.result.get("maybe_applied")) and o.op == "cancel" and o.result.get("execution_id"):
+            # (A failed op whose unanswered try may have been applied counts too: chaos/ops.py.)
+            if not (o.ok or o.result.get("maybe_applied")):
+                continue
+            if o.op == "cancel" and o.result.get("execution_id"):
                 self.cancels.add(str(o.result["execution_id"]))
-            # (A failed rerun whose unanswered try may have been applied counts too: chaos/ops.py.)
-            if (o.ok or o.result.get("maybe_applied")) and o.op in ("rerun", "replay"):
+            if o.op in ("rerun", "replay"):
                 eid = str(o.result.get("execution_id") or o.params.get("execution_id") or "")
                 if eid:
                     self.reruns[eid] = self.reruns.get(eid, 0) + 1

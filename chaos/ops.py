@@ -47,6 +47,12 @@ _FINISHED = (epb.EXECUTION_STATE_SUCCEEDED, epb.EXECUTION_STATE_FAILED)
 _OUT = (epb.EXECUTION_STATE_DISPATCHED, epb.EXECUTION_STATE_RUNNING)
 
 
+def _applied_by_an_earlier_try(state: dict[str, Any], e: ClientError) -> bool:
+    """A rerun or replay refused as no longer applicable after a try whose answer never came: that try applied
+    it (nothing else reruns or replays in a drill)."""
+    return bool(state.get("unanswered")) and e.code is grpc.StatusCode.FAILED_PRECONDITION
+
+
 class OpRunner:
     def __init__(self, live: ApiTarget, rec: RunWriter, schedules: Sequence[PlannedSchedule], seed: int) -> None:
         self.live, self.rec = live, rec
@@ -168,7 +174,7 @@ class OpRunner:
             try:
                 again = await c.rerun_execution(sid, state["planned_ms"])
             except ClientError as e:
-                if not (state.get("unanswered") and e.code is grpc.StatusCode.FAILED_PRECONDITION):
+                if not _applied_by_an_earlier_try(state, e):
                     raise
                 # Not finished any more: the unanswered try reran it (nothing else reruns in a drill).
                 return {"execution_id": state["target"], "applied_by": "an unanswered earlier try"}
@@ -211,7 +217,7 @@ class OpRunner:
         try:
             again = await c.replay_dead_letter(state["target"], reason="drill replay")
         except ClientError as e:
-            if not (state.get("unanswered") and e.code is grpc.StatusCode.FAILED_PRECONDITION):
+            if not _applied_by_an_earlier_try(state, e):
                 raise
             return {"execution_id": state["target"], "applied_by": "an unanswered earlier try"}
         return {"execution_id": again.execution_id}

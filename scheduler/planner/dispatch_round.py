@@ -366,9 +366,10 @@ def _plan_schedule(inp: RoundInput, plan: DispatchPlan, budget: dict[str, int], 
         # and is never skipped for it. Started in the backoff gap, x had the retry start beside it ("a retry
         # is the same run": game day gd-s21b, a skip schedule's late run timed out into retry_wait, the run
         # queued behind it started, and the retry 0.1 s later).
+        live_ids = {r.id for r in live}
         retrying = policy in HOLDS and x.state is ExecState.SCHEDULED and any(
             r.state is ExecState.RETRY_WAIT and r.planned_ms < x.planned_ms and r.id not in cas
-            and all(r.id != y.id for y in live) for r in in_flight)
+            and r.id not in live_ids for r in in_flight)
         real: list[Execution] = []
         retry_behind = False  # x is a retry that waits for a run of its schedule in flight
         behind = False  # a BUFFER that waits for a run of this schedule in flight

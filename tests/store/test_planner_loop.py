@@ -70,11 +70,15 @@ class FakeDispatcher:
         self.cancelled.append(e.id)
 
     async def _finish(self, e: Execution) -> None:
-        assert self.node is not None
         ok = self.outcome == "ok" and e.schedule_id not in self.fail
+        await self._record(e, None if ok else ErrorClass.PERMANENT, SYSTEM_CLOCK.wall_ms())
+
+    async def _record(self, e: Execution, error: ErrorClass | None, now_ms: int, retry_after_ms: int = 0) -> None:
+        """The attempt's result through the real result path (`error` None: it succeeded)."""
+        assert self.node is not None
         new, _ = await record_result(self.kv, self.node.ledger, e.schedule_id, e.planned_ms, e.attempt,
-                                     succeeded=ok, error_class=None if ok else ErrorClass.PERMANENT,
-                                     message="", now_ms=SYSTEM_CLOCK.wall_ms(), payload_of=self.node.payload_of)
+                                     succeeded=error is None, error_class=error, message="", now_ms=now_ms,
+                                     retry_after_ms=retry_after_ms, payload_of=self.node.payload_of)
         p = self.node.planners.get(self.node.store.partition(e.schedule_id))
         if p is not None:
             p.record_transition(new)
@@ -489,19 +493,12 @@ class TimedDispatcher(FakeDispatcher):
         self.ran: list[tuple[str, int, int, int]] = []  # (execution id, attempt, start, end)
 
     async def _finish(self, e: Execution) -> None:
-        assert self.node is not None
         start = SYSTEM_CLOCK.wall_ms()
         await asyncio.sleep(self.run_s)
         fail = not self.ran and e.attempt == 1
         end = SYSTEM_CLOCK.wall_ms()
         self.ran.append((e.id, e.attempt, start, end))
-        new, _ = await record_result(self.kv, self.node.ledger, e.schedule_id, e.planned_ms, e.attempt,
-                                     succeeded=not fail, error_class=ErrorClass.TRANSIENT if fail else None,
-                                     message="", now_ms=end, retry_after_ms=self.retry_after_ms if fail else 0,
-                                     payload_of=self.node.payload_of)
-        p = self.node.planners.get(self.node.store.partition(e.schedule_id))
-        if p is not None:
-            p.record_transition(new)
+        await self._record(e, ErrorClass.TRANSIENT if fail else None, end, self.retry_after_ms if fail else 0)
 
 
 @pytest.mark.parametrize("overlap", [Overlap.SKIP, Overlap.BUFFER_ALL])
