@@ -9,8 +9,9 @@ import pytest
 
 from scheduler.cli.dev import Supervisor
 
-# A child that records its name when SIGTERM arrives, then exits.
-CHILD = 'trap "echo $0 >> {log}; exit 0" TERM; while :; do sleep 0.02; done'
+# A child that records its name when SIGTERM arrives, then exits. It says it is ready once its trap
+# is installed: a signal before that would kill it with the default action.
+CHILD = 'trap "echo $0 >> {log}; exit 0" TERM; echo $0 >> {ready}; while :; do sleep 0.02; done'
 
 
 @pytest.mark.parametrize("workers", [0, 1, 2, 3])
@@ -18,12 +19,13 @@ def test_stop_all_signals_workers_then_the_planner_then_etcd(tmp_path: Path, wor
     # With one worker, the planner and etcd were never signalled: they died of the parent-death
     # signal after `schedctl dev` exited, without handing their partitions back.
     log = tmp_path / "stopped.txt"
+    ready = tmp_path / "ready.txt"
     sup = Supervisor(tmp_path, "info")
     names = ["etcd", "planner", *(f"worker-{i}" for i in range(1, workers + 1))]
     try:
         for name in names:
-            sup.spawn(name, ["sh", "-c", CHILD.format(log=log), name])
-        _wait_started(sup)
+            sup.spawn(name, ["sh", "-c", CHILD.format(log=log, ready=ready), name])
+        _wait_ready(ready, names)
         sup.stop_all()
     finally:
         for c in sup.children:
@@ -35,21 +37,10 @@ def test_stop_all_signals_workers_then_the_planner_then_etcd(tmp_path: Path, wor
     assert all(c.proc.returncode == 0 for c in sup.children), "each exited on its SIGTERM, none was killed"
 
 
-def _wait_started(sup: Supervisor) -> None:
-    """Until each shell has installed its trap (it sleeps in its loop by then)."""
-    deadline = time.monotonic() + 10
-    for c in sup.children:
-        while "sleep" not in _children_cmdlines(c.proc.pid):
-            assert time.monotonic() < deadline, f"{c.name} did not start"
-            time.sleep(0.02)
-
-
-def _children_cmdlines(pid: int) -> str:
-    out = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        for child in (task / "children").read_text().split():
-            try:
-                out.append(Path(f"/proc/{child}/cmdline").read_bytes().decode(errors="replace"))
-            except OSError:
-                continue
-    return " ".join(out)
+def _wait_ready(ready: Path, names: list[str]) -> None:
+    """Until each shell has installed its trap. Each writes its name then; the first version looked
+    for a `sleep` child in /proc, which a loaded CI machine once failed to show within 10 s."""
+    deadline = time.monotonic() + 60
+    while not (ready.exists() and sorted(ready.read_text().split()) == sorted(names)):
+        assert time.monotonic() < deadline, f"not all started: {ready.read_text() if ready.exists() else ''}"
+        time.sleep(0.02)
