@@ -24,9 +24,9 @@ def schedule_of(p: PlannedSchedule, sink_url: str, *, pool: str | None = None) -
     """The schedule the runner creates for `p` (validated as the API would). `pool` overrides the
     group's pool (a harness whose workers serve another pool name)."""
     if p.executor == "http":
-        payload, task = json.dumps(http_payload(sink_url, p.hold_ms)).encode(), "http"
+        payload, task = json.dumps(http_payload(sink_url, p.hold_ms, fail=p.fail)).encode(), "http"
     else:
-        payload, task = json.dumps({"command": shell_command(sink_url, p.hold_ms)}).encode(), "shell"
+        payload, task = json.dumps({"command": shell_command(sink_url, p.hold_ms, fail=p.fail)}).encode(), "shell"
     policies = Policies(
         missed_runs=MissedRuns(p.missed_runs), catchup_window_ms=p.catchup_window_ms, catchup_cap=p.catchup_cap,
         overlap=Overlap(p.overlap), jitter_ms=p.jitter_ms,

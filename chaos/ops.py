@@ -148,6 +148,11 @@ class OpRunner:
             if "spec" in op.params:  # a new activation: the old spec's runs written ahead are withdrawn
                 cur.spec = str(op.params["spec"])
                 mask.append("spec")
+            if "fail" in op.params:  # the operator's fix (or a new breakage) of what the runs do
+                p = dataclasses.replace(self.schedules[sid], fail=bool(op.params["fail"]))
+                self.schedules[sid] = p
+                cur.payload = schedule_of(p, self.live.sink_url).payload
+                mask.append("payload")
             await c.update_schedule(cur, update_mask=mask)
             return {"spec": cur.spec} if "spec" in op.params else {}
         if op.op == "trigger":
@@ -182,7 +187,7 @@ class OpRunner:
         if op.op == "cancel":
             return await self._cancel(c, sid, state)
         if op.op == "replay":
-            return await self._replay(c, sid, state)
+            return await self._replay(c, sid, state, bool(op.params.get("with_current_schedule", False)))
         if op.op == "switchover":  # `schedule_id` holds the region (chaos/scenario.py CLUSTER_OPS)
             policy = await c.switchover(sid, reason="drill")
             return {"primary": policy.primary_region, "version": int(policy.version)}
@@ -206,8 +211,9 @@ class OpRunner:
         return {"execution_id": state["target"]}
 
     @staticmethod
-    async def _replay(c: SchedulerClient, sid: str, state: dict[str, Any]) -> dict[str, Any]:
-        """Replay the schedule's newest dead letter (as it died)."""
+    async def _replay(c: SchedulerClient, sid: str, state: dict[str, Any], current: bool) -> dict[str, Any]:
+        """Replay the schedule's newest dead letter: as it died, or with the schedule's current payload
+        (`with_current_schedule`: after an update that fixed it)."""
         if "target" not in state:
             page = await c.list_dead_letters(schedule_id=sid, page_size=100)
             if not page.dead_letters:
@@ -215,7 +221,7 @@ class OpRunner:
             newest = max(page.dead_letters, key=lambda d: d.dead_lettered_at.ToMilliseconds())
             state["target"] = newest.execution.execution_id
         try:
-            again = await c.replay_dead_letter(state["target"], reason="drill replay")
+            again = await c.replay_dead_letter(state["target"], reason="drill replay", use_current_schedule=current)
         except ClientError as e:
             if not _applied_by_an_earlier_try(state, e):
                 raise

@@ -116,9 +116,39 @@ class OwedChecks(Context):
             return "" if eid in self.cancels else "as the drill's cancel, but no cancel op named it"
         return "though neither its policy, a delete nor an operator cancelled it"
 
+    def reruns_ran(self, inv: Invariant) -> None:
+        """`[rerun-lost]`: an acknowledged rerun or replay runs its execution again: an effect starts after the
+        call, unless a pause, a delete or a drill cancel withdrew it (its record says so), or it is still under
+        way at the end. A record ending succeeded or failed with no effect since is the lost rerun (dead
+        letters without an effect come from attempts lost with killed workers: counted, not failed)."""
+        late = self.meta.end_ms - int(self.s.lag.judge_grace_s * 1000) - 3 * self.ttl_ms - 10_000
+        for o in self.run.ops:
+            eid = str(o.result.get("execution_id") or "")
+            if not (o.ok and o.op in ("rerun", "replay") and eid):
+                continue
+            inv.checked += 1
+            if any(a.start_ms >= o.t_ms - SLACK_MS for a in self.idx.attempts.get(eid, [])):
+                self.bump("reruns_ran")
+                continue
+            final = self.idx.final_record(eid)
+            rec = final[2] if final else None
+            if rec is not None and rec.state is ExecState.DEAD_LETTER:
+                self.bump("reruns_dead_without_effect")
+            elif rec is not None and rec.state in (ExecState.SKIPPED, ExecState.CANCELLED) and \
+                    (rec.skip_reason in (SkipReason.SCHEDULE_DELETED.value, SkipReason.PAUSED.value) or
+                     (rec.skip_reason == CANCEL_REASON and eid in self.cancels)):
+                self.bump("reruns_withdrawn")
+            elif (rec is None or rec.state in IN_FLIGHT) and o.t_end_ms >= late:
+                self.bump("reruns_pending")
+            else:
+                inv.fail(f"[rerun-lost] {o.op} of {eid} acknowledged at {self.rel(o.t_end_ms or o.t_ms)}, but no "
+                         f"effect started since; its record ends {rec.state.value if rec else 'absent'}"
+                         + (f" ({rec.skip_reason})" if rec is not None and rec.skip_reason else ""))
+
     def i2(self) -> None:
         inv = self.inv["I2"]
         self.ops_landed(inv)
+        self.reruns_ran(inv)
         self.owed_list = list(self.owed())
         for sid, t, _ in self.owed_list:
             self.owed_of.setdefault(sid, []).append(t)

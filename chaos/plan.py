@@ -74,6 +74,7 @@ class PlannedSchedule:
     catchup_window_ms: int
     max_attempts: int
     jitter_ms: int
+    fail: bool = False  # every effect fails permanently (chaos/sink.py)
 
 
 @dataclass(frozen=True)
@@ -262,7 +263,7 @@ def _instance(g: LoadGroup, i: int, sid: str) -> PlannedSchedule:
         id=sid, group=g.name, spec=g.spec, tz=g.tz, executor=g.executor, hold_ms=g.hold_ms, pool=g.pool,
         missed_runs=g.missed_runs[i % len(g.missed_runs)].value, overlap=g.overlap[i % len(g.overlap)].value,
         catchup_cap=g.catchup_cap, catchup_window_ms=int(g.catchup_window_s * 1000), max_attempts=g.max_attempts,
-        jitter_ms=g.jitter_ms,
+        jitter_ms=g.jitter_ms, fail=g.fail,
     )
 
 

@@ -182,6 +182,8 @@ class LoadGroup:
     catchup_window_s: float = 600.0
     max_attempts: int = 3
     jitter_ms: int = 0
+    # Every effect fails permanently once whole (chaos/sink.py): each run ends a dead letter, for `replay`.
+    fail: bool = False
 
     def ids(self) -> list[str]:
         return [f"{self.name}-{i:03d}" for i in range(self.count)]

@@ -217,6 +217,7 @@ def _load_group(t: _Table, names: set[str]) -> LoadGroup:
         catchup_window_s=t.positive("catchup_window_s", 600.0),
         max_attempts=t.count("max_attempts", 3, 1, 100),
         jitter_ms=t.count("jitter_ms", 0, 0, 3_600_000),
+        fail=t.get("fail", bool, False),
     )
     t.done()
     return g
@@ -243,7 +244,11 @@ def _operation(t: _Table, duration: float, groups: set[str], ids: set[str], regi
     elif target != "*" and target not in groups and target not in ids:
         raise t.err("target", f"{target!r} is neither a load group, a schedule id of the load, nor '*'")
     if op == "update" and not params:
-        raise t.err("params", "an update needs at least one field to change (spec, overlap, ...)")
+        raise t.err("params", "an update needs at least one field to change (spec, overlap, fail)")
+    if op == "update" and "fail" in params and not isinstance(params["fail"], bool):
+        raise t.err("params.fail", "must be true or false (whether the schedule's effects fail from now on)")
+    if op == "replay" and not isinstance(params.get("with_current_schedule", False), bool):
+        raise t.err("params.with_current_schedule", "must be true or false")
     if op == "backfill":
         for k in ("from_s", "until_s"):
             if not isinstance(params.get(k), int | float):

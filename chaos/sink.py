@@ -11,6 +11,11 @@ workers really did. Both built-in executors reach it:
   runner sets it per worker process; the http executor cannot say who it is, so the peer address
   stands in).
 
+`fail=permanent` in the query (`http_payload`/`shell_command` with `fail=True`) makes a whole effect that then
+answers HTTP 422: the handler did its work and reports a permanent failure (the http executor's "other 4xx",
+the shell command's exit 65), so its run ends in the dead-letter list at once (never retried: one effect per
+life of the run) and a drill's `replay` has real dead letters to replay.
+
 Each start is checked against the highest fencing revision accepted so far for its partition: a lower
 one is REFUSED with HTTP 409 (the fencing check a real downstream would make, DESIGN.md "Ownership and
 fencing"); equal or higher is accepted and raises the bar. Every call, accepted or refused, is one JSON
@@ -46,6 +51,7 @@ from scheduler.ids import ExecutionId, FencingToken
 __all__ = ["EffectRecord", "EffectSink", "http_payload", "read_effects", "shell_command"]
 
 MAX_HOLD_MS = 600_000
+FAIL_STATUS = 422  # a permanent failure for the http executor (4xx, not a transient one) and curl -f
 _HOLD_POLL_S = 0.05  # how often a held effect looks whether its caller is still there
 
 
@@ -87,29 +93,32 @@ def read_effects(path: Path) -> list[EffectRecord]:
     return out
 
 
-def http_payload(sink_url: str, hold_ms: int = 0) -> dict[str, Any]:
-    """The `http` executor payload of a drill schedule."""
+def http_payload(sink_url: str, hold_ms: int = 0, *, fail: bool = False) -> dict[str, Any]:
+    """The `http` executor payload of a drill schedule (`fail`: each effect then fails permanently)."""
     q = f"phase=once&hold_ms={hold_ms}" if hold_ms else "phase=once"
+    q += "&fail=permanent" if fail else ""
     return {"url": f"{sink_url.rstrip('/')}/effect?{q}", "body": {}}
 
 
-def shell_command(sink_url: str, hold_ms: int = 0) -> str:
+def shell_command(sink_url: str, hold_ms: int = 0, *, fail: bool = False) -> str:
     """A `shell` executor command. Without a hold: start, then end. With one, a single call that the sink
     holds for `hold_ms` (`phase=once`), so that the job's effect lasts as long as its process: a job the
     worker stops (a cancel, a timeout, a rejected re-attach) or that dies with its worker closes the
     connection, and the sink records the effect cut short (`abort`) at that instant. With start, sleep,
     end the sink never learnt when a stopped job ended, and the checker had to assume it ran until its
     worker died, taking the next attempt for a second run at once. A refusal (409) or an unreachable sink
-    exits 65 (EX_DATAERR: permanent, never retried), as a fenced-off job should stop."""
+    exits 65 (EX_DATAERR: permanent, never retried), as a fenced-off job should stop; so does a `fail` effect,
+    which the sink answers with 422 once it is whole."""
     url = shlex.quote(sink_url.rstrip("/") + "/effect")
     headers = ('-H "Idempotency-Key: $SCHED_EXECUTION_ID" -H "X-Fencing-Token: $SCHED_FENCING_TOKEN" '
                '-H "X-Attempt: $SCHED_ATTEMPT" -H "X-Scheduled-At: $SCHED_PLANNED_AT" -H "X-Worker: ${CHAOS_WORKER:-}"')
     def call(phase: str) -> str:
         return f"curl -fsS -o /dev/null -X POST {headers} {url}?phase={phase} || exit 65"
 
+    tail = r"\&fail=permanent" if fail else ""
     if hold_ms:
-        return call(rf"once\&hold_ms={int(hold_ms)}")
-    return "; ".join([call("start"), call("end")])
+        return call(rf"once\&hold_ms={int(hold_ms)}{tail}")
+    return "; ".join([call("start"), call(f"end{tail}")])
 
 
 class _BadRequest(Exception):
@@ -186,10 +195,13 @@ class EffectSink:
             eid, token, attempt, hold_ms = self._identity(request)
         except _BadRequest as e:
             return web.Response(status=400, text=str(e))
+        fail = request.query.get("fail", "")
+        if fail not in ("", "permanent"):
+            return web.Response(status=400, text=f"fail {fail!r} must be permanent or absent")
         worker = request.headers.get("X-Worker", "") or (request.remote or "")
         if phase == "end":  # the shell's second call; a job killed before it never sends it
             self._write("end", eid, token, attempt, worker, accepted=True)
-            return web.Response(text="ok")
+            return self._done(fail)
         prev = self.max_revision.get(token.partition, 0)
         if self.fence and token.revision < prev:
             self.refused += 1
@@ -208,8 +220,16 @@ class EffectSink:
                 self._write("abort", eid, token, attempt, worker, accepted=True, reason="caller disconnected")
                 return web.Response(status=499, text="caller went away")
             self._write("end", eid, token, attempt, worker, accepted=True)
-        elif self.extra_hold_ms:  # a shell job's start: the job is slower by the hold (F8)
+            return self._done(fail)
+        if self.extra_hold_ms:  # a shell job's start: the job is slower by the hold (F8)
             await self._hold(request, self.extra_hold_ms)
+        return web.Response(text="ok")
+
+    @staticmethod
+    def _done(fail: str) -> web.Response:
+        """The answer to a whole effect: ok, or the permanent failure its schedule asked for."""
+        if fail:
+            return web.Response(status=FAIL_STATUS, text="drill: permanent failure after a whole effect")
         return web.Response(text="ok")
 
     def running(self, worker: str) -> int:

@@ -69,6 +69,19 @@ def test_a_rerun_the_operator_asked_for_is_not_a_duplicate(tmp_path: Path) -> No
     assert judged(x.build(tmp_path / "run"))[0] == "pass"
 
 
+def test_meta_an_acknowledged_rerun_that_never_ran_fails_i2(tmp_path: Path) -> None:
+    """The rerun (or replay) the API acknowledged must run again: here its record still says succeeded, from
+    the first run, and no effect started after the call (a rerun lost silently)."""
+    x, _ = clean_run(tmp_path / "run")
+    eid = execution_id("s-003", T0 + 10_000)
+    x.ops.append(OpRecord(T0 + 14_000, "replay", "s-003", True, T0 + 14_010, result={"execution_id": eid}))
+    run = x.build(tmp_path / "run")
+    write_run(run)
+    v = check_run(load_run(run.directory))
+    assert v.result == "fail" and v.invariants["I2"].count == 1, v.invariants["I2"].examples
+    assert v.invariants["I2"].examples[0].startswith(f"[rerun-lost] replay of {eid} acknowledged")
+
+
 def test_meta_two_attempts_at_once_fail_i1(tmp_path: Path) -> None:
     x, _ = clean_run(tmp_path / "run")
     eid = execution_id("s-004", T0 + 12_000)

@@ -3,6 +3,7 @@ API's validation, and each executor's payload reports to the sink."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 from chaos.load import schedule_of
@@ -32,3 +33,16 @@ def test_payloads_report_to_the_sink() -> None:
     assert "phase=once" in cmd and "hold_ms=300" in cmd and "sleep" not in cmd
     ny = schedule_of(next(p for p in plan.schedules if p.group == "ny"), URL)
     assert ny.time_zone == "America/New_York"
+
+
+def test_a_failing_group_fails_over_both_executors_and_an_update_can_fix_it() -> None:
+    plan = make_plan(load(find("smoke")))
+    broken = [p for p in plan.schedules if p.fail]
+    assert {p.executor for p in broken} == {"http", "shell"}  # the smoke drill's dead letters, both ways
+    for p in broken:
+        payload = schedule_of(p, URL).payload.decode()
+        assert "fail=permanent" in payload
+        assert "fail=permanent" not in schedule_of(dataclasses.replace(p, fail=False), URL).payload.decode()
+    ops = [(o.op, o.schedule_id, o.params) for o in plan.operations if o.schedule_id.startswith("broken")]
+    assert ("update", "broken-001", {"fail": False}) in ops
+    assert ("replay", "broken-001", {"which": "latest_dead_letter", "with_current_schedule": True}) in ops

@@ -127,6 +127,10 @@ def test_the_game_days_mix_cancels_and_replays_naming_what() -> None:
     ("[cluster]\nregions = [\"r1\", \"r2\"]\nprimary = \"r1\"\nfailover_grace_s = 0\n", "cluster.failover_grace_s",
      "must be > 0"),
     ("[[operations]]\nat_s = 5\nop = \"switchover\"\ntarget = \"sec\"\n", "operations[0].target", "names a region"),
+    ("[[operations]]\nat_s = 5\nop = \"update\"\ntarget = \"sec\"\nparams = { fail = \"no\" }\n",
+     "operations[0].params.fail", "true or false"),
+    ("[[operations]]\nat_s = 5\nop = \"replay\"\ntarget = \"sec\"\nparams = { with_current_schedule = 1 }\n",
+     "operations[0].params.with_current_schedule", "true or false"),
 ])
 def test_bad_input_names_the_field(extra: str, field: str, words: str) -> None:
     with pytest.raises(ScenarioError) as err:
@@ -141,6 +145,7 @@ def test_bad_input_names_the_field(extra: str, field: str, words: str) -> None:
     (MINIMAL + 'tz = "Mars/Base"\n', "load.schedules[0].tz"),
     (MINIMAL + 'overlap = ["skip", "sometimes"]\n', "load.schedules[0].overlap[1]"),
     (MINIMAL.replace("count = 3", "count = 0"), "load.schedules[0].count"),
+    (MINIMAL + 'fail = "yes"\n', "load.schedules[0].fail"),
     (MINIMAL.replace('name = "t"\n', ""), "scenario.name"),
     ("[scenario]\nname = 't'\n", "load.schedules"),
     ("[scenario\n", ""),

@@ -92,6 +92,32 @@ async def test_a_shell_command_reports_start_and_end_and_stops_when_refused(tmp_
     assert recs[1].t_ms - recs[0].t_ms >= 190
 
 
+@pytest.mark.parametrize("hold_ms", [0, 100])
+async def test_a_failing_schedule_has_its_whole_effect_then_a_permanent_failure(tmp_path: Path, hold_ms: int) -> None:
+    """`fail`: the effect happens in full, then both executors report a permanent failure (never retried), so
+    the run goes straight to the dead-letter list and a drill has a real dead letter to replay."""
+    log = tmp_path / "effects.jsonl"
+    http, shell = HttpExecutor(), ShellExecutor()
+    try:
+        async with EffectSink(log) as sink:
+            with pytest.raises(PermanentError, match="422"):
+                await http(make_ctx(attempt=1, fencing_token=FencingToken(3, 10)),
+                           json.dumps(http_payload(sink.url, hold_ms, fail=True)).encode())
+            cmd = shell_command(sink.url, hold_ms, fail=True)
+            with pytest.raises(PermanentError):
+                await shell(make_ctx(attempt=2, fencing_token=FencingToken(3, 10)),
+                            json.dumps({"command": cmd}).encode())
+            await http(make_ctx(attempt=3, fencing_token=FencingToken(3, 10)),
+                       json.dumps(http_payload(sink.url, hold_ms)).encode())  # fixed: succeeds
+            assert await post(sink.url, "3:10", phase="once&fail=sometimes") == 400
+    finally:
+        await http.aclose()
+    recs = read_effects(log)
+    assert [(r.phase, r.attempt, r.accepted) for r in recs] == [
+        ("start", 1, True), ("end", 1, True), ("start", 2, True), ("end", 2, True), ("start", 3, True),
+        ("end", 3, True)]
+
+
 async def test_a_shell_job_stopped_mid_effect_is_recorded_cut_short(tmp_path: Path) -> None:
     """A job the worker stops (cancel, timeout, rejected re-attach) closes its call to the sink, which records
     the effect cut short at that instant: the checker then knows when it ended (with start, sleep, end, a
