@@ -460,7 +460,9 @@ class PartitionPlanner:
         ck, earlier = self.ck, owed_activations(st, self.ck)
         if earlier.seen is not None:
             after, why = min(after, max(ck.watermark_ms, earlier.seen.after_ms)), SkipReason.SCHEDULE_DELETED
-        elif earlier.unseen:
+        if earlier.unseen:
+            # Also after one it knew (as `_settle_earlier`): it planned up to the watermark under that one,
+            # so the times of each later activation it never saw, before the watermark, were never written.
             first = max(earlier.unseen[0].after_ms, ck.watermark_ms - self.m.replan_ms)
             after, why = min(after, first), SkipReason.SCHEDULE_DELETED
         if sid in held_from:  # held (its pool had no worker) since then, and deleted before it was served

@@ -328,3 +328,42 @@ async def test_holding_more_schedules_than_a_txn_holds_does_not_wedge(kv: EtcdCl
     for p in range(COORD.partitions):
         held += len((await kv.range(ks.holds(p), prefix=True, keys_only=True)).kvs)
     assert held >= 100, f"only {held} hold records"
+
+
+async def test_a_delete_while_no_owner_records_the_times_of_a_change_the_dead_owner_never_saw(
+        kv: EtcdClient, key_prefix: str) -> None:
+    """Found by the stateful twin (session 23): an owner planned up to its watermark under the activation it
+    knew (a yearly spec), then died; while nobody owned the partition the spec changed to every second and
+    the schedule was deleted. The next owner records, from the tombstone, the planned times owed up to the
+    delete; it counted only those after the watermark, since the dead owner "had handled" the rest: but only
+    under the spec it knew. The every-second times between the change and the watermark had no record, when
+    another change came after it (the tombstone's schedule is the last version; the change before it is in
+    its history of activations)."""
+    ks = Keyspace(key_prefix.rstrip("/"))
+    planner = replace(FAST, lookahead_ms=3_000)  # the watermark runs 3 s ahead of the dead owner's clock
+    first = PlannerNode(kv, ks, COORD, SYSTEM_CLOCK, planner=planner)
+    first.dispatcher = Pools(kv, first)
+    a, b = same_partition(2)
+    t0 = SYSTEM_CLOCK.wall_ms()
+    await first.store.create(sched(b, spec="@every 1s"), t0)  # keeps the partition's checkpoint moving
+    st = await first.store.create(sched(a, spec="0 0 0 1 1 *"), t0)  # yearly: nothing written ahead
+    async with running(first):
+        await asyncio.sleep(2.0)
+    at = SYSTEM_CLOCK.wall_ms()  # the owner is gone: a change it never saw, then the delete
+    changed = (await first.store.update(replace(st.schedule, spec="* * * * * *"), None, at)).schedule
+    await asyncio.sleep(1.5)
+    deleted = SYSTEM_CLOCK.wall_ms()
+    await first.store.update(replace(changed, spec="*/2 * * * * *"), None, deleted)
+    await first.store.delete(changed.id, now_ms=deleted)
+    second = PlannerNode(kv, ks, COORD, SYSTEM_CLOCK, planner=planner)
+    second.dispatcher = Pools(kv, second)
+    stone = ks.tombstone(partition_for(changed.id, COORD.partitions), changed.id)
+    async with running(second):
+        await wait_for(lambda: _gone(kv, stone), 15.0, "the next owner to handle the tombstone")
+    acc = await account(second, kv, changed, at, deleted)
+    assert not acc.missing, f"planned times between the change at {at} and the delete at {deleted}: {acc.missing}"
+    assert acc.skips and set(acc.skips.values()) == {"schedule_deleted"}, acc.skips
+
+
+async def _gone(kv: EtcdClient, key: bytes) -> bool:
+    return await kv.get(key) is None

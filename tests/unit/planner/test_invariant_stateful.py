@@ -1261,3 +1261,12 @@ def test_a_run_the_dead_writer_left_for_its_spec_change_is_withdrawn_after_a_cha
     `* * * * * *` was made at 16.4 s while nobody owned the partition. The claim after judged s2@11 by that
     spec, and it ran ([not-owed-ran]); the activation the writer knew counts now, paused or not."""
     _replay("spec_change_known_to_a_dead_writer_then_changed_back.json")
+
+
+def test_a_delete_while_no_owner_records_the_times_of_a_change_the_dead_owner_never_saw() -> None:
+    """Found by the machine (full mode, session 23): s4 ('*/5') was planned up to the watermark by an owner
+    killed at 15 s; with no owner, its spec changed to every second at 16.3 s, then to '*/2' and it was deleted
+    at 18 s. The next owner recorded the tombstone's owed times only after the watermark (17.1 s): the times
+    of the change it never saw, before the watermark, had no record (s4@17 missed silently). Real etcd:
+    tests/store/test_planner_invariants.py::test_a_delete_while_no_owner_records_the_times_of_a_change_the_dead_owner_never_saw."""
+    _replay("tombstone_after_a_seen_and_an_unseen_activation.json")
