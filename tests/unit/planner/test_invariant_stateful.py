@@ -1270,3 +1270,9 @@ def test_a_delete_while_no_owner_records_the_times_of_a_change_the_dead_owner_ne
     of the change it never saw, before the watermark, had no record (s4@17 missed silently). Real etcd:
     tests/store/test_planner_invariants.py::test_a_delete_while_no_owner_records_the_times_of_a_change_the_dead_owner_never_saw."""
     _replay("tombstone_after_a_seen_and_an_unseen_activation.json")
+
+
+def test_a_change_then_a_pause_and_a_delete_while_no_owner_lose_no_planned_time() -> None:
+    """The same, shorter (twin, session 23): s4 '*/2' changed to every second as its owner was killed at 0.25 s,
+    then paused and deleted at 1.3 s with no owner: s4@1, owed under the change, had no record."""
+    _replay("tombstone_after_a_change_then_a_pause.json")
