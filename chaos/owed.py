@@ -21,6 +21,9 @@ IN_FLIGHT = (ExecState.SCHEDULED, ExecState.DISPATCHED, ExecState.RUNNING, ExecS
 ENDED = (ExecState.DEAD_LETTER, ExecState.FAILED, ExecState.CANCELLED)
 MISSED_REASONS = ("policy_skip", "outside_catchup_window", "over_cap")
 SCHEDULE_OPS = ("create", "update", "pause", "resume", "delete")  # the ops that write the schedule's key
+# Why a rerun's or replay's record may say it was skipped without running (docs/time.md).
+_WITHDRAWN = (SkipReason.PAUSED.value, SkipReason.SCHEDULE_DELETED.value, SkipReason.SCHEDULE_CHANGED.value,
+              SkipReason.SUPERSEDED.value)
 OP_LANDED_MS = 2_000  # an acknowledged write is seen by the watcher within this long after the call returned
 
 
@@ -118,9 +121,10 @@ class OwedChecks(Context):
 
     def reruns_ran(self, inv: Invariant) -> None:
         """`[rerun-lost]`: an acknowledged rerun or replay runs its execution again: an effect starts after the
-        call, unless a pause, a delete or a drill cancel withdrew it (its record says so), or it is still under
-        way at the end. A record ending succeeded or failed with no effect since is the lost rerun (dead
-        letters without an effect come from attempts lost with killed workers: counted, not failed)."""
+        call, unless its record says it was withdrawn (a pause, a delete or spec change, a cancel `[bad-cancel]`
+        accepts: cancel_other's newer run, the drill's cancel), or it is still under way at the end. A record
+        ending succeeded or failed with no effect since is the lost rerun (dead letters without an effect come
+        from attempts lost with killed workers: counted, not failed)."""
         late = self.meta.end_ms - int(self.s.lag.judge_grace_s * 1000) - 3 * self.ttl_ms - 10_000
         for o in self.run.ops:
             eid = str(o.result.get("execution_id") or "")
@@ -134,9 +138,8 @@ class OwedChecks(Context):
             rec = final[2] if final else None
             if rec is not None and rec.state is ExecState.DEAD_LETTER:
                 self.bump("reruns_dead_without_effect")
-            elif rec is not None and rec.state in (ExecState.SKIPPED, ExecState.CANCELLED) and \
-                    (rec.skip_reason in (SkipReason.SCHEDULE_DELETED.value, SkipReason.PAUSED.value) or
-                     (rec.skip_reason == CANCEL_REASON and eid in self.cancels)):
+            elif rec is not None and ((rec.state is ExecState.CANCELLED and not self._bad_cancel(eid, rec)) or
+                                      (rec.state is ExecState.SKIPPED and rec.skip_reason in _WITHDRAWN)):
                 self.bump("reruns_withdrawn")
             elif (rec is None or rec.state in IN_FLIGHT) and o.t_end_ms >= late:
                 self.bump("reruns_pending")
