@@ -1227,13 +1227,18 @@ def judge(log: Log, es: list[Execution], ranges: dict[str, list[tuple[int, int, 
                     gave_up = att.finished_ms if att is not None and att.finished_ms else None
                     waits_from = None if gave_up is None else max(
                         [gave_up, *(t for t in log.rerun_ms.get(eid, []) if t < later[0].start_ms)])
+                    # The run's own policy first (a backfill's or trigger's, buffer_all unless given), as the
+                    # planner decides (and [stuck] above): twin, session 23, a backfill run's retry held behind
+                    # an operator's rerun of its allow_all schedule. A rerun after it rewrites it (allow_all):
+                    # stricter, never laxer.
+                    own = e.overlap if e is not None else None
                     others = [(a.dispatched_ms, (a.finished_ms or now) + ROUND_MS) for x in es
                               if x.schedule_id == f.sid and x.id != eid for a in x.attempts]
                     free = [] if waits_from is None else [
                         t for t, cap in log.rounds if waits_from + ROUND_MS < t < later[0].start_ms
                         and (v := log.version_at(f.sid, t)) is not None and v.state == "active"
                         and cap.get(v.pool, 0) > 0 and not (
-                            v.policies.overlap in HOLDS and any(a <= t < b for a, b in others))]
+                            (own or v.policies.overlap) in HOLDS and any(a <= t < b for a, b in others))]
                     if gave_up is None or gave_up > limit or len(free) >= STUCK_ROUNDS:
                         bad.append(f"[start-timeout] {eid}: attempt {f.attempt} dispatched at t={f.start_ms - T0} "
                                    f"never reached a worker; attempt {later[0].attempt} came only at "

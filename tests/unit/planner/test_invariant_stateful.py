@@ -1276,3 +1276,11 @@ def test_a_change_then_a_pause_and_a_delete_while_no_owner_lose_no_planned_time(
     """The same, shorter (twin, session 23): s4 '*/2' changed to every second as its owner was killed at 0.25 s,
     then paused and deleted at 1.3 s with no owner: s4@1, owed under the change, had no record."""
     _replay("tombstone_after_a_change_then_a_pause.json")
+
+
+def test_a_backfill_runs_retry_waits_behind_the_schedules_runs_in_flight_by_its_own_policy() -> None:
+    """Found by the machine (full mode, session 23), a checker finding: a backfill's run of allow_all s2 (its own
+    policy buffer_all, docs/time.md) was dispatched to nobody; the start timeout gave it up on time, and its
+    retry then waited 11 s behind the operator's rerun of s2@5 (whose worker had crashed) and replays, as a
+    buffer_all retry must. The checker judged the wait by the schedule's allow_all and called it [start-timeout]."""
+    _replay("backfill_retry_behind_an_operators_rerun.json")
