@@ -168,7 +168,7 @@ class Log:
     effects: list[Effect] = field(default_factory=list)
     cancels: set[str] = field(default_factory=set)  # execution ids an operator cancelled
     reruns: dict[str, int] = field(default_factory=dict)
-    rerun_ms: dict[str, list[int]] = field(default_factory=dict)  # when each rerun was asked, per execution id
+    rerun_ms: dict[str, list[int]] = field(default_factory=dict)  # when each rerun or replay was asked, per id
     # Planner trouble seen by the driver: malformed txns, restarts per clock advance, stale writes.
     errors: list[str] = field(default_factory=list)
     # Per round: (time, free capacity per pool after the round).
@@ -820,6 +820,7 @@ class World:
                 elif what == "replay":
                     self.log.ops.append(f"t={now - T0}: replay {e0.id}")
                     await self.ops.replay_dead_letter(e0.id)
+                    self.log.rerun_ms.setdefault(e0.id, []).append(now)  # a replay restarts its waits too
         except SchedError as err:
             self.log.ops.append(f"t={now - T0}:   refused: {type(err).__name__}: {err}")
         await self.settle()
@@ -1229,9 +1230,12 @@ def judge(log: Log, es: list[Execution], ranges: dict[str, list[tuple[int, int, 
                         [gave_up, *(t for t in log.rerun_ms.get(eid, []) if t < later[0].start_ms)])
                     # The run's own policy first (a backfill's or trigger's, buffer_all unless given), as the
                     # planner decides (and [stuck] above): twin, session 23, a backfill run's retry held behind
-                    # an operator's rerun of its allow_all schedule. A rerun after it rewrites it (allow_all):
-                    # stricter, never laxer.
-                    own = e.overlap if e is not None else None
+                    # an operator's rerun of its allow_all schedule. Not when a rerun or replay rewrote the
+                    # record (allow_all) after this wait: it then says nothing of the policy the wait had (twin,
+                    # session 23: a skip schedule's retry held behind a rerun, judged by a later replay's
+                    # allow_all); the schedule's policy stands in.
+                    rewritten = any(t >= later[0].start_ms for t in log.rerun_ms.get(eid, []))
+                    own = e.overlap if e is not None and not rewritten else None
                     others = [(a.dispatched_ms, (a.finished_ms or now) + ROUND_MS) for x in es
                               if x.schedule_id == f.sid and x.id != eid for a in x.attempts]
                     free = [] if waits_from is None else [

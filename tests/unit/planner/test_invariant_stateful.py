@@ -1284,3 +1284,11 @@ def test_a_backfill_runs_retry_waits_behind_the_schedules_runs_in_flight_by_its_
     retry then waited 11 s behind the operator's rerun of s2@5 (whose worker had crashed) and replays, as a
     buffer_all retry must. The checker judged the wait by the schedule's allow_all and called it [start-timeout]."""
     _replay("backfill_retry_behind_an_operators_rerun.json")
+
+
+def test_a_retry_held_behind_a_rerun_is_judged_by_the_policy_it_had_then_not_after_a_later_replay() -> None:
+    """Found by the machine (full mode, session 23), a checker finding: s1 (overlap skip) lost a dispatch; the
+    start timeout gave it up on time and its retry waited, as it must, behind the operator's rerun of another s1
+    run in flight. A replay of it long after rewrote its record (allow_all), and the checker judged the earlier
+    wait by that and called it [start-timeout]."""
+    _replay("retry_behind_a_rerun_judged_after_a_replay.json")
