@@ -141,6 +141,8 @@ class OwedChecks(Context):
             elif rec is not None and ((rec.state is ExecState.CANCELLED and not self._bad_cancel(eid, rec)) or
                                       (rec.state is ExecState.SKIPPED and rec.skip_reason in _WITHDRAWN)):
                 self.bump("reruns_withdrawn")
+            elif rec is not None and rec.state in IN_FLIGHT and not self.pool_served(rec.pool):
+                self.bump("unserved_pool")  # waits for a worker of its pool: the load's choice, as in I2 below
             elif (rec is None or rec.state in IN_FLIGHT) and o.t_end_ms >= late:
                 self.bump("reruns_pending")
             else:
