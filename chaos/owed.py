@@ -119,13 +119,18 @@ class OwedChecks(Context):
             return "" if eid in self.cancels else "as the drill's cancel, but no cancel op named it"
         return "though neither its policy, a delete nor an operator cancelled it"
 
+    def in_flight_from_ms(self) -> int:
+        """A run may still be in flight at the end of the history only if it came due after this (a takeover
+        and a start timeout's worth before the end): earlier, it is stuck."""
+        return self.meta.end_ms - 3 * self.ttl_ms - 10_000
+
     def reruns_ran(self, inv: Invariant) -> None:
         """`[rerun-lost]`: an acknowledged rerun or replay runs its execution again: an effect starts after the
         call, unless its record says it was withdrawn (a pause, a delete or spec change, a cancel `[bad-cancel]`
         accepts: cancel_other's newer run, the drill's cancel), or it is still under way at the end. A record
         ending succeeded or failed with no effect since is the lost rerun (dead letters without an effect come
         from attempts lost with killed workers: counted, not failed)."""
-        late = self.meta.end_ms - int(self.s.lag.judge_grace_s * 1000) - 3 * self.ttl_ms - 10_000
+        late = self.in_flight_from_ms() - int(self.s.lag.judge_grace_s * 1000)
         for o in self.run.ops:
             eid = str(o.result.get("execution_id") or "")
             if not (o.ok and o.op in ("rerun", "replay") and eid):
@@ -187,7 +192,7 @@ class OwedChecks(Context):
                     self.bump("unserved_pool")  # waits for a worker of its pool: the load's choice, not a stall
                     continue
                 self.bump("pending")
-                if self.idx.harness_ms(rec.due_ms) < self.meta.end_ms - 3 * self.ttl_ms - 10_000:
+                if self.idx.harness_ms(rec.due_ms) < self.in_flight_from_ms():
                     inv.fail(f"[stuck] {eid}: still {rec.state.value} (attempt {rec.attempt}) at the end of the "
                              f"history, {(self.meta.end_ms - self.idx.harness_ms(t)) / 1000:.0f}s after it was due")
                 continue
