@@ -28,7 +28,7 @@ from scheduler.dispatch.service import Dispatcher
 from scheduler.errors import FencedOut, NotFound, OutcomeUnknown
 from scheduler.execution import ExecState, Execution, log_fields
 from scheduler.ids import FencingToken, execution_id, schedule_of
-from scheduler.loop_lag import LoopLagProbe
+from scheduler.loop_lag import LoopLagProbe, collect_soon
 from scheduler.metrics.planner import PlannerMetrics
 from scheduler.planner.clock_guard import ClockGuard, GuardedClock
 from scheduler.planner.ownership import LostReason, MemberInfo, NotOwner, Ownership
@@ -359,6 +359,7 @@ class PlannerNode:
         task = self._loops.pop(partition, None)
         if task is not None and task is not asyncio.current_task():
             task.cancel()  # stop planning and dispatching for this partition at once
+        collect_soon()  # its planner's structures are cyclic garbage now
 
     async def _partition(self, partition: int, token: int = 0) -> None:
         # Restarts back off while they come quickly one after the other: a reload that leads to the same

@@ -325,6 +325,11 @@ class Workers:
                 eff.busy_end_ms = now + HEARTBEAT_TIMEOUT_MS + 2 * ROUND_MS
                 self.timer(now + HEARTBEAT_TIMEOUT_MS, "lost_stream", key)
             elif kind == "lost_stream":
+                if self.world.live is None and self.world.frozen:
+                    # The owner is frozen with the watchdog that would notice: told when it resumes (a new
+                    # owner's claim expects the attempt on its own: `expect`).
+                    self.world.losses_in_freeze.append(key)
+                    continue
                 self.world.node.on_lost_attempts([key])
 
 
@@ -376,6 +381,9 @@ class World:
         self.log = Log()
         self.live: Instance | None = None
         self.frozen: list[Instance] = []
+        # Worker losses detected while the owner was frozen (SIGSTOP): its dispatcher's watchdog runs in its
+        # process, so it reports them when the process resumes (`thaw`), not into a node without the planner.
+        self.losses_in_freeze: list[tuple[str, int]] = []
         self.instances = 0
         self.next_round = clock.wall_ms()
         self.owner_expires_at: int | None = None  # the dead/frozen owner's key goes at this time
@@ -610,7 +618,14 @@ class World:
             self.node.planners[PARTITION] = inst.planner
             self.owner_expires_at = self.claim_at = None
             self.log.outage_from = None
+            # Its watchdog's overdue timers fire now: the worker losses it would have noticed while stopped.
+            # (Dropped into a node without the planner, a crashed worker's attempt stayed RUNNING until its
+            # deadline, and the stateful twin saw its `skip` schedule's runs skipped as overlapped by it.)
+            losses, self.losses_in_freeze = self.losses_in_freeze, []
+            if losses:
+                self.node.on_lost_attempts(losses)
             return
+        self.losses_in_freeze = []  # superseded: the new owner's claim expected the attempts itself
         before = len(self.log.effects)
         self.stepping = inst.n
         try:

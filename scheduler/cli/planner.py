@@ -168,7 +168,10 @@ def run(args: argparse.Namespace) -> int:
     except InvalidArgument as e:
         return fail_invalid(e)
     logs.setup(args.log_level)
+    from scheduler.loop_lag import tune_collector
     from scheduler.planner.ownership import ClusterMismatch
+
+    tune_collector(planner.gc_threshold)
 
     try:
         return eventloop.run(_main(etcd, coord, planner, tls), planner.event_loop)  # type: ignore[arg-type]

@@ -42,6 +42,7 @@ HELP: dict[str, str] = {
     "lookahead_ms": "milliseconds; executions are written this far ahead of their due time (0-60000)",
     "loop_interval": "seconds between planner rounds of one partition",
     "max_planned_per_round": "planned times one partition materializes (and dispatches) per round",
+    "gc_threshold": "the cyclic garbage collector's generation-0 threshold (CPython's: 700; 0: left as it is)",
     "backlog_ms": "milliseconds; no new materializing while due work this late waits for worker capacity",
     "checkpoint_interval_ms": "milliseconds; how often an idle partition moves its checkpoint",
     "late_grace_ms": "milliseconds; a planned time less late than this is on time, not missed",

@@ -41,6 +41,9 @@ def run(args: argparse.Namespace) -> int:
     except InvalidArgument as e:
         return fail_invalid(e)
     logs.setup(settings.log_level)
+    from scheduler.loop_lag import tune_collector
+
+    tune_collector(settings.gc_threshold)
     try:
         return eventloop.run(_main(settings), settings.event_loop)
     except InvalidArgument as e:  # found only when acting on it (an address already in use)

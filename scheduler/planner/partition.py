@@ -69,7 +69,7 @@ from scheduler.planner.dispatch_round import RoundInput, ScheduleView, plan_disp
 from scheduler.planner.materialize import Materializer, Tracked
 from scheduler.planner.ownership import Ownership
 from scheduler.planner.pending import PendingIndex
-from scheduler.planner.retention import retention_deletes
+from scheduler.planner.retention import History, retention_deletes
 from scheduler.planner.settings import PlannerSettings
 from scheduler.quota.pacer import TenantPacer
 from scheduler.store.checkpoint import Checkpoint, advance, read_checkpoint
@@ -229,6 +229,7 @@ class PartitionPlanner:
         # (notice, its mod_revision). `_rescan`: list the partition's notices from etcd next round.
         self._notices: dict[bytes, tuple[Notice, int]] = {}
         self._rescan = False
+        self.history = History()  # what retention needs to list (planner/retention.py)
         # Attempts whose worker stream was lost (execution id -> attempt): timed out by the next round.
         self._lost: dict[str, int] = {}
 
@@ -690,21 +691,27 @@ class PartitionPlanner:
             if ok:
                 created += 1
                 self.pending.put(with_revision(e, rev))  # the next CAS compares against it
+                self.history.created(e.schedule_id, e.planned_ms)
         if created < len(execs):
-            # Records that already existed (an earlier owner's lookahead): the create's failure branch
-            # read them back, so track their real state instead of reloading the whole partition.
+            # Records that already existed (an earlier owner's lookahead): read them back, so track their
+            # real state instead of reloading the whole partition (read after the create: at least as new).
             wanted = {e.id: e for e in execs}
-            for r in rs:
-                for x in self.ledger.existing(r):
-                    self.pending.put(x)
-                    sch = self.schedules.get(x.schedule_id)
-                    if sch is not None:  # read back as written ahead, maybe under an earlier pool: follows it
-                        self._retarget(x.schedule_id, sch.stored.schedule.worker_pool)
-                    if (x.state is ExecState.SKIPPED and not x.attempts and x.id in wanted
-                            and x.skip_reason in (SkipReason.SCHEDULE_CHANGED.value, SkipReason.PAUSED.value)):
-                        # Withdrawn before it ever ran by a change since undone (a spec changed back, a
-                        # resume): owed again, so it comes back, at the record's revision.
-                        self._revive[x.id] = (x, wanted[x.id])
+            there = [e for e, (ok, _) in zip(execs, results, strict=False) if not ok]
+            for x in await self.ledger.read(self.kv, there, timeout=self.rpc_timeout):
+                known = self.pending.get(x.id)
+                if known is not None and known.mod_revision > x.mod_revision:
+                    continue  # our own dispatcher recorded something newer while we read
+                self.pending.put(x)
+                sch = self.schedules.get(x.schedule_id)
+                if sch is not None:  # read back as written ahead, maybe under an earlier pool: follows it
+                    self._retarget(x.schedule_id, sch.stored.schedule.worker_pool)
+                if (x.state is ExecState.SKIPPED and not x.attempts and x.id in wanted
+                        and x.skip_reason in (SkipReason.SCHEDULE_CHANGED.value, SkipReason.PAUSED.value)):
+                    # Withdrawn before it ever ran by a change since undone (a spec changed back, a
+                    # resume): owed again, so it comes back, at the record's revision.
+                    self._revive[x.id] = (x, wanted[x.id])
+        for _, span in skips:
+            self.history.skipped(span.through_ms)
         self.stats.created += created
         self.stats.skipped_ranges += len(skips)
 
@@ -929,7 +936,16 @@ class PartitionPlanner:
     async def time_out(self, now_ms: int) -> None:
         late = self.pending.expired(now_ms)
         lost = self._take_lost(late) if self._lost else []
-        unstarted = starts.unstarted_cas(self.pending, [*late, *lost], now_ms)  # no start confirmed by start-by
+        # No start confirmed by start-by: ended never-started, also when its deadline or its worker's loss is
+        # due as well. The record proves no handler ever ran (a worker runs one only after its start CAS), and
+        # a timeout would say it ran until its deadline: with no owner at start-by (kills, claims that died),
+        # a lost dispatch timed out 25 s later held its `skip` schedule's runs due meanwhile as overlapped
+        # (the stateful twin: 14 runs skipped while nothing ran), and cost a retry it never used.
+        unstarted = starts.unstarted_cas(self.pending, now_ms)
+        if unstarted:
+            gone = {old.id for old, _ in unstarted}
+            late = [e for e in late if e.id not in gone]
+            lost = [e for e in lost if e.id not in gone]
         if not late and not lost and not unstarted:
             return
         cas = unstarted
@@ -1003,6 +1019,8 @@ class PartitionPlanner:
             for kv in listing.kvs:
                 e = decode_execution(kv.value, kv.mod_revision)
                 self._refresh(e)
+                # Made by another (a trigger, a backfill), or already counted: counting twice is safe.
+                self.history.created(e.schedule_id, e.planned_ms)
                 if not e.terminal and e.schedule_id not in self.schedules:
                     unknown.add(e.schedule_id)
         # Schedules and notices come on separate watch streams: a run triggered right after its
@@ -1058,7 +1076,9 @@ class PartitionPlanner:
         """Retention (planner/retention.py), fenced like every owner write. Returns how many were deleted."""
         recent = self.ck.watermark_ms - self.m.replan_ms
         # Runs that ended but may still be judged as overlap (PendingIndex.ended) stay known as catch-ups.
-        self._catchup &= {e.id for e in self.pending.values()} | self.pending.ended_ids()
+        if self._catchup:  # (a set of every pending id, built each sweep, was 5% of a planner 60 s ahead)
+            ended = self.pending.ended_ids()
+            self._catchup.intersection_update([eid for eid in self._catchup if eid in self.pending or eid in ended])
 
         def keep_after(schedule_id: str) -> int | None:
             # Never a record a new owner may plan again (materialize.REPLAN_MARGIN_MS): created anew, it runs twice.
@@ -1066,7 +1086,8 @@ class PartitionPlanner:
             return sch.stored.activated_ms if sch is not None and sch.stored.activated_ms >= recent else None
 
         doomed = await retention_deletes(self.kv, self.ks, self.p, now_ms, self.s, keep_after=keep_after,
-                                         unfinished=lambda eid: eid in self.pending, timeout=self.rpc_timeout)
+                                         unfinished=lambda eid: eid in self.pending, timeout=self.rpc_timeout,
+                                         history=self.history)
         await self._commit(doomed)
         self._rescan = True  # leftover notices (a lost watch event) are cleared with each sweep
         return len(doomed)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from scheduler import eventloop
 from scheduler.config import TEST_MODE_ENV, Settings, parse_listen_address, test_mode
 from scheduler.errors import InvalidArgument
+from scheduler.loop_lag import check_gc_threshold
 
 
 def refuse_open_api(api_host: str, auth_file: str, *, insecure: bool) -> None:
@@ -87,6 +88,11 @@ class PlannerSettings(Settings):
     rate_limit_rps: float = 0.0
     rate_limit_burst: int = 0
     event_loop: str = "asyncio"  # asyncio or uvloop (scheduler/eventloop.py; bench/README.md measures both)
+    # The cyclic collector's generation-0 threshold in a planner process (CPython's is 700; 0 leaves it as it is).
+    # A planner's records live a second or two and hold no cycles: at 700 the collector visited each of them
+    # in all three generations before reference counting freed it, 13% of a saturated planner's CPU
+    # (scheduler/loop_lag.py, bench/README.md).
+    gc_threshold: int = 50_000
 
     @property
     def probe_rtt_bound(self) -> float:
@@ -134,6 +140,7 @@ class PlannerSettings(Settings):
         if not 10 <= self.audit_max_events <= 1_000_000:
             raise InvalidArgument("audit_max_events", "must be in 10-1000000")
         eventloop.check("event_loop", self.event_loop)
+        check_gc_threshold(self.gc_threshold)
         if self.unsafe_duplicate_delivery_file and not test_mode():
             raise InvalidArgument("unsafe_duplicate_delivery_file",
                                   f"is refused outside test mode ({TEST_MODE_ENV}=1): it delivers assignments twice")

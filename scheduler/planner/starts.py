@@ -9,22 +9,17 @@ CAS from that same revision. Exactly one of the two can win, so an undelivered o
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 from scheduler.execution import Execution, unstarted
 from scheduler.planner.pending import PendingIndex
 
 
-def unstarted_cas(pending: PendingIndex, taken: Iterable[Execution], now_ms: int) -> list[tuple[Execution, Execution]]:
-    """(old, new) pairs for every dispatched attempt past its start-by, leaving out executions already in
-    this round's txn (`taken`: timed out or lost): one key twice in a txn is refused by etcd."""
-    seen = {e.id for e in taken}
+def unstarted_cas(pending: PendingIndex, now_ms: int) -> list[tuple[Execution, Execution]]:
+    """(old, new) pairs for every dispatched attempt past its start-by. The caller leaves these out of the
+    round's timeouts (one key twice in a txn is refused by etcd): never started is what the record proves,
+    whatever else is due for it."""
     out = []
     for e in pending.unstarted(now_ms):
-        if e.id in seen:
-            continue
         new = unstarted(e, now_ms)
         if new is not None:
-            seen.add(e.id)
             out.append((e, new))
     return out

@@ -12,6 +12,7 @@ from scheduler.auth.bearer import read_token_file
 from scheduler.config import TEST_MODE_ENV, Settings, check_tls_files, parse_listen_address, refuse_plaintext, test_mode
 from scheduler.errors import InvalidArgument
 from scheduler.ids import ID_RE
+from scheduler.loop_lag import check_gc_threshold
 from scheduler.model import MAX_NAME_LEN
 
 DEFAULT_PLANNER = "127.0.0.1:7000"
@@ -72,6 +73,9 @@ class WorkerSettings(Settings):
     # that a drill's I1 check catches it (drill fault F9). Refused outside test mode.
     unsafe_disable_dedupe: bool = False
     event_loop: str = "asyncio"  # asyncio or uvloop (scheduler/eventloop.py; bench/README.md measures both)
+    # `schedctl worker`'s cyclic collector, as a planner's (scheduler/loop_lag.py): at CPython's 700 it took 11-13%
+    # of a no-op worker's CPU at saturation. The Worker class never sets it: the process is its host's.
+    gc_threshold: int = 50_000
 
     @property
     def tls_enabled(self) -> bool:
@@ -82,6 +86,7 @@ class WorkerSettings(Settings):
         return self.worker_id or default_worker_id()
 
     def validate(self) -> None:
+        check_gc_threshold(self.gc_threshold)
         if self.worker_id and (len(self.worker_id) > 256 or any(c.isspace() for c in self.worker_id)):
             raise InvalidArgument("worker_id", "must be at most 256 characters without spaces")
         for name in ("pool", "region"):

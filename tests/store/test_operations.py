@@ -8,6 +8,7 @@ without them a triggered run would never be dispatched until the partition's pla
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
@@ -356,6 +357,41 @@ async def test_backfill_counts_creates_and_never_duplicates(env: Env) -> None:
     backfilled = {execution_id("bf", start + i * MINUTE) for i in range(-2, 10)}
     ran = [r.execution_id for r in env.runs if r.execution_id in backfilled]
     assert len(ran) == len(set(ran)) == 12, "every planned time ran exactly once"
+
+
+async def test_retention_counts_a_backfill_without_a_full_listing(kv: EtcdClient, key_prefix: str) -> None:
+    """Retention lists only the schedules it knows to be over their count (planner/retention.py): records
+    a backfill made come with a notice, and the owner counts them from it. Without that, this yearly
+    schedule (no record of the owner's own) stayed unlisted until the 60th sweep's full listing."""
+    env, _ = await start_env(kv, key_prefix, replace(FAST, retention_count=3, retention_interval=0.3))
+    try:
+        p = partition_for("rb", COORD.partitions)
+        async with asyncio.timeout(10):  # the owner's first sweep (a full listing) is behind it
+            while p not in env.node.planners or env.node.planners[p].history.full_listings < 1:
+                await asyncio.sleep(0.05)
+        now = SYSTEM_CLOCK.wall_ms()
+        # Active from now: the owner's own records are at most the next minute's while the test runs.
+        await env.node.store.create(Schedule(id="rb", tenant="t", spec="* * * * *", worker_pool="pool",
+                                             task_type="t"), now)
+        end = now - now % MINUTE - 5 * MINUTE
+        got = await collect(env.ops.backfill("rb", end - 10 * MINUTE, end, Overlap.ALLOW_ALL, False))
+        assert got[-1].created == 10
+        backfilled = [execution_id("rb", end - (10 - i) * MINUTE) for i in range(10)]
+        for eid in backfilled:
+            with contextlib.suppress(AssertionError):  # retention may take the early ones before we look
+                await env.finished(eid)
+        async with asyncio.timeout(5):  # a few sweeps of 0.3 s; the full listing comes at 18 s
+            while True:
+                left = [e for e in (await env.node.ledger.list_partition(kv, p, schedule_id="rb"))[0]
+                        if e.trigger is Trigger.BACKFILL]
+                if len(left) <= 3:
+                    break
+                await asyncio.sleep(0.1)
+        planner = env.node.planners[p]
+        assert planner.history.full_listings == 1, "deleted by a targeted sweep, not a full listing"
+        assert sorted(e.id for e in left) == backfilled[len(backfilled) - len(left):], "the newest are kept"
+    finally:
+        await stop_env(env)
 
 
 async def test_backfill_overlap_skip_among_backfilled(env: Env) -> None:

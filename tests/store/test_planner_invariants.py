@@ -367,3 +367,48 @@ async def test_a_delete_while_no_owner_records_the_times_of_a_change_the_dead_ow
 
 async def _gone(kv: EtcdClient, key: bytes) -> bool:
     return await kv.get(key) is None
+
+
+async def test_a_dispatch_lost_while_no_owner_is_ended_never_started_and_skips_nothing(
+        kv: EtcdClient, key_prefix: str) -> None:
+    """Found by the stateful twin (session 24): a dispatch no worker received, its owner gone before its start-by
+    and no owner that lived until after its deadline (kills, claims that died). The next owner timed it out by
+    its deadline, as if it had run until then, and judged the `skip` schedule's runs due meanwhile overlapped by
+    it: 14 runs skipped while nothing ran, and a retry spent on an attempt that never began. The record proves
+    no handler ran (no start recorded by start-by): it ends never-started, whenever an owner gets to it."""
+    ks = Keyspace(key_prefix.rstrip("/"))
+    planner = replace(FAST, start_timeout_ms=1_000)
+    policies = Policies(missed_runs=MissedRuns.ALL, catchup_cap=100, catchup_window_ms=3_600_000,
+                        overlap=Overlap.SKIP, execution_timeout_ms=2_000)
+    s = sched(same_partition(1)[0], policies=policies)
+    first = PlannerNode(kv, ks, COORD, SYSTEM_CLOCK, planner=planner)
+    lost = Pools(kv, first, outcome="hold")  # the assignment never reaches a worker: no start, no result
+    first.dispatcher = lost
+    await first.store.create(s, SYSTEM_CLOCK.wall_ms())
+    async with running(first):
+        await wait_for(lambda: _true(bool(lost.submitted)), 15.0, "the first dispatch")
+    gone = lost.submitted[0]
+    # Nobody owns the partition past the dispatch's start-by and its deadline.
+    assert gone.current is not None
+    await asyncio.sleep((gone.current.deadline_ms - SYSTEM_CLOCK.wall_ms()) / 1000 + 1.5)
+    second = PlannerNode(kv, ks, COORD, SYSTEM_CLOCK, planner=planner)
+    second.dispatcher = Pools(kv, second)
+    until = SYSTEM_CLOCK.wall_ms()
+
+    async def settled() -> bool:
+        return all(e.terminal for e in await executions(second, kv)
+                   if e.schedule_id == s.id and e.planned_ms <= until)
+
+    async with running(second):
+        await wait_for(settled, 30.0, "the lost run and the catch-up to end")
+    records = {e.planned_ms: e for e in await executions(second, kv) if e.schedule_id == s.id}
+    first_attempt = records[gone.planned_ms].attempts[0]
+    assert first_attempt.never_started, f"the lost dispatch ended as {first_attempt}, not never-started"
+    assert records[gone.planned_ms].state is ExecState.SUCCEEDED, records[gone.planned_ms]
+    acc = await account(second, kv, s, gone.planned_ms, until)
+    assert not acc.missing, acc.missing
+    assert "overlap_skip" not in acc.skips.values(), f"runs skipped for a run that never began: {acc.skips}"
+
+
+async def _true(v: bool) -> bool:
+    return v

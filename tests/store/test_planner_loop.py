@@ -21,7 +21,7 @@ from scheduler.store.checkpoint import Checkpoint
 from scheduler.store.codec import encode_execution
 from scheduler.store.etcd import EtcdClient
 from scheduler.store.keyspace import Keyspace
-from scheduler.timeplan import MissedRuns, Overlap
+from scheduler.timeplan import MissedRuns, Overlap, SkipReason
 
 pytestmark = pytest.mark.etcd
 
@@ -129,6 +129,28 @@ async def test_materializes_and_completes_every_second(kv: EtcdClient, key_prefi
     assert len(ids) == len(set(ids)), "an execution was dispatched twice"
     assert all(e.planned_ms > t0 for e in es), "planned times before creation are never owed"
     assert node.restarts == 0, "steady state must not need reloads from etcd (stale revisions in memory?)"
+
+
+async def test_a_run_withdrawn_ahead_and_owed_again_is_read_back_and_runs(kv: EtcdClient, key_prefix: str) -> None:
+    """A previous owner wrote a run ahead, then withdrew it at a pause that has since been undone: the
+    record at that planned time says SKIPPED (paused), with no attempt. This owner's create of the same
+    time finds it there, reads it back and brings it back to scheduled; left as it was, it is a run the
+    schedule owed and never ran, with nothing in the ledger to say so but a pause that no longer holds."""
+    ks = Keyspace(key_prefix.rstrip("/"))
+    node = PlannerNode(kv, ks, COORD, SYSTEM_CLOCK, planner=FAST)
+    disp = FakeDispatcher(kv, node)
+    node.dispatcher = disp
+    now = SYSTEM_CLOCK.wall_ms()
+    await node.store.create(sched(1), now)
+    t = now - now % 1000 + 2000
+    withdrawn = replace(Execution(id=execution_id("s1", t), schedule_id="s1", tenant="t", pool="p", task_type="x",
+                                  planned_ms=t, due_ms=t, trigger=Trigger.SCHEDULED, retry=RetryPolicy(),
+                                  timeout_ms=60_000), state=ExecState.SKIPPED, skip_reason=SkipReason.PAUSED.value)
+    await kv.txn([], node.ledger.create_ops([withdrawn]))
+    await run_node(node, 4.0)
+    e = next(x for x in await executions(node, kv) if x.id == withdrawn.id)
+    assert e.state is ExecState.SUCCEEDED, f"the run owed at {t} stayed {e.state} ({e.skip_reason})"
+    assert [x.id for x in disp.submitted].count(withdrawn.id) == 1
 
 
 async def test_paused_schedule_writes_skips_not_executions(kv: EtcdClient, key_prefix: str) -> None:

@@ -102,8 +102,8 @@ def _fill_op(m: Any, op: Op) -> None:
 
 
 def _fill_range(r: Any, op: RangeOp) -> None:
-    """In place, setting only what differs from the defaults: a create's failure branch reads its
-    key back, one range per record of a batch."""
+    """In place, setting only what differs from the defaults: batches of single-key reads (the
+    retention sweep's candidates, records read back after a create) carry one range per record."""
     r.key = op.key
     if op.range_end:
         r.range_end = op.range_end
