@@ -41,7 +41,7 @@ class OverlapChecks(Context):
                         break  # sorted by start: no later one starts while `one` runs either
                     if two.exec_id == one.exec_id:
                         continue  # I1's business
-                    v = self.idx.version_at(sid, self.idx.cluster_ms(two.start_ms))
+                    v = self.idx.version_at(sid, self.idx.cluster_ms(self._decided(two)))
                     if v is None or v.schedule is None or v.schedule.policies.overlap not in HOLDS:
                         continue
                     if self._left_flight_before(one, two.start_ms):
@@ -58,6 +58,17 @@ class OverlapChecks(Context):
             return False
         first = recs[0][2]
         return first.trigger is Trigger.SCHEDULED and first.overlap is None
+
+    def _decided(self, a: Attempt) -> int:
+        """Harness time of the owner's decision to run attempt `a`, less the watch's lag: the policy it
+        ran under. A change takes effect when the owner sees it (docs/time.md: a planned time handled
+        between the commit and that moment goes by the previous state), and its start is confirmed after
+        the dispatch: game day gd-s25 had an update to buffer_one committed 11 ms after a run's dispatch
+        and 36 ms before its effect began at the sink, judged by the effect's start as a violation."""
+        for _, seen, rec in self.idx.records.get(a.exec_id, []):
+            if rec.attempt == a.attempt and rec.state in IN_FLIGHT:
+                return seen - SLACK_MS
+        return a.start_ms
 
     def _end(self, a: Attempt) -> int:
         if a.end_ms is not None:

@@ -448,6 +448,13 @@ class OwnersView:
     def counts(self) -> dict[str, int]:
         return dict(Counter(self.owners.values()))
 
+    async def read(self) -> tuple[dict[int, str], int]:
+        """partition -> owner as etcd has it now, and the revision read, straight from etcd. The watch
+        behind `owners` may still be a batch behind: a drill that pairs the owners with another
+        observation made just before (a log offset) needs the owners no older than that."""
+        r = await self._kv.range(self._ks.owners, prefix=True, timeout=2.0)
+        return {self._ks.partition_of(kv.key): str(json.loads(kv.value)["node"]) for kv in r.kvs}, r.revision
+
 
 def describe(owners: Mapping[int, str]) -> str:
     c = Counter(owners.values())

@@ -722,6 +722,37 @@ def test_a_retry_beside_a_run_due_while_its_attempt_ran_fails_i9(tmp_path: Path,
     assert fails.get("I9", 0) == 1, fails
 
 
+@pytest.mark.parametrize(("update_seen_ms", "fails"), [(T0 + 40_010, False), (T0 + 38_000, True)])
+def test_a_policy_update_counts_from_when_the_owner_decided_the_run(
+        tmp_path: Path, update_seen_ms: int, fails: bool) -> None:
+    """I9: s-003 (allow_all) is updated to `skip` while its run of 39 s is still under way (its effect ends at
+    40.5 s). Its run of 40 s was dispatched at 40.000 and its effect began at 40.040. An update committed
+    10 ms after that dispatch was not the owner's to apply to it (docs/time.md: a change takes effect when the
+    owner sees it), though it came before the effect began (game day gd-s25 failed on such a pair). One
+    seen 2 s before the dispatch was: two runs at once under `skip`."""
+    x, _ = clean_run(tmp_path / "run")
+    t39 = T0 + 39_000
+    before = execution_id("s-003", t39)
+    key = KS.execution(partition_for("s-003", P), "s-003", t39).decode()
+    done = [w for w in x.watch if w.key == key][-1]  # its result, recorded at 40.520 instead
+    x.watch = [w for w in x.watch if w is not done]
+    x.effects = [replace(e, t_ms=T0 + 40_500) if e.exec_id == before and e.phase == "end" else e
+                 for e in x.effects]
+    x.schedule(sched("s-003", overlap=Overlap.SKIP), T0 - 5000, update_seen_ms)
+    e = new_execution(id=before, schedule_id="s-003", tenant="t", pool="default", task_type="http", planned_ms=t39,
+                      due_ms=t39, trigger=Trigger.SCHEDULED, retry=POLICIES.retry, timeout_ms=30_000)
+    e = started(dispatch(e, worker="", planner=x.owners[partition_for("s-003", P)][0],
+                         token=token_of(x, "s-003"), now_ms=t39), 1, t39 + 20, "r1-w2")
+    e, _ = result(e, 1, succeeded=True, error_class=None, message="", now_ms=T0 + 40_520, worker="r1-w2")
+    x.record(e, T0 + 40_520)
+    x.ops.append(OpRecord(update_seen_ms - 20, "update", "s-003", True, update_seen_ms + 20))
+    _, fails_by, _ = judged(x.build(tmp_path / "u"))
+    if fails:
+        assert fails_by.get("I9", 0) == 1, fails_by
+    else:
+        assert "I9" not in fails_by, fails_by
+
+
 def test_a_retry_whose_first_attempt_left_no_effect_may_not_start_beside_a_run(tmp_path: Path) -> None:
     """I9: attempt 1 of slow-000@10 s never reached the sink (its worker was killed as it started, game day
     gd-s18a); its retry at 12.2 s beside the run due at 12 s is two runs at once all the same (allowed until
