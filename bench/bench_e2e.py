@@ -18,6 +18,8 @@ Measured over a steady window after a warm-up, all in the same run:
     python bench/bench_e2e.py --quick         # CI smoke: one small rate, 6 s window
     python bench/bench_e2e.py --rates 2000,5000 --planners 2 --workers 2 --seconds 60
     python bench/bench_e2e.py --secure --rates 3000   # each rate plaintext, then mTLS + authorization
+    python bench/bench_e2e.py --materialize-only --rates 20000 --planners 2   # issue 12's P1: materialization alone
+    python bench/bench_e2e.py --compare-gc --rates 5000 --planners 2 --workers 2 --repeat 2   # collector threshold
 
 `--secure` runs every rate twice in the same session, the second time with the worker path secured as
 production runs it (issue 14): the planners serve mutual TLS (certificates from `schedctl certs dev`) with
@@ -43,6 +45,7 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -50,6 +53,7 @@ sys.path.insert(0, str(ROOT))
 from chaos.infra.etcd import EtcdCluster, find_binary, free_port  # noqa: E402
 from scheduler.clock import SYSTEM_CLOCK  # noqa: E402
 from scheduler.model import Policies, Schedule  # noqa: E402
+from scheduler.planner.settings import PlannerSettings  # noqa: E402
 from scheduler.store.etcd import EtcdClient  # noqa: E402
 from scheduler.store.etcd.ops import put  # noqa: E402
 from scheduler.store.keyspace import Keyspace  # noqa: E402
@@ -150,11 +154,15 @@ def _secure_files(workdir: Path) -> tuple[list[str], list[str]]:
 
 
 async def run_rate(rate: int, args: argparse.Namespace, workdir: Path, secure: bool = False,
-                   loop: str = "asyncio") -> Result:
-    workdir = workdir / (("secure" if secure else "plain") + ("" if loop == "asyncio" else f"-{loop}"))
+                   loop: str = "asyncio", gc_threshold: int | None = None) -> Result:
+    workdir = workdir / (("secure" if secure else "plain") + ("" if loop == "asyncio" else f"-{loop}")
+                         + ("" if gc_threshold is None else f"-gc{gc_threshold}"))
     workdir.mkdir(parents=True, exist_ok=True)
     sec_planner, sec_worker = _secure_files(workdir) if secure else ([], [])
     sec_planner, sec_worker = [*sec_planner, "--event-loop", loop], [*sec_worker, "--event-loop", loop]
+    if gc_threshold is not None:  # planners and workers alike (both set it by default)
+        sec_planner += ["--gc-threshold", str(gc_threshold)]
+        sec_worker += ["--gc-threshold", str(gc_threshold)]
     etcd_bin = find_binary("etcd")
     assert etcd_bin, "etcd not found: run scripts/setup.sh"
     ceil = await ceiling_alone(etcd_bin, workdir / f"etcd-ceiling-{rate}", 3.0 if args.quick else 8.0)
@@ -166,9 +174,14 @@ async def run_rate(rate: int, args: argparse.Namespace, workdir: Path, secure: b
             store = ScheduleStore(kv, Keyspace(PREFIX), PARTITIONS, timeout=5.0)
             now = SYSTEM_CLOCK.wall_ms()
             pol = Policies(overlap=Overlap.ALLOW_ALL)
+            # --materialize-only: nothing is due before the window ends (the schedules start after it), and the
+            # planners write 60 s ahead: the window measures materialization alone, on a backlog it cannot drain
+            # (rate / 2000 s: creating the schedules takes about that long).
+            begin = now + int((args.warmup + args.seconds + 5 + rate / 2000) * 1000) if args.materialize_only else None
             for start in range(0, rate, 200):
                 await asyncio.gather(*(store.create(Schedule(id=f"b{i:06d}", tenant=f"t{i % 10}", spec="* * * * * *",
-                                                             worker_pool="bench", task_type="noop", policies=pol), now)
+                                                             worker_pool="bench", task_type="noop", policies=pol,
+                                                             start_ms=begin), now)
                                        for i in range(start, min(rate, start + 200))))
             ports = [free_port() for _ in range(args.planners)]
             addrs = ",".join(f"127.0.0.1:{p}" for p in ports)
@@ -177,7 +190,8 @@ async def run_rate(rate: int, args: argparse.Namespace, workdir: Path, secure: b
                 procs.append(_spawn([schedctl, "planner", "--node-id", f"p{i}", "--etcd-endpoints",
                                      ",".join(cluster.endpoints), "--etcd-prefix", PREFIX,
                                      "--partitions", str(PARTITIONS), "--api-port", str(port),
-                                     "--log-level", args.log_level, "--lookahead-ms", "1000",
+                                     "--log-level", args.log_level,
+                                     "--lookahead-ms", "60000" if args.materialize_only else "1000",
                                      "--retention-ms", "600000", "--retention-count", "100000", *sec_planner],
                                     workdir / f"planner{i}.log"))
             outs = [workdir / f"lags-{rate}-{i}.json" for i in range(args.workers)]
@@ -200,7 +214,8 @@ async def run_rate(rate: int, args: argparse.Namespace, workdir: Path, secure: b
             # Keys, not count_only: etcd's `count` ignores the revision filters (it counts the whole
             # range), which made every earlier run report all keys ever created as "in the window".
             created = len((await kv.range(f"{PREFIX}/executions/", prefix=True, keys_only=True,
-                                          min_create_revision=rev0 + 1, max_create_revision=rev1)).kvs)
+                                          min_create_revision=rev0 + 1, max_create_revision=rev1,
+                                          timeout=120.0)).kvs)  # up to a million keys on a busy etcd
             for p in procs[args.planners:]:
                 _stop(p)
             lags: list[tuple[int, int]] = []
@@ -218,7 +233,9 @@ async def run_rate(rate: int, args: argparse.Namespace, workdir: Path, secure: b
             def pct(q: float) -> float:
                 return float(window[min(len(window) - 1, int(q * len(window)))]) if window else float("nan")
 
-            us = [(b - a) * 1e6 / max(done, 1) for a, b in zip(cpu0, cpu1, strict=True)]
+            # CPU per completed execution; with --materialize-only, per materialized one (nothing completes).
+            per = created if args.materialize_only else done
+            us = [(b - a) * 1e6 / max(per, 1) for a, b in zip(cpu0, cpu1, strict=True)]
             return Result(rate, created / span, done / span, pct(0.5), pct(0.99), float(window[-1]) if window else
                           float("nan"), (req1 - req0) / max(done, 1), ceil, (us[0], us[1], us[2]))
     finally:
@@ -234,22 +251,26 @@ def _row(r: Result, label: str) -> None:
           f"{sum(r.cpu_us):>9.0f} = {r.cpu_us[0]:.0f} + {r.cpu_us[1]:.0f} + {r.cpu_us[2]:.0f} {label}", flush=True)
 
 
-def _compare_loops(rate: int, args: argparse.Namespace, workdir: Path) -> None:
-    """asyncio and uvloop alternating (A B B A ...), so that a drift of the machine hits both alike."""
-    got: dict[str, list[Result]] = {"asyncio": [], "uvloop": []}
+# What an A/B comparison prints, as a ratio B / A per pair.
+_MEASURES: list[tuple[str, Callable[[Result], float]]] = [
+    ("materialized/s", lambda r: r.materialized_per_s), ("completed/s", lambda r: r.completed_per_s),
+    ("lag p99", lambda r: r.lag_p99), ("CPU us/exec", lambda r: sum(r.cpu_us)),
+    ("planner CPU us/exec", lambda r: r.cpu_us[0]), ("worker CPU us/exec", lambda r: r.cpu_us[1])]
+
+
+def _alternate(rate: int, args: argparse.Namespace, workdir: Path, a: tuple[str, dict[str, Any]],
+               b: tuple[str, dict[str, Any]]) -> None:
+    """Runs A and B alternating (A B B A ...), so that a drift of the machine hits both alike; each is a
+    (label, run_rate keyword arguments) pair. Prints every run, then B / A per pair for each measure."""
+    got: dict[str, list[Result]] = {a[0]: [], b[0]: []}
     for i in range(args.repeat):
-        for loop in (("asyncio", "uvloop") if i % 2 == 0 else ("uvloop", "asyncio")):
-            r = asyncio.run(run_rate(rate, args, workdir / f"{loop}-{i}", loop=loop))
-            got[loop].append(r)
-            _row(r, loop)
-    a, u = got["asyncio"], got["uvloop"]
-    measures: list[tuple[str, Callable[[Result], float]]] = [
-        ("completed/s", lambda r: r.completed_per_s), ("lag p99", lambda r: r.lag_p99),
-        ("CPU us/exec", lambda r: sum(r.cpu_us)), ("planner CPU us/exec", lambda r: r.cpu_us[0]),
-        ("worker CPU us/exec", lambda r: r.cpu_us[1])]
-    for name, f in measures:
-        ratios = [f(y) / max(f(x), 1e-9) for x, y in zip(a, u, strict=True)]
-        print(f"{rate:>9} uvloop / asyncio {name}: " + ", ".join(f"{q:.3f}" for q in ratios), flush=True)
+        for label, kw in ((a, b) if i % 2 == 0 else (b, a)):
+            r = asyncio.run(run_rate(rate, args, workdir / f"{label}-{i}", **kw))
+            got[label].append(r)
+            _row(r, label)
+    for name, f in _MEASURES:
+        ratios = [f(y) / max(f(x), 1e-9) for x, y in zip(got[a[0]], got[b[0]], strict=True)]
+        print(f"{rate:>9} {b[0]} / {a[0]} {name}: " + ", ".join(f"{q:.3f}" for q in ratios), flush=True)
 
 
 def main() -> None:
@@ -265,7 +286,12 @@ def main() -> None:
     ap.add_argument("--secure", action="store_true", help="each rate also with mTLS + authorization; ratios")
     ap.add_argument("--compare-loops", action="store_true",
                     help="each rate on asyncio's loop and on uvloop (planners and workers), alternating; ratios")
-    ap.add_argument("--repeat", type=int, default=1, help="with --compare-loops: pairs per rate")
+    ap.add_argument("--compare-gc", action="store_true",
+                    help="each rate with the processes' collector at CPython's threshold (700) and the default; ratios")
+    ap.add_argument("--repeat", type=int, default=1, help="with --compare-loops or --compare-gc: pairs per rate")
+    ap.add_argument("--materialize-only", action="store_true",
+                    help="P1: schedules start after the window, planners write 60 s ahead: materialization alone "
+                         "(CPU per materialized execution)")
     args = ap.parse_args()
     rates = [int(r) for r in (args.rates or ("200" if args.quick else "1000,2000,4000")).split(",")]
     args.seconds = args.seconds or (6.0 if args.quick else 40.0)
@@ -278,7 +304,13 @@ def main() -> None:
               f"{'CPU us/exec planners+workers+etcd':>33}")
         for rate in rates:
             if args.compare_loops:
-                _compare_loops(rate, args, Path(tmp) / str(rate))
+                _alternate(rate, args, Path(tmp) / str(rate), ("asyncio", {"loop": "asyncio"}),
+                           ("uvloop", {"loop": "uvloop"}))
+                continue
+            if args.compare_gc:  # planners and workers: CPython's threshold against the default gc_threshold
+                default = PlannerSettings().gc_threshold
+                _alternate(rate, args, Path(tmp) / str(rate), ("gc700", {"gc_threshold": 700}),
+                           (f"gc{default}", {"gc_threshold": default}))
                 continue
             runs = [asyncio.run(run_rate(rate, args, Path(tmp) / str(rate)))]
             if args.secure:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from scheduler import eventloop, logs
 from scheduler.clock import SYSTEM_CLOCK
+from scheduler.loop_lag import tune_collector
 from scheduler.timeplan.plan import to_ms
 from scheduler.worker import ExecutionContext, Worker, WorkerSettings
 
@@ -51,6 +52,8 @@ if __name__ == "__main__":
     ap.add_argument("--tls-cert-file", default=None)
     ap.add_argument("--tls-key-file", default=None)
     ap.add_argument("--event-loop", default="asyncio", choices=eventloop.LOOPS)
+    ap.add_argument("--gc-threshold", type=int, default=WorkerSettings().gc_threshold)  # as `schedctl worker`
     logs.setup("warning")
     a = ap.parse_args()
+    tune_collector(a.gc_threshold)
     eventloop.run(main(a), a.event_loop)
