@@ -63,6 +63,9 @@ class RegionEngine:
     owner_events: list[OwnerEvent] = field(default_factory=list)
     created_ms: int = 0
     killed_workers: set[str] = field(default_factory=set)
+    # Each run holds its worker 0.2 s (20 in flight at 100/s), so that a killed region's worker dies with runs
+    # in flight: their loss and retry is what a region loss must get right (without it, few were in flight).
+    payload: bytes = b'{"hold_s": 0.2}'
 
     def __post_init__(self) -> None:
         self.ks = Keyspace(PREFIX)
@@ -86,7 +89,8 @@ class RegionEngine:
                             retry=RetryPolicy(max_attempts=5, initial_backoff_ms=200, max_backoff_ms=1000))
         for i in range(self.schedules):
             await store.create(Schedule(id=f"job-{i:03d}", tenant=f"tenant-{i % 3}", spec="* * * * * *",
-                                        worker_pool="pool", task_type="effect", policies=policies), self.created_ms)
+                                        worker_pool="pool", task_type="effect", policies=policies,
+                                        payload=self.payload), self.created_ms)
 
     async def start_regions(self, *regions: str) -> None:
         """Planners of every region (their own ports, read back), then one effect worker per region dialling
@@ -212,9 +216,9 @@ class RegionEngine:
 
     # ---- the checks ----------------------------------------------------------------------------------------
 
-    async def check(self, window_end_ms: int) -> Counter[str]:
-        """One effect per id; every planned time in (created, window_end] ran or was skipped with a reason;
-        the ownership history is clean. Returns the states counted."""
+    async def accounted(self, window_end_ms: int) -> tuple[Counter[str], list[str]]:
+        """Every planned time in (created, window_end]: counted by how it ended (ran, skipped with a reason),
+        or listed as missing with its state. Asserts one effect per succeeded id."""
         ledger = Ledger(self.ks, self.partitions)
         records: dict[str, Execution] = {}
         skips: dict[str, list[tuple[int, int]]] = {}
@@ -240,6 +244,7 @@ class RegionEngine:
                     if e.state is ExecState.SUCCEEDED:
                         assert ids.get(eid) == 1, f"{eid} succeeded without exactly one effect"
                         states["succeeded"] += 1
+                        states["retried"] += e.attempt > 1
                         continue
                     if e.state is ExecState.SKIPPED and e.skip_reason:
                         states[f"skipped:{e.skip_reason}"] += 1
@@ -248,6 +253,24 @@ class RegionEngine:
                     states["skip-range"] += 1
                     continue
                 missing.append(f"{eid}: {e.state.value if e else 'no record, no skip'}")
+        return states, missing
+
+    async def until_accounted(self, window_end_ms: int, timeout: float) -> float:
+        """Wait (processes running) until every planned time of the window ran or was skipped; returns the
+        seconds it took. The bound is the caller's: a run in flight on a killed worker is given up only
+        after the new owner's heartbeat timeout (docs/workers.md), so a fixed sleep raced it on a slow
+        machine (CI: 14 runs still `running` 3 s after the window, their give-up not yet due)."""
+        t0 = time.monotonic()
+        while True:
+            _, missing = await self.accounted(window_end_ms)
+            if not missing or time.monotonic() - t0 > timeout:
+                return time.monotonic() - t0
+            await asyncio.sleep(0.5)
+
+    async def check(self, window_end_ms: int) -> Counter[str]:
+        """One effect per id; every planned time in (created, window_end] ran or was skipped with a reason;
+        the ownership history is clean. Returns the states counted."""
+        states, missing = await self.accounted(window_end_ms)
         assert not missing, f"{len(missing)} planned times neither completed nor skipped: {missing[:10]}"
         report: HistoryReport = await read_and_check(self.kv, self.ks)
         assert not report.violations, "\n".join(report.violations[:20])
