@@ -80,6 +80,13 @@ class Materializer:
         # yet materialized, when the next activation came): written by the next round.
         self.settled: list[tuple[str, SkipRange]] = []
         self.settled_runs: list[Execution] = []
+        # Schedules with skip ranges decided over a hold's planned times (released, or ended by a change, a pause,
+        # a delete), not written yet. A hold starts at the first planned time not materialized, and that time
+        # may have a record all the same (a previous owner's lookahead, an operator's trigger) that ran and left
+        # this owner's pending runs since: the write splits their ranges around the records etcd holds (the
+        # stateful twin: s1@20, written ahead by a killed owner, ran at the claim, and a pause 3 s later recorded
+        # (19.876, 23.193] `paused` over it). Rare (blocked pools), so a keys-only read each is cheap.
+        self.verify: set[str] = set()
 
     def clear(self) -> None:
         self.schedules.clear()
@@ -93,6 +100,7 @@ class Materializer:
         self.unhold_next.clear()
         self.settled.clear()
         self.settled_runs.clear()
+        self.verify.clear()
 
     def take_hold_writes(self) -> dict[str, int | None]:
         out, self.hold_writes = self.hold_writes, {}
@@ -309,7 +317,10 @@ class Materializer:
                 e = self.new_execution(sch, t, now_ms)
                 execs.append(e)
                 self.catchup.add(e.id)
-            skips += [(sch.stored.schedule.id, r) for r in d.skipped]
+            sid = sch.stored.schedule.id
+            skips += [(sid, r) for r in d.skipped]
+            if d.skipped:
+                self.verify.add(sid)
         return max(after, horizon)
 
     def settle(self, sch: Tracked, after_ms: int, until_ms: int) -> None:
@@ -375,6 +386,13 @@ class Materializer:
         self.hold_writes[sid] = None
         if after >= until_ms:
             return
+        n = len(self.settled)
+        self._settle_hold(sch, after, until_ms, ended_by, late)
+        if len(self.settled) > n:
+            self.verify.add(sid)
+
+    def _settle_hold(self, sch: Tracked, after: int, until_ms: int, ended_by: SkipReason, late: bool) -> None:
+        sid = sch.stored.schedule.id
         # After a spec change they are those of an ended activation (`settle`: missed beyond the late grace, as
         # when a hold is released, late runs within it). A pause or a delete ends them all, one range, as a
         # claim records a held schedule's tombstone (`PartitionPlanner._bury`): they were not run because of it.

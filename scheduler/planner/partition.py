@@ -634,6 +634,21 @@ class PartitionPlanner:
             out.extend((sid, piece) for piece in split_around(r, times)) if times else out.append((sid, r))
         return out
 
+    async def _around_records(self, skips: list[tuple[str, SkipRange]]) -> list[tuple[str, SkipRange]]:
+        """The skip ranges of schedules with ranges decided over a hold (`Materializer.verify`) go around the
+        planned times etcd holds a record of: one that ran and ended is no longer among this owner's pending."""
+        check = list(dict.fromkeys((sid, r.after_ms, r.through_ms) for sid, r in skips if sid in self.m.verify))
+        if not check:
+            return skips
+        found = dict(zip(check, await self.ledger.planned_in(self.kv, self.p, check, timeout=self.rpc_timeout),
+                         strict=True))
+        self.m.verify.difference_update(sid for sid, _, _ in check)
+        out: list[tuple[str, SkipRange]] = []
+        for sid, r in skips:
+            times = found.get((sid, r.after_ms, r.through_ms))
+            out.extend((sid, piece) for piece in split_around(r, times)) if times else out.append((sid, r))
+        return out
+
     async def write_planned(
         self, execs: list[Execution], skips: list[tuple[str, SkipRange]], watermark_ms: int, sched_rev: int
     ) -> None:
@@ -649,6 +664,8 @@ class PartitionPlanner:
                 self._recorded, self._known_skips, self._guard_until = {}, {}, 0
         if skips and len(self.pending):
             skips = self._around_pending(skips)
+        if skips and self.m.verify:
+            skips = await self._around_records(skips)
         if self.pacer is not None and execs:
             execs = list(self.pacer.pace(execs))  # over-quota runs: a later due time, recorded (never dropped)
         stone_ops: list[Op] = []

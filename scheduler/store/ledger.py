@@ -105,6 +105,19 @@ class Ledger:
                     out += [decode_execution(x.value, x.mod_revision) for x in g.kvs]
         return out
 
+    async def planned_in(self, kv: KV, partition: int, spans: Sequence[tuple[str, int, int]], *,
+                         timeout: float | None = None) -> list[list[int]]:
+        """For each (schedule id, after, through), the planned times in (after, through] that have an execution
+        record now, ascending (keys only), in batches of one txn each."""
+        out: list[list[int]] = []
+        for i in range(0, len(spans), 100):
+            ops = [get(self.ks.execution(partition, sid, a + 1), range_end=self.ks.execution(partition, sid, b + 1),
+                       keys_only=True) for sid, a, b in spans[i:i + 100]]
+            r = await kv.txn([], ops, timeout=timeout)
+            out += [sorted(self.ks.execution_id_of(x.key).planned_ms for x in g.kvs)
+                    for g in r.responses if isinstance(g, RangeResult)]
+        return out
+
     def create_op(self, e: Execution, extra: Sequence[Op] = ()) -> TxnOp:
         """Create-if-absent of one record; `extra` ops (a notice) apply only if the create does."""
         k = self.key(e)

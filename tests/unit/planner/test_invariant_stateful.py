@@ -1312,11 +1312,11 @@ def test_a_retry_held_behind_a_rerun_is_judged_by_the_policy_it_had_then_not_aft
     _replay("retry_behind_a_rerun_judged_after_a_replay.json")
 
 
-@pytest.mark.xfail(strict=True, reason="open: found in session 25, not yet traced (fails on 2490cb4 as well)")
-def test_open_a_run_due_while_no_owner_is_not_also_skipped_as_paused() -> None:
+def test_a_run_written_ahead_that_ran_is_not_also_skipped_when_its_hold_ends() -> None:
     """Found by the machine (full mode, session 25, 86 steps): s1 (`@every 1s`, missed=skip, cap 1, window 3 s)
-    was resumed at 16.986 s; its owner was killed at 19.727 s and a pause came at 23.193 s, before or about
-    when the next owner claimed. s1@20 ran (succeeded) and a skip record (19.999, 23.316] `paused` covers it
-    too: two verdicts for one planned time. The same case fails on the build before session 25's planner
-    changes, so it is older than them. Strict: when a fix lands this test fails, and the marker goes."""
-    _replay("open_ran_and_paused_after_a_kill.json")
+    was resumed at 16.986 s; its owner was killed at 19.727 s after writing s1@20 and s1@21 ahead. The next owner
+    held s1 (its pool blocked) from its first planned time not materialized by this owner, 19.876, though s1@20
+    had a record; s1@20 ran and ended; a pause at 23.193 s ended the hold and recorded (19.876, 23.193] `paused`
+    over it: two verdicts for one planned time. A hold's skip ranges now go around the records etcd holds
+    (`Materializer.verify`, `PartitionPlanner._around_records`)."""
+    _replay("ran_and_paused_after_a_kill.json")
