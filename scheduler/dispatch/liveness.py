@@ -121,6 +121,9 @@ def unheld(orphans: Iterable[AttemptKey], worker_id: str, holds: Container[Attem
     return out
 
 
+GONE_KEPT = 10_000  # workers whose last stream's end `Liveness` remembers (restarts get new ids: bounded)
+
+
 # ---- applying them --------------------------------------------------------------------------------------
 
 
@@ -149,6 +152,9 @@ class Liveness:
         self.orphans: dict[AttemptKey, float] = {}
         # When each orphan was taken up (monotonic): `unheld` counts the start window from then.
         self._since: dict[AttemptKey, float] = {}
+        # Worker id -> when its last stream here ended (monotonic), for `expect`; a new stream makes it moot
+        # (`expect` looks at the open streams first). Bounded: GONE_KEPT entries.
+        self._gone: dict[str, float] = {}
         self.attempts_unheld = 0
         self.streams_declared_dead = 0
         self.attempts_lost = 0
@@ -186,13 +192,22 @@ class Liveness:
         and, if no worker lists it within the heartbeat timeout, it is given up like any orphan: its worker
         is gone too. Without this a worker crash plus an owner change held the run until its execution
         deadline (5 min by default), its schedule's later runs skipped as overlap meanwhile."""
-        give_up = self.clock.monotonic() + self.hb_timeout + self.hb_interval
+        now = self.clock.monotonic()
+        wait = self.hb_timeout + self.hb_interval
         held = [c.running for c in self.conns.values()]
+        here = {c.worker_id for c in self.conns.values() if not c.dead}
         n = 0
         for key in keys:
             if key not in self.orphans and not any(key in h for h in held):
-                self.orphans[key] = give_up
-                self._since[key] = give_up - self.hb_timeout - self.hb_interval
+                # The wait runs from the claim, unless the attempt's worker was connected here and is no longer:
+                # then from when its last stream here ended, as if this node had dispatched it. Restarted at
+                # every claim, it held a killed region's runs 21 s when a rebalance moved their partition 10 s
+                # after the failover (the region drill), and 23-66 s over two or three handovers (a game day).
+                e = self._lookup(key[0])
+                worker = e.current.worker if e is not None and e.current is not None else ""
+                ended = self._gone.get(worker) if worker and worker not in here else None
+                self.orphans[key] = now + wait if ended is None else max(now, ended + wait)
+                self._since[key] = now
                 n += 1
         if n:
             self.start_watchdog()
@@ -200,9 +215,15 @@ class Liveness:
     def orphan(self, c: Conn) -> None:
         """The stream ended (and is no longer in `conns`): what it was running may still run (a reconnect
         re-attaches it) or not."""
-        give_up = self.clock.monotonic() + self.hb_timeout
+        now = self.clock.monotonic()
+        give_up = now + self.hb_timeout
         for h in c.running.values():
             self._release(h.task_type)
+        if not any(o.worker_id == c.worker_id for o in self.conns.values() if o is not c):
+            self._gone[c.worker_id] = now
+            if len(self._gone) > GONE_KEPT:  # worker ids of long-gone processes: forget the oldest half
+                for w, _ in sorted(self._gone.items(), key=lambda x: x[1])[: GONE_KEPT // 2]:
+                    del self._gone[w]
         others = [o.running for o in self.conns.values() if o is not c]
         for key in orphaned(c.running, others):
             self.orphans[key] = give_up

@@ -32,7 +32,7 @@ class Env:
 
     def conn(self, worker: str = "w1") -> Conn:
         c = Conn(worker, "pool", "r", frozenset(), asyncio.Queue(), last_seen=self.clock.monotonic())
-        self.conns[len(self.conns)] = c
+        self.conns[max(self.conns, default=-1) + 1] = c
         return c
 
 
@@ -205,6 +205,12 @@ def test_a_reattach_whose_record_cannot_be_read_is_neither_accepted_nor_rejected
 # ---- a dead worker's attempt, given up when its worker, heartbeating, no longer holds it -------------------
 
 
+def end(env: Env, c: Conn) -> None:
+    """The stream ends: out of `conns`, then orphaned (as Dispatcher.Connect's finally does)."""
+    del env.conns[next(k for k, v in env.conns.items() if v is c)]
+    env.live.orphan(c)
+
+
 def running_on(worker: str, eid: str = EID) -> Execution:
     return started(replace(in_flight(), id=eid), 1, now_ms=1, worker=worker)
 
@@ -342,3 +348,41 @@ async def test_a_second_stream_under_the_same_worker_id_frees_nothing_while_the_
     hb(env, new)  # echoes the probe the first one brought
     env.live.check(env.clock.monotonic())
     assert env.lost == [[(EID, 1)]] and env.live.attempts_unheld == 1
+
+
+async def test_an_expected_attempt_of_a_worker_gone_from_here_is_given_up_from_its_streams_end() -> None:
+    """A new owner's wait for an attempt in flight at its claim runs from when its worker's last stream here
+    ended, not from the claim, when the worker was connected here and is not now: restarted at every claim, it
+    held a killed region's runs 21 s when a rebalance moved their partition 10 s after the failover (the
+    region drill). Timeout 1 s + interval 0.1 s. Fails if `expect` always waits from the claim."""
+    env = Env({EID: running_on("w1"), OTHER: running_on("w2", OTHER)})
+    end(env, env.conn("w1"))  # w1's stream here ends at t = 0 (nothing of ours on it: the attempt's origin was elsewhere)
+    env.clock.advance(0.5)
+    env.live.expect([(EID, 1), (OTHER, 1)])  # claimed at t = 0.5; w2 was never connected here
+    env.clock.advance(0.65)  # t = 1.15: past w1's end + 1.1, not yet the claim + 1.1
+    env.live.check(env.clock.monotonic())
+    assert env.lost == [[(EID, 1)]]
+    env.clock.advance(0.5)
+    env.live.check(env.clock.monotonic())
+    assert env.lost == [[(EID, 1)], [(OTHER, 1)]], "a worker never seen here: the full wait from the claim"
+
+
+async def test_an_expected_attempt_of_a_worker_connected_here_waits_from_the_claim() -> None:
+    """A worker with an open stream here (it came back, or never left) gets the whole wait from the claim to
+    list the attempt, whatever an earlier stream of it did; and a handover long after its stream ended gives
+    the attempt up at the next watchdog tick, not at once inside `expect`."""
+    env = Env({EID: running_on("w1"), OTHER: running_on("w2", OTHER)})
+    end(env, env.conn("w1"))
+    env.conn("w1")  # w1 is back
+    end(env, env.conn("w2"))
+    env.clock.advance(5.0)
+    env.live.expect([(EID, 1), (OTHER, 1)])
+    assert env.lost == [], "given up by the watchdog, not inside expect"
+    env.live.check(env.clock.monotonic())
+    assert env.lost == [[(OTHER, 1)]], "w2's stream ended 5 s ago: due at once"
+    env.clock.advance(1.0)
+    env.live.check(env.clock.monotonic())
+    assert env.lost == [[(OTHER, 1)]]
+    env.clock.advance(0.2)
+    env.live.check(env.clock.monotonic())
+    assert env.lost == [[(OTHER, 1)], [(EID, 1)]]
