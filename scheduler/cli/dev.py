@@ -143,10 +143,25 @@ def _free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    if sys.platform == "linux":
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+# Each child gets SIGKILL when the supervisor dies (PR_SET_PDEATHSIG), set between fork and exec. util-linux's
+# `setpriv --pdeathsig KILL` (Debian's essential set) does it with no Python in the child: a `preexec_fn` is
+# not safe in a process with threads (Python's docs), and one hung for 60 s before its exec in a CI test run
+# under a pytest worker whose gRPC threads were live ("not all started": the planner child never ran). Where
+# setpriv is missing, a preexec_fn that only calls prctl, resolved here in the parent (no dlopen in the child).
+_SETPRIV = shutil.which("setpriv") if sys.platform == "linux" else None
+_PRCTL = ctypes.CDLL(None, use_errno=True).prctl if sys.platform == "linux" else None
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec (the fallback)
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _with_pdeathsig(argv: list[str]) -> tuple[list[str], Callable[[], None] | None]:
+    """The argv and preexec_fn that give the child the parent-death signal."""
+    if _SETPRIV is not None:
+        return [_SETPRIV, "--pdeathsig", "KILL", "--", *argv], None
+    return argv, _die_with_parent
 
 
 def _has_setting(cls: type, name: str) -> bool:
@@ -185,10 +200,10 @@ class Supervisor:
 
     def spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Child:
         log = self.logs / f"{name}.log"
+        run, pre = _with_pdeathsig(argv)
         with log.open("ab") as f:
-            # The parent-death signal is set between fork and exec; nothing here has started a thread yet.
-            proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    env=env, start_new_session=True, preexec_fn=_die_with_parent)
+            proc = subprocess.Popen(run, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    env=env, start_new_session=True, preexec_fn=pre)
         child = Child(name, proc, log)
         self.children.append(child)
         return child
