@@ -356,7 +356,8 @@ async def test_an_expected_attempt_of_a_worker_gone_from_here_is_given_up_from_i
     held a killed region's runs 21 s when a rebalance moved their partition 10 s after the failover (the
     region drill). Timeout 1 s + interval 0.1 s. Fails if `expect` always waits from the claim."""
     env = Env({EID: running_on("w1"), OTHER: running_on("w2", OTHER)})
-    end(env, env.conn("w1"))  # w1's stream here ends at t = 0 (nothing of ours on it: the attempt's origin was elsewhere)
+    # w1's stream here ends at t = 0 (nothing of ours on it: the attempt's origin was another planner)
+    end(env, env.conn("w1"))
     env.clock.advance(0.5)
     env.live.expect([(EID, 1), (OTHER, 1)])  # claimed at t = 0.5; w2 was never connected here
     env.clock.advance(0.65)  # t = 1.15: past w1's end + 1.1, not yet the claim + 1.1
