@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import atexit
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+
+from scheduler.pdeathsig import with_pdeathsig
 
 _LIVE: dict[int, subprocess.Popen[bytes]] = {}  # pid -> process, for the atexit backstop
 
@@ -35,14 +35,10 @@ atexit.register(_kill_leftovers)
 def spawn(argv: Sequence[str], log_path: Path, *, env: Mapping[str, str] | None = None,
           stderr_to_log: bool = True) -> subprocess.Popen[bytes]:
     """Start argv with stdout (and stderr) appended to log_path, registered for the backstops."""
-    args = list(argv)
-    setpriv = shutil.which("setpriv")
-    # The death signal fires when the forking *thread* exits: only use it from the main thread.
-    if setpriv and sys.platform == "linux" and threading.current_thread() is threading.main_thread():
-        args = [setpriv, "--pdeathsig", "KILL", "--", *args]  # setpriv execs: same pid
+    args, pre = with_pdeathsig(argv)
     with log_path.open("ab") as log:
         proc = subprocess.Popen(args, stdout=log, stderr=log if stderr_to_log else subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, env=None if env is None else dict(env))
+                                stdin=subprocess.DEVNULL, env=None if env is None else dict(env), preexec_fn=pre)
     _LIVE[proc.pid] = proc
     return proc
 

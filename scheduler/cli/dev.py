@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import dataclasses
 import functools
 import json
@@ -34,14 +33,12 @@ from typing import TYPE_CHECKING
 
 from scheduler.cli.output import Exit
 from scheduler.errors import InvalidArgument
+from scheduler.pdeathsig import with_pdeathsig
 from scheduler.planner.settings import PlannerSettings, is_loopback
 from scheduler.worker.settings import WorkerSettings
 
 if TYPE_CHECKING:
     from scheduler.tls import ClientTls
-
-_PR_SET_PDEATHSIG = 1
-
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
@@ -143,27 +140,6 @@ def _free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
-# Each child gets SIGKILL when the supervisor dies (PR_SET_PDEATHSIG), set between fork and exec. util-linux's
-# `setpriv --pdeathsig KILL` (Debian's essential set) does it with no Python in the child: a `preexec_fn` is
-# not safe in a process with threads (Python's docs), and one hung for 60 s before its exec in a CI test run
-# under a pytest worker whose gRPC threads were live ("not all started": the planner child never ran). Where
-# setpriv is missing, a preexec_fn that only calls prctl, resolved here in the parent (no dlopen in the child).
-_SETPRIV = shutil.which("setpriv") if sys.platform == "linux" else None
-_PRCTL = ctypes.CDLL(None, use_errno=True).prctl if sys.platform == "linux" else None
-
-
-def _die_with_parent() -> None:  # runs in the child between fork and exec (the fallback)
-    if _PRCTL is not None:
-        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-def _with_pdeathsig(argv: list[str]) -> tuple[list[str], Callable[[], None] | None]:
-    """The argv and preexec_fn that give the child the parent-death signal."""
-    if _SETPRIV is not None:
-        return [_SETPRIV, "--pdeathsig", "KILL", "--", *argv], None
-    return argv, _die_with_parent
-
-
 def _has_setting(cls: type, name: str) -> bool:
     return any(f.name == name for f in dataclasses.fields(cls))
 
@@ -200,7 +176,7 @@ class Supervisor:
 
     def spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Child:
         log = self.logs / f"{name}.log"
-        run, pre = _with_pdeathsig(argv)
+        run, pre = with_pdeathsig(argv)  # SIGKILL when this supervisor dies
         with log.open("ab") as f:
             proc = subprocess.Popen(run, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     env=env, start_new_session=True, preexec_fn=pre)
