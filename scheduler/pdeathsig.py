@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 
 _PR_SET_PDEATHSIG = 1
 _SETPRIV = shutil.which("setpriv") if sys.platform == "linux" else None
+_TIMEOUT = shutil.which("timeout") if sys.platform == "linux" else None
 _PRCTL = ctypes.CDLL(None, use_errno=True).prctl if sys.platform == "linux" else None
 
 
@@ -43,3 +44,23 @@ def with_pdeathsig(argv: Sequence[str]) -> tuple[list[str], Callable[[], None] |
     if _SETPRIV is not None:
         return [_SETPRIV, "--pdeathsig", "KILL", "--", *argv], None
     return list(argv), _die_with_parent
+
+
+def group_dies_with_parent(argv: Sequence[str], grace_s: float) -> list[str]:
+    """argv for a child that leads its own process group (start it with `start_new_session=True`) and
+    takes the whole group with it when the parent dies: the group gets SIGTERM, then SIGKILL after
+    `grace_s`, the same escalation as a timeout or a cancel.
+
+    For the shell executor: a worker SIGKILLed while a command ran left the command, and whatever it
+    had started, running for ever, re-parented to init, while the planner gave the attempt up after the
+    heartbeat timeout and retried it elsewhere: two attempts of one id running at the same time, two
+    effects (an audit, `kill -9` of a `schedctl dev` worker). The parent-death signal reaches only the
+    direct child, so the child is a group leader that forwards it: coreutils' `timeout` with no time
+    limit (0), which on SIGTERM signals its whole group and kills it after `--kill-after`, and otherwise
+    exits with the command's status or dies of the command's signal (so exit codes read as before).
+    Where setpriv or timeout is missing (not Linux), argv unchanged. The signal follows the forking
+    thread: an asyncio subprocess is forked by the thread running the loop, whose end is the worker's.
+    """
+    if _SETPRIV is None or _TIMEOUT is None:
+        return list(argv)
+    return [_SETPRIV, "--pdeathsig", "TERM", "--", _TIMEOUT, f"--kill-after={max(grace_s, 0.1):g}s", "0", *argv]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 from pathlib import Path
@@ -211,3 +212,46 @@ async def test_a_worker_without_allow_shell_refuses_shell_executions() -> None:
             with pytest.raises(PermanentError, match="allow-shell"):
                 await handler(make_ctx(), b'{"command": "true"}')
         await w.close()
+
+
+_HOST = """
+import asyncio, json, sys
+from scheduler.worker.executors.shell import ShellExecutor
+from tests.worker.conftest import make_ctx
+cmd = sys.argv[1]
+asyncio.run(ShellExecutor(kill_grace=0.5)(make_ctx(), json.dumps({"command": cmd}).encode()))
+"""
+
+
+@pytest.mark.skipif(not Path("/proc").exists(), reason="the parent-death guard is Linux only")
+def test_a_sigkilled_worker_takes_its_commands_process_group_with_it(tmp_path: Path) -> None:
+    """An audit: `kill -9` of a worker left its command (and what the command started) running, re-parented to
+    init, while the planner retried the attempt elsewhere after the heartbeat timeout: two attempts of one id
+    at once, two effects. The command's group now gets SIGTERM, then SIGKILL, when its worker dies."""
+    import subprocess
+    import sys
+    import time
+
+    pids, late = tmp_path / "pids", tmp_path / "late"
+    # A background child and the shell itself: both must go, and the shell's last line must never run.
+    cmd = f"sleep 30 & echo $! $$ > {pids}; wait; echo ran-to-the-end > {late}"
+    host = subprocess.Popen([sys.executable, "-c", _HOST, cmd], cwd=Path(__file__).parents[2])
+    try:
+        deadline = time.monotonic() + 20
+        while not pids.exists() or len(pids.read_text().split()) < 2:
+            assert time.monotonic() < deadline, "the command never started"
+            time.sleep(0.02)
+    finally:
+        os.kill(host.pid, signal.SIGKILL)
+        host.wait()
+    child, shell = (int(x) for x in pids.read_text().split())
+    deadline = time.monotonic() + 10
+    while not (_dead(child) and _dead(shell)):
+        if time.monotonic() > deadline:
+            for pid in (child, shell):  # by pid: leave nothing behind
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            pytest.fail("the command outlived its SIGKILLed worker")
+        time.sleep(0.02)
+    time.sleep(0.2)
+    assert not late.exists(), "the command ran on after its worker died"

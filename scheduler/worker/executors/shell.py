@@ -14,6 +14,7 @@ import os
 import signal
 from pathlib import Path
 
+from scheduler.pdeathsig import group_dies_with_parent
 from scheduler.worker.context import OUTPUT_TAIL_BYTES, ExecutionContext, ExecutorOutput, stopped_first, tail
 from scheduler.worker.errors import PermanentError, TaskTimeout, TransientError
 from scheduler.worker.executors import payload as pl
@@ -87,9 +88,11 @@ class ShellExecutor:
                 transport.close()
             raise
         (out_fd, out, out_t), (err_fd, err, err_t) = pipes
+        # Its own process group, so a timeout kills the children too, led by a guard that takes the group
+        # down if this worker dies (scheduler/pdeathsig.py: a SIGKILLed worker left commands running).
+        argv = group_dies_with_parent([self.shell, "-c", command], self.kill_grace)
         spawn = asyncio.ensure_future(asyncio.create_subprocess_exec(
-            self.shell, "-c", command, env=env, stdin=asyncio.subprocess.DEVNULL, stdout=out_fd, stderr=err_fd,
-            start_new_session=True,  # its own process group, so a timeout kills the children too
+            *argv, env=env, stdin=asyncio.subprocess.DEVNULL, stdout=out_fd, stderr=err_fd, start_new_session=True,
         ))
         try:
             # Shielded: cancelled mid-spawn, the command may already run and fork; asyncio would then
