@@ -126,6 +126,18 @@ async def test_skips_list_expands_skip_records_and_merges_skipped_executions(env
     assert [_ms(x.planned_at) - NOW for x in r.skips] == [30_000, 40_000, 50_000]
 
 
+async def test_a_skipped_time_that_was_backfilled_since_is_not_listed_as_skipped(env: Env) -> None:
+    """An audit: after a backfill of times a catch-up had skipped, `schedctl skips` still listed them, while
+    `exec list` showed each as run: an auditor saw a planned time both run and skipped."""
+    await env.create("s")
+    p = partition_for("s", P)
+    await env.kv.txn([], [env.ledger.skip_op(p, "s", SkipRange(SkipReason.POLICY_SKIP, NOW, NOW + 50_000))])
+    await env.put_exec(replace(_exec("s", NOW + 20_000, ExecState.SUCCEEDED), trigger=Trigger.BACKFILL))
+    await env.put_exec(replace(_exec("s", NOW + 40_000, ExecState.FAILED), trigger=Trigger.BACKFILL))
+    got = await _all_skips(env, "s", 2)
+    assert [_ms(x.planned_at) - NOW for x in got] == [10_000, 30_000, 50_000]
+
+
 async def test_a_week_of_missed_seconds_is_one_record_and_a_page_reads_only_what_it_shows(env: Env) -> None:
     await env.create("busy", "* * * * * *")
     p = partition_for("busy", P)
