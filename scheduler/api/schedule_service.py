@@ -263,10 +263,10 @@ class ScheduleService:
         except NotFound:
             if not request.allow_missing:
                 raise
-            return spb.DeleteScheduleResponse()
+            return spb.DeleteScheduleResponse(deleted=False)
         if request.cancel_running:
             await self.ops.cancel_running(sid, "schedule deleted")
-        return spb.DeleteScheduleResponse()
+        return spb.DeleteScheduleResponse(deleted=True)
 
     @grpc_errors
     async def ListSchedules(self, request: spb.ListSchedulesRequest, context: Context) -> spb.ListSchedulesResponse:

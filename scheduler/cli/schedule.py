@@ -203,12 +203,14 @@ def _update(args: argparse.Namespace) -> int:
 
 def _delete(args: argparse.Namespace) -> int:
     async def body(c: SchedulerClient) -> int:
-        await c.delete_schedule(args.id, expected_version=args.expected_version,
-                                cancel_running=args.cancel_running, allow_missing=args.allow_missing)
+        deleted = await c.delete_schedule(args.id, expected_version=args.expected_version,
+                                          cancel_running=args.cancel_running, allow_missing=args.allow_missing)
         if args.json:
-            print_json({"deleted": args.id})
-        else:
+            print_json({"deleted": args.id} if deleted else {"missing": args.id})
+        elif deleted:
             print(f"deleted {args.id}")
+        else:  # --allow-missing: a success, but saying "deleted" told an operator something happened
+            print(f"no schedule {args.id}: nothing deleted")
         return Exit.OK
     return run_call(args, body)
 

@@ -143,11 +143,13 @@ class SchedulerClient:
 
     async def delete_schedule(self, schedule_id: str, *, expected_version: int | None = None,
                               cancel_running: bool = False, allow_missing: bool = False,
-                              timeout: float | None = None) -> None:
+                              timeout: float | None = None) -> bool:
+        """Whether a schedule was deleted (False: none of that id, with `allow_missing`)."""
         req = sspb.DeleteScheduleRequest(id=schedule_id, cancel_running=cancel_running, allow_missing=allow_missing)
         if expected_version is not None:
             req.expected_version = expected_version
-        await self._call("DeleteSchedule", self._schedules.DeleteSchedule, req, timeout)
+        r = await self._call("DeleteSchedule", self._schedules.DeleteSchedule, req, timeout)
+        return bool(r.deleted)
 
     async def list_schedules(self, *, tenant: str = "", label_selector: str = "",
                              state: spb.ScheduleState = spb.SCHEDULE_STATE_UNSPECIFIED,

@@ -62,8 +62,8 @@ class SyncSchedulerClient:
     def update_schedule(self, schedule: Any, **kw: Any) -> Any:
         return self._run(self._client.update_schedule(schedule, **kw))
 
-    def delete_schedule(self, schedule_id: str, **kw: Any) -> None:
-        self._run(self._client.delete_schedule(schedule_id, **kw))
+    def delete_schedule(self, schedule_id: str, **kw: Any) -> bool:
+        return bool(self._run(self._client.delete_schedule(schedule_id, **kw)))
 
     def list_schedules(self, **kw: Any) -> Any:
         return self._run(self._client.list_schedules(**kw))

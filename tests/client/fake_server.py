@@ -152,7 +152,7 @@ class FakeApi(ssgrpc.ScheduleServiceServicer, agrpc.AdminServiceServicer):  # ty
         s = self._schedule(request.id)
         self._check_version(s, request)
         del self.schedules[request.id]
-        return sspb.DeleteScheduleResponse()
+        return sspb.DeleteScheduleResponse(deleted=True)
 
     async def ListSchedules(self, request: Any, context: Any) -> Any:
         items = [s for _, s in sorted(self.schedules.items())

@@ -90,7 +90,9 @@ async def test_schedule_crud_tables_and_json(fake: tuple[FakeApi, str]) -> None:
     r = await schedctl("schedule", "get", "hello", server=srv)
     assert r.rc == 3 and "not found" in r.err
     r = await schedctl("schedule", "delete", "hello", "--allow-missing", server=srv)
-    assert r.rc == 0
+    assert r.rc == 0 and "no schedule hello: nothing deleted" in r.out and "deleted hello" not in r.out
+    r = await schedctl("schedule", "delete", "hello", "--allow-missing", "--json", server=srv)
+    assert r.rc == 0 and r.json() == {"missing": "hello"}
 
 
 async def test_errors_name_the_field_and_exit_codes_follow_the_status(fake: tuple[FakeApi, str]) -> None:

@@ -36,8 +36,8 @@ async def test_schedule_lifecycle(client: SchedulerClient) -> None:
     p = await client.pause_schedule("s1", reason="maintenance")
     assert (p.state, p.paused_reason) == (spb.SCHEDULE_STATE_PAUSED, "maintenance")
     assert (await client.resume_schedule("s1")).state == spb.SCHEDULE_STATE_ACTIVE
-    await client.delete_schedule("s1")
-    await client.delete_schedule("s1", allow_missing=True)  # a retried delete is harmless
+    assert await client.delete_schedule("s1") is True
+    assert await client.delete_schedule("s1", allow_missing=True) is False  # a retried delete is harmless
     with pytest.raises(ClientError) as ei:
         await client.get_schedule("s1")
     assert ei.value.code is grpc.StatusCode.NOT_FOUND and "not found" in str(ei.value)

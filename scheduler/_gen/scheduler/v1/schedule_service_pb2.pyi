@@ -98,8 +98,10 @@ class DeleteScheduleRequest(_message.Message):
     def __init__(self, id: _Optional[str] = ..., expected_version: _Optional[int] = ..., cancel_running: _Optional[bool] = ..., allow_missing: _Optional[bool] = ...) -> None: ...
 
 class DeleteScheduleResponse(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("deleted",)
+    DELETED_FIELD_NUMBER: _ClassVar[int]
+    deleted: bool
+    def __init__(self, deleted: _Optional[bool] = ...) -> None: ...
 
 class ListSchedulesRequest(_message.Message):
     __slots__ = ("tenant", "label_selector", "state", "page_size", "page_token")
