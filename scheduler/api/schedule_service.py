@@ -15,7 +15,7 @@ import heapq
 import json
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import replace
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from scheduler._gen.scheduler.v1 import schedule_pb2 as pb
 from scheduler._gen.scheduler.v1 import schedule_service_pb2 as spb
@@ -37,10 +37,10 @@ from scheduler.api.selector import parse_selector
 from scheduler.auth.access import OPEN, Access, Authz
 from scheduler.auth.principal import Role
 from scheduler.clock import Clock
-from scheduler.errors import AlreadyExists, InvalidArgument, NotFound, VersionMismatch
+from scheduler.errors import AlreadyExists, InvalidArgument, NotFound, SchedError, VersionMismatch
 from scheduler.execution import ExecState, Execution, dead_reason
 from scheduler.ids import ExecutionId
-from scheduler.model import Schedule, ScheduleState, validate_schedule
+from scheduler.model import Schedule, ScheduleState, shared_plan, validate_schedule
 from scheduler.quota import store as quota_store
 from scheduler.quota.record import Quota
 from scheduler.store.codec import decode_execution, peek_state
@@ -580,7 +580,8 @@ class ScheduleService:
     @grpc_errors
     async def ListSkips(self, request: spb.ListSkipsRequest, context: Context) -> spb.ListSkipsResponse:
         """Planned times of one schedule that were not run: executions in state SKIPPED and skip records
-        (ranges (after, through], expanded with the schedule's current plan), merged by planned time."""
+        (ranges (after, through], expanded with the plan recorded with them, else the schedule's current
+        one), merged by planned time."""
         sid = inputs.schedule_id(request.schedule_id, "schedule_id")
         lo, hi = _time_range(request.planned, "planned")
         size = paging.page_size(request.page_size)
@@ -622,7 +623,9 @@ class ScheduleService:
             r = _skip_record(x.key, x.value)
             if r is None or r[1] <= floor or r[0] >= ceil:
                 continue
-            sources.append(_expand(sid, plan, *r, floor, ceil))
+            # Expanded with the plan that made it when it says (a spec changed since: the current spec listed
+            # instants never planned and left out real ones), else with the current one.
+            sources.append(_expand(sid, _recorded_plan(sid, r[3]) or plan, *r[:3], floor, ceil))
         out: list[spb.SkippedTime] = []
         seen = floor
         more = False
@@ -720,12 +723,28 @@ def _time_range(r: spb.TimeRange, field: str, *, exact: bool = False) -> tuple[i
 
 
 
-def _skip_record(key: bytes, value: bytes) -> tuple[int, int, str] | None:
-    """(after, through, reason) of a skip record (Ledger.skip_op); None for one this build cannot read."""
+def _skip_record(key: bytes, value: bytes) -> tuple[int, int, str, dict[str, Any]] | None:
+    """(after, through, reason, the whole value) of a skip record (Ledger.skip_op); None for one this build
+    cannot read."""
     try:
         after, _, through = Keyspace.last_segment(key).partition("-")
-        return int(after), int(through), str(json.loads(value).get("reason", ""))
+        d = json.loads(value)
+        return int(after), int(through), str(d.get("reason", "")), d
     except (ValueError, AttributeError):
+        return None
+
+
+def _recorded_plan(sid: str, d: dict[str, Any]) -> Plan | None:
+    """The plan a skip record says planned its instants (Ledger.skip_op); None: it does not say, or it
+    cannot be compiled here."""
+    spec = d.get("spec")
+    if not isinstance(spec, str) or not spec:
+        return None
+    try:
+        gap, fold = d.get("gap"), d.get("fold")
+        return shared_plan(spec, sid if "H" in spec or "@" in spec else "", str(d.get("tz", "UTC")),
+                           DstGap(gap) if gap else None, DstOverlap(fold) if fold else None, None, None)
+    except (SchedError, ValueError):
         return None
 
 

@@ -12,18 +12,18 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
-from collections.abc import Generator
+from collections.abc import Generator, Iterable
 from dataclasses import dataclass, replace
 
 from scheduler.clock import Clock
 from scheduler.execution import Execution, Trigger, new_execution
 from scheduler.ids import execution_id
-from scheduler.model import ScheduleState
+from scheduler.model import Schedule, ScheduleState
 from scheduler.planner.settings import PlannerSettings
 from scheduler.store.checkpoint import Checkpoint
 from scheduler.store.schedules import StoredSchedule
 from scheduler.timeplan import Plan, SkipReason, jitter_ms
-from scheduler.timeplan.missed import SkipRange, decide_missed
+from scheduler.timeplan.missed import PlannedBy, SkipRange, decide_missed
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +34,18 @@ log = logging.getLogger(__name__)
 # deleted and created again would run twice.
 REPLAN_MARGIN_MS = 10_000
 
+
+
+def planned_by(s: Schedule) -> PlannedBy:
+    """What a skip range of `s` is expanded with (stored with it: docs/keyspace.md, `skips/`)."""
+    p = s.policies
+    return PlannedBy(s.spec, s.time_zone, p.dst_gap.value if p.dst_gap else "",
+                     p.dst_overlap.value if p.dst_overlap else "")
+
+
+def stamped(sid: str, s: Schedule, ranges: Iterable[SkipRange]) -> list[tuple[str, SkipRange]]:
+    by = planned_by(s)
+    return [(sid, replace(r, by=by)) for r in ranges]
 
 @dataclass(slots=True)
 class Tracked:
@@ -175,7 +187,7 @@ class Materializer:
                 continue
             if s.state is ScheduleState.PAUSED:
                 if sch.plan.any_between_ms(owed_from, horizon):
-                    skips.append((sid, SkipRange(SkipReason.PAUSED, owed_from, horizon)))
+                    skips.append((sid, SkipRange(SkipReason.PAUSED, owed_from, horizon, planned_by(s))))
                 continue
             p = s.policies
             d = decide_missed(sch.plan, owed_from, horizon, p.missed_runs, p.catchup_window_ms, p.catchup_cap)
@@ -183,7 +195,7 @@ class Materializer:
                 e = self.new_execution(sch, t, now_ms)
                 runs.append(e)
                 self.catchup.add(e.id)
-            skips += [(sid, r) for r in d.skipped]
+            skips += stamped(sid, s, d.skipped)
         # The timer heaps restart after the catch-up horizon for everyone.
         self.heap, self.paused_heap = [], []
         for sch in self.schedules.values():
@@ -240,7 +252,7 @@ class Materializer:
             sch = self.schedules.get(sid)
             if sch is None or sch.gen != gen:
                 continue  # deleted or re-planned since
-            skips.append((sid, SkipRange(SkipReason.PAUSED, t - 1, t)))
+            skips.append((sid, SkipRange(SkipReason.PAUSED, t - 1, t, planned_by(sch.stored.schedule))))
             sch.handled = t
             self.push_next(sch, t)
         while paused:  # drop stale tops, so they do not hold the watermark back
@@ -318,7 +330,7 @@ class Materializer:
                 execs.append(e)
                 self.catchup.add(e.id)
             sid = sch.stored.schedule.id
-            skips += [(sid, r) for r in d.skipped]
+            skips += stamped(sid, sch.stored.schedule, d.skipped)
             if d.skipped:
                 self.verify.add(sid)
         return max(after, horizon)
@@ -332,7 +344,7 @@ class Materializer:
         s = sch.stored.schedule
         sid = s.id
         if s.state is ScheduleState.PAUSED:
-            self.settled.append((sid, SkipRange(SkipReason.PAUSED, after_ms, until_ms)))
+            self.settled.append((sid, SkipRange(SkipReason.PAUSED, after_ms, until_ms, planned_by(s))))
             return
         now = self.clock.wall_ms()
         horizon = now - self.s.late_grace_ms
@@ -343,14 +355,14 @@ class Materializer:
             # activation that ended longer ago than the window has all its times outside it.
             window = p.catchup_window_ms - (horizon - end)
             if window < 0:
-                self.settled.append((sid, SkipRange(SkipReason.OUTSIDE_CATCHUP_WINDOW, after_ms, end)))
+                self.settled.append((sid, SkipRange(SkipReason.OUTSIDE_CATCHUP_WINDOW, after_ms, end, planned_by(s))))
                 after_ms, window = horizon, 0
             d = decide_missed(sch.plan, after_ms, end, p.missed_runs, window, p.catchup_cap)
             for t in d.run:
                 e = self.new_execution(sch, t, now)
                 self.settled_runs.append(e)
                 self.catchup.add(e.id)
-            self.settled += [(sid, r) for r in d.skipped]
+            self.settled += stamped(sid, s, d.skipped)
             after_ms = horizon
         for t in itertools.islice(sch.plan.between_ms(after_ms, until_ms), 1_000):
             self.settled_runs.append(self.new_execution(sch, t, t + jitter_ms(sid, t, s.policies.jitter_ms)))
@@ -371,7 +383,8 @@ class Materializer:
         if deleted_ms > after and sch.plan.any_between_ms(after, deleted_ms):
             paused = sch.stored.schedule.state is ScheduleState.PAUSED
             why = SkipReason.PAUSED if paused else SkipReason.SCHEDULE_DELETED
-            self.settled.append((sch.stored.schedule.id, SkipRange(why, after, deleted_ms)))
+            self.settled.append((sch.stored.schedule.id, SkipRange(why, after, deleted_ms,
+                                                                   planned_by(sch.stored.schedule))))
 
     def settle_hold(self, sch: Tracked, until_ms: int, ended_by: SkipReason) -> None:
         """A held schedule changed (new activation) or was deleted before its pool was served again: its held
@@ -409,5 +422,5 @@ class Materializer:
                 self.settle(sch, after, until_ms)
             return
         if sch.plan.any_between_ms(after, until_ms):  # (after < until_ms: returned above otherwise)
-            self.settled.append((sid, SkipRange(ended_by, after, until_ms)))
+            self.settled.append((sid, SkipRange(ended_by, after, until_ms, planned_by(sch.stored.schedule))))
 

@@ -470,6 +470,7 @@ class PartitionPlanner:
             after, why = min(after, held_from[sid]), SkipReason.SCHEDULE_DELETED
         # One range: whatever the activation, these planned times were not run because of the delete.
         if deleted_ms > after:
+            # Not stamped with a plan: the range may span activations of different specs; listed unexpanded.
             self.m.settled.append((sid, SkipRange(why, after, deleted_ms)))
 
     def on_schedule_put(self, st: StoredSchedule) -> None:

@@ -145,8 +145,17 @@ class Ledger:
         return txn([Compare.mod_revision(k, "==", read_revision)], ops)
 
     def skip_op(self, partition: int, schedule_id: str, r: SkipRange) -> Op:
+        value: dict[str, str] = {"reason": r.reason.value}
+        if r.by is not None:  # the plan its instants are listed with (docs/keyspace.md, `skips/`)
+            value["spec"] = r.by.spec
+            if r.by.tz != "UTC":
+                value["tz"] = r.by.tz
+            if r.by.dst_gap:
+                value["gap"] = r.by.dst_gap
+            if r.by.dst_overlap:
+                value["fold"] = r.by.dst_overlap
         return put(self.ks.skip(partition, schedule_id, r.after_ms, r.through_ms),
-                   json.dumps({"reason": r.reason.value}, separators=(",", ":")).encode())
+                   json.dumps(value, separators=(",", ":")).encode())
 
     async def get(self, kv: KV, schedule_id: str, planned_ms: int, *, timeout: float | None = None) -> Execution | None:
         p = partition_for(schedule_id, self.partitions)

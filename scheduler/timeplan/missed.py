@@ -16,7 +16,7 @@ what is run.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from scheduler.errors import InvalidArgument
@@ -31,10 +31,25 @@ class MissedKind(StrEnum):
 
 
 @dataclass(frozen=True)
+class PlannedBy:
+    """What a skip range's planned instants are expanded with: the spec, zone and DST policies of the
+    activation that planned them (`schedctl skips` after a spec change: the current spec listed instants
+    that were never planned and left out real ones). Stored with the range (Ledger.skip_op)."""
+
+    spec: str
+    tz: str = "UTC"
+    dst_gap: str = ""  # "" : the default policy
+    dst_overlap: str = ""
+
+
+@dataclass(frozen=True)
 class SkipRange:
     reason: SkipReason
     after_ms: int  # exclusive
     through_ms: int  # inclusive
+    # The plan that made it (None: not known, e.g. a record written by an older build). Not part of equality:
+    # two ranges of the same times and reason are one record.
+    by: PlannedBy | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -119,10 +134,10 @@ def split_around(r: SkipRange, recorded: Sequence[int]) -> list[SkipRange]:
         if t > r.through_ms:
             break
         if t - 1 > lo:
-            out.append(SkipRange(r.reason, lo, t - 1))
+            out.append(replace(r, after_ms=lo, through_ms=t - 1))
         lo = t
     if r.through_ms > lo:
-        out.append(SkipRange(r.reason, lo, r.through_ms))
+        out.append(replace(r, after_ms=lo))
     return out
 
 
@@ -138,8 +153,8 @@ def cut_out(r: SkipRange, covered: Sequence[tuple[int, int]]) -> list[SkipRange]
                 nxt.append(p)
                 continue
             if a > p.after_ms:
-                nxt.append(SkipRange(p.reason, p.after_ms, a))
+                nxt.append(replace(p, through_ms=a))
             if b < p.through_ms:
-                nxt.append(SkipRange(p.reason, b, p.through_ms))
+                nxt.append(replace(p, after_ms=b))
         out = nxt
     return [p for p in out if p.through_ms > p.after_ms]

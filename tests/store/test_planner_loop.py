@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
 
@@ -184,9 +185,12 @@ async def test_missed_runs_after_an_outage_follow_the_policy(kv: EtcdClient, key
     reasons = {(kv_.key.split(b"/")[-2], kv_.value) for kv_ in (await kv.range(ks.skips(0), prefix=True)).kvs}
     for p in range(COORD.partitions):
         reasons |= {(kv_.key.split(b"/")[-2], kv_.value) for kv_ in (await kv.range(ks.skips(p), prefix=True)).kvs}
-    assert (b"s1", b'{"reason":"outside_catchup_window"}') in reasons
-    assert (b"s1", b'{"reason":"over_cap"}') in reasons
-    assert (b"s2", b'{"reason":"policy_skip"}') in reasons
+    # Each range says the plan its instants are listed with (ListSkips after a spec change).
+    spec = sched(1).spec
+    assert (b"s1", json.dumps({"reason": "outside_catchup_window", "spec": spec}, separators=(",", ":")).encode()) \
+        in reasons
+    assert (b"s1", json.dumps({"reason": "over_cap", "spec": spec}, separators=(",", ":")).encode()) in reasons
+    assert (b"s2", json.dumps({"reason": "policy_skip", "spec": spec}, separators=(",", ":")).encode()) in reasons
 
 
 async def test_overlap_skip_records_instead_of_running(kv: EtcdClient, key_prefix: str) -> None:

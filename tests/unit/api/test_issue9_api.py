@@ -31,7 +31,7 @@ from scheduler.store.ledger import Ledger
 from scheduler.store.memory import MemoryKV
 from scheduler.store.schedules import ScheduleStore
 from scheduler.timeplan import Overlap, SkipReason
-from scheduler.timeplan.missed import SkipRange
+from scheduler.timeplan.missed import PlannedBy, SkipRange
 
 NOW = 1_795_946_400_000  # a whole minute
 P = 4
@@ -136,6 +136,29 @@ async def test_a_skipped_time_that_was_backfilled_since_is_not_listed_as_skipped
     await env.put_exec(replace(_exec("s", NOW + 40_000, ExecState.FAILED), trigger=Trigger.BACKFILL))
     got = await _all_skips(env, "s", 2)
     assert [_ms(x.planned_at) - NOW for x in got] == [10_000, 30_000, 50_000]
+
+
+async def test_skip_ranges_are_expanded_with_the_spec_that_planned_them(env: Env) -> None:
+    """An audit: after a spec change `schedctl skips` expanded every range with the new spec, listing instants
+    never planned and leaving out the real ones. A range now carries its plan; an old one (none) is expanded
+    with the current spec, as before."""
+    await env.create("s", "*/2 * * * * *")
+    p = partition_for("s", P)
+    by = PlannedBy("*/3 * * * * *")
+    await env.kv.txn([], [env.ledger.skip_op(p, "s", SkipRange(SkipReason.PAUSED, NOW, NOW + 12_000, by)),
+                          env.ledger.skip_op(p, "s", SkipRange(SkipReason.POLICY_SKIP, NOW + 20_000, NOW + 24_000))])
+    got = await _all_skips(env, "s", 3)
+    assert [(_ms(x.planned_at) - NOW, x.reason) for x in got] == [
+        (3_000, epb.SKIP_REASON_PAUSED), (6_000, epb.SKIP_REASON_PAUSED), (9_000, epb.SKIP_REASON_PAUSED),
+        (12_000, epb.SKIP_REASON_PAUSED), (22_000, epb.SKIP_REASON_POLICY_SKIP), (24_000, epb.SKIP_REASON_POLICY_SKIP)]
+    # A zone and DST policies travel too; and a deleted schedule's stamped ranges are listed by their instants.
+    hourly = PlannedBy("0 30 2 * * *", "America/New_York", "skip", "first")
+    await env.kv.txn([], [env.ledger.skip_op(p, "s", SkipRange(SkipReason.PAUSED, NOW + 30_000, NOW + 86_400_000,
+                                                                hourly))])
+    await env.svc.DeleteSchedule(spb.DeleteScheduleRequest(id="s"), CTX)
+    got = await _all_skips(env, "s", 10)
+    assert [_ms(x.planned_at) - NOW for x in got][:2] == [3_000, 6_000]
+    assert len([x for x in got if x.range_through == _ts(NOW + 86_400_000)]) == 1  # one 02:30 New York a day
 
 
 async def test_a_week_of_missed_seconds_is_one_record_and_a_page_reads_only_what_it_shows(env: Env) -> None:
