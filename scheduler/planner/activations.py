@@ -146,7 +146,13 @@ class Withdrawal:
 
     reason: SkipReason  # paused, schedule_deleted, schedule_changed
     after_ms: int = 0  # schedule_changed: only runs planned after the change
-    until_ms: int | None = None  # paused: only runs planned up to this (None: up to now)
+    # paused: only runs planned up to this (None: up to now). schedule_deleted with `before_rev`: the instant a
+    # schedule of the same id was created again; the deleted one's runs of its own planned times after it that
+    # the new one plans too are owed again (same id), and kept.
+    until_ms: int | None = None
+    # schedule_deleted: a schedule of the same id was created again at this revision before the delete was
+    # applied; only records written before it are the deleted one's (0: all of them are).
+    before_rev: int = 0
     # schedule_changed after several changes nobody saw: the reason for a run at a planned time (None:
     # the activation in effect then plans it too). Without it, the current spec decides.
     rule: Callable[[int], SkipReason | None] | None = None

@@ -40,6 +40,9 @@ class ScheduleView:
 
     overlap: Overlap
     paused: bool
+    # When this schedule (this incarnation of its id) was created: a run of one of the id's own planned times
+    # at or before it was planned by an earlier schedule of the same id, since deleted (0: not known).
+    created_ms: int = 0
 
 
 @dataclass(frozen=True)
@@ -253,6 +256,13 @@ def _own_run(x: Execution) -> bool:
     return x.overlap is None and x.trigger is Trigger.SCHEDULED and x.run_trigger is None
 
 
+def _earlier_incarnation(x: Execution, view: ScheduleView) -> bool:
+    """x is a run (new, or waiting for its retry) of an earlier, deleted schedule of the same id: one of its own
+    planned times at or before the current schedule's creation (`ScheduleView.created_ms`)."""
+    return (_own_run(x) and x.state in (ExecState.SCHEDULED, ExecState.RETRY_WAIT)
+            and x.planned_ms <= view.created_ms)
+
+
 def _scheduled_run(x: Execution) -> bool:
     """A new run of one of the schedule's own planned times (`_own_run`, and not a retry)."""
     return x.state is ExecState.SCHEDULED and _own_run(x)
@@ -312,6 +322,16 @@ def plan_dispatch(inp: RoundInput) -> DispatchPlan:
                 else:
                     plan.park.append(x)  # a retry of a paused schedule waits for the resume
             continue
+        if view.created_ms and any(_earlier_incarnation(x, view) for x in waiting):
+            # The schedule was deleted and created again: the deleted one's runs still waiting (written ahead,
+            # or left by an owner that died before the delete's withdrawal) were withdrawn by the delete. A new
+            # incarnation never plans a time at or before its creation, so these are not its own, and running
+            # them ran what the operator had deleted (its planned times are owed to nobody).
+            for x in waiting:
+                if x.id not in cas and _earlier_incarnation(x, view):
+                    cas[x.id] = (x, skip(x, SkipReason.SCHEDULE_DELETED.value) if x.state is ExecState.SCHEDULED
+                                 else cancel(x, SkipReason.SCHEDULE_DELETED.value))
+            waiting = [x for x in waiting if x.id not in cas]
         _plan_schedule(inp, plan, budget, view, list(inp.in_flight.get(sid, ())), waiting, inp.behind.get(sid, {}),
                        inp.ended.get(sid, ()), inp.newest_due.get(sid))
     for pool, left in budget.items():

@@ -34,7 +34,7 @@ import json
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import Any, Protocol
 
 from scheduler.clock import Clock
 from scheduler.errors import NotFound
@@ -224,7 +224,11 @@ class PartitionPlanner:
         self._recorded: dict[str, list[int]] = {}
         self._known_skips: dict[str, list[tuple[int, int]]] = {}
         self._guard_until = 0
-        self._revive: dict[str, tuple[Execution, Execution]] = {}  # withdrawn records owed again (old, new)
+        # schedules whose runs planned at or before their creation (an earlier schedule of the id's) are withdrawn
+        # in the next round (set at a claim): schedule id -> its created_ms
+        self._stale: dict[str, int] = {}
+        # withdrawn records owed again: (old, new, created_ms of the schedule that owes it)
+        self._revive: dict[str, tuple[Execution, Execution, int]] = {}
         # Notices of records others changed (API operations, results recorded elsewhere): key ->
         # (notice, its mod_revision). `_rescan`: list the partition's notices from etcd next round.
         self._notices: dict[bytes, tuple[Notice, int]] = {}
@@ -321,14 +325,19 @@ class PartitionPlanner:
             if hold.get("late"):
                 held_late.add(sid)
             self.m.hold_writes[sid] = None  # planned again from `from`: deleted (start() keeps it one round)
+        # A hold from before a schedule's creation was an earlier schedule's of the same id (deleted and created
+        # again before an owner handled the delete): its tombstone decides those times (`_bury`), not the new
+        # schedule's policies (the stateful twin: the new one ran the old one's held times before its creation).
+        ours = {st.schedule.id: f for st in stored if (f := held_from.get(st.schedule.id)) is not None
+                and f > st.meta.created_ms}
         for st in stored:
             await pacer.pace()
             owed = self.m.owed_from_checkpoint(st, ck)
-            if st.schedule.id in held_from and st.schedule.id not in held_late:
-                owed = max(st.activated_ms, min(owed, held_from[st.schedule.id]))  # not materialized: owed
+            if st.schedule.id in ours and st.schedule.id not in held_late:
+                owed = max(st.activated_ms, min(owed, ours[st.schedule.id]))  # not materialized: owed
             self.m.track(st, owed)
             earlier = owed_activations(st, ck)
-            hold_at = held_from.get(st.schedule.id)
+            hold_at = ours.get(st.schedule.id)
             if hold_at is not None and hold_at < st.activated_ms:
                 # Held under an earlier activation, which ended (a change while no owner was there): its held
                 # planned times up to the change are decided as missed by its policy (run late if the hold was
@@ -391,6 +400,11 @@ class PartitionPlanner:
                 st = self.schedules[sid].stored
                 self._withdraw[sid] = Withdrawal(SkipReason.SCHEDULE_CHANGED, after_ms=st.activated_ms,
                                                  ahead_ms=self._written_ahead(sid))
+        # Runs of an earlier schedule of the same id, deleted and created again while nobody owned the partition
+        # (or before its owner applied the delete): withdrawn in the first round, whatever their pool (the
+        # stateful twin: one moved to the new schedule's pool, without workers, stayed scheduled for good).
+        self._stale = {sid: created for sid in with_runs & self.schedules.keys()
+                       if (created := self.schedules[sid].stored.meta.created_ms)}
         # The records were just read: notices left from before (no owner, a crash) are cleared in the
         # first round, after re-reading what they name (cheap, and correct whatever their age).
         self._rescan = True
@@ -439,6 +453,18 @@ class PartitionPlanner:
         self._stone_deletes[self.ks.tombstone(self.p, sid)] = revision
         try:
             d = json.loads(stone)
+            # Earlier schedules of this id deleted before any owner handled their delete (a create and a delete
+            # again while the partition had no owner), oldest first: ScheduleStore.delete keeps them.
+            parts = [*d.get("earlier", ()), d]
+        except Exception:  # a tombstone we cannot read: nothing to record from it
+            log.warning("unreadable tombstone", extra={"partition": self.p, "schedule_id": sid})
+            return
+        for i, one in enumerate(parts):
+            # A hold was written by an owner for the schedule it knew: the oldest one not handled.
+            self._bury_one(sid, one, held_from if i == 0 else {})
+
+    def _bury_one(self, sid: str, d: dict[str, Any], held_from: dict[str, int]) -> None:
+        try:
             value = json.dumps(d["schedule"]).encode()
             st = StoredSchedule(*decode_schedule(value, int(d.get("rev", 0))), self.p, decode_schedule_meta(value))
             deleted_ms = int(d.get("deleted_ms", 0))
@@ -508,6 +534,13 @@ class PartitionPlanner:
             self.m.settle(old, max(old.owed_from, old.handled), st.activated_ms)
         self.m.track(st, owed)
         self._pools = None
+        w = self._withdraw.get(sid)
+        if old is None and w is not None and w.reason is SkipReason.SCHEDULE_DELETED and not w.before_rev:
+            # Created again before the delete's withdrawal was applied (both seen in one round): the delete
+            # withdraws only the deleted schedule's runs, not the new one's, and keeps those of the new one's
+            # own planned times (same ids; the twin: a delete and a create at one instant skipped the new
+            # schedule's first run as `schedule_deleted`).
+            self._withdraw[sid] = replace(w, until_ms=st.activated_ms, before_rev=st.schedule.version)
         if st.schedule.state is ScheduleState.PAUSED:
             self._withdraw[sid] = Withdrawal(SkipReason.PAUSED)
         else:
@@ -724,10 +757,15 @@ class PartitionPlanner:
                 if sch is not None:  # read back as written ahead, maybe under an earlier pool: follows it
                     self._retarget(x.schedule_id, sch.stored.schedule.worker_pool)
                 if (x.state is ExecState.SKIPPED and not x.attempts and x.id in wanted
-                        and x.skip_reason in (SkipReason.SCHEDULE_CHANGED.value, SkipReason.PAUSED.value)):
+                        and (x.skip_reason in (SkipReason.SCHEDULE_CHANGED.value, SkipReason.PAUSED.value)
+                             or (x.skip_reason == SkipReason.SCHEDULE_DELETED.value and sch is not None
+                                 and x.planned_ms > sch.stored.activated_ms))):
                     # Withdrawn before it ever ran by a change since undone (a spec changed back, a
-                    # resume): owed again, so it comes back, at the record's revision.
-                    self._revive[x.id] = (x, wanted[x.id])
+                    # resume, a delete followed by a create of the same id, whose own planned time it is):
+                    # owed again, so it comes back, at the record's revision. (An audit: a schedule deleted
+                    # and created again had its first planned times within the lookahead skipped as
+                    # `schedule_deleted`, the old schedule's runs written ahead.)
+                    self._revive[x.id] = (x, wanted[x.id], sch.stored.meta.created_ms if sch is not None else 0)
         for _, span in skips:
             self.history.skipped(span.through_ms)
         self.stats.created += created
@@ -741,6 +779,14 @@ class PartitionPlanner:
         ahead to the dispatch round, which skips them as paused when they come due: a resume before
         then runs them, as it is owed to."""
         out: dict[str, tuple[Execution, Execution]] = {}
+        for sid, created in self._stale.items():
+            for x in self.pending.of_schedule(sid):
+                if x.trigger is Trigger.SCHEDULED and x.run_trigger is None and x.planned_ms <= created:
+                    if x.state is ExecState.SCHEDULED:
+                        out[x.id] = (x, skip(x, SkipReason.SCHEDULE_DELETED.value))
+                    elif x.state is ExecState.RETRY_WAIT:
+                        out[x.id] = (x, cancel(x, SkipReason.SCHEDULE_DELETED.value))
+        self._stale = {}
         again: dict[str, Withdrawal] = {}
         for sid, w in self._withdraw.items():
             sch = self.schedules.get(sid)
@@ -766,6 +812,8 @@ class PartitionPlanner:
                     if because is None:
                         continue  # the spec in effect at its planned time plans it too
                     out[x.id] = (x, skip(x, because.value))
+                elif why is SkipReason.SCHEDULE_DELETED and w.until_ms is not None and not _of_the_deleted(x, w, sch):
+                    continue  # the new schedule's own, or owed again by it (`Withdrawal.until_ms`, `before_rev`)
                 elif x.state is ExecState.SCHEDULED:
                     if why is SkipReason.PAUSED and x.planned_ms > (now_ms if w.until_ms is None else w.until_ms):
                         if w.until_ms is None:
@@ -839,8 +887,15 @@ class PartitionPlanner:
         withdrawn = self._withdrawals(now_ms) if first else {}
         if self._revive:  # CAS back to scheduled, in this round's batch (never two transitions of one record)
             for eid, pair in self._revive.items():
-                withdrawn.setdefault(eid, pair)
-            self._revive = {}  # id -> (old, new): one transition per record and txn
+                sch = self.schedules.get(pair[1].schedule_id)
+                if sch is None or sch.stored.meta.created_ms != pair[2]:
+                    # Deleted since it was found owed again (or deleted and created again): a delete's withdrawal
+                    # is applied once, and this record was skipped then, so revived now it ran for nobody (the
+                    # stateful twin: created again into a pool without workers, deleted, its revived run left
+                    # scheduled for good).
+                    continue
+                withdrawn.setdefault(eid, pair[:2])
+            self._revive = {}  # id -> (old, new, the schedule's created_ms): one transition per record and txn
         # Per pool, only what its workers can take now: a pool without capacity keeps its due work
         # waiting in its own heap, where it stands in front of nobody else's. Bounded like
         # materialization: one round is one uninterrupted stretch of the event loop, and lease
@@ -862,7 +917,7 @@ class PartitionPlanner:
             return False
         due = self.pending.ready(now_ms, limits) if limits else {}
         views = {sid: ScheduleView(sch.stored.schedule.policies.overlap,
-                                   sch.stored.schedule.state is ScheduleState.PAUSED)
+                                   sch.stored.schedule.state is ScheduleState.PAUSED, sch.stored.meta.created_ms)
                  for sid in due if (sch := self.schedules.get(sid)) is not None}
         # A run waiting for its retry is the same run, not over (docs/time.md): it holds its schedule as a
         # run in flight does.
@@ -1179,3 +1234,18 @@ class PartitionPlanner:
                 self.wake.set()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), self.s.loop_interval)
+
+
+def _of_the_deleted(x: Execution, w: Withdrawal, sch: Tracked | None) -> bool:
+    """Under a delete's withdrawal followed by a create of the same id at `w.until_ms`: whether x is a run of the
+    deleted schedule, to withdraw. One of the id's own planned times at or before the create is (a schedule
+    never plans a time before its creation). With `w.before_rev` (the create's revision, known when the owner
+    saw it) a record written before it is too, unless it is one of the new schedule's own planned times, which
+    is owed again (same id); without it (found at a claim), only the first kind is known to be."""
+    own = x.trigger is Trigger.SCHEDULED and x.run_trigger is None
+    if own and x.planned_ms <= (w.until_ms or 0):
+        return True
+    if not w.before_rev or x.mod_revision >= w.before_rev:
+        return False
+    return not (own and x.state is ExecState.SCHEDULED and sch is not None
+                and sch.plan.next_after_ms(x.planned_ms - 1) == x.planned_ms)

@@ -304,11 +304,26 @@ class ScheduleStore:
                 raise VersionMismatch(f"schedule {schedule_id!r} is not at version {expected_version}")
             value = json.loads(cur.value)
             u = await self.usage(str(value.get("tenant", "")), 0)  # the counter moves down only if it exists
-            stone = json.dumps({"deleted_ms": now_ms, "rev": cur.mod_revision, "schedule": value},
-                               separators=(",", ":"))
-            res = await self.kv.txn([Compare.mod_revision(key, "==", cur.mod_revision), *qusage.guard(self.ks, u)],
-                                    [delete(key), put(self.ks.tombstone(p, schedule_id), stone.encode()),
-                                     *qusage.write(self.ks, u, -1)],
+            tomb = self.ks.tombstone(p, schedule_id)
+            # A tombstone still there is an earlier schedule of this id whose delete no owner has handled yet
+            # (deleted, created again and now deleted again while the partition had no owner). Overwritten, it
+            # took with it the planned times that schedule owed up to its delete (the stateful twin: a planned
+            # time at the first delete's instant, missed silently). Kept inside the new one, oldest first.
+            old = await self.kv.get(tomb, timeout=self.timeout)
+            stone_d: dict[str, Any] = {"deleted_ms": now_ms, "rev": cur.mod_revision, "schedule": value}
+            if old is not None:
+                prev = json.loads(old.value)
+                earlier = [*prev.pop("earlier", ()), prev]
+                if len(earlier) >= MAX_UNSEEN_ACTIVATIONS:
+                    raise FailedPrecondition(
+                        f"schedule {schedule_id!r}: {len(earlier)} earlier deletes of this id wait for partition "
+                        f"{p}'s owner; a planner must claim it first (schedctl cluster status)")
+                stone_d["earlier"] = earlier
+            stone = json.dumps(stone_d, separators=(",", ":"))
+            res = await self.kv.txn([Compare.mod_revision(key, "==", cur.mod_revision),
+                                     Compare.mod_revision(tomb, "==", old.mod_revision if old is not None else 0),
+                                     *qusage.guard(self.ks, u)],
+                                    [delete(key), put(tomb, stone.encode()), *qusage.write(self.ks, u, -1)],
                                     timeout=self.timeout)
             if res.succeeded:
                 return

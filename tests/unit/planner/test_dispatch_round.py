@@ -506,3 +506,17 @@ def test_a_retry_starts_beside_a_run_in_flight_under_allow_all() -> None:
     r = _timed_out(95_000, started=95_010, retry_at=NOW - 100)
     plan = round_([r], in_flight=[r, running(98_000, started=98_010)], policy=Overlap.ALLOW_ALL, confirmed_at=NOW)
     assert states(plan) == {95_000: "dispatched"}
+
+
+def test_runs_of_a_deleted_schedule_of_the_same_id_are_withdrawn_not_run() -> None:
+    """The schedule was deleted and created again at 98.5 s: its own runs planned at or before that instant
+    (written ahead by the deleted one, or left by an owner that died before the delete was applied) are not the
+    new schedule's, whose times start after its creation; an operator's trigger is left to run."""
+    trig = replace(ex(97_500), trigger=Trigger.MANUAL)
+    retry = ex(98_000, state=ExecState.RETRY_WAIT)
+    plan = plan_dispatch(RoundInput(now_ms=NOW, due={"s": [ex(97_000), trig, retry, ex(98_500), ex(99_000)]},
+                                    schedules={"s": ScheduleView(Overlap.ALLOW_ALL, False, created_ms=98_500)},
+                                    in_flight={"s": []}, budget={"p": 10}, catchup=frozenset(), confirmed={},
+                                    node_id="n", token=FencingToken(0, 7)))
+    assert states(plan) == {97_000: "skipped:schedule_deleted", 98_000: "cancelled:schedule_deleted",
+                            98_500: "skipped:schedule_deleted", 97_500: "dispatched", 99_000: "dispatched"}

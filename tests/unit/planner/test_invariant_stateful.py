@@ -130,6 +130,16 @@ class PlannerInvariant(RuleBasedStateMachine):
         self.pass_time(then_ms)
         self.run(self.world.create(period, every, pool, default_policies(missed, cap, window_s, overlap)))
 
+    @precondition(lambda self: on("recreate") and bool(self.world.deleted())
+                  and len(self.world.alive()) < MAX_SCHEDULES)
+    @rule(then_ms=then, data=st.data(), period=periods, every=st.booleans(), pool=pools, missed=missed_runs,
+          cap=st.integers(1, 4), window_s=st.sampled_from([3, 8, 30, 3600]), overlap=overlaps)
+    def recreate(self, then_ms: int, data: st.DataObject, period: int, every: bool, pool: str, missed: MissedRuns,
+                 cap: int, window_s: int, overlap: Overlap) -> None:
+        self.pass_time(then_ms)
+        sid = data.draw(st.sampled_from(self.world.deleted()), label="schedule")
+        self.run(self.world.recreate(sid, period, every, pool, default_policies(missed, cap, window_s, overlap)))
+
     @precondition(lambda self: on("update") and bool(self.world.alive()))
     @rule(then_ms=then, data=st.data(), period=st.none() | periods, pool=st.none() | pools,
           overlap=st.none() | overlaps, missed=st.none() | missed_runs)
@@ -470,6 +480,76 @@ async def test_a_pause_and_resume_at_the_same_instant_lose_no_run() -> None:
     await w.pause("s1")
     await w.resume("s1")
     await w.advance(5_000)
+    await _judge(w, kv)
+
+
+@pytest.mark.parametrize("gap_ms", [0, 300])
+async def test_a_schedule_deleted_and_created_again_owes_its_own_planned_times(gap_ms: int) -> None:
+    """An audit, then the machine: the new schedule's first planned times were skipped as `schedule_deleted`,
+    the deleted one's runs written ahead under the same ids (withdrawn before the create: revived; withdrawn
+    after it, in the same round: the withdrawal took them)."""
+    w, kv = await _world()
+    for _ in range(3):
+        await w.create(1, False, "a", SKIP_1S)
+    await w.advance(1_300)
+    await w.delete("s1", False)
+    await w.advance(gap_ms)
+    await w.recreate("s1", 1, False, "a", SKIP_1S)
+    await w.advance(3_000)
+    await _judge(w, kv)
+
+
+async def test_a_delete_a_create_and_a_delete_of_one_id_while_nobody_owns_the_partition_lose_no_time() -> None:
+    """Found by the machine: the second delete's tombstone overwrote the first's, whose planned time at the
+    first delete's instant was then recorded by nobody."""
+    w, kv = await _world()
+    await w.advance(777)
+    for _ in range(3):
+        await w.create(1, False, "a", SKIP_1S)
+    await w.advance(100)
+    await w.delete("s1", False)
+    w.log.ops.append(f"t={w.clock.wall_ms() - T0}: kill planner (standby claims 0 ms after the lease expires)")
+    await w.kill(0)
+    await w.recreate("s1", 1, False, "a", SKIP_1S)
+    await w.delete("s1", False)
+    await w.advance(3_000)
+    await _judge(w, kv)
+
+
+async def test_a_run_owed_again_by_a_schedule_created_again_and_deleted_before_it_came_back_stays_withdrawn(
+        ) -> None:
+    """Found by the machine: the new schedule (its pool without workers) owed a time the deleted one had written
+    ahead, and was deleted before that record was revived: the delete's withdrawal had passed it (still
+    skipped), then the revive made it scheduled for a schedule that no longer existed, for good."""
+    w, kv = await _world()
+    for _ in range(3):
+        await w.create(1, False, "a", SKIP_1S)
+    await w.advance(441)
+    await w.delete("s2", False)
+    await w.advance(819)
+    await w.recreate("s2", 1, False, "nobody", SKIP_1S)
+    await w.advance(1)
+    await w.delete("s1", False)
+    await w.advance(300)
+    await w.delete("s2", False)
+    await w.advance(3_317)
+    await _judge(w, kv)
+
+
+async def test_runs_of_a_deleted_schedule_moved_to_a_new_schedules_idle_pool_are_withdrawn_at_the_claim() -> None:
+    """Found by the machine: deleted while its owner was dead and created again (every 5 s, into a pool without
+    workers) before the next claim, the old schedule's run written ahead followed the new pool, where no
+    dispatch round ever saw it due, and stayed scheduled for good."""
+    w, kv = await _world()
+    for _ in range(3):
+        await w.create(1, False, "a", SKIP_1S)
+    await w.advance(2_300)
+    w.log.ops.append(f"t={w.clock.wall_ms() - T0}: kill planner (standby claims 3000 ms after the lease expires)")
+    await w.kill(3_000)
+    await w.delete("s2", False)
+    await w.advance(1_292)
+    await w.recreate("s2", 5, False, "nobody", default_policies(MissedRuns.ALL, 4, 8, Overlap.SKIP))
+    await w.advance(12_000)
     await _judge(w, kv)
 
 
@@ -837,6 +917,15 @@ def _replay(case: str) -> None:
         machine.loop.close()
         raise
     machine.teardown()
+
+
+def test_a_hold_of_a_deleted_schedule_is_not_applied_to_the_one_created_again() -> None:
+    """Found by the machine (session 27, 124 steps): s6 (`*/5`, pool without workers) was held, then deleted and
+    created again (every second, a served pool) with a graceful handover at that instant. The claim took the old
+    schedule's hold for the new one's and caught up its held times under the new policies: s6@37 and s6@38,
+    before the new schedule's creation, were written as runs of it. A hold from before a schedule's creation is
+    now left to the deleted one's tombstone."""
+    _replay("hold_of_a_deleted_schedule_at_a_handover.json")
 
 
 def test_a_lost_dispatch_timed_out_while_no_owner_lived_skips_nothing() -> None:
