@@ -1056,6 +1056,14 @@ def judge(log: Log, es: list[Execution], ranges: dict[str, list[tuple[int, int, 
                 return True
         return False
 
+    def deleted_by(sid: str, p: int, written: int) -> bool:
+        """A delete can account for planned time p's record written at `written`: deleted then, or at p itself
+        (a time between a delete and a create of the same id again: the deleted schedule's, owed to nobody), or
+        at some moment between the two (a delete withdraws every run not started yet and cancels retries and,
+        when asked, runs in flight, also when the id is created again before the owner acts on it)."""
+        return state_at(sid, written) == "deleted" or state_at(sid, p) == "deleted" or any(
+            v.state == "deleted" and p <= v.at_ms <= written for v in log.versions.get(sid, []))
+
     def skip_ok(sid: str, eid: str, p: int, reason: str, written: int) -> str | None:
         """None if the reason is justified for planned time p (skip written at `written`), else why not."""
         if reason == "paused":
@@ -1073,10 +1081,7 @@ def judge(log: Log, es: list[Execution], ranges: dict[str, list[tuple[int, int, 
             # create of the same id again: the deleted schedule's run written ahead, owed to nobody), or deleted
             # at some moment between the two (a delete withdraws every run not started yet, also when the id is
             # created again before the owner acts on it: the skip is written after the create).
-            if state_at(sid, written) == "deleted" or state_at(sid, p) == "deleted" or any(
-                    v.state == "deleted" and p <= v.at_ms <= written for v in log.versions.get(sid, [])):
-                return None
-            return "deleted, but it was not deleted then"
+            return None if deleted_by(sid, p, written) else "deleted, but it was not deleted then"
         if reason == "overlap_skip":
             return None if running_at(sid, eid, p) else "overlap_skip, but no run of it was in progress at that time"
         if reason == "superseded":
@@ -1157,7 +1162,7 @@ def judge(log: Log, es: list[Execution], ranges: dict[str, list[tuple[int, int, 
                         and any(x.policies.overlap is Overlap.CANCEL_OTHER for x in log.versions[sid])) and not (
                         # a delete cancels the retries of its schedule's runs (docs/time.md, Activation)
                         e.skip_reason in ("schedule_deleted", "deleted")
-                        and state_at(sid, time_of(e.mod_revision)) == "deleted") and not (
+                        and deleted_by(sid, p, time_of(e.mod_revision))) and not (
                         # a pause or delete asked to cancel what was running (cancel_running)
                         e.skip_reason == "paused" and state_at(sid, time_of(e.mod_revision)) == "paused"):
                         bad.append(f"[bad-cancel] "

@@ -928,6 +928,13 @@ def test_a_hold_of_a_deleted_schedule_is_not_applied_to_the_one_created_again() 
     _replay("hold_of_a_deleted_schedule_at_a_handover.json")
 
 
+def test_a_cancel_by_a_delete_the_id_was_created_again_after_is_the_deletes() -> None:
+    """Found by the machine (session 27): a delete with cancel_running, and a create of the same id at that
+    instant; the cancel was written after the create, and the checker took it for nobody's (a checker fix:
+    a delete between the planned time and the write accounts for it, as a pause does)."""
+    _replay("cancel_at_a_delete_and_create_of_one_id.json")
+
+
 def test_a_lost_dispatch_timed_out_while_no_owner_lived_skips_nothing() -> None:
     """Found by the machine (full mode, session 23; 160 steps it could not shrink): s3 (`* * * * * *`, skip) had a
     dispatch no worker received; every owner for the next 23 s died before its first round (kills, claims dying
