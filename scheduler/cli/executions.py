@@ -19,7 +19,7 @@ from scheduler.cli.common import (
     to_dict,
 )
 from scheduler.cli.output import Exit
-from scheduler.client import SchedulerClient
+from scheduler.client import ClientError, SchedulerClient
 from scheduler.model import parse_rfc3339
 
 _STATE = "EXECUTION_STATE_"
@@ -119,6 +119,8 @@ def _list(args: argparse.Namespace) -> int:
         found = [e async for e in c.iter_executions(
             limit=args.limit or None, schedule_id=args.schedule, tenant=args.tenant, states=states,
             planned_start=since, planned_end=until, newest_first=bool(args.schedule) and not args.oldest_first)]
+        if not found and args.schedule:
+            await _note_if_missing(c, args.schedule)
         if args.json:
             print_json({"executions": [to_dict(e) for e in found]})
         else:
@@ -139,6 +141,8 @@ def _skips(args: argparse.Namespace) -> int:
     async def body(c: SchedulerClient) -> int:
         found = [x async for x in c.iter_skips(args.schedule_id, limit=args.limit or None, planned_start=since,
                                                planned_end=until)]
+        if not found:
+            await _note_if_missing(c, args.schedule_id)
         if args.json:
             print_json({"skips": [to_dict(x) for x in found]})
         else:
@@ -150,6 +154,17 @@ def _skips(args: argparse.Namespace) -> int:
                    for x in found])
         return Exit.OK
     return run_call(args, body)
+
+
+async def _note_if_missing(c: SchedulerClient, schedule_id: str) -> None:
+    """An empty listing for an id with no schedule: say so on stderr (a typo looked like "nothing skipped").
+    Not an error: a deleted schedule's records stay listable, and may be none."""
+    try:
+        await c.get_schedule(schedule_id)
+    except ClientError as e:
+        if e.code.name == "NOT_FOUND":  # (no grpc import here: the CLI's start time)
+            print(f"schedctl: no schedule {schedule_id!r} (deleted, or never created): nothing recorded under it",
+                  file=sys.stderr)
 
 
 def _finished(e: Any) -> str:

@@ -247,6 +247,13 @@ async def test_skips_and_replay_with_the_current_schedule(fake: tuple[FakeApi, s
     assert r.rc == 0 and len(r.json()["skips"]) == 1  # type: ignore[arg-type]
     r = await schedctl("skips", "", server=srv)
     assert r.rc == 2 and r.err.startswith("schedctl: schedule_id:"), r.err
+    # An id with no schedule and nothing recorded: not an error (a deleted one's records stay listable), but
+    # said on stderr, where a typo looked like "nothing skipped" (an outside audit).
+    for args in (("skips", "nope"), ("exec", "list", "--schedule", "nope")):
+        r = await schedctl(*args, server=srv)
+        assert r.rc == 0 and "no schedule 'nope' (deleted, or never created)" in r.err, (args, r.err)
+    r = await schedctl("skips", "s", "--since", "2030-01-01T00:00:00Z", server=srv)
+    assert r.rc == 0 and not r.err  # an existing schedule with nothing in the range: no note
 
     dead = api.add_dead_letter("s", T0)
     api.schedules["s"].task_type = "fixed"
