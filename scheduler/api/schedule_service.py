@@ -39,7 +39,7 @@ from scheduler.auth.principal import Role
 from scheduler.clock import Clock
 from scheduler.errors import AlreadyExists, InvalidArgument, NotFound, SchedError, VersionMismatch
 from scheduler.execution import ExecState, Execution, dead_reason
-from scheduler.ids import ExecutionId
+from scheduler.ids import ExecutionId, execution_id
 from scheduler.model import Schedule, ScheduleState, shared_plan, validate_schedule
 from scheduler.quota import store as quota_store
 from scheduler.quota.record import Quota
@@ -356,7 +356,13 @@ class ScheduleService:
         if not request.HasField("planned_at"):
             raise InvalidArgument("planned_at", "is required")
         planned = inputs.timestamp_ms(request.planned_at, "planned_at")
-        await self._check_schedule(self.authz.access(), sid, Role.OPERATOR)
+        acc = self.authz.access()
+        await self._check_schedule(acc, sid, Role.OPERATOR)
+        # The record's own tenant too: a schedule id deleted and created again by another tenant has the old
+        # one's execution ids, and a rerun took another tenant's record over, attempts and output included (an
+        # outside audit). Another tenant's record answers as a missing one.
+        eid = execution_id(sid, planned)
+        await self._execution_for(acc, str(eid), Role.OPERATOR, f"execution {eid} not found")
         e = await self.ops.rerun(sid, planned)
         return spb.RerunExecutionResponse(execution=execution_to_pb(e))
 
@@ -608,6 +614,8 @@ class ScheduleService:
         ran: set[int] = set()  # planned times with a record that is not a skip: not listed from a range either
         async for x in scan(self.kv, self.ks.execution(p, sid, floor + 1),
                             self.ks.execution(p, sid, ceil + 1), timeout=self.timeout):
+            if not acc.all_tenants and not acc.readable(_record_tenant(x.value)):
+                continue  # an earlier schedule of this id, another tenant's (deleted, the id used again)
             if peek_state(x.value) is not ExecState.SKIPPED:
                 # A range covers it, yet it has a run: an operator's backfill (or trigger at that instant) of a
                 # time the policy had skipped. It did run: listing it as skipped told an audit it had not.

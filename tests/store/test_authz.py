@@ -498,3 +498,41 @@ async def test_a_batch_create_is_checked_item_by_item_and_writes_nothing_when_on
     got = await s.BatchCreateSchedules(spb.BatchCreateSchedulesRequest(
         schedules=[sched("p-9", "payments"), sched("p-10", "payments")]), metadata=env.md("alice"))
     assert [r.schedule.id for r in got.results] == ["p-9", "p-10"]
+
+
+async def test_an_id_deleted_and_used_again_by_another_tenant_leaves_the_old_records_alone(env: AuthEnv) -> None:
+    """An outside audit: alice's schedule deleted, bob created one of the same id (ids are global) and reran one
+    of alice's planned times: the record became bob's, alice's attempt output included, and vanished for her.
+    Execution ids are schedule id + planned time, so the old records are under bob's id: his operations on them
+    answer as for missing ones, and his lists leave them out."""
+    from dataclasses import replace as dc_replace
+
+    from scheduler.execution import ExecState, Trigger, new_execution
+    from scheduler.ids import execution_id
+    from scheduler.model import RetryPolicy
+
+    s = env.schedules
+    await s.CreateSchedule(spb.CreateScheduleRequest(schedule=sched("reuse-1", "payments")), metadata=env.md("alice"))
+    hour_ago = SYSTEM_CLOCK.wall_ms() // 1000 * 1000 - HOUR
+    dead = await env.dead_letter("reuse-1", "payments", hour_ago)
+    skipped = new_execution(id=execution_id("reuse-1", hour_ago + 1000), schedule_id="reuse-1", tenant="payments",
+                            pool="default", task_type="t", planned_ms=hour_ago + 1000, due_ms=hour_ago + 1000,
+                            trigger=Trigger.SCHEDULED, retry=RetryPolicy(), timeout_ms=60_000)
+    await env.kv.txn([], [env.node.ledger.create_op(dc_replace(skipped, state=ExecState.SKIPPED,
+                                                               skip_reason="paused"))])
+    await s.DeleteSchedule(spb.DeleteScheduleRequest(id="reuse-1"), metadata=env.md("alice"))
+    await s.CreateSchedule(spb.CreateScheduleRequest(schedule=sched("reuse-1", "billing")), metadata=env.md("bob"))
+    before = await env.snapshot()
+    b = env.md("bob")
+    code, details = await status_of(s.RerunExecution(spb.RerunExecutionRequest(
+        schedule_id="reuse-1", planned_at=ts(hour_ago)), metadata=b))
+    assert code is grpc.StatusCode.NOT_FOUND and dead in details, (code, details)
+    for call in (s.GetExecution(spb.GetExecutionRequest(execution_id=dead), metadata=b),
+                 s.ReplayDeadLetter(spb.ReplayDeadLetterRequest(execution_id=dead), metadata=b)):
+        assert (await status_of(call))[0] is grpc.StatusCode.NOT_FOUND
+    assert not (await s.ListSkips(spb.ListSkipsRequest(schedule_id="reuse-1"), metadata=b)).skips
+    assert not (await s.ListExecutions(spb.ListExecutionsRequest(schedule_id="reuse-1"), metadata=b)).executions
+    assert await env.snapshot() == before
+    # Alice still has her records.
+    got = await s.GetExecution(spb.GetExecutionRequest(execution_id=dead), metadata=env.md("alice"))
+    assert got.execution.tenant == "payments"
