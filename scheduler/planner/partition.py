@@ -227,8 +227,6 @@ class PartitionPlanner:
         # schedules whose runs planned at or before their creation (an earlier schedule of the id's) are withdrawn
         # in the next round (set at a claim): schedule id -> its created_ms
         self._stale: dict[str, int] = {}
-        # withdrawn records owed again: (old, new, created_ms of the schedule that owes it)
-        self._revive: dict[str, tuple[Execution, Execution, int]] = {}
         # Notices of records others changed (API operations, results recorded elsewhere): key ->
         # (notice, its mod_revision). `_rescan`: list the partition's notices from etcd next round.
         self._notices: dict[bytes, tuple[Notice, int]] = {}
@@ -748,6 +746,7 @@ class PartitionPlanner:
             # real state instead of reloading the whole partition (read after the create: at least as new).
             wanted = {e.id: e for e in execs}
             there = [e for e, (ok, _) in zip(execs, results, strict=False) if not ok]
+            revive: list[tuple[Execution, Execution]] = []
             for x in await self.ledger.read(self.kv, there, timeout=self.rpc_timeout):
                 known = self.pending.get(x.id)
                 if known is not None and known.mod_revision > x.mod_revision:
@@ -765,11 +764,26 @@ class PartitionPlanner:
                     # owed again, so it comes back, at the record's revision. (An audit: a schedule deleted
                     # and created again had its first planned times within the lookahead skipped as
                     # `schedule_deleted`, the old schedule's runs written ahead.)
-                    self._revive[x.id] = (x, wanted[x.id], sch.stored.meta.created_ms if sch is not None else 0)
+                    revive.append((x, wanted[x.id]))
+            if revive:
+                await self._revive(revive)
         for _, span in skips:
             self.history.skipped(span.through_ms)
         self.stats.created += created
         self.stats.skipped_ranges += len(skips)
+
+    async def _revive(self, pairs: list[tuple[Execution, Execution]]) -> None:
+        """Withdrawn records owed again, CASed back to scheduled at once, in the round that found them: a pause,
+        delete or change seen since is then applied to them as to any run waiting (withdrawn by the next pass).
+        Applied in a later dispatch pass, a revive came after a withdrawal that had passed the record by while
+        it was still skipped: a run revived for a schedule deleted meanwhile, or for a time paused meanwhile,
+        was left scheduled for good (the stateful twin)."""
+        ok = await self._commit([self.ledger.cas_op(new, old.mod_revision, now_ms=self.clock.wall_ms(),
+                                                    old_state=old.state) for old, new in pairs])
+        for (_old, new), (applied, rev) in zip(pairs, ok, strict=False):
+            if not applied:  # changed under us (an operator's rerun of that time): read the truth again
+                raise Restart("a revive compare-and-swap lost: someone else changed the record")
+            self.pending.put(with_revision(new, rev))
 
     def _withdrawals(self, now_ms: int) -> dict[str, tuple[Execution, Execution]]:
         """Pause, delete and spec changes take effect at once, with the reason. A delete withdraws every
@@ -885,17 +899,6 @@ class PartitionPlanner:
         if self._confirm and first:
             await self._confirm_in_flight()
         withdrawn = self._withdrawals(now_ms) if first else {}
-        if self._revive:  # CAS back to scheduled, in this round's batch (never two transitions of one record)
-            for eid, pair in self._revive.items():
-                sch = self.schedules.get(pair[1].schedule_id)
-                if sch is None or sch.stored.meta.created_ms != pair[2]:
-                    # Deleted since it was found owed again (or deleted and created again): a delete's withdrawal
-                    # is applied once, and this record was skipped then, so revived now it ran for nobody (the
-                    # stateful twin: created again into a pool without workers, deleted, its revived run left
-                    # scheduled for good).
-                    continue
-                withdrawn.setdefault(eid, pair[:2])
-            self._revive = {}  # id -> (old, new, the schedule's created_ms): one transition per record and txn
         # Per pool, only what its workers can take now: a pool without capacity keeps its due work
         # waiting in its own heap, where it stands in front of nobody else's. Bounded like
         # materialization: one round is one uninterrupted stretch of the event loop, and lease

@@ -935,6 +935,15 @@ def test_a_cancel_by_a_delete_the_id_was_created_again_after_is_the_deletes() ->
     _replay("cancel_at_a_delete_and_create_of_one_id.json")
 
 
+def test_a_run_owed_again_is_revived_before_a_pause_seen_since_is_applied() -> None:
+    """Found by the machine (session 27): a schedule deleted and created again several times; the new one owed a
+    time the old one had written ahead and the delete had withdrawn. The revive was queued for the next dispatch
+    pass, a pause and a resume were applied first (passing the record by while it was still skipped), and then
+    the revive made s1@15 scheduled for a time the pause owned, for good. Revives are now committed in the round
+    that finds them, so a later pause withdraws them as any waiting run."""
+    _replay("revive_after_a_pause_of_a_recreated_schedule.json")
+
+
 def test_a_lost_dispatch_timed_out_while_no_owner_lived_skips_nothing() -> None:
     """Found by the machine (full mode, session 23; 160 steps it could not shrink): s3 (`* * * * * *`, skip) had a
     dispatch no worker received; every owner for the next 23 s died before its first round (kills, claims dying
