@@ -77,7 +77,9 @@ class OpRunner:
             if delay > 0:
                 await asyncio.sleep(delay)
             like = None
-            if op.op == "create":
+            if op.op == "create" and "like" not in op.params:
+                like = self.schedules[op.schedule_id]  # created again as planned (after a delete of it)
+            elif op.op == "create":
                 base = self._group(str(op.params.get("like", "")))
                 like = dataclasses.replace(base, id=op.schedule_id)
                 self.schedules[op.schedule_id] = like
@@ -128,7 +130,9 @@ class OpRunner:
         if op.op == "create":
             assert planned is not None and self.live.sink_url
             s = schedule_to_pb(schedule_of(planned, self.live.sink_url))
-            await c.create_schedule(s, request_id=f"drill-create-{sid}")
+            # One request id per create op (its retries reuse it): a create of the same id again after a delete
+            # is a new request, not a retry of the first (which the store would answer with that one's result).
+            await c.create_schedule(s, request_id=f"drill-create-{sid}-{int(op.at_s * 1000)}")
             return {}
         if op.op == "pause":
             await c.pause_schedule(sid, reason="drill")
