@@ -735,26 +735,21 @@ class World:
     async def create(self, period_s: int, every: bool, pool: str, policies: Policies) -> str:
         self.sched_count += 1
         sid = f"s{self.sched_count}"
-        spec = f"@every {period_s}s" if every else ("* * * * * *" if period_s == 1 else f"*/{period_s} * * * * *")
-        s = Schedule(id=sid, tenant="t", spec=spec, worker_pool=pool, task_type="x", policies=policies)
-        now = self.clock.wall_ms()
-        st = await self.node.store.create(s, now)
-        self._version(sid, "active", s, now, period_s, rev=st.schedule.version)
-        self.log.ops.append(f"t={now - T0}: create {sid} {spec!r} pool={pool} {policies.missed_runs.value}"
-                            f"/cap={policies.catchup_cap}/window={policies.catchup_window_ms} "
-                            f"overlap={policies.overlap.value}")
-        await self.settle()
+        await self._create(sid, period_s, every, pool, policies, "create")
         return sid
 
     async def recreate(self, sid: str, period_s: int, every: bool, pool: str, policies: Policies) -> None:
         """A deleted schedule's id created again (an operator re-creating what they deleted, `apply` after a
         delete): a new activation of the same execution ids."""
+        await self._create(sid, period_s, every, pool, policies, "recreate")
+
+    async def _create(self, sid: str, period_s: int, every: bool, pool: str, policies: Policies, what: str) -> None:
         spec = f"@every {period_s}s" if every else ("* * * * * *" if period_s == 1 else f"*/{period_s} * * * * *")
         s = Schedule(id=sid, tenant="t", spec=spec, worker_pool=pool, task_type="x", policies=policies)
         now = self.clock.wall_ms()
         st = await self.node.store.create(s, now)
         self._version(sid, "active", s, now, period_s, rev=st.schedule.version)
-        self.log.ops.append(f"t={now - T0}: recreate {sid} {spec!r} pool={pool} {policies.missed_runs.value}"
+        self.log.ops.append(f"t={now - T0}: {what} {sid} {spec!r} pool={pool} {policies.missed_runs.value}"
                             f"/cap={policies.catchup_cap}/window={policies.catchup_window_ms} "
                             f"overlap={policies.overlap.value}")
         await self.settle()
