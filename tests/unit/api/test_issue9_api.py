@@ -370,6 +370,27 @@ async def test_preview_after_outside_the_planning_window_is_refused(env: Env) ->
     assert e.value.details.startswith("after: 9999-01-01T00:00:00.000Z is outside the planning window")
 
 
+async def test_drain_counts_only_planners_that_may_own_partitions(env: Env) -> None:
+    """An outside audit: with standby regions alive, draining the primary region's only planner was accepted, and
+    nothing planned until an automatic failover moved the region (15 s of missed runs). Standby planners and
+    suspended ones (clock skew) claim nothing: they do not count; a standby's drain stops nothing."""
+    from scheduler.region import policy as rp
+
+    admin = _admin(env)
+    await env.kv.put(env.ks.member("p1"), MemberInfo("p1", "r1", "127.0.0.1:1", NOW).encode())
+    await env.kv.put(env.ks.member("p2"), MemberInfo("p2", "r2", "127.0.0.1:2", NOW).encode())
+    await env.kv.put(env.ks.member("p3"), MemberInfo("p3", "r1", "127.0.0.1:3", NOW, suspended="clock_skew").encode())
+    await env.kv.put(env.ks.region_policy, rp.encode(rp.RegionPolicy(primary="r1", standby=("r2",))))
+    with pytest.raises(Aborted) as e:
+        await admin.DrainPlanner(apb.DrainPlannerRequest(node_id="p1"), CTX)
+    assert e.value.code is grpc.StatusCode.FAILED_PRECONDITION and "planning region 'r1'" in e.value.details
+    assert await env.kv.get(env.ks.drain("p1")) is None, "refused: nothing written"
+    await admin.DrainPlanner(apb.DrainPlannerRequest(node_id="p2"), CTX)  # a standby's: planning goes on
+    assert await env.kv.get(env.ks.drain("p2")) is not None
+    await admin.DrainPlanner(apb.DrainPlannerRequest(node_id="p1", force=True), CTX)
+    assert await env.kv.get(env.ks.drain("p1")) is not None
+
+
 async def test_two_drains_racing_cannot_together_leave_no_planner(env: Env) -> None:
     admin = _admin(env)
     for nid in ("p1", "p2"):
