@@ -27,6 +27,11 @@ from scheduler.client import ClientError, SchedulerClient
 from scheduler.errors import InvalidArgument
 
 BATCH = 1000  # schedules per BatchCreateSchedules call (the server's limit)
+MAX_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z, the API's bound on instants (api/inputs.py)
+# Set by a create, never by an update (the API's immutable fields): pause and resume are their own commands, and
+# an apply of a file whose `state` differs from a schedule's now would otherwise fail on every run (an audit).
+_CREATE_ONLY = ("state", "paused_reason")
+_OUTPUT_ONLY = ("version", "created_at", "updated_at")
 IN_FLIGHT = 16  # reads and updates at once
 
 
@@ -41,6 +46,8 @@ class Plan:
     create: list[Desired] = field(default_factory=list)
     update: list[tuple[Desired, list[str], int]] = field(default_factory=list)  # (item, changed paths, version)
     unchanged: list[str] = field(default_factory=list)
+    # (id, item index) whose `state` or `paused_reason` differs from the stored one: applied by a create only
+    create_only: list[tuple[str, int]] = field(default_factory=list)
 
 
 def read_file(path: str) -> list[Desired]:
@@ -81,8 +88,29 @@ def read_file(path: str) -> list[Desired]:
         if s.id in seen:
             raise InvalidArgument(f"{where}.id", f"{s.id!r} is also schedules[{seen[s.id]}]")
         seen[s.id] = i
-        out.append(Desired(s, sorted(set(paths) - {"id"})))
+        _validate(s, where)
+        # Output-only fields (`version`, the times): never compared nor sent, as a create ignores them (an
+        # outside audit: a file with `version:` created fine, then every later apply failed on it).
+        out.append(Desired(s, sorted(set(paths) - {"id", *_OUTPUT_ONLY})))
     return out
+
+
+def _validate(s: Any, where: str) -> None:
+    """The server's own checks of a schedule (spec, zone, bounds, policies...), run on every item before anything
+    is sent: a file the server would refuse halfway no longer writes the items before the bad one, and
+    `--dry-run` answers what the real apply would (an outside audit: a bad zone passed the dry run, and the
+    real apply created the item before it, then exited naming no item)."""
+    from scheduler.api.convert import schedule_from_pb  # the same conversion and checks as the service's
+    from scheduler.model import validate_schedule
+
+    try:
+        d = schedule_from_pb(s)
+        for name, ms in (("start_at", d.start_ms), ("end_at", d.end_ms)):
+            if ms is not None and not 0 <= ms <= MAX_MS:
+                raise InvalidArgument(name, "is outside 1970-01-01 .. 9999-12-31")
+        validate_schedule(d)
+    except InvalidArgument as e:
+        raise InvalidArgument(f"{where}.{e.field}" if e.field else where, e.reason) from None
 
 
 def _value(msg: Any, path: str) -> Any:
@@ -109,10 +137,19 @@ async def plan(c: SchedulerClient, items: list[Desired]) -> Plan:
                     return d, None
                 raise
 
-    for d, stored in await asyncio.gather(*(look(d) for d in items)):
+    for i, (d, stored) in enumerate(await asyncio.gather(*(look(d) for d in items))):
         if stored is None:
             out.create.append(d)
-        elif changed := differs(d.schedule, stored, d.paths):
+            continue
+        if "tenant" in d.paths and d.schedule.tenant != stored.tenant:
+            # Checked for every item before anything is written: exit 2 names it, and nothing is applied.
+            raise InvalidArgument(f"schedules[{i}].tenant", f"{d.schedule.tenant!r} differs from the stored "
+                                  f"schedule's {stored.tenant!r}: a schedule does not move between tenants "
+                                  "(delete it and create it again)")
+        changed = differs(d.schedule, stored, [p for p in d.paths if p not in _CREATE_ONLY])
+        if any(p in _CREATE_ONLY for p in differs(d.schedule, stored, d.paths)):
+            out.create_only.append((d.schedule.id, i))
+        if changed:
             out.update.append((d, changed, stored.version))
         else:
             out.unchanged.append(d.schedule.id)
@@ -126,7 +163,14 @@ async def execute(c: SchedulerClient, p: Plan) -> tuple[list[str], list[str], li
     request_id = f"apply-{uuid.uuid4().hex}"  # a retried call of this run counts its own creates as created
     for lo in range(0, len(p.create), BATCH):
         chunk = p.create[lo:lo + BATCH]
-        results = await c.batch_create_schedules([d.schedule for d in chunk], request_id=request_id)
+        try:
+            results = await c.batch_create_schedules([d.schedule for d in chunk], request_id=request_id)
+        except ClientError:
+            if created:  # earlier calls wrote theirs (each call is all or nothing): say which, then the error
+                print(f"{len(created)} created before the error: {', '.join(created[:5])}"
+                      f"{' ...' if len(created) > 5 else ''} (apply again once it is fixed: they are unchanged "
+                      "then)", file=sys.stderr)
+            raise
         for d, r in zip(chunk, results, strict=True):
             (conflicts if r.already_exists else created).append(d.schedule.id)
     sem = asyncio.Semaphore(IN_FLIGHT)
@@ -151,7 +195,8 @@ def report(args: argparse.Namespace, p: Plan, created: list[str], updated: list[
     verb = "would be " if args.dry_run else ""
     if args.json:
         print_json({"dry_run": args.dry_run, "created": created, "updated": updated,
-                    "unchanged": p.unchanged, "conflicts": conflicts})
+                    "unchanged": p.unchanged, "conflicts": conflicts,
+                    "state_not_applied": [sid for sid, _ in p.create_only]})
     else:
         for sid in created:
             print(f"{sid}: {verb}created")
@@ -161,6 +206,9 @@ def report(args: argparse.Namespace, p: Plan, created: list[str], updated: list[
                 print(f"{d.schedule.id}: {verb}updated ({', '.join(paths)})")
         for sid in conflicts:
             print(f"{sid}: changed by someone else meanwhile: not applied (run apply again)", file=sys.stderr)
+        for sid, i in p.create_only:
+            print(f"{sid}: schedules[{i}].state differs from the stored schedule's: apply sets it only when it "
+                  f"creates one (`schedctl schedule pause|resume {sid}`)", file=sys.stderr)
         print(f"{len(created)} {verb}created, {len(updated)} {verb}updated, {len(p.unchanged)} unchanged"
               + (f", {len(conflicts)} conflicts" if conflicts else ""))
     return Exit.CONFLICT if conflicts else Exit.OK

@@ -200,3 +200,38 @@ async def test_apply_reads_toml_and_names_the_bad_item(env: Env, tmp_path: Path)
     assert rc == 2
     assert "schedules[0].spec" in err  # the server's INVALID_ARGUMENT, named per item
     assert await count(env) == 0
+
+
+async def test_apply_checks_every_item_before_writing_and_is_idempotent_for_create_only_fields(
+        env: Env, tmp_path: Path) -> None:
+    """An outside audit: a file with a new schedule and an update with an unknown zone passed `--dry-run`, and the
+    real apply created the new one, then exited 2 naming no item; a file with `version:` or a paused `state`
+    applied once, then failed on every later apply; a tenant change failed the same way, naming no item."""
+    srv = ("--server", env.address)
+    f = tmp_path / "s.yaml"
+    f.write_text("- {id: e1, spec: '@hourly', task_type: x, version: 5}\n"
+                 "- {id: e2, spec: '@hourly', task_type: x, state: SCHEDULE_STATE_PAUSED}\n")
+    rc, out, err = await schedctl("schedule", "apply", "-f", str(f), *srv)
+    assert rc == 0 and "2 created" in out, err
+    assert (await env.store.get("e2")).schedule.state.value == "paused"
+    await schedctl("schedule", "resume", "e2", *srv)
+    rc, out, err = await schedctl("schedule", "apply", "-f", str(f), *srv)
+    assert rc == 0 and "0 created, 0 updated, 2 unchanged" in out, (out, err)
+    assert "e2: schedules[1].state differs" in err and "schedctl schedule pause|resume e2" in err
+    assert (await env.store.get("e2")).schedule.state.value == "active"  # apply sets state only by a create
+    # One bad item among good ones: refused before anything is sent, by the dry run as by the real apply.
+    f.write_text("- {id: new7, spec: '@hourly', task_type: x}\n"
+                 "- {id: e1, spec: '@hourly', task_type: x, time_zone: Mars/Olympus}\n")
+    for dry in (("--dry-run",), ()):
+        rc, _, err = await schedctl("schedule", "apply", "-f", str(f), *dry, *srv)
+        assert rc == 2 and "schedules[1].time_zone" in err, (dry, err)
+    f.write_text("- {id: new7, spec: '@hourly', task_type: x}\n"
+                 "- {id: e1, spec: '@hourly', task_type: x, start_at: '2026-01-02T00:00:00Z', "
+                 "end_at: '2026-01-01T00:00:00Z'}\n")
+    rc, _, err = await schedctl("schedule", "apply", "-f", str(f), "--dry-run", *srv)
+    assert rc == 2 and "schedules[1].end_at" in err, err
+    # A tenant change of an existing schedule: named, and nothing applied (new7 not created).
+    f.write_text("- {id: new7, spec: '@hourly', task_type: x}\n- {id: e1, spec: '@hourly', task_type: x, tenant: qa}\n")
+    rc, _, err = await schedctl("schedule", "apply", "-f", str(f), *srv)
+    assert rc == 2 and "schedules[1].tenant" in err, err
+    assert await count(env) == 2  # e1 and e2 only
