@@ -82,10 +82,16 @@ class Schedule:
         """The compiled plan, shared by every schedule with the same spec, zone, DST policies and bounds
         (plans are immutable): a planner holding 500,000 schedules of a few specs holds a few plans."""
         p = self.policies
-        # The id only shapes a plan through `H` fields and the phase of `@every` (timeplan.parse_spec);
-        # any other spec compiles to the same plan whatever the id.
-        key_id = self.id if "H" in self.spec or "@" in self.spec else ""
-        return shared_plan(self.spec, key_id, self.time_zone, p.dst_gap, p.dst_overlap, self.start_ms, self.end_ms)
+        return plan_for(self.spec, self.id, self.time_zone, p.dst_gap, p.dst_overlap, self.start_ms, self.end_ms)
+
+
+def plan_for(spec: str, schedule_id: str, tz: str, dst_gap: DstGap | None, dst_overlap: DstOverlap | None,
+             start_ms: int | None = None, end_ms: int | None = None) -> Plan:
+    """The shared compiled plan of a schedule's spec (`Schedule.plan`; also a skip record's recorded spec)."""
+    # The id only shapes a plan through `H` fields and the phase of `@every` (timeplan.parse_spec);
+    # any other spec compiles to the same plan whatever the id.
+    key_id = schedule_id if "H" in spec or "@" in spec else ""
+    return shared_plan(spec, key_id, tz, dst_gap, dst_overlap, start_ms, end_ms)
 
 
 @lru_cache(maxsize=4096)

@@ -40,7 +40,7 @@ from scheduler.clock import Clock
 from scheduler.errors import AlreadyExists, InvalidArgument, NotFound, SchedError, VersionMismatch
 from scheduler.execution import ExecState, Execution, dead_reason
 from scheduler.ids import ExecutionId, execution_id
-from scheduler.model import Schedule, ScheduleState, shared_plan, validate_schedule
+from scheduler.model import Schedule, ScheduleState, plan_for, validate_schedule
 from scheduler.quota import store as quota_store
 from scheduler.quota.record import Quota
 from scheduler.store.codec import decode_execution, peek_state
@@ -750,8 +750,8 @@ def _recorded_plan(sid: str, d: dict[str, Any]) -> Plan | None:
         return None
     try:
         gap, fold = d.get("gap"), d.get("fold")
-        return shared_plan(spec, sid if "H" in spec or "@" in spec else "", str(d.get("tz", "UTC")),
-                           DstGap(gap) if gap else None, DstOverlap(fold) if fold else None, None, None)
+        return plan_for(spec, sid, str(d.get("tz", "UTC")), DstGap(gap) if gap else None,
+                        DstOverlap(fold) if fold else None)
     except (SchedError, ValueError):
         return None
 
