@@ -20,6 +20,7 @@ Measured over a steady window after a warm-up, all in the same run:
     python bench/bench_e2e.py --secure --rates 3000   # each rate plaintext, then mTLS + authorization
     python bench/bench_e2e.py --materialize-only --rates 20000 --planners 2   # issue 12's P1: materialization alone
     python bench/bench_e2e.py --compare-gc --rates 5000 --planners 2 --workers 2 --repeat 2   # collector threshold
+    python bench/bench_e2e.py --compare-reserve --rates 2000,5000 --planners 2 --workers 2 --repeat 2
 
 `--secure` runs every rate twice in the same session, the second time with the worker path secured as
 production runs it (issue 14): the planners serve mutual TLS (certificates from `schedctl certs dev`) with
@@ -154,15 +155,18 @@ def _secure_files(workdir: Path) -> tuple[list[str], list[str]]:
 
 
 async def run_rate(rate: int, args: argparse.Namespace, workdir: Path, secure: bool = False,
-                   loop: str = "asyncio", gc_threshold: int | None = None) -> Result:
+                   loop: str = "asyncio", gc_threshold: int | None = None, reserve: bool | None = None) -> Result:
     workdir = workdir / (("secure" if secure else "plain") + ("" if loop == "asyncio" else f"-{loop}")
-                         + ("" if gc_threshold is None else f"-gc{gc_threshold}"))
+                         + ("" if gc_threshold is None else f"-gc{gc_threshold}")
+                         + ("" if reserve is None else f"-reserve-{reserve}".lower()))
     workdir.mkdir(parents=True, exist_ok=True)
     sec_planner, sec_worker = _secure_files(workdir) if secure else ([], [])
     sec_planner, sec_worker = [*sec_planner, "--event-loop", loop], [*sec_worker, "--event-loop", loop]
     if gc_threshold is not None:  # planners and workers alike (both set it by default)
         sec_planner += ["--gc-threshold", str(gc_threshold)]
         sec_worker += ["--gc-threshold", str(gc_threshold)]
+    if reserve is not None:  # planners only: the first attempt reserved in the create, or every dispatch written
+        sec_planner += ["--reserve-first-attempt", "true" if reserve else "false"]
     etcd_bin = find_binary("etcd")
     assert etcd_bin, "etcd not found: run scripts/setup.sh"
     ceil = await ceiling_alone(etcd_bin, workdir / f"etcd-ceiling-{rate}", 3.0 if args.quick else 8.0)
@@ -288,7 +292,11 @@ def main() -> None:
                     help="each rate on asyncio's loop and on uvloop (planners and workers), alternating; ratios")
     ap.add_argument("--compare-gc", action="store_true",
                     help="each rate with the processes' collector at CPython's threshold (700) and the default; ratios")
-    ap.add_argument("--repeat", type=int, default=1, help="with --compare-loops or --compare-gc: pairs per rate")
+    ap.add_argument("--compare-reserve", action="store_true",
+                    help="each rate with every dispatch written and with the first attempt reserved in the create "
+                         "(reserve_first_attempt), alternating; ratios")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="with --compare-loops, --compare-gc or --compare-reserve: pairs per rate")
     ap.add_argument("--materialize-only", action="store_true",
                     help="P1: schedules start after the window, planners write 60 s ahead: materialization alone "
                          "(CPU per materialized execution)")
@@ -311,6 +319,10 @@ def main() -> None:
                 default = PlannerSettings().gc_threshold
                 _alternate(rate, args, Path(tmp) / str(rate), ("gc700", {"gc_threshold": 700}),
                            (f"gc{default}", {"gc_threshold": default}))
+                continue
+            if args.compare_reserve:  # docs/keyspace.md, "Reserved first attempt"
+                _alternate(rate, args, Path(tmp) / str(rate), ("written", {"reserve": False}),
+                           ("reserved", {"reserve": True}))
                 continue
             runs = [asyncio.run(run_rate(rate, args, Path(tmp) / str(rate)))]
             if args.secure:

@@ -46,7 +46,9 @@ class FencingChecks(Context):
                     continue
                 seen = rec.attempt
                 att = rec.attempts[-1]
-                if att.attempt != rec.attempt or rec.state is not ExecState.DISPATCHED:
+                # A written dispatch, or the start of a reserved attempt its owner handed out unwritten (the
+                # attempt's first record is RUNNING: the start CAS is fenced by the same owner key).
+                if att.attempt != rec.attempt or rec.state not in (ExecState.DISPATCHED, ExecState.RUNNING):
                     continue
                 i4.checked += 1
                 owner = self.idx.owner_at_rev(att.token.partition, rev)

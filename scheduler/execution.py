@@ -109,6 +109,16 @@ def with_revision(e: Execution, revision: int) -> Execution:
     return _evolve(e, mod_revision=revision)
 
 
+def as_read(e: Execution, create_revision: int) -> Execution:
+    """A record as read, with the create revision the read carried."""
+    return _evolve(e, create_revision=create_revision)
+
+
+def as_created(e: Execution, revision: int) -> Execution:
+    """The record as its create wrote it at `revision` (its mod and create revision)."""
+    return _evolve(e, mod_revision=revision, create_revision=revision)
+
+
 @dataclass(frozen=True)
 class Attempt:
     attempt: int
@@ -170,7 +180,16 @@ class Execution:
     # time; due_ms - quota_deferred_ms is when it would have been due): written by the planner that
     # materialized it, so that a deferral is in the ledger, not only in one planner's metrics.
     quota_deferred_ms: int = 0
+    # The first dispatch written with the creation (docs/keyspace.md, "Reserved first attempt"): attempt
+    # `attempt + 1` is reserved for the owner holding this token, which may hand it to a worker without
+    # writing a dispatch (`hand_out`); the worker's start CAS is then its first write. Any other dispatch
+    # of the record ends the reserved attempt never-started first (`dispatch`), so its number is never
+    # given to a second dispatch.
+    reserved: FencingToken | None = None
     mod_revision: int = field(default=0, compare=False)  # etcd's, for the next CAS; not stored
+    # etcd's create_revision when known (this owner's create, or a read that carried it); 0: not known.
+    # Not stored. A hand-out needs the record untouched since its creation (`may_hand_out`).
+    create_revision: int = field(default=0, compare=False)
 
     @property
     def terminal(self) -> bool:
@@ -221,12 +240,55 @@ def dispatchable(e: Execution, now_ms: int) -> bool:
     return False
 
 
+RESERVED_MESSAGE = "reserved for the owner that created the record, not handed out by it: dispatched again"
+
+
+def reserve(e: Execution, token: FencingToken) -> Execution:
+    """A new record's first attempt reserved for the creating owner (`token`): written with the create."""
+    return _evolve(e, reserved=token)
+
+
+def may_hand_out(e: Execution, token: FencingToken) -> bool:
+    """Whether the owner holding `token` may hand `e` out without writing a dispatch: its own reservation,
+    on the record exactly as created (any write since, a cancel, a rerun, a skip and its revival, moved its
+    revision: from then on only a written dispatch, which retires the reserved number). The owner hands a
+    record out once: its snapshot then holds it DISPATCHED at that revision (PendingIndex.put keeps it so
+    against a read of the unchanged record)."""
+    return (e.reserved == token and e.state is ExecState.SCHEDULED and e.create_revision > 0
+            and e.mod_revision == e.create_revision)
+
+
+def hand_out(e: Execution, *, worker: str, planner: str, token: FencingToken, now_ms: int,
+             start_timeout_ms: int = 0) -> Execution:
+    """The reserved attempt handed to a worker, in memory only: the record in etcd stays as created, and
+    the worker's start CAS (from the creation revision, fenced by `token`) writes the attempt with RUNNING.
+    `mod_revision` is kept: every later CAS from this snapshot compares against the creation."""
+    if not may_hand_out(e, token):
+        raise TransitionError(f"{e.id}: attempt {e.attempt + 1} is not reserved for {token} on this record")
+    return dispatch(_evolve(e, reserved=None), worker=worker, planner=planner, token=token, now_ms=now_ms,
+                    start_timeout_ms=start_timeout_ms)
+
+
+def retire_reserved(e: Execution, now_ms: int) -> Execution:
+    """The reserved attempt recorded as never started (not counted by the retry policy), so that no other
+    dispatch takes its number: its owner may have handed it to a worker, which can still ask to start it
+    (refused: the record has moved) and report it not started (stale: a later attempt is current)."""
+    if e.reserved is None:
+        return e
+    n = e.attempt + 1
+    gone = Attempt(n, "", "", e.reserved, 0, 0, finished_ms=now_ms, error_class=ErrorClass.TRANSIENT,
+                   message=RESERVED_MESSAGE, never_started=True)
+    return _evolve(e, reserved=None, attempt=n, attempts=(*e.attempts, gone))
+
+
 def dispatch(e: Execution, *, worker: str, planner: str, token: FencingToken, now_ms: int,
              start_timeout_ms: int = 0) -> Execution:
     """Hand attempt n+1 to a worker. The deadline is recorded so a new owner waits for it; so is the
-    start-by instant (`start_timeout_ms` > 0), after which an attempt no worker started is re-dispatched."""
+    start-by instant (`start_timeout_ms` > 0), after which an attempt no worker started is re-dispatched.
+    A reserved attempt not handed out by this call is retired first (`retire_reserved`)."""
     if not dispatchable(e, now_ms):
         raise TransitionError(f"{e.id}: cannot dispatch in state {e.state} (due {e.due_ms}, now {now_ms})")
+    e = retire_reserved(e, now_ms)
     n = e.attempt + 1
     a = Attempt(n, worker, planner, token, now_ms, now_ms + e.timeout_ms + deadline_slack_ms(e.timeout_ms),
                 trigger=e.run_trigger, start_by_ms=now_ms + start_timeout_ms if start_timeout_ms > 0 else 0)
@@ -289,6 +351,7 @@ def result(
     cancelled: bool = False,
     output: tuple[str, str, int | None] | None = None,
     ran_ms: int = 0,
+    token: FencingToken | None = None,
 ) -> tuple[Execution, Disposition]:
     """Record attempt `attempt`'s outcome; a late or repeated report changes nothing. `worker` (the id of the
     worker that reported it) fills the attempt's worker, unknown when it was dispatched: the record is
@@ -299,7 +362,12 @@ def result(
     policy. `cancelled`: the worker stopped it on a Cancel (outcome CANCELLED: no error class).
     `output`: (stdout tail, stderr tail, exit code) from the executor. `ran_ms`: how long the handler ran,
     as the worker measured it (kept for overlap decisions on the final record). A result of a CANCELLING attempt
-    is the worker's stop confirmation: the execution ends CANCELLED (SUCCEEDED if it finished anyway)."""
+    is the worker's stop confirmation: the execution ends CANCELLED (SUCCEEDED if it finished anyway).
+
+    `token` (the worker's echo of its assignment's): a result under another token is another dispatch's,
+    stale. So is a not-started report from a worker other than the one whose start was recorded. Written
+    dispatches give every (id, attempt) one token and one worker; a reserved attempt handed out without a
+    write leaves only these checks between a handed-out copy that never ran and the attempt that did."""
     if e.attempt != attempt or e.state not in IN_FLIGHT:
         cur = e.current
         if cur is not None and cur.attempt == attempt and cur.finished_ms:
@@ -307,6 +375,10 @@ def result(
         return e, Disposition.STALE
     cur = e.current
     assert cur is not None
+    if token is not None and token != cur.token:
+        return e, Disposition.STALE
+    if not_started and cur.started_ms and worker and cur.worker and worker != cur.worker:
+        return e, Disposition.STALE
     ec = None if succeeded or cancelled else (error_class or ErrorClass.UNKNOWN)
     done = _evolve(cur, finished_ms=now_ms, succeeded=succeeded, error_class=ec, message=message[:2000],
                    worker=worker or cur.worker, started_ms=0 if not_started else cur.started_ms or started_ms,

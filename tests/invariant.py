@@ -63,7 +63,7 @@ from scheduler.planner.partition import PartitionPlanner, Restart
 from scheduler.planner.settings import PlannerSettings
 from scheduler.store.codec import decode_execution
 from scheduler.store.etcd.errors import EtcdError
-from scheduler.store.etcd.ops import Compare, delete, put
+from scheduler.store.etcd.ops import Compare, TxnOp, delete, put
 from scheduler.store.fenced import CompareFailed, Fence
 from scheduler.store.keyspace import Keyspace
 from scheduler.store.kv import KV
@@ -166,6 +166,7 @@ class Log:
     versions: dict[str, list[Version]] = field(default_factory=dict)
     starts: list[Start] = field(default_factory=list)
     effects: list[Effect] = field(default_factory=list)
+    stale: list[Effect] = field(default_factory=list)  # handed out by a planner frozen and superseded
     cancels: set[str] = field(default_factory=set)  # execution ids an operator cancelled
     reruns: dict[str, int] = field(default_factory=dict)
     rerun_ms: dict[str, list[int]] = field(default_factory=dict)  # when each rerun or replay was asked, per id
@@ -636,10 +637,8 @@ class World:
             pass
         inst.dead = True
         self.gone_at[inst.n] = self.clock.wall_ms()
-        if len(self.log.effects) > before:
-            self.log.errors.append(f"[stale-dispatch] "
-                                   f"a planner frozen and superseded dispatched {len(self.log.effects) - before} "
-                                   f"attempts after it resumed")
+        # It may hand out a reserved attempt (no write to fence), but none of them may start: judged below.
+        self.log.stale += self.log.effects[before:]
         await self.settle()
 
     async def handover(self) -> None:
@@ -698,7 +697,7 @@ class World:
             new, disposition = await record_result(
                 self.kv, self.node.ledger, e.schedule_id, e.planned_ms, e.attempt, succeeded=ok, error_class=ec,
                 message=message, now_ms=self.clock.wall_ms(), worker="w", payload_of=self.node.payload_of,
-                extra=extra, ran_ms=ran_ms)
+                extra=extra, ran_ms=ran_ms, token=e.current.token if e.current is not None else None)
         except NotFound:
             return
         if disposition is Disposition.RECORDED:
@@ -707,17 +706,27 @@ class World:
     async def confirm_start(self, e: Execution) -> bool:
         """A worker confirms it starts attempt `e.attempt` (see CONFIRM_STARTS). False: the start is refused
         (the record moved on: cancelled before it started, given up), and the handler never runs."""
+        handed = e.current
+        assert handed is not None
         for _ in range(5):
             cur = await self.node.ledger.get(self.kv, e.schedule_id, e.planned_ms)
-            if cur is None or cur.attempt != e.attempt or cur.state is not ExecState.DISPATCHED:
+            if (cur is not None and cur.state is ExecState.SCHEDULED and cur.reserved == handed.token
+                    and cur.attempt == e.attempt - 1 and cur.mod_revision == e.mod_revision):
+                cur = e  # its owner's reserved attempt, handed out unwritten: started from the record as created
+            elif cur is None or cur.attempt != e.attempt or cur.state is not ExecState.DISPATCHED:
                 return cur is not None and cur.attempt == e.attempt and cur.state in IN_FLIGHT
             new = started(cur, e.attempt, self.clock.wall_ms())
             extra = [] if self.live is not None else [notice_op(self.ks, 1, e.schedule_id, e.planned_ms)]
-            r = await self.kv.txn([], [self.node.ledger.cas_op(new, cur.mod_revision, old_state=cur.state,
-                                                               extra=extra)])
+            op = self.node.ledger.cas_op(new, cur.mod_revision, old_state=cur.state, extra=extra)
+            # As StartRecorder's: fenced by the owner key of the token the attempt was dispatched under.
+            fence = Compare.create_revision(self.ks.owner(handed.token.partition), "==", handed.token.revision)
+            r = await self.kv.txn([], [TxnOp((*op.compare, fence), op.success, op.failure)])
             if self.node.ledger.cas_results(r)[0]:
                 self.node._on_transition(with_revision(new, r.revision))
                 return True
+            again = await self.node.ledger.get(self.kv, e.schedule_id, e.planned_ms)
+            if again is not None and again.mod_revision == cur.mod_revision:
+                return False  # the record did not move: the fence refused it (the owner changed), as the real one
         return True  # not known either way: taken as started (the worker would retry; the safe side here)
 
     # ---- operations --------------------------------------------------------------------------------
@@ -864,11 +873,12 @@ class World:
             ranges.setdefault(sid, []).append((int(a), int(b), json.loads(x.value)["reason"],
                                                self.time_of(x.create_revision)))
         ck = await self.kv.get(self.ks.checkpoint(PARTITION))
-        watermark = 0 if ck is None else int(json.loads(ck.value)["watermark_ms"])
+        ckd = {} if ck is None else json.loads(ck.value)
+        watermark, sched_rev = int(ckd.get("watermark_ms", 0)), int(ckd.get("sched_rev", 0))
         held = await self.kv.range(self.ks.holds(PARTITION), prefix=True)
         holds = {self.ks.last_segment(kv.key): int(json.loads(kv.value)["from"]) for kv in held.kvs}
         return judge(self.log, es, ranges, self.clock.wall_ms(), self.time_of, live=self.live is not None,
-                     watermark=watermark, holds=holds)
+                     watermark=watermark, holds=holds, sched_rev=sched_rev)
 
 
 # ---- judging ----------------------------------------------------------------------------------------
@@ -947,12 +957,19 @@ def expected_catch_up(log: Log, sid: str, start: Start) -> dict[int, str]:
 
 def judge(log: Log, es: list[Execution], ranges: dict[str, list[tuple[int, int, str, int]]], now: int,
           time_of: Callable[[int], int], *, live: bool, watermark: int,
-          holds: dict[str, int] | None = None) -> list[str]:
+          holds: dict[str, int] | None = None, sched_rev: int = 1 << 62) -> list[str]:
     """`watermark`: the partition's checkpoint in etcd. Planned times after it are not claimed handled
     yet (backpressure holds them in the planner's timer heap while workers lack capacity); the next
     owner's catch-up answers for them. So a time without any record is judged only at or below it, and
     the checkpoint itself must not stall while a pool with work has free workers."""
     bad: list[str] = list(dict.fromkeys(log.errors))
+    # A planner frozen and superseded writes nothing (etcd's fence): its written dispatches fail, and a reserved
+    # attempt it hands out unwritten has its start refused by the same fence (the start CAS compares the owner
+    # key with the attempt's token), so no worker ever runs it.
+    for f in log.stale:
+        if f.start_ms < now and f.outcome != "lost":
+            bad.append(f"[stale-dispatch] {f.eid} attempt {f.attempt}, handed out by a planner frozen and "
+                       f"superseded after it resumed, was started ({f.outcome or 'running'})")
     by_id = {e.id: e for e in es}
     effects: dict[str, list[Effect]] = {}
     by_sched: dict[str, list[Effect]] = {}
@@ -1175,6 +1192,11 @@ def judge(log: Log, es: list[Execution], ranges: dict[str, list[tuple[int, int, 
                 continue
             if p > watermark or (holds and sid in holds and p > holds[sid]):
                 continue  # not handled yet (backpressure): the checkpoint, or the schedule's hold, is before it
+            if v.rev > sched_rev:
+                # An activation the checkpoint does not cover yet (written at an older schedule revision: the
+                # owner has not planned with it, e.g. frozen right after the create): its owed times are the
+                # owner's next round's (a takeover's catch-up), judged once a checkpoint covers it.
+                continue
             cur = log.version_at(sid, now)
             before = log.version_at(sid, now - GRACE_MS)  # a pool fixed just now: the owner's next round decides
             if v.pool not in ("a", "b") and cur is not None and (

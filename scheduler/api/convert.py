@@ -231,8 +231,11 @@ def _attempt_to_pb(a: Attempt, trigger: int) -> epb.AttemptRecord:
     records that run's trigger instead."""
     run = _TRIGGER[a.trigger] if a.trigger is not None else trigger
     out = epb.AttemptRecord(attempt=a.attempt, worker_id=a.worker, planner_id=a.planner,
-                            dispatched_at=ms_to_timestamp(a.dispatched_ms), deadline=ms_to_timestamp(a.deadline_ms),
                             error_message=a.message, trigger=run)  # type: ignore[arg-type]
+    if a.dispatched_ms:  # 0: a reserved attempt retired without being handed out (never dispatched)
+        out.dispatched_at.CopyFrom(ms_to_timestamp(a.dispatched_ms))
+    if a.deadline_ms:
+        out.deadline.CopyFrom(ms_to_timestamp(a.deadline_ms))
     out.fencing_token.CopyFrom(fencing_token_pb(a.token))
     if a.started_ms:
         out.started_at.CopyFrom(ms_to_timestamp(a.started_ms))

@@ -33,6 +33,7 @@ from typing import Any
 
 from scheduler._gen.scheduler.v1 import execution_pb2
 from scheduler._gen.scheduler.v1 import worker_service_pb2 as wpb
+from scheduler.api.convert import fencing_token_from_pb
 from scheduler.clock import Clock
 from scheduler.dispatch.scope import Scope, refused
 from scheduler.errors import NotFound, PermissionDenied, SchedError
@@ -119,13 +120,15 @@ def outcome(r: wpb.Result) -> tuple[bool, ErrorClass | None]:
 def details(r: wpb.Result) -> dict[str, Any]:
     """What a result says beyond its outcome, for `execution.result`: when the handler started, how long
     it ran (by the worker's clock, whatever its offset), whether it never ran, whether a Cancel stopped it,
-    and the executor's output."""
+    and the executor's output; and the token it was dispatched under (a result under another is another
+    dispatch's: `execution.result`)."""
     ran = (r.finished_at.ToMilliseconds() - r.started_at.ToMilliseconds()
            if r.HasField("started_at") and r.HasField("finished_at") and not r.not_started else 0)
     return {"started_ms": r.started_at.ToMilliseconds() if r.HasField("started_at") else 0, "ran_ms": max(0, ran),
             "not_started": r.not_started, "cancelled": r.outcome == execution_pb2.ATTEMPT_OUTCOME_CANCELLED,
             "output": (r.stdout_tail, r.stderr_tail, r.exit_code if r.HasField("exit_code") else None)
-            if r.stdout_tail or r.stderr_tail or r.HasField("exit_code") else None}
+            if r.stdout_tail or r.stderr_tail or r.HasField("exit_code") else None,
+            "token": fencing_token_from_pb(r.fencing_token) if r.HasField("fencing_token") else None}
 
 
 async def record_result(

@@ -27,7 +27,16 @@ from scheduler.api.convert import fencing_token_from_pb
 from scheduler.clock import Clock
 from scheduler.dispatch.scope import Scope, refused
 from scheduler.errors import SchedError
-from scheduler.execution import ExecState, Execution, start_refusal, started, with_revision
+from scheduler.execution import (
+    ExecState,
+    Execution,
+    as_read,
+    hand_out,
+    may_hand_out,
+    start_refusal,
+    started,
+    with_revision,
+)
 from scheduler.ids import ExecutionId
 from scheduler.store.codec import decode_execution
 from scheduler.store.etcd.ops import Compare, Op, TxnOp
@@ -158,6 +167,20 @@ class StartRecorder:
                                          "attempt": q.r.attempt, "worker": q.worker, "reason": why})
         q.reply(self._ack(q, wpb.START_DISPOSITION_REFUSED, why))
 
+    @staticmethod
+    def _handed_out(q: _Req, e: Execution, now_ms: int) -> Execution:
+        """A start of the reserved attempt its owner handed out unwritten (`execution.hand_out`), asked of
+        this planner (the owner's answer was UNKNOWN, or another planner serves the stream): the record as
+        created, handed out here as the owner did, so that the start CAS from its creation revision (fenced
+        by the reserving token) can record it. Only the reservation's own number and token, and only on
+        the record untouched since its create (a cancel or rerun since moved it: refused)."""
+        token = fencing_token_from_pb(q.r.fencing_token)
+        if q.r.attempt != e.attempt + 1 or not may_hand_out(e, token):
+            return e
+        # The owner's dispatch time is not known here: now is later, so the deadline only moves later (the
+        # worker's own timeout runs from its receipt of the assignment, earlier still).
+        return hand_out(e, worker="", planner="", token=token, now_ms=now_ms)
+
     async def _slow(self, q: _Req, now_ms: int) -> None:
         """Read the record and decide on it: one read + one CAS. A lost CAS refuses the start; the worker
         then reports the attempt not started, which is safe whatever was written. An etcd error answers
@@ -170,12 +193,13 @@ class StartRecorder:
             if got is None:
                 self._refuse(q, "unknown execution")
                 return
-            e = decode_execution(got.value, got.mod_revision)
+            e = as_read(decode_execution(got.value, got.mod_revision), got.create_revision)
             # Before the repeat check below: a stream of another pool naming the running worker's id
             # must not be told that the start is its own.
             if why := refused(q.scope, e, "start", q.worker):
                 self._refuse(q, why)
                 return
+            e = self._handed_out(q, e, now_ms)
             d = self._decide(q, e, now_ms)
             if isinstance(d, str):
                 if e.state is ExecState.RUNNING and e.attempt == q.r.attempt and e.current is not None \

@@ -25,7 +25,18 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass, field
 
-from scheduler.execution import IN_FLIGHT, Attempt, ExecState, Execution, Trigger, cancel, dispatch, skip
+from scheduler.execution import (
+    IN_FLIGHT,
+    Attempt,
+    ExecState,
+    Execution,
+    Trigger,
+    cancel,
+    dispatch,
+    hand_out,
+    may_hand_out,
+    skip,
+)
 from scheduler.ids import ExecutionId, FencingToken
 from scheduler.timeplan import Overlap, SkipReason
 from scheduler.timeplan.overlap import OverlapAction, decide_overlap
@@ -535,8 +546,10 @@ def _plan_schedule(inp: RoundInput, plan: DispatchPlan, budget: dict[str, int], 
                 continue
         budget[x.pool] -= 1
         plan.started[x.pool] = plan.started.get(x.pool, 0) + 1
-        new = dispatch(x, worker="", planner=inp.node_id, token=inp.token, now_ms=inp.now_ms,
-                       start_timeout_ms=inp.start_timeout_ms)
+        # Its reserved attempt, unwritten (the partition skips the CAS), when the record is as this owner created it.
+        new = (hand_out if may_hand_out(x, inp.token) else dispatch)(
+            x, worker="", planner=inp.node_id, token=inp.token, now_ms=inp.now_ms,
+            start_timeout_ms=inp.start_timeout_ms)
         cas[x.id] = (x, new)
         in_flight = [r for r in in_flight if r.id != x.id]  # a retry dispatched: its waiting record is gone
         in_flight.append(new)

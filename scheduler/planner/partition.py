@@ -46,8 +46,10 @@ from scheduler.execution import (
     ExecState,
     Execution,
     Trigger,
+    as_created,
     cancel,
     log_fields,
+    reserve,
     result,
     skip,
     with_revision,
@@ -706,6 +708,12 @@ class PartitionPlanner:
             stone_ops = [txn([Compare.mod_revision(k, "==", rev)], [delete(k)]) for k, rev in stones.items()]
         if len({e.id for e in execs}) < len(execs):  # never two creates of one record in a txn
             execs = list({e.id: e for e in reversed(execs)}.values())[::-1]
+        if execs and self.s.reserve_first_attempt and (mine := self.ownership.fence(self.p)) is not None:
+            # The first dispatch goes with the create (`execution.reserve`): under a token that is not the
+            # owner's any more the fence below refuses the txn, and a record read back later under a newer
+            # claim is not this owner's to hand out (`may_hand_out`).
+            token = mine.fencing_token
+            execs = [reserve(e, token) for e in execs]
         ops: list[Op] = list(self.ledger.create_ops(execs))
         ops += list({(sid, r.after_ms, r.through_ms): self.ledger.skip_op(self.p, sid, r) for sid, r in skips}.values())
         ops += stone_ops
@@ -739,7 +747,7 @@ class PartitionPlanner:
         for e, (ok, rev) in zip(execs, results, strict=False):
             if ok:
                 created += 1
-                self.pending.put(with_revision(e, rev))  # the next CAS compares against it
+                self.pending.put(as_created(e, rev))  # the next CAS compares against it
                 self.history.created(e.schedule_id, e.planned_ms)
         if created < len(execs):
             # Records that already existed (an earlier owner's lookahead): read them back, so track their
@@ -872,7 +880,10 @@ class PartitionPlanner:
                 continue
             e = decode_execution(kvs[0].value, kvs[0].mod_revision)
             self._refresh(e)
-            if e.state in HOLDING:  # a run waiting for its retry holds its schedule too (dispatch_round)
+            # What the snapshot holds now: the record read, or this owner's unwritten hand-out of it at the
+            # same revision (in flight all the same: nothing was recorded for it elsewhere).
+            held = self.pending.get(e.id)
+            if held is not None and held.mod_revision == e.mod_revision and held.state in HOLDING:
                 self._confirmed[e.id] = (e.mod_revision, sent)
         self.wake.set()
 
@@ -953,9 +964,15 @@ class PartitionPlanner:
         cas = plan.transitions
         if not cas:
             return again
-        pairs = list(cas.values())
+        # A reserved attempt handed out (`execution.hand_out`) is not written: the worker's start CAS, from the
+        # record's creation and fenced by this owner's token, is its first write.
+        pairs = [(old, new) for old, new in cas.values() if not _unwritten(old, new)]
         ok = await self._commit([self.ledger.cas_op(new, old.mod_revision, now_ms=now_ms, old_state=old.state)
-                                  for old, new in pairs])
+                                  for old, new in pairs]) if pairs else []
+        if len(pairs) < len(cas):
+            handed = [(old, new) for old, new in cas.values() if _unwritten(old, new)]
+            pairs += handed
+            ok += [(True, new.mod_revision) for _, new in handed]
         lost = False
         sent: list[Execution] = []
         debug = log.isEnabledFor(logging.DEBUG)  # per-execution lines only when asked for: hot path
@@ -1237,6 +1254,12 @@ class PartitionPlanner:
                 self.wake.set()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), self.s.loop_interval)
+
+
+def _unwritten(old: Execution, new: Execution) -> bool:
+    """A hand-out of the reserved attempt: DISPATCHED in memory at the revision the record was created at."""
+    return (new.state is ExecState.DISPATCHED and old.reserved is not None and new.reserved is None
+            and new.mod_revision == old.mod_revision == old.create_revision)
 
 
 def _of_the_deleted(x: Execution, w: Withdrawal, sch: Tracked | None) -> bool:

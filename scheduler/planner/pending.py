@@ -83,6 +83,11 @@ class PendingIndex:
 
     def put(self, e: Execution) -> None:
         old = self._by_id.get(e.id)
+        if (old is not None and old.mod_revision == e.mod_revision and old.state is ExecState.DISPATCHED
+                and e.state is ExecState.SCHEDULED):
+            # A read of a record this owner handed out unwritten (`execution.hand_out`): the same revision,
+            # older news. Taken in, it would be dispatched again (written, retiring the number handed out).
+            return
         if e.terminal:
             self.remove(e.id)
         else:

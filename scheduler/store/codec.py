@@ -239,6 +239,8 @@ def _encode_execution_slow(e: Execution) -> bytes:
         d["dr"] = e.dead_reason
     if e.quota_deferred_ms:
         d["qd"] = e.quota_deferred_ms
+    if e.reserved is not None:  # docs/keyspace.md, "Reserved first attempt"
+        d["rv"] = str(e.reserved)
     return _dumps(d).encode()
 
 
@@ -319,6 +321,8 @@ def encode_execution(e: Execution) -> bytes:
         out += ',"dr":' + _str(e.dead_reason)
     if e.quota_deferred_ms:
         out += f',"qd":{e.quota_deferred_ms}'
+    if e.reserved is not None:
+        out += f',"rv":"{e.reserved}"'
     return (out + "}").encode()
 
 
@@ -347,5 +351,6 @@ def decode_execution(value: bytes, mod_revision: int = 0) -> Execution:
         overlap=Overlap(d["ov"]) if d.get("ov") else None,
         payload=base64.b64decode(d["pay"]) if "pay" in d else None, attempt_base=int(d.get("base", 0)),
         run_trigger=Trigger(d["rtr"]) if d.get("rtr") else None, dead_reason=d.get("dr", ""),
-        quota_deferred_ms=int(d.get("qd", 0)), mod_revision=mod_revision,
+        quota_deferred_ms=int(d.get("qd", 0)),
+        reserved=FencingToken.parse(d["rv"], "rv") if d.get("rv") else None, mod_revision=mod_revision,
     )

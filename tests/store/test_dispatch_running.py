@@ -229,7 +229,10 @@ async def test_a_start_refused_by_the_owner(kv: EtcdClient, key_prefix: str) -> 
             await w.next("welcome")
             a = (await w.next("assignments")).assignments[0]
             async with asyncio.timeout(10):  # no worker confirmed the start by start-by: due again
-                while (await record(node, kv, "late", planned)).state is ExecState.DISPATCHED:
+                # (the attempt handed out is written only now, ended never-started: a reserved one is not
+                # written before its start)
+                while not (rec := await record(node, kv, "late", planned)).attempts or \
+                        not rec.attempts[0].never_started:
                     await asyncio.sleep(0.05)
             w.send(started=started(a))
             ack = (await w.next("start_ack")).acks[0]

@@ -446,7 +446,7 @@ async def test_a_dispatch_lost_while_no_owner_is_ended_never_started_and_skips_n
                         overlap=Overlap.SKIP, execution_timeout_ms=2_000)
     s = sched(same_partition(1)[0], policies=policies)
     first = PlannerNode(kv, ks, COORD, SYSTEM_CLOCK, planner=planner)
-    lost = Pools(kv, first, outcome="hold")  # the assignment never reaches a worker: no start, no result
+    lost = Pools(kv, first, outcome="lost")  # the assignment never reaches a worker: no start, no result
     first.dispatcher = lost
     await first.store.create(s, SYSTEM_CLOCK.wall_ms())
     async with running(first):

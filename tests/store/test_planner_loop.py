@@ -10,9 +10,12 @@ from dataclasses import replace
 import pytest
 
 from chaos.infra.etcd import EtcdCluster
+from scheduler._gen.scheduler.v1 import execution_pb2 as epb
+from scheduler._gen.scheduler.v1 import worker_service_pb2 as wpb
 from scheduler.clock import SYSTEM_CLOCK
 from scheduler.config import CoordinationSettings
 from scheduler.dispatch.results import record_result
+from scheduler.dispatch.starts import StartRecorder
 from scheduler.execution import Attempt, ErrorClass, ExecState, Execution, Trigger
 from scheduler.ids import ExecutionId, FencingToken, execution_id
 from scheduler.model import Policies, RetryPolicy, Schedule, ScheduleState
@@ -42,6 +45,7 @@ class FakeDispatcher:
         self.kv, self.node, self.outcome, self.fail = kv, node, outcome, fail
         self.submitted: list[Execution] = []
         self.cancelled: list[str] = []
+        self.held_started: set[tuple[str, int]] = set()  # held attempts whose start was recorded
         self.tasks: set[asyncio.Task[None]] = set()
 
     def capacity(self, pool: str) -> int:
@@ -61,16 +65,41 @@ class FakeDispatcher:
 
     def submit(self, e: Execution, payload: bytes, token: FencingToken) -> None:
         self.submitted.append(e)
-        if self.outcome == "hold":
-            return
-        t = asyncio.create_task(self._finish(e))
+        t = asyncio.create_task(self._run(e))
         self.tasks.add(t)
         t.add_done_callback(self.tasks.discard)
 
+    async def _run(self, e: Execution) -> None:
+        """`hold`: a worker took it, started it and is never heard of again; `lost`: the assignment never
+        reached a worker (no start, no result)."""
+        if self.outcome == "hold":
+            if await start_as_worker(self.kv, self.node, e):
+                self.held_started.add((e.id, e.attempt))
+        elif self.outcome != "lost":
+            await self._finish(e)
+
     def cancel(self, e: Execution, reason: str) -> None:
         self.cancelled.append(e.id)
+        if self.outcome == "hold" and (e.id, e.attempt) in self.held_started:
+            # A held run's worker stops it on the Cancel and says so (a worker that never answers is `lost`).
+            t = asyncio.create_task(self._stopped(e))
+            self.tasks.add(t)
+            t.add_done_callback(self.tasks.discard)
+
+    async def _stopped(self, e: Execution) -> None:
+        assert self.node is not None
+        new, _ = await record_result(self.kv, self.node.ledger, e.schedule_id, e.planned_ms, e.attempt,
+                                     succeeded=False, error_class=None, message="cancelled",
+                                     now_ms=SYSTEM_CLOCK.wall_ms(), cancelled=True)
+        p = self.node.planners.get(self.node.store.partition(e.schedule_id))
+        if p is not None:
+            p.record_transition(new)
 
     async def _finish(self, e: Execution) -> None:
+        """As a worker: the start asked for and recorded first (a reserved attempt is handed out unwritten: its
+        start is its first write), then the outcome."""
+        if not await start_as_worker(self.kv, self.node, e):
+            return
         ok = self.outcome == "ok" and e.schedule_id not in self.fail
         await self._record(e, None if ok else ErrorClass.PERMANENT, SYSTEM_CLOCK.wall_ms())
 
@@ -83,6 +112,23 @@ class FakeDispatcher:
         p = self.node.planners.get(self.node.store.partition(e.schedule_id))
         if p is not None:
             p.record_transition(new)
+
+
+async def start_as_worker(kv: EtcdClient, node: PlannerNode | None, e: Execution, worker: str = "w") -> bool:
+    """A worker's Started for `e`'s attempt through the real StartRecorder of `node`; whether it was STARTED."""
+    assert node is not None
+    cur = e.current
+    assert cur is not None
+    rec = StartRecorder(kv=kv, ledger=node.ledger, ks=node.ks, partitions=node.s.partitions, clock=SYSTEM_CLOCK,
+                        lookup=node.lookup_pending, on_started=node._on_started,
+                        notice_for=node._notice_unless_owned)
+    acks: list[wpb.StartAckEntry] = []
+    rec.enqueue(worker, [wpb.StartRequest(execution_id=e.id, attempt=e.attempt, fencing_token=epb.FencingToken(
+        partition=cur.token.partition, revision=cur.token.revision))], acks.extend)
+    async with asyncio.timeout(10):
+        while not acks:
+            await asyncio.sleep(0.005)
+    return acks[0].disposition == wpb.START_DISPOSITION_STARTED
 
 
 @pytest.fixture
@@ -371,7 +417,7 @@ async def test_a_takeover_decides_overlap_on_the_final_record_of_the_run_before(
     if overlap is Overlap.BUFFER_ONE:
         # T0 + 1 s is the one run that waited behind R and starts; T0 + 2 s came due while R ran and it
         # waited: skipped, as the dead owner would have.
-        assert by_planned[1000].state is ExecState.DISPATCHED, by_planned[1000]
+        assert by_planned[1000].state in (ExecState.DISPATCHED, ExecState.RUNNING), by_planned[1000]
         assert by_planned[2000].skip_reason == "overlap_skip", by_planned[2000]
     else:  # both came due while R ran
         assert by_planned[1000].skip_reason == "overlap_skip", by_planned[1000]
@@ -394,7 +440,8 @@ async def test_a_takeover_mid_catch_up_knows_the_catch_up_runs(kv: EtcdClient, k
     await _dead_owners_ledger(kv, node, ks, pol, t0, made, (10, 20, 2_520, 2_500), made - (made % 1000) + 1000)
     await run_node(node, 1.5)
     by_planned = {e.planned_ms - t0: e for e in await executions(node, kv)}
-    assert by_planned[1000].state is ExecState.DISPATCHED, by_planned[1000]  # the catch-up goes on, in order
+    # the catch-up goes on, in order
+    assert by_planned[1000].state in (ExecState.DISPATCHED, ExecState.RUNNING), by_planned[1000]
     assert by_planned[2000].state is ExecState.SCHEDULED, by_planned[2000]
     assert "overlap_skip" not in {by_planned[1000].skip_reason, by_planned[2000].skip_reason}
 
@@ -519,6 +566,8 @@ class TimedDispatcher(FakeDispatcher):
         self.ran: list[tuple[str, int, int, int]] = []  # (execution id, attempt, start, end)
 
     async def _finish(self, e: Execution) -> None:
+        if not await start_as_worker(self.kv, self.node, e):
+            return
         start = SYSTEM_CLOCK.wall_ms()
         await asyncio.sleep(self.run_s)
         fail = not self.ran and e.attempt == 1

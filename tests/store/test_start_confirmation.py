@@ -49,8 +49,12 @@ async def kv(etcd_server: EtcdCluster) -> AsyncIterator[EtcdClient]:
 
 
 @contextlib.asynccontextmanager
-async def planner(kv: EtcdClient, prefix: str) -> AsyncIterator[tuple[PlannerNode, Dispatcher, int]]:
-    node = PlannerNode(kv, Keyspace(prefix), COORD, SYSTEM_CLOCK, planner=FAST)
+async def planner(kv: EtcdClient, prefix: str, *, reserve: bool = True
+                  ) -> AsyncIterator[tuple[PlannerNode, Dispatcher, int]]:
+    """`reserve`: the first attempt reserved with the create and handed out unwritten (the default), or every
+    dispatch written (docs/keyspace.md, "Reserved first attempt")."""
+    node = PlannerNode(kv, Keyspace(prefix), COORD, SYSTEM_CLOCK,
+                       planner=replace(FAST, reserve_first_attempt=reserve))
     d = node.make_dispatcher()
     server, port = await start_server(d, "127.0.0.1", 0)
     task = asyncio.create_task(node.run())
@@ -151,6 +155,12 @@ async def start_elsewhere(kv: EtcdClient, prefix: str, a: wpb.Assignment) -> wpb
         await server.stop(None)
 
 
+# What etcd holds for an attempt handed out and not yet started: the record as created with its reserved
+# attempt (not written again), or the written dispatch.
+BEFORE_START = {True: ExecState.SCHEDULED, False: ExecState.DISPATCHED}
+RESERVE = pytest.mark.parametrize("reserve", [True, False], ids=["reserved", "written"])
+
+
 async def record(node: PlannerNode, kv: EtcdClient, sid: str, planned_ms: int) -> Execution:
     e = await node.ledger.get(kv, sid, planned_ms)
     assert e is not None
@@ -212,11 +222,13 @@ async def test_an_unstarted_dispatch_runs_again_within_the_start_timeout_and_a_l
     assert head.retry.max_attempts == 1, "the unstarted attempt did not use up the retry budget"
 
 
-async def test_a_start_is_recorded_running_with_its_worker_and_time(kv: EtcdClient, key_prefix: str) -> None:
-    async with planner(kv, key_prefix.rstrip("/")) as (node, _d, port):
+@RESERVE
+async def test_a_start_is_recorded_running_with_its_worker_and_time(kv: EtcdClient, key_prefix: str,
+                                                                    reserve: bool) -> None:
+    async with planner(kv, key_prefix.rstrip("/"), reserve=reserve) as (node, _d, port):
         planned = await one_shot(node, "run")
         async with first_assignment(port) as (w, a):
-            assert (await record(node, kv, "run", planned)).state is ExecState.DISPATCHED
+            assert (await record(node, kv, "run", planned)).state is BEFORE_START[reserve]
             w.send(started=start_request(a))
             assert (await w.next("start_ack")).acks[0].disposition == wpb.START_DISPOSITION_STARTED
             e = await record(node, kv, "run", planned)
@@ -224,9 +236,14 @@ async def test_a_start_is_recorded_running_with_its_worker_and_time(kv: EtcdClie
             assert await record(node, kv, "run", planned) == e
             w.send(results=ok(a))
             assert (await w.next("result_ack")).acks[0].disposition == wpb.RESULT_DISPOSITION_RECORDED
+            got = await kv.get(node.ledger.key(e))
     cur = e.current
     assert e.state is ExecState.RUNNING and cur is not None, e
     assert cur.worker == "w1" and cur.dispatched_ms <= cur.started_ms <= SYSTEM_CLOCK.wall_ms(), cur
+    # The writes of the run, by etcd's own count of the key's versions: create, start, result (reserved), or
+    # create, dispatch, start, result.
+    assert got is not None
+    assert got.version == (3 if reserve else 4), got.version
 
 
 async def race(node: PlannerNode, kv: EtcdClient, port: int, n: int, *, run_before_ack: bool) -> dict[str, int]:
@@ -329,10 +346,12 @@ async def test_the_race_check_catches_a_worker_that_runs_before_its_start_is_ack
     assert max(effects.values()) > 1, f"expected a second run of some execution id: {effects}"
 
 
-async def test_a_start_of_a_dispatch_by_an_earlier_owner_is_refused(kv: EtcdClient, key_prefix: str) -> None:
-    """The start CAS is fenced by the owner token the attempt was dispatched under."""
+@RESERVE
+async def test_a_start_of_a_dispatch_by_an_earlier_owner_is_refused(kv: EtcdClient, key_prefix: str,
+                                                                    reserve: bool) -> None:
+    """The start CAS is fenced by the owner token the attempt was dispatched under (reserved: handed out)."""
     prefix = key_prefix.rstrip("/")
-    async with planner(kv, prefix) as (node, _d, port):
+    async with planner(kv, prefix, reserve=reserve) as (node, _d, port):
         planned = await one_shot(node, "moved")
         async with first_assignment(port) as (_w, a):
             pass
@@ -341,7 +360,7 @@ async def test_a_start_of_a_dispatch_by_an_earlier_owner_is_refused(kv: EtcdClie
     await kv.delete(node.ks.owner(p))
     ack = await start_elsewhere(kv, prefix, a)
     assert ack.disposition == wpb.START_DISPOSITION_REFUSED, ack
-    assert (await record(node, kv, "moved", planned)).state is ExecState.DISPATCHED
+    assert (await record(node, kv, "moved", planned)).state is BEFORE_START[reserve]
 
 
 class _LostAnswers:
@@ -361,18 +380,20 @@ class _LostAnswers:
         raise Unavailable("etcd did not answer")
 
 
+@RESERVE
 @pytest.mark.parametrize("landed", [True, False], ids=["start-landed", "start-not-landed"])
 async def test_a_start_its_planner_cannot_confirm_is_answered_unknown_and_another_planner_answers_for_it(
-    kv: EtcdClient, key_prefix: str, landed: bool
+    kv: EtcdClient, key_prefix: str, landed: bool, reserve: bool
 ) -> None:
     """UNKNOWN, not REFUSED, when etcd did not answer: the worker asks another planner (worker/starts.py),
     which reads the record and answers STARTED for the start recorded for this worker, or records it."""
     prefix = key_prefix.rstrip("/")
-    async with planner(kv, prefix) as (node, _d, port):
+    async with planner(kv, prefix, reserve=reserve) as (node, _d, port):
         planned = await one_shot(node, "gray")
         async with first_assignment(port) as (_w, a):
             e = await record(node, kv, "gray", planned)
-            assert e.state is ExecState.DISPATCHED
+            assert e.state is BEFORE_START[reserve]
+            e = node.lookup_pending(e.id) or e  # the owner's view: its hand-out (reserved), or the record
             owner_behind_a_flaky_link = StartRecorder(
                 kv=_LostAnswers(kv, land=landed), ledger=node.ledger, ks=node.ks, partitions=COORD.partitions,  # type: ignore[arg-type]
                 clock=SYSTEM_CLOCK, lookup=lambda eid: e if eid == e.id else None, on_started=lambda _e: None,
@@ -384,7 +405,7 @@ async def test_a_start_its_planner_cannot_confirm_is_answered_unknown_and_anothe
                     await asyncio.sleep(0.01)
             assert acks[0].disposition == wpb.START_DISPOSITION_UNKNOWN, acks
             assert (await record(node, kv, "gray", planned)).state is (
-                ExecState.RUNNING if landed else ExecState.DISPATCHED)
+                ExecState.RUNNING if landed else BEFORE_START[reserve])
             ack = await start_elsewhere(kv, prefix, a)  # the worker's second ask
             after = await record(node, kv, "gray", planned)
     assert ack.disposition == wpb.START_DISPOSITION_STARTED, ack

@@ -37,7 +37,8 @@ _executions = st.builds(
     attempts=st.lists(_attempts, max_size=3).map(tuple), next_attempt_ms=_ms, skip_reason=_text,
     # operator overrides (scheduler.api.operations): written only when set
     overlap=st.none() | st.sampled_from(Overlap), payload=st.none() | st.binary(max_size=40),
-    attempt_base=st.integers(0, 9), run_trigger=st.none() | st.sampled_from(Trigger))
+    attempt_base=st.integers(0, 9), run_trigger=st.none() | st.sampled_from(Trigger),
+    reserved=st.none() | st.builds(FencingToken, st.integers(0, 65_535), st.integers(1, 2**40)))
 
 
 @settings(max_examples=200, deadline=None)

@@ -7,22 +7,28 @@ from dataclasses import replace
 import pytest
 
 from scheduler.execution import (
+    RESERVED_MESSAGE,
     Disposition,
     ErrorClass,
     ExecState,
     Execution,
     TransitionError,
     Trigger,
+    as_created,
     backoff_ms,
     cancel,
     discard,
     dispatch,
+    hand_out,
+    may_hand_out,
     replay,
     rerun,
+    reserve,
     result,
     skip,
     started,
     timed_out,
+    with_revision,
 )
 from scheduler.ids import FencingToken
 from scheduler.model import RetryPolicy
@@ -247,3 +253,85 @@ def test_dead_reason_of_a_record_written_before_reasons_were_recorded() -> None:
     legacy = replace(dead, dead_reason="")
     assert dead_reason(legacy) == "retries exhausted (3 attempts)", "the fallback respects attempt_base too"
     assert dead_reason(dead) == dead.dead_reason
+
+
+# ---- the reserved first attempt (docs/keyspace.md, "Reserved first attempt") ------------------------------
+
+MINE, OTHER = FencingToken(3, 42), FencingToken(3, 77)
+
+
+def created(e: Execution, token: FencingToken = MINE, revision: int = 100) -> Execution:
+    """The record as its owner's create wrote it, at `revision`."""
+    return as_created(reserve(e, token), revision)
+
+
+def test_a_reserved_record_round_trips_and_reads_back_not_handable() -> None:
+    e = created(E)
+    back = decode_execution(encode_execution(e), e.mod_revision)
+    assert back == e and back.reserved == MINE
+    # A read gives no create revision: only the owner's own create makes a record handable without a write.
+    assert may_hand_out(e, MINE) and not may_hand_out(back, MINE)
+
+
+def test_only_the_reserving_owner_hands_out_and_only_the_record_as_created() -> None:
+    e = created(E)
+    assert not may_hand_out(e, OTHER)
+    assert not may_hand_out(as_created(E, 100), MINE)  # nothing reserved
+    assert not may_hand_out(with_revision(e, 101), MINE)  # written since its create (a cancel, a rerun...)
+    assert not may_hand_out(skip(e, "paused"), MINE)
+    with pytest.raises(TransitionError):
+        hand_out(e, worker="", planner="p1", token=OTHER, now_ms=T0 + 1000)
+
+
+def test_a_hand_out_is_the_reserved_attempt_at_the_creation_revision() -> None:
+    h = hand_out(created(E), worker="", planner="p1", token=MINE, now_ms=T0 + 1000, start_timeout_ms=3000)
+    cur = h.current
+    assert h.state is ExecState.DISPATCHED and h.attempt == 1 and cur is not None and cur.token == MINE
+    assert h.reserved is None and h.mod_revision == h.create_revision == 100  # every CAS compares the create
+    run = started(h, 1, T0 + 1100, "w1")
+    assert run.state is ExecState.RUNNING and run.current is not None and run.current.worker == "w1"
+    assert decode_execution(encode_execution(run)).reserved is None
+
+
+def test_any_other_dispatch_retires_the_reserved_number_without_using_the_budget() -> None:
+    # A new owner (or this one, after the record moved) sees the record as stored: attempt 1 is retired
+    # never-started, and the dispatch is attempt 2, so attempt 1 can only ever be the handed-out copy.
+    stored = decode_execution(encode_execution(created(E)), 100)
+    d = dispatch(stored, worker="", planner="p2", token=OTHER, now_ms=T0 + 1000)
+    one, two = d.attempts
+    assert (one.attempt, one.token, one.never_started, one.message) == (1, MINE, True, RESERVED_MESSAGE)
+    assert (two.attempt, two.token, d.attempt, d.reserved) == (2, OTHER, 2, None)
+    # The retired attempt does not count: three more tries with max_attempts=3.
+    for n in (2, 3, 4):
+        d, _ = result(started(d, n, T0 + 1100, "w"), n, succeeded=False, error_class=ErrorClass.TRANSIENT,
+                      message="x", now_ms=T0 + 1200)
+        if n < 4:
+            assert d.state is ExecState.RETRY_WAIT
+            d = dispatch(d, worker="", planner="p2", token=OTHER, now_ms=d.next_attempt_ms)
+    assert d.state is ExecState.DEAD_LETTER
+
+
+def test_a_rerun_after_a_cancel_of_a_reserved_record_never_reuses_its_number() -> None:
+    gone = cancel(decode_execution(encode_execution(created(E)), 100), "operator", T0 + 900)
+    again = with_revision(rerun(gone, T0 + 2000, retry=E.retry, timeout_ms=E.timeout_ms), 120)
+    d = dispatch(again, worker="", planner="p1", token=MINE, now_ms=T0 + 2000)
+    assert [a.attempt for a in d.attempts] == [1, 2] and d.attempts[0].never_started
+
+
+def test_a_result_under_another_token_is_stale() -> None:
+    h = started(hand_out(created(E), worker="", planner="p1", token=MINE, now_ms=T0 + 1000), 1, T0 + 1100, "w1")
+    same, d = result(h, 1, succeeded=True, error_class=None, message="", now_ms=T0 + 2000, token=OTHER)
+    assert d is Disposition.STALE and same is h
+    done, d = result(h, 1, succeeded=True, error_class=None, message="", now_ms=T0 + 2000, token=MINE)
+    assert d is Disposition.RECORDED and done.state is ExecState.SUCCEEDED
+
+
+def test_not_started_from_another_worker_than_the_recorded_starter_is_stale() -> None:
+    """Two copies of one (id, attempt): the one never run must not end the one running (session 16)."""
+    h = started(hand_out(created(E), worker="", planner="p1", token=MINE, now_ms=T0 + 1000), 1, T0 + 1100, "w1")
+    kw = dict(succeeded=False, error_class=ErrorClass.TRANSIENT, message="not started", now_ms=T0 + 1200,
+              not_started=True)
+    assert result(h, 1, worker="w2", **kw)[1] is Disposition.STALE  # type: ignore[arg-type]
+    # The starter's own not-started report (its StartAck was lost) ends it as before.
+    ended, d = result(h, 1, worker="w1", **kw)  # type: ignore[arg-type]
+    assert d is Disposition.RECORDED and ended.state is ExecState.RETRY_WAIT

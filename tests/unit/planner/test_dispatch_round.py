@@ -7,7 +7,17 @@ from dataclasses import replace
 
 import pytest
 
-from scheduler.execution import ErrorClass, ExecState, Execution, Trigger, dispatch, result, skip
+from scheduler.execution import (
+    ErrorClass,
+    ExecState,
+    Execution,
+    Trigger,
+    as_created,
+    dispatch,
+    reserve,
+    result,
+    skip,
+)
 from scheduler.ids import FencingToken, execution_id
 from scheduler.model import RetryPolicy
 from scheduler.planner.dispatch_round import DispatchPlan, RoundInput, ScheduleView, plan_dispatch
@@ -520,3 +530,20 @@ def test_runs_of_a_deleted_schedule_of_the_same_id_are_withdrawn_not_run() -> No
                                     node_id="n", token=FencingToken(0, 7)))
     assert states(plan) == {97_000: "skipped:schedule_deleted", 98_000: "cancelled:schedule_deleted",
                             98_500: "skipped:schedule_deleted", 97_500: "dispatched", 99_000: "dispatched"}
+
+
+def test_the_owners_reserved_attempt_is_handed_out_and_anyone_elses_is_retired() -> None:
+    """docs/keyspace.md, "Reserved first attempt": the round hands out this owner's reservation on the record
+    as created (the partition writes nothing for it); a reservation of another owner's token (a previous
+    claim) is retired by a written dispatch of the next number."""
+    mine = as_created(reserve(ex(99_000), FencingToken(0, 7)), 99)
+    old = as_created(reserve(ex(99_000, sid="o"), FencingToken(0, 3)), 98)
+    plan = plan_dispatch(RoundInput(now_ms=NOW, due={"s": [mine], "o": [old]},
+                                    schedules={"s": ScheduleView(Overlap.SKIP, False),
+                                               "o": ScheduleView(Overlap.SKIP, False)},
+                                    in_flight={}, budget={"p": 10}, catchup=frozenset(), confirmed={}, node_id="n",
+                                    token=FencingToken(0, 7)))
+    _, handed = plan.transitions[mine.id]
+    _, written = plan.transitions[old.id]
+    assert (handed.attempt, handed.mod_revision, handed.reserved, handed.state) == (1, 99, None, ExecState.DISPATCHED)
+    assert [a.attempt for a in written.attempts] == [1, 2] and written.attempts[0].never_started

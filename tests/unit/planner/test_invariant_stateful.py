@@ -1425,3 +1425,19 @@ def test_a_run_written_ahead_that_ran_is_not_also_skipped_when_its_hold_ends() -
     over it: two verdicts for one planned time. A hold's skip ranges now go around the records etcd holds
     (`Materializer.verify`, `PartitionPlanner._around_records`)."""
     _replay("ran_and_paused_after_a_kill.json")
+
+
+def test_a_superseded_planner_may_hand_out_its_reservations_but_none_starts() -> None:
+    """Found by the machine (session 28, reserved first attempts): a planner frozen and superseded hands out,
+    when it resumes, the attempts it had reserved (nothing is written for a hand-out, so etcd's fence cannot
+    refuse it); the workers' start CAS, fenced by the same owner key, refuses every one, so none runs. The
+    checker judged the hand-out itself as a stale dispatch; it now judges whether any of them started."""
+    _replay("stale_owner_hands_out_after_a_thaw.json")
+
+
+def test_an_activation_the_checkpoint_does_not_cover_is_judged_once_planned() -> None:
+    """Found by the machine (session 28): s3 created 35 ms before its owner froze, the owner thawed and frozen
+    again with no round between. The checkpoint (watermark 5 s, written before the create) does not speak for
+    s3's times; the checker judged them as missed at it. They are the owner's next round's, and it records
+    them (the final judgement after 15 s)."""
+    _replay("freeze_thaw_after_a_create_at_a_handover.json")

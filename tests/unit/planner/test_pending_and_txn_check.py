@@ -4,7 +4,18 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from scheduler.execution import Attempt, ErrorClass, ExecState, Execution, Trigger, dispatch
+from scheduler.execution import (
+    Attempt,
+    ErrorClass,
+    ExecState,
+    Execution,
+    Trigger,
+    as_created,
+    dispatch,
+    hand_out,
+    reserve,
+    with_revision,
+)
 from scheduler.ids import FencingToken, execution_id
 from scheduler.model import RetryPolicy
 from scheduler.planner.pending import PendingIndex
@@ -266,3 +277,17 @@ def test_a_parked_run_is_not_handed_out_again_by_an_older_heap_entry() -> None:
     assert [e.id for es in idx.ready(3_000, {"a": 1}).values() for e in es] == [execution_id("t", 2_500)]
     idx.put(replace(r, state=ExecState.SUCCEEDED))
     assert [e.id for es in idx.ready(3_000, {"a": 1}).values() for e in es] == [x.id]
+
+
+def test_a_read_of_a_record_handed_out_unwritten_does_not_take_the_hand_out_back() -> None:
+    """The owner's snapshot holds its unwritten hand-out DISPATCHED at the creation revision; a read of the
+    unchanged record (a confirmation read, a notice) is older news. Taken in, the run would be dispatched a
+    second time. A record that moved (a cancel) is taken in as always."""
+    idx = PendingIndex()
+    e = as_created(reserve(ex("s", 1_000), FencingToken(0, 5)), 50)
+    handed = hand_out(e, worker="", planner="n", token=FencingToken(0, 5), now_ms=1_000, start_timeout_ms=3_000)
+    idx.put(handed)
+    idx.put(with_revision(replace(e, create_revision=0), 50))  # as a read decodes it
+    assert idx.get(e.id) is handed and not idx.ready(2_000, {"a": 10})
+    idx.put(with_revision(replace(e, create_revision=0), 51))
+    assert idx.get(e.id).state is ExecState.SCHEDULED  # type: ignore[union-attr]
