@@ -22,6 +22,7 @@ SLACK_MS = 300  # the watcher sees a revision a little after it committed; the s
 # default 1 s; docs/time.md, "Clock skew"): the times it stamps on a record are, and with them the end an
 # overlap decision reads from that record.
 SKEW_BOUND_MS = 1000
+RECORD_STAMP_MS = 10_000  # how far before the watch saw a record its own dispatch stamp may move a run's start
 
 
 class Context:
@@ -140,6 +141,14 @@ class Context:
                 busy = rec.state in (ExecState.DISPATCHED, ExecState.RUNNING, ExecState.CANCELLING)
                 if busy and since is None:
                     since = seen
+                    cur = rec.current
+                    if cur is not None and cur.dispatched_ms:
+                        # From when the record says its attempt went out (the planner's clock, which the clock
+                        # guard keeps near the others'), not only from when the watch delivered it: a game day's
+                        # watch delivered a RUNNING record 5.3 s after its start, past the next run's due time
+                        # (an etcd member loss), and its overlap skip read as manufactured. Bounded, so that a
+                        # skewed stamp cannot reach far back.
+                        since = min(since, max(self.idx.harness_ms(cur.dispatched_ms), seen - RECORD_STAMP_MS))
                 elif not busy and since is not None:
                     if since - SLACK_MS <= t < seen + SLACK_MS:
                         return True
