@@ -44,6 +44,7 @@ from scheduler.api.operations import Operations
 from scheduler.clock import FakeClock
 from scheduler.config import CoordinationSettings
 from scheduler.dispatch.results import record_result
+from scheduler.dispatch.starts import start_cas
 from scheduler.errors import FencedOut, NotFound, OutcomeUnknown, SchedError
 from scheduler.execution import (
     IN_FLIGHT,
@@ -63,7 +64,7 @@ from scheduler.planner.partition import PartitionPlanner, Restart
 from scheduler.planner.settings import PlannerSettings
 from scheduler.store.codec import decode_execution
 from scheduler.store.etcd.errors import EtcdError
-from scheduler.store.etcd.ops import Compare, TxnOp, delete, put
+from scheduler.store.etcd.ops import Compare, delete, put
 from scheduler.store.fenced import CompareFailed, Fence
 from scheduler.store.keyspace import Keyspace
 from scheduler.store.kv import KV
@@ -720,10 +721,8 @@ class World:
                 return cur is not None and cur.attempt == e.attempt and cur.state in IN_FLIGHT
             new = started(cur, e.attempt, self.clock.wall_ms())
             extra = [] if self.live is not None else [notice_op(self.ks, 1, e.schedule_id, e.planned_ms)]
-            op = self.node.ledger.cas_op(new, cur.mod_revision, old_state=cur.state, extra=extra)
-            # As StartRecorder's: fenced by the owner key of the token the attempt was dispatched under.
-            fence = Compare.create_revision(self.ks.owner(handed.token.partition), "==", handed.token.revision)
-            r = await self.kv.txn([], [TxnOp((*op.compare, fence), op.success, op.failure)])
+            # StartRecorder's own CAS: fenced by the owner key of the token the attempt was dispatched under.
+            r = await self.kv.txn([], [start_cas(self.node.ledger, self.ks, cur, new, extra)])
             if self.node.ledger.cas_results(r)[0]:
                 self.node._on_transition(with_revision(new, r.revision))
                 return True

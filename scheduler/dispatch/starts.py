@@ -59,6 +59,16 @@ class _Req:
     scope: Scope | None = None  # what the requesting stream may start (dispatch/scope.py); None: anything
 
 
+def start_cas(ledger: Ledger, ks: Keyspace, old: Execution, new: Execution, extra: Sequence[Op] = ()) -> TxnOp:
+    """The start CAS: the record unchanged since `old` was read (or created, for a reserved attempt handed
+    out unwritten), and the dispatching owner still owning (its owner key's create_revision is the token)."""
+    cur = old.current
+    assert cur is not None
+    fence = Compare.create_revision(ks.owner(cur.token.partition), "==", cur.token.revision)
+    op = ledger.cas_op(new, old.mod_revision, old_state=ExecState.DISPATCHED, extra=extra)
+    return TxnOp((*op.compare, fence), op.success, op.failure)
+
+
 class StartRecorder:
     def __init__(self, *, kv: KV, ledger: Ledger, ks: Keyspace, partitions: int, clock: Clock,
                  lookup: Callable[[str], Execution | None], on_started: Callable[[Execution], None],
@@ -105,13 +115,7 @@ class StartRecorder:
                                  disposition=disposition, reason=reason)  # type: ignore[arg-type]
 
     def _op(self, old: Execution, new: Execution) -> TxnOp:
-        """The start CAS: the record unchanged since `old` was read, and the dispatching owner still owning."""
-        cur = old.current
-        assert cur is not None
-        fence = [Compare.create_revision(self.ks.owner(cur.token.partition), "==", cur.token.revision)]
-        op = self.ledger.cas_op(new, old.mod_revision, old_state=ExecState.DISPATCHED,
-                                extra=self._notice_for(new.schedule_id, new.planned_ms))
-        return TxnOp((*op.compare, *fence), op.success, op.failure)
+        return start_cas(self.ledger, self.ks, old, new, self._notice_for(new.schedule_id, new.planned_ms))
 
     def _decide(self, q: _Req, e: Execution, now_ms: int) -> Execution | str:
         # Another pool's or tenant's execution: refused before anything else (logged by the slow path,

@@ -49,6 +49,7 @@ from scheduler.execution import (
     as_created,
     cancel,
     log_fields,
+    may_hand_out,
     reserve,
     result,
     skip,
@@ -1257,9 +1258,9 @@ class PartitionPlanner:
 
 
 def _unwritten(old: Execution, new: Execution) -> bool:
-    """A hand-out of the reserved attempt: DISPATCHED in memory at the revision the record was created at."""
-    return (new.state is ExecState.DISPATCHED and old.reserved is not None and new.reserved is None
-            and new.mod_revision == old.mod_revision == old.create_revision)
+    """A hand-out of the reserved attempt (the round's rule, `may_hand_out`, for the token it dispatched under)."""
+    cur = new.current
+    return new.state is ExecState.DISPATCHED and cur is not None and may_hand_out(old, cur.token)
 
 
 def _of_the_deleted(x: Execution, w: Withdrawal, sch: Tracked | None) -> bool:
