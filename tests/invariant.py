@@ -48,6 +48,7 @@ from scheduler.dispatch.starts import start_cas
 from scheduler.errors import FencedOut, NotFound, OutcomeUnknown, SchedError
 from scheduler.execution import (
     IN_FLIGHT,
+    RESERVED_MESSAGE,
     Disposition,
     ErrorClass,
     ExecState,
@@ -174,6 +175,10 @@ class Log:
     cancels: set[str] = field(default_factory=set)  # execution ids an operator cancelled
     reruns: dict[str, int] = field(default_factory=dict)
     rerun_ms: dict[str, list[int]] = field(default_factory=dict)  # when each rerun or replay was asked, per id
+    # When each execution record was first written after its create (its key's version 2): a first attempt handed
+    # out without a write (reserve_first_attempt) can no longer start from then on (its start CAS compares the
+    # creation revision), so that is when it ended, whenever a later dispatch records the number as retired.
+    moved_ms: dict[str, int] = field(default_factory=dict)
     # Planner trouble seen by the driver: malformed txns, restarts per clock advance, stale writes.
     errors: list[str] = field(default_factory=list)
     # Per round: (time, free capacity per pool after the round).
@@ -430,12 +435,15 @@ class World:
         (schedules, notices), and the fake time each revision was first seen kept for the checker."""
         prefix = self.ks.prefix.encode() + b"/"
         sched, notices = self.ks.all_schedules, self.ks.notices()
+        execs = self.ks.all_executions
         async for batch in self.kv.watch(prefix, prefix=True, start_revision=rev + 1):
             for ev in batch.events:
                 if ev.revision > self._seen_rev:
                     self._seen_rev = ev.revision
                     self.rev_times.append((ev.revision, self.clock.wall_ms()))
                 key = ev.kv.key
+                if ev.kv.version == 2 and key.startswith(execs):
+                    self.log.moved_ms.setdefault(json.loads(ev.kv.value)["id"], self.clock.wall_ms())
                 if TRACE and TRACE.encode() in key:  # SCHED_TRACE=<part of a key>: its history, to debug a finding
                     print(f"t={self.clock.wall_ms() - T0} rev={ev.revision} {ev.type} {key.decode()} "
                           f"{ev.kv.value.decode(errors='replace')[:2000]}")
@@ -1288,6 +1296,12 @@ def judge(log: Log, es: list[Execution], ranges: dict[str, list[tuple[int, int, 
                     # Under skip and the buffers it also waits for the other runs of its schedule in flight
                     # (docs/time.md: a retry does not start beside another run).
                     gave_up = att.finished_ms if att is not None and att.finished_ms else None
+                    if (att is not None and att.never_started and att.message == RESERVED_MESSAGE
+                            and (moved := log.moved_ms.get(eid)) is not None):
+                        # A hand-out lost with its owner ended when the record first moved (a new owner's skip, say:
+                        # its start was refused from then on); the number is retired only by the next dispatch, an
+                        # operator's rerun 4.5 s after a `superseded` skip in the stateful twin.
+                        gave_up = min(gave_up or moved, moved)
                     waits_from = None if gave_up is None else max(
                         [gave_up, *(t for t in log.rerun_ms.get(eid, []) if t < later[0].start_ms)])
                     # The run's own policy first (a backfill's or trigger's, buffer_all unless given), as the

@@ -1441,3 +1441,13 @@ def test_an_activation_the_checkpoint_does_not_cover_is_judged_once_planned() ->
     s3's times; the checker judged them as missed at it. They are the owner's next round's, and it records
     them (the final judgement after 15 s)."""
     _replay("freeze_thaw_after_a_create_at_a_handover.json")
+
+
+def test_a_lost_hand_out_ends_when_a_later_owner_moves_its_record() -> None:
+    """Found by the machine (full mode, sessions 28-29, reserved first attempts): s3@1 (cancel_other) was handed out
+    at 1 s and lost, and its owner killed; two claims died after their first write; the owner after them
+    superseded s3@1 at 7.4 s, and an operator reran it at 11.8 s, whose dispatch retired the reserved number. The
+    checker took the retirement (11.87 s) for the end of the lost attempt and called it [start-timeout]. A hand-out
+    ends when its record first moves (its start CAS compares the creation revision), here at the supersede.
+    (The recorded run's first rerun, at 0.7 s, had nothing to pick: a leading null draw stands for it.)"""
+    _replay("lost_hand_out_superseded_then_rerun.json")
