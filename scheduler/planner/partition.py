@@ -329,8 +329,12 @@ class PartitionPlanner:
         # A hold from before a schedule's creation was an earlier schedule's of the same id (deleted and created
         # again before an owner handled the delete): its tombstone decides those times (`_bury`), not the new
         # schedule's policies (the stateful twin: the new one ran the old one's held times before its creation).
+        # One from the creation's instant on is the new schedule's (it covers only times after it, all the new
+        # one's): created at x.999 on a whole-second spec, its first time held made `from` equal the creation, and
+        # the claim took the hold for the earlier schedule's, owed nothing from it and lost the held times (the
+        # stateful twin, session 29: six planned times with no record).
         ours = {st.schedule.id: f for st in stored if (f := held_from.get(st.schedule.id)) is not None
-                and f > st.meta.created_ms}
+                and f >= st.meta.created_ms}
         for st in stored:
             await pacer.pace()
             owed = self.m.owed_from_checkpoint(st, ck)

@@ -1451,3 +1451,12 @@ def test_a_lost_hand_out_ends_when_a_later_owner_moves_its_record() -> None:
     ends when its record first moves (its start CAS compares the creation revision), here at the supersede.
     (The recorded run's first rerun, at 0.7 s, had nothing to pick: a leading null draw stands for it.)"""
     _replay("lost_hand_out_superseded_then_rerun.json")
+
+
+def test_a_hold_from_the_creation_instant_is_the_new_schedules() -> None:
+    """Found by the machine (full mode, session 29, both dispatch modes): s7 (`@every 1s`, a pool without workers)
+    created at x.999, so its first planned time held made the hold's `from` equal its creation instant; a kill and
+    a claim later, the claim took that hold for an earlier schedule's of the same id (`from` not after the
+    creation), owed s7 nothing from it, and its planned times 21-26 had no record at all. A hold from the creation
+    on covers only the new schedule's times: it is the new schedule's."""
+    _replay("hold_from_the_creation_instant.json")
