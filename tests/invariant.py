@@ -1296,12 +1296,17 @@ def judge(log: Log, es: list[Execution], ranges: dict[str, list[tuple[int, int, 
                     # Under skip and the buffers it also waits for the other runs of its schedule in flight
                     # (docs/time.md: a retry does not start beside another run).
                     gave_up = att.finished_ms if att is not None and att.finished_ms else None
-                    if (att is not None and att.never_started and att.message == RESERVED_MESSAGE
-                            and (moved := log.moved_ms.get(eid)) is not None):
-                        # A hand-out lost with its owner ended when the record first moved (a new owner's skip, say:
-                        # its start was refused from then on); the number is retired only by the next dispatch, an
-                        # operator's rerun 4.5 s after a `superseded` skip in the stateful twin.
-                        gave_up = min(gave_up or moved, moved)
+                    if att is not None and att.never_started and att.message == RESERVED_MESSAGE:
+                        # A hand-out lost with its owner ended when the record first moved or another owner claimed
+                        # the partition, whichever came first: its start CAS compares the creation revision and the
+                        # owner key of the planner that handed it out. The number is retired only by the next
+                        # dispatch: an operator's rerun 4.5 s after a `superseded` skip, or the new owner's dispatch
+                        # of the run in its turn behind a backfill's runs, 4 s after its claim (the stateful twin).
+                        ends = [t for t in (log.moved_ms.get(eid), next(
+                            (s.at_ms for s in log.starts if s.takeover and s.at_ms >= f.start_ms), None))
+                            if t is not None]
+                        if ends:
+                            gave_up = min(gave_up or min(ends), *ends)
                     waits_from = None if gave_up is None else max(
                         [gave_up, *(t for t in log.rerun_ms.get(eid, []) if t < later[0].start_ms)])
                     # The run's own policy first (a backfill's or trigger's, buffer_all unless given), as the

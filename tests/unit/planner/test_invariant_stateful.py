@@ -1460,3 +1460,14 @@ def test_a_hold_from_the_creation_instant_is_the_new_schedules() -> None:
     creation), owed s7 nothing from it, and its planned times 21-26 had no record at all. A hold from the creation
     on covers only the new schedule's times: it is the new schedule's."""
     _replay("hold_from_the_creation_instant.json")
+
+
+def test_a_lost_hand_out_ends_when_another_owner_claims() -> None:
+    """Found by the machine (full mode, session 29, reserved first attempts): s1@4 handed out at 4 s and lost, its
+    owner killed 0.1 s later as an operator backfilled s1 (nine runs before 4 s, buffered, oldest first). The next
+    owner, claiming at 7.1 s, found s1@4 as created, with no attempt, and dispatched it in its turn after the
+    backfill's runs (11.35 s); the checker took that dispatch, which retired the reserved number, for the end of
+    the lost attempt. A hand-out cannot start once another owner has claimed (its start CAS is fenced by the
+    owner key of the planner that handed it out): the checker now ends it there, and the run's wait from then on
+    is judged as any retry's (behind its schedule's runs in flight)."""
+    _replay("lost_hand_out_behind_a_backfill.json")
