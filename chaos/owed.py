@@ -263,7 +263,11 @@ class OwedChecks(Context):
                 continue
             at = self.idx.time_of(c.token)
             wm = self.idx.watermark_before(p, at)
-            lo = wm if wm is not None else self.idx.cluster_ms(self.meta.start_ms) - 3_600_000
+            # From before the watermark: the runs the dead owner wrote ahead of it (up to the lookahead) and those
+            # waiting for a worker then are as missed as the times after it, and the claim applies the policy to
+            # them in their own records (docs/time.md, "Missed runs").
+            lo = (wm - self.meta.lookahead_ms - grace if wm is not None
+                  else self.idx.cluster_ms(self.meta.start_ms) - 3_600_000)
             out.append((lo, self.idx.cluster_ms(at) + grace))
         for f in self.faults:
             end = f.end_ms if f.end_ms is not None else self.meta.end_ms

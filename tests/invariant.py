@@ -142,6 +142,10 @@ class Start:
     # schedule (docs/keyspace.md): its times after `from` were not materialized, and the claim's catch-up
     # decides them as any others behind it.
     holds: dict[str, int] = field(default_factory=dict)
+    late_holds: set[str] = field(default_factory=set)  # held as a saturated pool's: their runs run late
+    # Runs the checkpoint's writer wrote ahead, never dispatched, due beyond the late grace at this start: schedule
+    # id -> planned times. The claim applies the missed-run policy to them with its catch-up (docs/time.md).
+    inherited: dict[str, list[int]] = field(default_factory=dict)
 
 
 @dataclass
@@ -509,7 +513,15 @@ class World:
         held = await self.kv.range(self.ks.holds(PARTITION), prefix=True)
         holds = {self.ks.last_segment(kv.key): int(json.loads(kv.value)["from"]) for kv in held.kvs
                  if not json.loads(kv.value).get("late")}  # a late hold's times run late: not missed
-        self.log.starts.append(Start(now, wm, takeover, 0 if ck is None else ck.mod_revision, holds))
+        late = {self.ks.last_segment(kv.key) for kv in held.kvs if json.loads(kv.value).get("late")}
+        inherited: dict[str, list[int]] = {}
+        for kv in (await self.kv.range(self.ks.executions(PARTITION), prefix=True)).kvs:
+            x = decode_execution(kv.value, kv.mod_revision)
+            if (x.state is ExecState.SCHEDULED and x.trigger is Trigger.SCHEDULED and x.run_trigger is None
+                    and not x.attempts and x.due_ms <= now - SETTINGS.late_grace_ms):
+                inherited.setdefault(x.schedule_id, []).append(x.planned_ms)
+        self.log.starts.append(Start(now, wm, takeover, 0 if ck is None else ck.mod_revision, holds, late,
+                                     inherited))
         if takeover:
             self.log.outage_from = None
         self.node.planners[PARTITION] = inst.planner
@@ -962,6 +974,25 @@ def expected_catch_up(log: Log, sid: str, start: Start) -> dict[int, str]:
             keep = inside[-p.catchup_cap:]
             out.update({t: "over_cap" for t in inside if t not in keep})
             out.update({t: "run" for t in keep})
+    # Runs the dead owner wrote ahead and never handed out, as late as the times above: the policy takes them
+    # with the current activation's catch-up, all of them older (docs/time.md, "Missed runs").
+    cur = next((a for a in reversed(acts) if a.at_ms <= start.at_ms), None)
+    cands = start.inherited.get(sid, [])
+    if cands and cur is not None and v.state == "active" and cur.rev < start.ck_rev and sid not in start.late_holds:
+        wm = min(start.watermark_ms, start.holds.get(sid, start.watermark_ms))
+        mine = sorted(t for t in cands if cur.activated_ms < t <= wm)
+        made = sum(1 for t, r in out.items() if r == "run" and t > max(wm, cur.activated_ms))
+        lo = horizon - p.catchup_window_ms if p.catchup_window_ms is not None else None
+        older = [t for t in mine if lo is not None and t <= lo]
+        inside = [t for t in mine if t not in older]
+        out.update({t: "outside_catchup_window" for t in older})
+        if p.missed_runs is MissedRuns.SKIP:
+            out.update({t: "policy_skip" for t in inside})
+        elif p.missed_runs is MissedRuns.LATEST:
+            out.update({t: "policy_skip" for t in (inside if made else inside[:-1])})
+        else:
+            n = max(0, len(inside) - max(0, p.catchup_cap - made))
+            out.update({t: "over_cap" for t in inside[:n]})
     return out
 
 

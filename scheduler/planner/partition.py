@@ -32,6 +32,7 @@ import contextlib
 import itertools
 import json
 import logging
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
@@ -69,6 +70,7 @@ from scheduler.planner.activations import (
     withdrawal_rule,
 )
 from scheduler.planner.dispatch_round import RoundInput, ScheduleView, plan_dispatch
+from scheduler.planner.inherited import inherited_missed
 from scheduler.planner.materialize import Materializer, Tracked
 from scheduler.planner.ownership import Ownership
 from scheduler.planner.pending import PendingIndex
@@ -143,6 +145,9 @@ class _Claimed:
     runs: list[Execution]  # the claim's catch-up decisions (start() writes them)
     skips: list[tuple[str, SkipRange]]
     now_ms: int  # the wall time they were decided at: its horizon is the first checkpoint's watermark
+    # Runs the previous owner wrote ahead that the missed-run policy does not run (planner/inherited.py): (record,
+    # its skip), written before the catch-up.
+    missed: list[tuple[Execution, Execution]]
 
 
 @dataclass
@@ -230,6 +235,7 @@ class PartitionPlanner:
         # schedules whose runs planned at or before their creation (an earlier schedule of the id's) are withdrawn
         # in the next round (set at a claim): schedule id -> its created_ms
         self._stale: dict[str, int] = {}
+        self._late_held: set[str] = set()  # schedules a claim read a saturated pool's hold of (their runs run late)
         # Notices of records others changed (API operations, results recorded elsewhere): key ->
         # (notice, its mod_revision). `_rescan`: list the partition's notices from etcd next round.
         self._notices: dict[bytes, tuple[Notice, int]] = {}
@@ -258,6 +264,7 @@ class PartitionPlanner:
         self._loading = []
         pacer = Pacer()
         decided: tuple[list[Execution], list[tuple[str, SkipRange]]] = ([], [])
+        missed: list[tuple[Execution, Execution]] = []
         now = 0
         try:
             # No full collection in the middle of a load; what it loaded is frozen (loop_lag.LoadHeap).
@@ -267,6 +274,9 @@ class PartitionPlanner:
                     rev = await self._load(pacer)
                     if decide:
                         now = self.clock.wall_ms()  # the catch-up horizon; the first checkpoint is written at it
+                        # Where each schedule with waiting runs was handled up to, before the catch-up moves it.
+                        owed = {sid: sch.owed_from for sid in self.pending.schedule_ids()
+                                if (sch := self.schedules.get(sid)) is not None}
                         steps = self.m.catch_up_steps(now)
                         while True:
                             try:
@@ -275,6 +285,9 @@ class PartitionPlanner:
                                 decided = done.value
                                 break
                             await pacer.pace()
+                        missed = inherited_missed(self.pending.values(), self.schedules, owed, decided[0],
+                                                  now - self.s.late_grace_ms,
+                                                  {*self._withdraw, *self._late_held})
                     LOAD_HEAP.loaded(len(self.schedules))
         finally:
             held, self._loading = self._loading, None
@@ -286,7 +299,7 @@ class PartitionPlanner:
             "event": "partition_loaded", "partition": self.p, "schedules": len(self.schedules),
             "unfinished": len(self.pending), "seconds": round(self.clock.monotonic() - started, 3),
             "turns": pacer.turns})
-        return _Claimed(rev, decided[0], decided[1], now)
+        return _Claimed(rev, decided[0], decided[1], now, missed)
 
     async def _load(self, pacer: Pacer) -> int:
         ck = await read_checkpoint(self.kv, self.ks, self.p, timeout=self.rpc_timeout)
@@ -319,6 +332,7 @@ class PartitionPlanner:
         self._pools = None
         held_from: dict[str, int] = {}
         held_late: set[str] = set()  # held while their pool was saturated: late, not missed
+        self._late_held = held_late
         for kv in holds.kvs:
             sid = self.ks.last_segment(kv.key)
             hold = json.loads(kv.value)
@@ -1196,6 +1210,11 @@ class PartitionPlanner:
         """Claim-time work: read the partition and apply every schedule's missed-run policy."""
         claimed = await self._claim(decide=True)
         runs, skips, now = claimed.runs, claimed.skips, claimed.now_ms
+        if claimed.missed:
+            # Before the catch-up's write: a death between the two then leaves the next claim these records
+            # skipped and the catch-up to decide again (one run under `latest`), never the catch-up's run made
+            # beside an inherited one still waiting, which the next claim would judge without it.
+            await self._skip_missed(claimed.missed)
         # Started attempts the previous owner had out: their workers may be gone with it (start
         # confirmation covers the ones not started; the execution deadline would be minutes away).
         self.dispatcher.expect([(e.id, e.attempt) for e in self.pending.values()
@@ -1223,6 +1242,18 @@ class PartitionPlanner:
         # planned times between the catch-up horizon and the watermark, which the first round writes.
         await self.write_planned([*runs, *settled_runs], [*skips, *settled],
                                  max(self.ck.watermark_ms, now - self.s.late_grace_ms), self.ck.sched_rev)
+
+    async def _skip_missed(self, pairs: list[tuple[Execution, Execution]]) -> None:
+        now = self.clock.wall_ms()
+        ok = await self._commit([self.ledger.cas_op(new, old.mod_revision, now_ms=now, old_state=old.state)
+                                 for old, new in pairs])
+        for (_old, new), (applied, rev) in zip(pairs, ok, strict=False):
+            if not applied:  # changed since the claim read it (an operator's cancel): read the truth again
+                raise Restart("a missed run's skip compare-and-swap lost: someone else changed the record")
+            self.pending.put(with_revision(new, rev))
+        log.info("inherited runs missed", extra={
+            "event": "inherited_missed", "partition": self.p, "skipped": len(pairs),
+            "reasons": dict(Counter(new.skip_reason for _, new in pairs))})
 
     async def step(self, now: int) -> bool:
         """One round at wall time `now` (timeouts, notices, dispatch, then bounded materialization).

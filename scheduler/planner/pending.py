@@ -75,6 +75,10 @@ class PendingIndex:
     def values(self) -> Iterator[Execution]:
         return iter(list(self._by_id.values()))
 
+    def schedule_ids(self) -> list[str]:
+        """The schedules with unfinished runs here."""
+        return [sid for sid, xs in self._by_schedule.items() if xs]
+
     def of_schedule(self, schedule_id: str) -> list[Execution]:
         return sorted(self._by_schedule.get(schedule_id, {}).values(), key=lambda e: e.planned_ms)
 

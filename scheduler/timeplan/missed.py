@@ -122,6 +122,42 @@ def decide_missed(
     return MissedDecision(kind, tuple(run), tuple(skipped), next_wakeup)
 
 
+def decide_inherited(
+    inherited: Sequence[int],
+    catch_up_runs: int,
+    now_ms: int,
+    policy: MissedRuns,
+    catchup_window_ms: int | None = None,
+    cap: int = 1,
+) -> dict[int, SkipReason]:
+    """Which of a schedule's inherited runs a claim skips: planned instants (any order) whose records a dead owner
+    wrote ahead and never handed out, all due at or before `now_ms` (the catch-up horizon), so as missed as the
+    planned times after its watermark that `decide_missed` decided, of which `catch_up_runs` run. The policy is
+    applied to both together, oldest first: `skip` runs none; `latest` only the newest of them all (an inherited
+    one only if the catch-up runs none); `all` the newest `cap` (the catch-up's runs, all newer, count first).
+    Older than the window counts back from `now_ms`: `outside_catchup_window`, as in `decide_missed`. Returns the
+    skipped instants with their reason; the others run, late, as their records stand."""
+    if cap < 1:
+        raise InvalidArgument("catchup_cap", f"{cap} must be at least 1")
+    out: dict[int, SkipReason] = {}
+    inside: list[int] = []
+    for t in sorted(inherited):
+        if catchup_window_ms is not None and t <= now_ms - catchup_window_ms:
+            out[t] = SkipReason.OUTSIDE_CATCHUP_WINDOW
+        else:
+            inside.append(t)
+    if policy is MissedRuns.SKIP:
+        keep = 0
+    elif policy is MissedRuns.LATEST:
+        keep = 0 if catch_up_runs else 1
+    else:
+        keep = max(0, cap - catch_up_runs)
+    why = SkipReason.OVER_CAP if policy is MissedRuns.ALL else SkipReason.POLICY_SKIP
+    for t in inside[: max(0, len(inside) - keep)]:
+        out[t] = why
+    return out
+
+
 def split_around(r: SkipRange, recorded: Sequence[int]) -> list[SkipRange]:
     """`r` without the planned instants in `recorded` (ascending), which have a record of their own: a skip
     range must never cover a planned time that ran or will run (a planned time has one record, either an

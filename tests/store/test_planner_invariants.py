@@ -16,9 +16,12 @@ from dataclasses import dataclass, replace
 import pytest
 
 from scheduler.clock import SYSTEM_CLOCK
-from scheduler.execution import ExecState, Execution
-from scheduler.model import Policies, Schedule, ScheduleState
+from scheduler.execution import Attempt, ExecState, Execution, Trigger
+from scheduler.ids import FencingToken, execution_id
+from scheduler.model import Policies, RetryPolicy, Schedule, ScheduleState
 from scheduler.node import PlannerNode
+from scheduler.store.checkpoint import Checkpoint
+from scheduler.store.codec import encode_execution
 from scheduler.store.etcd import EtcdClient
 from scheduler.store.keyspace import Keyspace, partition_for
 from scheduler.timeplan import MissedRuns, Overlap
@@ -476,3 +479,52 @@ async def test_a_dispatch_lost_while_no_owner_is_ended_never_started_and_skips_n
 
 async def _true(v: bool) -> bool:
     return v
+
+
+@pytest.mark.parametrize(("missed", "cap", "ran", "why"), [
+    (MissedRuns.SKIP, 1, (), {1: "policy_skip", 2: "policy_skip", 3: "policy_skip", 4: "policy_skip",
+                              5: "policy_skip"}),
+    (MissedRuns.LATEST, 1, (5,), {1: "policy_skip", 2: "policy_skip", 3: "policy_skip", 4: "policy_skip"}),
+    (MissedRuns.ALL, 2, (4, 5), {1: "over_cap", 2: "over_cap", 3: "over_cap"}),
+    (MissedRuns.ALL, 4, (2, 3, 4, 5), {1: "over_cap"}),
+])
+async def test_runs_a_dead_owner_wrote_ahead_are_missed_by_its_policy(
+        kv: EtcdClient, key_prefix: str, missed: MissedRuns, cap: int, ran: tuple[int, ...],
+        why: dict[int, str]) -> None:
+    """An outside audit (session 28): `missed=skip`, the runs a killed owner had written ahead ran 8.5 s late at
+    the takeover while the times after its watermark were recorded `policy_skip`. The owner here ran the run at
+    T and wrote T+1..T+3 s ahead (watermark T+3 s) before it died; the claim, about 6 s after T, finds T+1..T+5 s
+    all past the late grace. The policy is applied to all five: the catch-up's T+4 and T+5 first, then the runs
+    written ahead, which are skipped in their own records."""
+    ks = Keyspace(key_prefix.rstrip("/"))
+    node = PlannerNode(kv, ks, COORD, SYSTEM_CLOCK, planner=FAST)
+    node.dispatcher = Pools(kv, node)
+    now = SYSTEM_CLOCK.wall_ms()
+    t0 = now - 6_000 - now % 1000
+    pol = Policies(missed_runs=missed, catchup_cap=cap, catchup_window_ms=3_600_000, overlap=Overlap.ALLOW_ALL)
+    # Ends at T+5 s: however late the claim comes on a loaded machine, its catch-up has T+4 and T+5 only.
+    s = (await node.store.create(sched(1, policies=pol, end_ms=t0 + 5_000), t0 - 500)).schedule
+    p = node.store.partition(s.id)
+
+    def rec(t: int, **kw: object) -> Execution:
+        return replace(Execution(id=execution_id(s.id, t), schedule_id=s.id, tenant="t", pool="p", task_type="x",
+                                 planned_ms=t, due_ms=t, trigger=Trigger.SCHEDULED, retry=RetryPolicy(),
+                                 timeout_ms=60_000), **kw)  # type: ignore[arg-type]
+
+    done = Attempt(1, "w1", "dead", FencingToken(p, 1), t0 + 10, t0 + 60_000, started_ms=t0 + 20,
+                   finished_ms=t0 + 30, succeeded=True, ran_ms=10)
+    ahead = [rec(t0 + k * 1000) for k in (1, 2, 3)]  # written ahead, never handed out
+    for e in (rec(t0, state=ExecState.SUCCEEDED, attempt=1, attempts=(done,)), *ahead):
+        await kv.put(ks.execution(p, s.id, e.planned_ms), encode_execution(e))
+    rev = (await kv.get(ks.execution(p, s.id, t0 + 3000))).mod_revision  # type: ignore[union-attr]
+    await kv.put(ks.checkpoint(p), Checkpoint(p, t0 + 3000, 0, "dead", 1, max(rev, s.version)).encode())
+    async with running(node):
+        async def decided() -> bool:
+            acc = await account(node, kv, s, t0, t0 + 5000)
+            return not acc.missing and all(e.state is ExecState.SUCCEEDED for e in acc.runs.values())
+        await wait_for(decided, 10.0, "the claim's decisions and the runs they keep")
+    acc = await account(node, kv, s, t0, t0 + 5000)
+    assert not acc.missing
+    assert {(t - t0) // 1000: r for t, r in acc.skips.items()} == why
+    assert sorted((t - t0) // 1000 for t in acc.runs if t > t0) == list(ran)
+    assert node.restarts == 0, node.restart_reasons

@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from scheduler.errors import InvalidArgument
 from scheduler.timeplan import MissedRuns, SkipReason, parse_spec
 from scheduler.timeplan.missed import MissedKind, SkipRange, cut_out, decide_missed, split_around
 
@@ -166,3 +167,32 @@ def test_cut_out_a_dead_owners_skip() -> None:
         SkipRange(SkipReason.OUTSIDE_CATCHUP_WINDOW, T0 + 20_116, T0 + 23_047)]
     assert cut_out(r, [(T0 + 1_000, T0 + 18_888), (T0 + 23_047, T0 + 30_000)]) == [r]
     assert cut_out(r, [(T0, T0 + 30_000)]) == []
+
+
+def test_inherited_runs_go_through_the_policy_with_the_catch_up() -> None:
+    """A claim's decision over the runs a dead owner wrote ahead (planner/inherited.py): the catch-up's runs are
+    the newest, and count first."""
+    from scheduler.timeplan.missed import decide_inherited
+
+    times = [3_000, 1_000, 2_000]  # any order
+    now = 10_000
+    assert decide_inherited(times, 0, now, MissedRuns.SKIP) == dict.fromkeys((1_000, 2_000, 3_000),
+                                                                               SkipReason.POLICY_SKIP)
+    # latest: the newest inherited one runs only if the catch-up runs nothing
+    assert decide_inherited(times, 0, now, MissedRuns.LATEST) == dict.fromkeys((1_000, 2_000),
+                                                                                 SkipReason.POLICY_SKIP)
+    assert decide_inherited(times, 1, now, MissedRuns.LATEST) == dict.fromkeys((1_000, 2_000, 3_000),
+                                                                                 SkipReason.POLICY_SKIP)
+    # all: the cap counts the catch-up's runs first, then the newest inherited ones
+    assert decide_inherited(times, 1, now, MissedRuns.ALL, None, 3) == {1_000: SkipReason.OVER_CAP}
+    assert decide_inherited(times, 3, now, MissedRuns.ALL, None, 3) == dict.fromkeys((1_000, 2_000, 3_000),
+                                                                                      SkipReason.OVER_CAP)
+    assert decide_inherited(times, 0, now, MissedRuns.ALL, None, 10) == {}  # a cap above them all: every one runs
+    # the window counts back from now, whatever the policy
+    assert decide_inherited(times, 0, now, MissedRuns.ALL, 8_500, 10) == {
+        1_000: SkipReason.OUTSIDE_CATCHUP_WINDOW}
+    assert decide_inherited(times, 0, now, MissedRuns.LATEST, 8_000) == {
+        1_000: SkipReason.OUTSIDE_CATCHUP_WINDOW, 2_000: SkipReason.OUTSIDE_CATCHUP_WINDOW}
+    assert decide_inherited([], 2, now, MissedRuns.SKIP) == {}
+    with pytest.raises(InvalidArgument, match="catchup_cap"):
+        decide_inherited(times, 0, now, MissedRuns.ALL, None, 0)

@@ -1,0 +1,63 @@
+"""A claim's missed-run decisions over the runs its predecessor wrote ahead and never handed out.
+
+An owner writes each run up to `lookahead_ms` before it is due and moves its checkpoint past it: the
+run's planned time is handled, its record stands. If the owner dies before the run is due, the next
+owner finds the record waiting, and it is as late as the planned times after the checkpoint, which the
+claim's catch-up decides by the schedule's missed-run policy (`Materializer.catch_up`). Left as they
+stood, such runs started late at the takeover whatever the policy (an outside audit, session 28:
+`missed=skip`, two runs written ahead ran 8.5 s late beside the catch-up's `policy_skip` records). Here
+the policy is applied to them together with the catch-up (`decide_inherited`), and the ones it does not
+run are skipped in their own records, with its reason, before the claim's first write.
+
+Only a run that can have had no effect and that the policy owns: a schedule's own planned time (not an
+operator's trigger, backfill, rerun or replay), never handed to a worker by a written dispatch (no
+attempt; a hand-out of a reserved first attempt cannot start once the skip has moved the record), of
+the activation the claim tracks, and due beyond the late grace. Schedules that the claim withdraws runs
+of anyway (paused, changed, deleted, an earlier incarnation's runs) are left to that; so are schedules
+held as a saturated pool's, whose runs the dead owner would have run late (docs/time.md, "Backpressure").
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Collection, Iterable, Mapping
+
+from scheduler.execution import ExecState, Execution, Trigger, skip
+from scheduler.model import ScheduleState
+from scheduler.planner.materialize import Tracked
+from scheduler.timeplan.missed import decide_inherited
+
+
+def inherited_missed(
+    waiting: Iterable[Execution],
+    schedules: Mapping[str, Tracked],
+    owed_from: Mapping[str, int],
+    catch_up_runs: Iterable[Execution],
+    horizon_ms: int,
+    left_out: Collection[str],
+) -> list[tuple[Execution, Execution]]:
+    """(record, its skip) for each inherited run the missed-run policy does not run.
+
+    `owed_from`: per schedule, where the claim's catch-up began (what the checkpoint said was handled, or
+    a hold's start); only runs planned at or before it are inherited. `catch_up_runs`: the runs the catch-up
+    decided to make. `horizon_ms`: the catch-up horizon (now minus the late grace). `left_out`: schedule ids
+    the claim handles otherwise."""
+    by_schedule: dict[str, list[Execution]] = {}
+    for x in waiting:
+        sid = x.schedule_id
+        if (x.state is not ExecState.SCHEDULED or x.trigger is not Trigger.SCHEDULED or x.run_trigger is not None
+                or x.attempts or x.due_ms > horizon_ms or sid in left_out):
+            continue
+        sch = schedules.get(sid)
+        if sch is None or sch.stored.schedule.state is ScheduleState.PAUSED:
+            continue
+        if sch.stored.activated_ms < x.planned_ms <= owed_from.get(sid, -1):
+            by_schedule.setdefault(sid, []).append(x)
+    runs = Counter(e.schedule_id for e in catch_up_runs)
+    out: list[tuple[Execution, Execution]] = []
+    for sid, xs in by_schedule.items():
+        p = schedules[sid].stored.schedule.policies
+        why = decide_inherited([x.planned_ms for x in xs], runs[sid], horizon_ms, p.missed_runs,
+                               p.catchup_window_ms, p.catchup_cap)
+        out += [(x, skip(x, why[x.planned_ms].value)) for x in xs if x.planned_ms in why]
+    return out
