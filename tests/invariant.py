@@ -976,7 +976,15 @@ def expected_catch_up(log: Log, sid: str, start: Start) -> dict[int, str]:
             out.update({t: "run" for t in keep})
     # Runs the dead owner wrote ahead and never handed out, as late as the times above: the policy takes them
     # with the current activation's catch-up, all of them older (docs/time.md, "Missed runs").
-    cur = next((a for a in reversed(acts) if a.at_ms <= start.at_ms), None)
+    # A change at the start's very instant may have landed after the claim's listing (a pause there: the claim
+    # decided on the active schedule; the stateful twin): judged by the version before it. A skip for the change's
+    # own reason is judged by that reason's rule.
+    at = start.at_ms
+    if any(x.at_ms == start.at_ms for x in log.versions.get(sid, [])):
+        at = start.at_ms - 1
+        v = log.version_at(sid, at) or v
+        p = v.policies
+    cur = next((a for a in reversed(acts) if a.at_ms <= at), None)
     cands = start.inherited.get(sid, [])
     if cands and cur is not None and v.state == "active" and cur.rev < start.ck_rev and sid not in start.late_holds:
         wm = min(start.watermark_ms, start.holds.get(sid, start.watermark_ms))

@@ -1471,3 +1471,12 @@ def test_a_lost_hand_out_ends_when_another_owner_claims() -> None:
     owner key of the planner that handed it out): the checker now ends it there, and the run's wait from then on
     is judged as any retry's (behind its schedule's runs in flight)."""
     _replay("lost_hand_out_behind_a_backfill.json")
+
+
+def test_an_inherited_runs_skip_at_a_claim_a_pause_followed_in_the_same_instant() -> None:
+    """Found by the machine (full mode, session 29, the claim's missed-run decision over inherited runs): s1 (every
+    second, missed=skip) had runs written ahead when its owner was killed; the next owner claimed at 6.0 s and
+    skipped s1@1 (`policy_skip`, 5 s late), and a pause landed at the same fake instant, after the claim's
+    listing. The checker modelled the claim on the paused version and found nothing missed; a change at the
+    start's instant is now judged by the version before it (a `paused` skip by its own rule)."""
+    _replay("inherited_skip_at_a_pause_at_the_claim.json")
