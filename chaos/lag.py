@@ -12,7 +12,7 @@ from chaos import faults as catalogue
 from chaos.context import SLACK_MS, Context
 from chaos.index import Attempt as IdxAttempt
 from chaos.record import FaultRecord
-from scheduler.execution import Execution, Trigger
+from scheduler.execution import ExecState, Execution, Trigger
 from scheduler.ids import execution_id
 from scheduler.timeplan import Overlap
 
@@ -22,6 +22,7 @@ _WAITS = (Overlap.BUFFER_ONE, Overlap.BUFFER_ALL)  # policies whose runs wait, b
 # Policies under which a run also waits for a run of its schedule that started after its due time (docs/time.md,
 # "What counts as overlap": that run was no overlap, so it is neither skipped nor run beside it; it queues).
 _QUEUES = (Overlap.SKIP, *_WAITS)
+_ASKED = (Trigger.REPLAY, Trigger.RERUN)  # an operator's new run of a planned time (`LagChecks._asked_again`)
 
 
 def percentile(xs: Iterable[int], q: float) -> float:
@@ -39,16 +40,17 @@ class LagChecks(Context):
         settle = int(self.s.lag.settle_s * 1000)
         return [(o.t_ms, (o.t_end_ms or o.t_ms) + settle) for o in self.run.ops if o.op == "switchover" and o.ok]
 
-    def _lost_with_worker(self, rec: Execution | None, started_h: int) -> int | None:
+    def _lost_with_worker(self, rec: Execution | None, started_h: int, after_h: int | None = None) -> int | None:
         """Harness ms at which a fault (F5, F7) killed the worker an attempt of this run was out on, before
-        the run's first accepted start (the attempt left no effect, or was cut short by the kill), else None."""
+        the run's first accepted start (the attempt left no effect, or was cut short by the kill), else None.
+        `after_h`: only attempts dispatched after it (those of an operator's replay or rerun)."""
         if rec is None:
             return None
         for a in rec.attempts:
             if not a.worker or not a.dispatched_ms:
                 continue
             out = self.idx.harness_ms(a.dispatched_ms)
-            if out >= started_h:
+            if out >= started_h or (after_h is not None and out < after_h):
                 continue
             for f in self.faults:
                 if not out - SLACK_MS <= f.start_ms <= started_h:
@@ -94,6 +96,21 @@ class LagChecks(Context):
             if planned_h < f.start_ms < started and self.outage(f):
                 held = f  # the latest one begun while it waited
         return held
+
+    def _asked_again(self, eid: str, planned_h: int, started: int) -> int | None:
+        """Harness ms of the last operator replay or rerun of this run seen after its due time and before its
+        first accepted start, else None. No attempt before it had started (the first accepted start is after
+        it): the run that started is the one the operator asked for, and its lag counts from the request. A
+        game day's run whose only attempt the sink refused as stale was dead-lettered, replayed 1,051 s later
+        and started at once; read from its planned time, with a worker kill in between, it was `lag-worker-lost`.
+        """
+        asked = None
+        for _, seen, rec in self.idx.records.get(eid, []):
+            if seen >= started:
+                break
+            if seen > planned_h and rec.state is ExecState.SCHEDULED and rec.run_trigger in _ASKED:
+                asked = seen
+        return asked
 
     def _resumed_while_waiting(self, sid: str, planned_h: int, started: int) -> int | None:
         """Harness ms of the resume that ended a pause of `sid` begun after this run came due and before it
@@ -166,6 +183,11 @@ class LagChecks(Context):
                 self.bump("waited_for_resume")
                 planned_h = resumed
                 raw = started - planned_h
+            asked = self._asked_again(eid, planned_h, started)
+            if asked is not None:
+                self.bump("asked_again_by_operator")
+                planned_h = asked
+                raw = started - planned_h
             # A run still waiting when a fault began is that fault's (it was due just before the planner
             # froze or died: its planned time alone would put it outside every window).
             hit = bisect.bisect_right(fault_starts, started) - 1
@@ -174,7 +196,7 @@ class LagChecks(Context):
             if (held := self._held_by_outage(planned_h, started)) is not None:
                 f = held
             i3.checked += 1
-            lost = self._lost_with_worker(final[2] if final is not None else None, started)
+            lost = self._lost_with_worker(final[2] if final is not None else None, started, asked)
             lost = lost if lost is not None else ahead_killed
             if lost is not None:
                 # Its attempt died with its worker: judged from the kill, on the bound that the heartbeat

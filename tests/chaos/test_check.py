@@ -12,7 +12,17 @@ import pytest
 
 from chaos.check import EXIT, check_run, fixed_period_ms, independent_times, planned_times
 from chaos.record import FaultRecord, OpRecord, Run, WatchRecord, load_run, write_run
-from scheduler.execution import ErrorClass, ExecState, Execution, Trigger, dispatch, new_execution, result, started
+from scheduler.execution import (
+    ErrorClass,
+    ExecState,
+    Execution,
+    Trigger,
+    dispatch,
+    new_execution,
+    replay,
+    result,
+    started,
+)
 from scheduler.ids import ExecutionId, FencingToken, execution_id
 from scheduler.model import ScheduleState
 from scheduler.store.codec import encode_schedule
@@ -705,6 +715,49 @@ def test_a_run_that_waited_through_a_pause_is_judged_from_the_resume(
         assert fails_by.get("I3", 0) >= 1, fails_by
     else:
         assert not fails_by, fails_by
+
+
+@pytest.mark.parametrize(("start_after_replay_ms", "fails"), [(30, False), (4_000, True)])
+def test_a_replayed_dead_letter_is_judged_from_the_replay(
+        tmp_path: Path, start_after_replay_ms: int, fails: bool) -> None:
+    """s-009's run at 45 s never started: its one attempt was refused (the sink took it for stale) and it ended
+    a dead letter; a worker was killed meanwhile; an operator replayed it at 80 s. Started 30 ms after the replay
+    it is on time: it is the run the operator asked for (a game day read such a run, replayed 1,051 s after its
+    planned time, as `lag-worker-lost`). Started 4 s after the replay, outside any fault window, it is late."""
+    x, _ = clean_run(tmp_path / "run")
+    sid, t, again = "s-009", T0 + 45_000, T0 + 80_000
+    p = partition_for(sid, P)
+    node, tok = x.owners[p]
+    token = FencingToken(p, tok)
+    key = KS.execution(p, sid, t).decode()
+    x.watch = [w for w in x.watch if w.key != key]
+    x.effects = [e for e in x.effects if e.exec_id != execution_id(sid, t)]
+    x.faults.append(FaultRecord(1, "F7", "r1-w1", t + 2_000, t + 3_000, {}, "worker", "worker crash",
+                                healthy_ms=t + 3_100))
+    e = new_execution(id=execution_id(sid, t), schedule_id=sid, tenant="t", pool="default", task_type="http",
+                      planned_ms=t, due_ms=t, trigger=Trigger.SCHEDULED, retry=POLICIES.retry, timeout_ms=30_000)
+    x.record(e, t - 1000)
+    e = dispatch(e, worker="r1-w1", planner=node, token=token, now_ms=t + 3)
+    x.record(e, t + 3)
+    e, _ = result(e, 1, succeeded=False, error_class=ErrorClass.PERMANENT, message="refused as stale",
+                  now_ms=t + 50, worker="r1-w1")
+    assert e.state is ExecState.DEAD_LETTER, e.state
+    x.record(e, t + 50)
+    e = replay(e, again)
+    x.record(e, again)
+    x.ops.append(OpRecord(again - 10, "replay", sid, True, again + 10))
+    begin = again + start_after_replay_ms
+    e = dispatch(e, worker="r1-w2", planner=node, token=token, now_ms=begin - 20)
+    e = started(e, e.attempt, begin - 10, "r1-w2")
+    x.record(e, begin - 10)
+    x.effect(e.id, e.attempt, token, "r1-w2", begin, begin + 80)
+    e, _ = result(e, e.attempt, succeeded=True, error_class=None, message="", now_ms=begin + 100, worker="r1-w2")
+    x.record(e, begin + 100)
+    _, fails_by, _ = judged(x.build(tmp_path / "w"))
+    if fails:
+        assert fails_by.get("I3", 0) >= 1, fails_by
+    else:
+        assert "I3" not in fails_by, fails_by
 
 
 @pytest.mark.parametrize("first_attempt_ends_ms", [11_500, 12_100])
