@@ -1022,7 +1022,13 @@ def judge(log: Log, es: list[Execution], ranges: dict[str, list[tuple[int, int, 
     by_id = {e.id: e for e in es}
     effects: dict[str, list[Effect]] = {}
     by_sched: dict[str, list[Effect]] = {}
+    # Handed out by such a planner at this very instant, its start not yet asked for: judged above once it is
+    # (refused), not as a run in progress (the stateful twin: a thawed stale planner handed out s1@54 at the
+    # instant s1@56 ended, and the check in between read it as two runs at once).
+    pending = {id(f) for f in log.stale if f.start_ms >= now and not f.outcome}
     for f in log.effects:
+        if id(f) in pending:
+            continue
         effects.setdefault(f.eid, []).append(f)
         by_sched.setdefault(f.sid, []).append(f)
 

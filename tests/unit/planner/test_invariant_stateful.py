@@ -1480,3 +1480,12 @@ def test_an_inherited_runs_skip_at_a_claim_a_pause_followed_in_the_same_instant(
     listing. The checker modelled the claim on the paused version and found nothing missed; a change at the
     start's instant is now judged by the version before it (a `paused` skip by its own rule)."""
     _replay("inherited_skip_at_a_pause_at_the_claim.json")
+
+
+def test_a_stale_hand_out_is_not_a_run_before_its_start_is_refused() -> None:
+    """Found by the machine (full mode, session 29, reserved first attempts; 158 steps, not shrunk): a planner
+    frozen at 53.3 s and superseded was thawed at 63.6 s and handed out s1@54, reserved before the freeze, at
+    the instant s1@56 ended. Its start is refused (the owner key changed), but the check at that instant came
+    before the worker asked, and read the hand-out as a run beside s1@56. A stale hand-out is judged once its
+    start has been asked for."""
+    _replay("stale_hand_out_at_a_thaw_pending_start.json")
