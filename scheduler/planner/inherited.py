@@ -15,21 +15,27 @@ attempt; a hand-out of a reserved first attempt cannot start once the skip has m
 the activation the claim tracks, and due beyond the late grace. Schedules that the claim withdraws runs
 of anyway (paused, changed, deleted, an earlier incarnation's runs) are left to that; so are schedules
 held as a saturated pool's, whose runs the dead owner would have run late (docs/time.md, "Backpressure").
+So is a run that may have waited by its schedule's overlap policy: its schedule has a run in flight (or
+waiting for its retry), or one of its runs was out after the run came due. Such a run was not missed by
+the outage but queued behind another (a region drill in CI: slow-001@52 waited behind a slow run 4 s
+before the region died, and the standby's claim skipped it as `policy_skip`); the dispatch round decides
+it as the dead owner would have.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 
-from scheduler.execution import ExecState, Execution, Trigger, skip
+from scheduler.execution import HOLDING, ExecState, Execution, Trigger, skip
 from scheduler.model import ScheduleState
 from scheduler.planner.materialize import Tracked
 from scheduler.timeplan.missed import decide_inherited
 
 
 def inherited_missed(
-    waiting: Iterable[Execution],
+    waiting: Sequence[Execution],
+    ended: Callable[[str], Sequence[Execution]],
     schedules: Mapping[str, Tracked],
     owed_from: Mapping[str, int],
     catch_up_runs: Iterable[Execution],
@@ -41,12 +47,15 @@ def inherited_missed(
     `owed_from`: per schedule, where the claim's catch-up began (what the checkpoint said was handled, or
     a hold's start); only runs planned at or before it are inherited. `catch_up_runs`: the runs the catch-up
     decided to make. `horizon_ms`: the catch-up horizon (now minus the late grace). `left_out`: schedule ids
-    the claim handles otherwise."""
+    the claim handles otherwise. `ended`: the final records of a schedule's runs that left flight while a run
+    of it waited (PendingIndex.ended)."""
+    busy = {x.schedule_id for x in waiting if x.state in HOLDING}
     by_schedule: dict[str, list[Execution]] = {}
     for x in waiting:
         sid = x.schedule_id
         if (x.state is not ExecState.SCHEDULED or x.trigger is not Trigger.SCHEDULED or x.run_trigger is not None
-                or x.attempts or x.due_ms > horizon_ms or sid in left_out):
+                or x.attempts or x.due_ms > horizon_ms or sid in left_out or sid in busy
+                or any(a.dispatched_ms and a.finished_ms > x.due_ms for r in ended(sid) for a in r.attempts)):
             continue
         sch = schedules.get(sid)
         if sch is None or sch.stored.schedule.state is ScheduleState.PAUSED:

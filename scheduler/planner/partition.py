@@ -285,7 +285,8 @@ class PartitionPlanner:
                                 decided = done.value
                                 break
                             await pacer.pace()
-                        missed = inherited_missed(self.pending.values(), self.schedules, owed, decided[0],
+                        missed = inherited_missed(list(self.pending.values()), self.pending.ended, self.schedules,
+                                                  owed, decided[0],
                                                   now - self.s.late_grace_ms,
                                                   {*self._withdraw, *self._late_held})
                     LOAD_HEAP.loaded(len(self.schedules))
