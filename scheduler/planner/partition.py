@@ -806,11 +806,16 @@ class PartitionPlanner:
         Applied in a later dispatch pass, a revive came after a withdrawal that had passed the record by while
         it was still skipped: a run revived for a schedule deleted meanwhile, or for a time paused meanwhile,
         was left scheduled for good (the stateful twin)."""
+        await self._transition_all(pairs, "a revive")
+
+    async def _transition_all(self, pairs: list[tuple[Execution, Execution]], what: str) -> None:
+        """Commit (record, its next state) pairs, fenced, all or a reload: a lost CAS means someone else changed
+        a record since it was read (an operator's rerun or cancel), and the truth is read again."""
         ok = await self._commit([self.ledger.cas_op(new, old.mod_revision, now_ms=self.clock.wall_ms(),
                                                     old_state=old.state) for old, new in pairs])
         for (_old, new), (applied, rev) in zip(pairs, ok, strict=False):
-            if not applied:  # changed under us (an operator's rerun of that time): read the truth again
-                raise Restart("a revive compare-and-swap lost: someone else changed the record")
+            if not applied:
+                raise Restart(f"{what} compare-and-swap lost: someone else changed the record")
             self.pending.put(with_revision(new, rev))
 
     def _withdrawals(self, now_ms: int) -> dict[str, tuple[Execution, Execution]]:
@@ -1245,13 +1250,7 @@ class PartitionPlanner:
                                  max(self.ck.watermark_ms, now - self.s.late_grace_ms), self.ck.sched_rev)
 
     async def _skip_missed(self, pairs: list[tuple[Execution, Execution]]) -> None:
-        now = self.clock.wall_ms()
-        ok = await self._commit([self.ledger.cas_op(new, old.mod_revision, now_ms=now, old_state=old.state)
-                                 for old, new in pairs])
-        for (_old, new), (applied, rev) in zip(pairs, ok, strict=False):
-            if not applied:  # changed since the claim read it (an operator's cancel): read the truth again
-                raise Restart("a missed run's skip compare-and-swap lost: someone else changed the record")
-            self.pending.put(with_revision(new, rev))
+        await self._transition_all(pairs, "a missed run's skip")
         log.info("inherited runs missed", extra={
             "event": "inherited_missed", "partition": self.p, "skipped": len(pairs),
             "reasons": dict(Counter(new.skip_reason for _, new in pairs))})

@@ -486,10 +486,7 @@ async def _decided_after(node: PlannerNode, kv: EtcdClient, s: Schedule, t0: int
     return not acc.missing
 
 
-running_node = running
-
-
-@pytest.mark.parametrize(("missed", "cap", "ran", "why", "running"), [
+@pytest.mark.parametrize(("missed", "cap", "ran", "why", "in_flight"), [
     (MissedRuns.SKIP, 1, (), {1: "policy_skip", 2: "policy_skip", 3: "policy_skip", 4: "policy_skip",
                               5: "policy_skip"}, False),
     (MissedRuns.SKIP, 1, (), {}, True),
@@ -499,7 +496,7 @@ running_node = running
 ])
 async def test_runs_a_dead_owner_wrote_ahead_are_missed_by_its_policy(
         kv: EtcdClient, key_prefix: str, missed: MissedRuns, cap: int, ran: tuple[int, ...],
-        why: dict[int, str], running: bool) -> None:
+        why: dict[int, str], in_flight: bool) -> None:
     """An outside audit (session 28): `missed=skip`, the runs a killed owner had written ahead ran 8.5 s late at
     the takeover while the times after its watermark were recorded `policy_skip`. The owner here ran the run at
     T and wrote T+1..T+3 s ahead (watermark T+3 s) before it died; the claim, about 6 s after T, finds T+1..T+5 s
@@ -521,22 +518,22 @@ async def test_runs_a_dead_owner_wrote_ahead_are_missed_by_its_policy(
                                  timeout_ms=60_000), **kw)  # type: ignore[arg-type]
 
     done = Attempt(1, "w1", "dead", FencingToken(p, 1), t0 + 10, t0 + 60_000, started_ms=t0 + 20,
-                   finished_ms=0 if running else t0 + 30, succeeded=not running, ran_ms=0 if running else 10)
+                   finished_ms=0 if in_flight else t0 + 30, succeeded=not in_flight, ran_ms=0 if in_flight else 10)
     ahead = [rec(t0 + k * 1000) for k in (1, 2, 3)]  # written ahead, never handed out
-    first = rec(t0, state=ExecState.RUNNING if running else ExecState.SUCCEEDED, attempt=1, attempts=(done,))
+    first = rec(t0, state=ExecState.RUNNING if in_flight else ExecState.SUCCEEDED, attempt=1, attempts=(done,))
     for e in (first, *ahead):
         await kv.put(ks.execution(p, s.id, e.planned_ms), encode_execution(e))
     rev = (await kv.get(ks.execution(p, s.id, t0 + 3000))).mod_revision  # type: ignore[union-attr]
     await kv.put(ks.checkpoint(p), Checkpoint(p, t0 + 3000, 0, "dead", 1, max(rev, s.version)).encode())
-    if running:
+    if in_flight:
         # The run at T still out (its worker gone with the owner): T+1..T+3 may have waited behind it by the
         # overlap policy, not missed by the outage. The claim leaves them to the dispatch round.
-        async with running_node(node):
+        async with running(node):
             await wait_for(lambda: _decided_after(node, kv, s, t0), 10.0, "the claim's catch-up")
         acc = await account(node, kv, s, t0, t0 + 3000)
         assert not acc.skips, acc.skips
         return
-    async with running_node(node):
+    async with running(node):
         async def decided() -> bool:
             acc = await account(node, kv, s, t0, t0 + 5000)
             return not acc.missing and all(e.state is ExecState.SUCCEEDED for e in acc.runs.values())
