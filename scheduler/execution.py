@@ -269,15 +269,16 @@ def hand_out(e: Execution, *, worker: str, planner: str, token: FencingToken, no
                     start_timeout_ms=start_timeout_ms)
 
 
-def retire_reserved(e: Execution, now_ms: int) -> Execution:
+def retire_reserved(e: Execution, now_ms: int, *, worker: str = "", message: str = RESERVED_MESSAGE) -> Execution:
     """The reserved attempt recorded as never started (not counted by the retry policy), so that no other
     dispatch takes its number: its owner may have handed it to a worker, which can still ask to start it
-    (refused: the record has moved) and report it not started (stale: a later attempt is current)."""
+    (refused: the record has moved) and report it not started (stale: a later attempt is current).
+    `worker`, `message`: the worker's own not-started report of it (`result`), when that is what retires it."""
     if e.reserved is None:
         return e
     n = e.attempt + 1
-    gone = Attempt(n, "", "", e.reserved, 0, 0, finished_ms=now_ms, error_class=ErrorClass.TRANSIENT,
-                   message=RESERVED_MESSAGE, never_started=True)
+    gone = Attempt(n, worker, "", e.reserved, 0, 0, finished_ms=now_ms, error_class=ErrorClass.TRANSIENT,
+                   message=message, never_started=True)
     return _evolve(e, reserved=None, attempt=n, attempts=(*e.attempts, gone))
 
 
@@ -368,6 +369,16 @@ def result(
     stale. So is a not-started report from a worker other than the one whose start was recorded. Written
     dispatches give every (id, attempt) one token and one worker; a reserved attempt handed out without a
     write leaves only these checks between a handed-out copy that never ran and the attempt that did."""
+    if not_started and e.state is ExecState.SCHEDULED and e.reserved is not None and attempt == e.attempt + 1 \
+            and token in (None, e.reserved):
+        # The reserved attempt, handed out unwritten, never started, as read from etcd (its owner no longer
+        # holds it: the record as created). Its start CAS may still be in flight: sent as etcd lost its quorum,
+        # it can land after the worker gave up waiting for the answer (game day, session 28: RUNNING for a
+        # worker that had dropped it, 6-10 s until its new owner gave it up). Retiring the number is a CAS
+        # from the creation revision, the one that start CAS compares: exactly one of them lands, and a start
+        # that landed first makes this the starter's not-started report of a RUNNING attempt (below).
+        return (retire_reserved(e, now_ms, worker=worker, message=message[:2000] or RESERVED_MESSAGE),
+                Disposition.RECORDED)
     if e.attempt != attempt or e.state not in IN_FLIGHT:
         cur = e.current
         if cur is not None and cur.attempt == attempt and cur.finished_ms:

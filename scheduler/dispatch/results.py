@@ -105,7 +105,9 @@ class ResultReport:
 def _recorded(e: Execution) -> Recorded:
     if e.state is ExecState.DEAD_LETTER:
         return Recorded.DEAD_LETTERED
-    return Recorded.RETRY_SCHEDULED if e.state is ExecState.RETRY_WAIT else Recorded.FINISHED
+    # SCHEDULED: a reserved attempt reported never started, retired (execution.result); the run waits for its
+    # next attempt like a retry.
+    return Recorded.RETRY_SCHEDULED if e.state in (ExecState.RETRY_WAIT, ExecState.SCHEDULED) else Recorded.FINISHED
 
 
 def outcome(r: wpb.Result) -> tuple[bool, ErrorClass | None]:

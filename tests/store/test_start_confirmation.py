@@ -49,12 +49,12 @@ async def kv(etcd_server: EtcdCluster) -> AsyncIterator[EtcdClient]:
 
 
 @contextlib.asynccontextmanager
-async def planner(kv: EtcdClient, prefix: str, *, reserve: bool = True
+async def planner(kv: EtcdClient, prefix: str, *, reserve: bool = True, start_timeout_ms: int = START_TIMEOUT_MS
                   ) -> AsyncIterator[tuple[PlannerNode, Dispatcher, int]]:
     """`reserve`: the first attempt reserved with the create and handed out unwritten (the default), or every
     dispatch written (docs/keyspace.md, "Reserved first attempt")."""
     node = PlannerNode(kv, Keyspace(prefix), COORD, SYSTEM_CLOCK,
-                       planner=replace(FAST, reserve_first_attempt=reserve))
+                       planner=replace(FAST, reserve_first_attempt=reserve, start_timeout_ms=start_timeout_ms))
     d = node.make_dispatcher()
     server, port = await start_server(d, "127.0.0.1", 0)
     task = asyncio.create_task(node.run())
@@ -411,3 +411,93 @@ async def test_a_start_its_planner_cannot_confirm_is_answered_unknown_and_anothe
     assert ack.disposition == wpb.START_DISPOSITION_STARTED, ack
     cur = after.current
     assert after.state is ExecState.RUNNING and cur is not None and cur.worker == "w1" and after.attempt == 1, after
+
+
+class _HeldWrites:
+    """A planner's etcd as the quorum goes: a write is taken and no answer comes (outcome unknown); it commits
+    later, when the quorum is back (`land`). Reads time out meanwhile."""
+
+    def __init__(self, kv: EtcdClient) -> None:
+        self.kv = kv
+        self.held: list[tuple[Any, Any, Any]] = []
+
+    async def txn(self, compare: Any, success: Any = (), failure: Any = (), *, timeout: float | None = None) -> Any:
+        self.held.append((compare, success, failure))
+        raise EtcdOutcomeUnknown("etcd lost its quorum")
+
+    async def get(self, *args: Any, **kwargs: Any) -> Any:
+        raise Unavailable("etcd has no leader")
+
+    async def land(self) -> list[Any]:
+        return [await self.kv.txn(c, s, f) for c, s, f in self.held]
+
+
+async def report_elsewhere(kv: EtcdClient, prefix: str, result: wpb.Result) -> wpb.ResultAckEntry:
+    """Another planner, owning nothing, serves worker w1's stream and records its `result` (read, decide, CAS)."""
+    other = PlannerNode(kv, Keyspace(prefix), replace(COORD, node_id="n2"), SYSTEM_CLOCK, planner=FAST)
+    server, port = await start_server(other.make_dispatcher(), "127.0.0.1", 0)
+    try:
+        w = Client(port, "w1")
+        try:
+            await w.next("welcome")
+            w.send(results=wpb.Results(results=[result]))
+            ack: wpb.ResultAckEntry = (await w.next("result_ack")).acks[0]
+            return ack
+        finally:
+            await w.close()
+    finally:
+        await server.stop(None)
+
+
+@RESERVE
+@pytest.mark.parametrize("first", ["report", "start"], ids=["report-first", "start-first"])
+async def test_a_start_that_lands_after_the_worker_gave_up_cannot_strand_the_run(
+    kv: EtcdClient, key_prefix: str, reserve: bool, first: str
+) -> None:
+    """Game day, session 28 (reserved): an owner's start CAS went out as etcd lost its quorum and committed
+    when it came back, after the worker had given up waiting for the answer and reported the attempt not
+    started. The report was answered stale (the record, read from etcd, was still as created) and the
+    start then made it RUNNING for a worker that had dropped it: the run waited 6-10 s for its new owner to
+    find that out. Whichever of the report and the start commits first, the run must be dispatched again at
+    once, and the worker's start of attempt 1 must never have been confirmed after its report."""
+    prefix = key_prefix.rstrip("/")
+    # A long start timeout: the owner must not re-dispatch on its own; only the worker's report may.
+    async with planner(kv, prefix, reserve=reserve, start_timeout_ms=60_000) as (node, _d, port):
+        planned = await one_shot(node, "quorum")
+        async with first_assignment(port) as (w, a):
+            e = await record(node, kv, "quorum", planned)
+            assert e.state is BEFORE_START[reserve]
+            e = node.lookup_pending(e.id) or e  # the owner's view: its hand-out (reserved), or the record
+            cut_off = _HeldWrites(kv)
+            owner_losing_quorum = StartRecorder(
+                kv=cut_off, ledger=node.ledger, ks=node.ks, partitions=COORD.partitions,  # type: ignore[arg-type]
+                clock=SYSTEM_CLOCK, lookup=lambda eid: e if eid == e.id else None, on_started=lambda _e: None,
+                notice_for=lambda _s, _p: ())
+            acks: list[wpb.StartAckEntry] = []
+            owner_losing_quorum.enqueue("w1", start_request(a).starts, acks.extend)
+            async with asyncio.timeout(5):
+                while not acks:
+                    await asyncio.sleep(0.01)
+            assert acks[0].disposition == wpb.START_DISPOSITION_UNKNOWN, acks
+            assert len(cut_off.held) == 1
+            not_started = wpb.Result(execution_id=a.execution_id, attempt=a.attempt, fencing_token=a.fencing_token,
+                                     outcome=execution_pb2.ATTEMPT_OUTCOME_FAILED,
+                                     error_class=execution_pb2.ERROR_CLASS_TRANSIENT, not_started=True,
+                                     message="not started: no start acknowledgement within start_timeout")
+            if first == "start":
+                landed = await cut_off.land()
+                assert (await record(node, kv, "quorum", planned)).state is ExecState.RUNNING
+                ack = await report_elsewhere(kv, prefix, not_started)
+            else:
+                ack = await report_elsewhere(kv, prefix, not_started)
+                landed = await cut_off.land()
+            applied = node.ledger.cas_results(landed[0])[0]
+            assert ack.disposition == wpb.RESULT_DISPOSITION_RECORDED, ack
+            assert applied is (first == "start"), "a start committed after the worker's report must not apply"
+            w.send(credits=wpb.Credits(credits=1))
+            again = (await w.next("assignments", timeout=10)).assignments[0]
+            after = await record(node, kv, "quorum", planned)
+    assert (again.execution_id, again.attempt) == (a.execution_id, 2), again
+    one = after.attempts[0]
+    assert one.attempt == 1 and one.never_started and not one.started_ms, one
+    assert after.attempt == 2 and after.state is ExecState.DISPATCHED, after

@@ -335,3 +335,29 @@ def test_not_started_from_another_worker_than_the_recorded_starter_is_stale() ->
     # The starter's own not-started report (its StartAck was lost) ends it as before.
     ended, d = result(h, 1, worker="w1", **kw)  # type: ignore[arg-type]
     assert d is Disposition.RECORDED and ended.state is ExecState.RETRY_WAIT
+
+
+def test_a_reserved_attempt_reported_never_started_on_the_record_as_created_is_retired() -> None:
+    """Game day, session 28: the owner handed attempt 1 out unwritten and lost its session as etcd lost its
+    quorum; the worker's start CAS was still in flight when it gave up waiting and reported it not started.
+    Read from etcd the record is as created (SCHEDULED, attempt 1 reserved): the report must move it, from
+    the creation revision that start CAS compares, so that at most one of the two lands."""
+    stored = decode_execution(encode_execution(created(E)), 100)
+    kw = dict(succeeded=False, error_class=ErrorClass.TRANSIENT, message="not started: no start acknowledgement",
+              now_ms=T0 + 4000, worker="w1", not_started=True)
+    gone, d = result(stored, 1, token=MINE, **kw)  # type: ignore[arg-type]
+    assert d is Disposition.RECORDED and gone.state is ExecState.SCHEDULED and gone.reserved is None
+    one = gone.current
+    assert one is not None and (one.attempt, one.token, one.worker, one.never_started) == (1, MINE, "w1", True)
+    assert one.message.startswith("not started") and one.finished_ms == T0 + 4000
+    # Dispatchable at once as attempt 2, with the retry budget untouched.
+    two = dispatch(gone, worker="", planner="p2", token=OTHER, now_ms=T0 + 4100)
+    assert [a.attempt for a in two.attempts] == [1, 2] and two.attempts[0].never_started
+    # Only the reserved number, under its own token (or none given), and only not-started reports.
+    assert result(stored, 2, token=MINE, **kw)[1] is Disposition.STALE  # type: ignore[arg-type]
+    assert result(stored, 1, token=OTHER, **kw)[1] is Disposition.STALE  # type: ignore[arg-type]
+    assert result(stored, 1, succeeded=True, error_class=None, message="", now_ms=T0 + 4000,
+                  token=MINE)[1] is Disposition.STALE
+    # Retired already (another dispatch, or this very report again): the report is stale.
+    assert result(two, 1, token=MINE, **kw)[1] is Disposition.STALE  # type: ignore[arg-type]
+    assert result(gone, 1, token=MINE, **kw)[1] is Disposition.DUPLICATE  # type: ignore[arg-type]
