@@ -30,9 +30,14 @@ from scheduler.store.etcd.ops import Compare, delete, get, put
 from scheduler.store.fenced import Fence
 from scheduler.store.keyspace import Keyspace
 from scheduler.store.kv import KV
-from scheduler.store.session import Session
+from scheduler.store.session import Session, revoke_lease
 
 log = logging.getLogger(__name__)
+
+# A lost session's lease is revoked again this often while etcd does not answer (bounded by renew_interval),
+# for at most this long: long enough for a quorum to come back, and the TTL ends the lease anyway after that.
+REVOKE_RETRY_EVERY_S = 0.25
+REVOKE_RETRY_FOR_S = 60.0
 
 
 class LostReason(StrEnum):
@@ -136,6 +141,7 @@ class Ownership:
         self._wake = asyncio.Event()
         self._changed_owned = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._revokes: set[asyncio.Task[None]] = set()  # lost sessions' leases still being revoked
         self._resign = False  # resign() asked the current session to end
         self.resigned = 0  # sessions given up for it
 
@@ -280,8 +286,31 @@ class Ownership:
             for t in caches:
                 t.cancel()
             await asyncio.gather(*caches, return_exceptions=True)
+            for t in self._revokes:
+                t.cancel()
+            await asyncio.gather(*self._revokes, return_exceptions=True)
             if self.session is not None:
                 await self.session.close(revoke=True)
+
+    def _revoke_later(self, lease_id: int) -> None:
+        task = asyncio.create_task(self._revoke_until_gone(lease_id), name=f"revoke-{lease_id:x}")
+        self._revokes.add(task)
+        task.add_done_callback(self._revokes.discard)
+
+    async def _revoke_until_gone(self, lease_id: int) -> None:
+        """Revoke a lost session's lease once etcd answers again, so that its owner keys go as soon as the
+        quorum is back rather than a TTL later. Alongside the next session, which never shares the lease."""
+        give_up = self._clock.monotonic() + REVOKE_RETRY_FOR_S
+        tries = 1
+        while self._clock.monotonic() < give_up:
+            await asyncio.sleep(min(self._s.renew, REVOKE_RETRY_EVERY_S))
+            tries += 1
+            if await revoke_lease(self._kv, lease_id, self._s.rpc_timeout):
+                log.info("lease of a lost session revoked", extra={"event": "lease_revoked_late",
+                                                                   "lease": f"{lease_id:x}", "tries": tries})
+                return
+        log.warning("lease of a lost session not revoked: etcd did not answer; its TTL ends it",
+                    extra={"event": "lease_revoke_given_up", "lease": f"{lease_id:x}", "tries": tries})
 
     async def drain(self) -> None:
         """Stop claiming and hand every partition over (after in-flight writes finish)."""
@@ -343,8 +372,13 @@ class Ownership:
             # loss, then a 0.4 s session of its own stood as a member owning nothing, and its peers waited
             # orphan_grace to rescue its share: 12 runs 8.2-8.4 s late). Always safe: we own nothing any more
             # (_drop_all above) and every write is fenced on its owner key. With etcd unreachable the revoke
-            # fails after rpc_timeout and the lease expires on its own.
-            await session.close(revoke=True)
+            # fails after rpc_timeout, and `_revoke_later` keeps trying: a lease does not expire while etcd has
+            # no quorum, and the leader elected when it is back gives every lease a fresh TTL (game day, session
+            # 28: owner keys of sessions lost in a quorum loss stood 3.1 s after the quorum was back, and their
+            # runs started 8.6 s late).
+            lease_id = session.lease_id
+            if not await session.close(revoke=True):
+                self._revoke_later(lease_id)
 
     async def _wait_for_change(self, lost: asyncio.Task[object]) -> None:
         events = (self.members.changed, self.owners.changed, self.drains.changed, self._wake)

@@ -8,12 +8,12 @@ and nobody told us anything; owners stop all work at that moment.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 
 from scheduler.config import CoordinationSettings
 from scheduler.errors import SchedError
 from scheduler.store.etcd.deadline import LeaseObserver
+from scheduler.store.etcd.errors import LeaseNotFound
 from scheduler.store.kv import KV, Keeper
 
 log = logging.getLogger(__name__)
@@ -56,12 +56,24 @@ class Session:
             return self._keeper.lost_reason is not None and self._keeper.lost_reason.name == "EXPIRED"
         return not self._keeper.alive()
 
-    async def close(self, *, revoke: bool = True) -> None:
-        """Stop renewing; revoking hands our partitions over at once instead of after the TTL."""
+    async def close(self, *, revoke: bool = True) -> bool:
+        """Stop renewing; revoking hands our partitions over at once instead of after the TTL. True if the
+        lease is known gone (revoked now, or etcd no longer has it); False if the revoke was not answered
+        (etcd unreachable: the caller may try again, `revoke_lease`) or not asked for."""
         keeper, self._keeper = self._keeper, None
         if keeper is None:
-            return
+            return False
         await keeper.stop()
-        if revoke:
-            with contextlib.suppress(Exception):  # best effort: the TTL expires it anyway
-                await self._kv.lease_revoke(keeper.lease_id, timeout=self._settings.rpc_timeout)
+        return revoke and await revoke_lease(self._kv, keeper.lease_id, self._settings.rpc_timeout)
+
+
+async def revoke_lease(kv: KV, lease_id: int, timeout: float) -> bool:
+    """One revoke, bounded by `timeout`: True if the lease is gone (revoked, or not found: expired or revoked
+    before), False if etcd did not answer or refused (the TTL expires it anyway, once etcd has a leader)."""
+    try:
+        await kv.lease_revoke(lease_id, timeout=timeout)
+    except LeaseNotFound:
+        return True
+    except Exception:  # best effort, never fatal: unreachable, no leader, outcome unknown
+        return False
+    return True

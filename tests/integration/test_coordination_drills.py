@@ -387,6 +387,62 @@ async def test_planners_ride_out_member_kills_in_a_3_member_cluster(etcd_cluster
     assert_clean(report, d)
 
 
+# Longer than FAST's lease, so that a lease etcd keeps until its TTL ends is told apart from one revoked as soon
+# as etcd answers: renew + 2 x rpc_timeout (1.3) <= lease_ttl - safety_margin (5.7).
+QUORUM_TTL = 6.0
+QUORUM_SETTINGS = {**FAST, "lease_ttl": str(int(QUORUM_TTL))}
+
+
+async def _old_leases_gone(d: Drill, old: set[int], timeout: float) -> float:
+    """Wait until no owner key is held by a lease in `old`; return the monotonic time it was first seen."""
+    give_up = time.monotonic() + timeout
+    while time.monotonic() < give_up:
+        try:
+            r = await d.kv.range(d.ks.owners, prefix=True, timeout=1.0)
+        except Exception:  # etcd still electing a leader
+            await asyncio.sleep(0.05)
+            continue
+        if not {kv.lease for kv in r.kvs} & old:
+            return time.monotonic()
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"owner keys of the lost sessions still stand {timeout:.0f}s after the quorum came back")
+
+
+async def test_a_quorum_loss_longer_than_the_lease_frees_the_partitions_as_soon_as_etcd_answers(
+        etcd_cluster3: EtcdCluster, drills: DrillFactory) -> None:
+    """Game day, session 28: two of three members frozen for 3 s (F4). Every planner's local deadline passed
+    and it dropped its partitions, but its revoke found no leader, and a lease does not expire without one:
+    the leader elected after the thaw gave it a fresh TTL, and the owner keys stood 3.1 s after the quorum was
+    back (runs 8.6 s late). The planners now revoke a lost session's lease again until etcd answers."""
+    d = await drills(etcd_cluster3, "quorum", partitions=16)
+    nodes = ["q1", "q2"]
+    for n in nodes:
+        d.planners.start(n, settings=QUORUM_SETTINGS)
+    await d.converge(nodes, "planners to split on the 3-member cluster", timeout=STARTUP + 4 * QUORUM_TTL)
+    r = await d.kv.range(d.ks.owners, prefix=True, timeout=2.0)
+    old = {kv.lease for kv in r.kvs}
+    assert len(old) == 2 and 0 not in old, old
+    frozen = [i for i in range(3) if i != await _leader_index(etcd_cluster3)]  # the leader loses its quorum
+    for i in frozen:
+        etcd_cluster3.pause(i)
+    try:
+        await asyncio.sleep(QUORUM_TTL + 1.5)  # past every planner's local deadline: each drops its partitions
+    finally:
+        for i in frozen:
+            etcd_cluster3.resume(i)
+    t_back = time.monotonic()
+    gone = await _old_leases_gone(d, old, timeout=4 * QUORUM_TTL) - t_back
+    recovered = await _recovered(d, nodes, "quorum back", timeout=30)
+    revoked = {n: len(d.planners[n].events("lease_revoked_late")) for n in nodes}
+    report = await d.history()
+    d.record("quorum_loss_revoke", {"old_leases_gone_after_thaw_s": round(gone, 3), "revoked_late": revoked,
+                                    "recovered_after_thaw_s": round(recovered, 3), "history": report.summary(0)})
+    # Revoked once etcd answers (an election, then one retry interval), not when a fresh TTL ends (>= 6 s).
+    assert gone < QUORUM_TTL / 2, f"the lost sessions' owner keys stood {gone:.2f}s after the thaw: {revoked}"
+    assert sum(revoked.values()) >= 1, revoked
+    assert_clean(report, d)
+
+
 async def test_planners_recover_after_the_single_etcd_member_is_killed(etcd_factory: EtcdFactory,
                                                                        drills: DrillFactory) -> None:
     cluster = etcd_factory(size=1)
