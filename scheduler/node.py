@@ -307,7 +307,7 @@ class PlannerNode:
         (no wake: nothing for the round to do, and starts come thousands a second)."""
         planner = self.planners.get(self.store.partition(e.schedule_id))
         if planner is not None:
-            planner.pending.put(e)
+            planner.record_started(e)
 
     def _notice_unless_owned(self, schedule_id: str, planned_ms: int) -> list[Op]:
         """A notice for the owner when this node changes a record of a partition it does not own."""

@@ -215,6 +215,7 @@ class PartitionPlanner:
         # written after planning says its writer knew. Events during load() wait in `_loading`.
         self.sched_rev = 0
         self._loading: list[Callable[[], None]] | None = None
+        self._listing_rev = 0  # the revision the load's ledger listing was read at
         self.reload = False  # the node's schedule watch lost events (compaction): reload from etcd
         self.ck = Checkpoint(partition, 0, 0)
         self.wake = asyncio.Event()
@@ -322,6 +323,7 @@ class PartitionPlanner:
         self._recorded, self._known_skips = listing.recorded, known_skips
         self._guard_until = max([t for ts in listing.recorded.values() for t in ts]
                                 + [b for rs in known_skips.values() for _, b in rs], default=0)
+        self._listing_rev = listing.revision
         self.pending.clear()
         for e in listing.unfinished:
             self.pending.put(e)
@@ -1187,8 +1189,33 @@ class PartitionPlanner:
 
     def record_transition(self, e: Execution) -> None:
         """A result recorded by this node's dispatcher: keep the snapshot current."""
+        if self._loading is not None:
+            self._loading.append(lambda: self._take_if_newer(e, wake=True))
+            return
         self.pending.put(e)
         self.wake.set()
+
+    def record_started(self, e: Execution) -> None:
+        """A start recorded by this node's dispatcher (no wake: nothing for the round to do, and starts come
+        thousands a second)."""
+        if self._loading is not None:
+            self._loading.append(lambda: self._take_if_newer(e, wake=False))
+            return
+        self.pending.put(e)
+
+    def _take_if_newer(self, e: Execution, *, wake: bool) -> None:
+        """A start or result this node recorded while the partition was being read, taken in after the load.
+        The load clears the snapshot after its reads and fills it from the listing, which may have read the
+        record before the write: taken in at once, the write was lost, and the owner held a run that had
+        ended as still running (game day, session 30: every3-006@22 succeeded during a reload; its buffered
+        successor waited 8.3 s, until the worker's heartbeats showed the run gone). Unless the listing read
+        the write or something newer (its revision, or the version now held, is at least the write's)."""
+        old = self.pending.get(e.id)
+        if (old.mod_revision if old is not None else self._listing_rev) >= e.mod_revision:
+            return
+        self.pending.put(e)
+        if wake:
+            self.wake.set()
 
     async def sweep(self, now_ms: int) -> int:
         """Retention (planner/retention.py), fenced like every owner write. Returns how many were deleted."""

@@ -501,3 +501,60 @@ async def test_a_start_that_lands_after_the_worker_gave_up_cannot_strand_the_run
     one = after.attempts[0]
     assert one.attempt == 1 and one.never_started and not one.started_ms, one
     assert after.attempt == 2 and after.state is ExecState.DISPATCHED, after
+
+
+class _SlowListing:
+    """The node's etcd, where the next read of a partition's executions listing is answered late: read at
+    once, then held until the test lets it through (a reload whose listing took a while on a loaded node)."""
+
+    def __init__(self, kv: EtcdClient) -> None:
+        self._kv = kv
+        self.prefix: bytes | None = None  # armed: the listing of this partition is held once
+        self.read = asyncio.Event()
+        self.release = asyncio.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._kv, name)
+
+    async def range(self, key: Any, **kw: Any) -> Any:
+        r = await self._kv.range(key, **kw)
+        if self.prefix is not None and key == self.prefix:
+            self.prefix = None
+            self.read.set()
+            await self.release.wait()
+        return r
+
+
+@RESERVE
+async def test_a_result_recorded_while_the_partition_reloads_is_not_lost(
+    kv: EtcdClient, key_prefix: str, reserve: bool
+) -> None:
+    """Game day, session 30: a partition restarted (a write's outcome unknown) and reloaded; a run of it
+    succeeded meanwhile, recorded by this very node. The load clears its snapshot after reading the ledger
+    and fills it from that reading: the result, taken in before, was lost, and the owner held the run as
+    still running. Its buffered successor waited 8.3 s, until the worker's heartbeats showed the run gone
+    (with overlap skip it would have been skipped as overlapping a run that had ended)."""
+    prefix = key_prefix.rstrip("/")
+    slow = _SlowListing(kv)
+    async with planner(slow, prefix, reserve=reserve) as (node, _d, port):  # type: ignore[arg-type]
+        planned = await one_shot(node, "reloaded")
+        p = node.store.partition("reloaded")
+        async with first_assignment(port) as (w, a):
+            w.send(started=start_request(a))
+            assert (await w.next("start_ack")).acks[0].disposition == wpb.START_DISPOSITION_STARTED
+            assert (await record(node, kv, "reloaded", planned)).state is ExecState.RUNNING
+            slow.prefix = node.ks.executions(p)
+            node.planners[p].reload = True  # as after a lost watch event: the partition restarts and reloads
+            node.planners[p].wake.set()
+            async with asyncio.timeout(10):
+                await slow.read.wait()  # the new load has read the ledger: the run is RUNNING there
+            w.send(results=ok(a))
+            ack = (await w.next("result_ack")).acks[0]
+            assert ack.disposition == wpb.RESULT_DISPOSITION_RECORDED, ack
+            slow.release.set()
+            async with asyncio.timeout(10):
+                while (planner_now := node.planners.get(p)) is None or planner_now.stats.rounds == 0:
+                    await asyncio.sleep(0.02)
+            held = node.lookup_pending(a.execution_id)
+            assert (await record(node, kv, "reloaded", planned)).state is ExecState.SUCCEEDED
+    assert held is None, f"the owner still holds the ended run: {held}"
