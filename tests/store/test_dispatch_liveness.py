@@ -103,10 +103,10 @@ async def record(node: PlannerNode, kv: EtcdClient, sid: str, planned_ms: int) -
 
 
 @contextlib.asynccontextmanager
-async def planner(kv: EtcdClient, prefix: str, node_id: str = "n1",
-                  run: bool = True) -> AsyncIterator[tuple[PlannerNode, Dispatcher, int]]:
+async def planner(kv: EtcdClient, prefix: str, node_id: str = "n1", run: bool = True,
+                  settings: PlannerSettings = FAST) -> AsyncIterator[tuple[PlannerNode, Dispatcher, int]]:
     """A node serving WorkerService; with run=False it claims no partitions (records results only)."""
-    node = PlannerNode(kv, Keyspace(prefix), replace(COORD, node_id=node_id), SYSTEM_CLOCK, planner=FAST)
+    node = PlannerNode(kv, Keyspace(prefix), replace(COORD, node_id=node_id), SYSTEM_CLOCK, planner=settings)
     d = node.make_dispatcher()
     server, port = await start_server(d, "127.0.0.1", 0)
     task = asyncio.create_task(node.run() if run else asyncio.sleep(0))
@@ -295,11 +295,14 @@ async def test_a_running_attempt_a_worker_still_lists_is_kept_by_the_next_owner(
         finally:
             await w1.close()
     running = [wpb.RunningAttempt(execution_id=a1.execution_id, attempt=1, fencing_token=a1.fencing_token)]
-    async with planner(kv, prefix, "n2") as (node2, _d2, port2):
+    # The worker heartbeats from this process's event loop, which the planner shares: a timeout of a few
+    # stalls, not one (a 0.54 s stall of a loaded machine outlasted 0.5 s, and the attempt was given up).
+    patient = replace(FAST, heartbeat_timeout=1.5)
+    async with planner(kv, prefix, "n2", settings=patient) as (node2, _d2, port2):
         w1 = Client(port2, "w1", running)  # the worker lives on and reconnects to the next planner
         try:
             await w1.next("welcome")
-            await asyncio.sleep(COORD.lease_ttl + 3 * FAST.heartbeat_timeout + 1)  # claim, then well past the grace
+            await asyncio.sleep(COORD.lease_ttl + 3 * patient.heartbeat_timeout + 1)  # claim, then past the grace
             e = await record(node2, kv, "alive", planned)
             assert e.state is ExecState.RUNNING and e.attempt == 1, e
         finally:
