@@ -922,12 +922,19 @@ def owed_times(log: Log, sid: str, until_ms: int) -> dict[int, Version]:
     return out
 
 
-def expected_catch_up(log: Log, sid: str, start: Start) -> dict[int, str]:
+def expected_catch_up(log: Log, sid: str, start: Start, *, before: bool = False) -> dict[int, str]:
     """What the missed-run policy says for the times behind a (re)start: "run" or a skip reason. The
     times of each activation between the watermark and the start, under the policies in effect at the
     start (a catch-up is decided when it is made), each activation's times on their own (its window and
-    cap count back from its end)."""
-    v = log.version_at(sid, start.at_ms)
+    cap count back from its end).
+
+    `before`: as decided by a claim that listed the schedule before the changes made at its very instant
+    landed (the same fake instant): the whole decision, its catch-up and the runs it inherited, with the
+    version in force just before. The judge takes either reading (the stateful twin, session 30: a handover
+    and two updates at one instant; the claim decided both parts with the version before, and the checker
+    judged the catch-up with the one after and the inherited runs with the one before)."""
+    at = start.at_ms - 1 if before else start.at_ms
+    v = log.version_at(sid, at)
     if v is not None and v.state == "deleted" and v.at_ms == start.at_ms:
         # Deleted at the instant of the start: the claim may have listed the schedule before the delete landed
         # (the same fake instant; the stateful twin: a graceful handover and a delete at 14.877 s), and then
@@ -949,9 +956,9 @@ def expected_catch_up(log: Log, sid: str, start: Start) -> dict[int, str]:
             continue
         acts.append(x)
     for i, a in enumerate(acts):
-        if a.at_ms > start.at_ms:
+        if a.at_ms > at:
             break
-        end = acts[i + 1].activated_ms if i + 1 < len(acts) and acts[i + 1].at_ms <= start.at_ms else horizon
+        end = acts[i + 1].activated_ms if i + 1 < len(acts) and acts[i + 1].at_ms <= at else horizon
         # Owed from the watermark if the checkpoint's writer knew the activation, else from its instant: a
         # create or change made after the writer's last checkpoint but before the watermark it wrote (which
         # runs `lookahead_ms` ahead) was planned by nobody (docs/time.md, Activation).
@@ -975,15 +982,10 @@ def expected_catch_up(log: Log, sid: str, start: Start) -> dict[int, str]:
             out.update({t: "over_cap" for t in inside if t not in keep})
             out.update({t: "run" for t in keep})
     # Runs the dead owner wrote ahead and never handed out, as late as the times above: the policy takes them
-    # with the current activation's catch-up, all of them older (docs/time.md, "Missed runs").
-    # A change at the start's very instant may have landed after the claim's listing (a pause there: the claim
-    # decided on the active schedule; the stateful twin): judged by the version before it. A skip for the change's
-    # own reason is judged by that reason's rule.
-    at = start.at_ms
-    if any(x.at_ms == start.at_ms for x in log.versions.get(sid, [])):
-        at = start.at_ms - 1
-        v = log.version_at(sid, at) or v
-        p = v.policies
+    # with the current activation's catch-up, all of them older (docs/time.md, "Missed runs"). A change at the
+    # start's very instant may have landed after the claim's listing (a pause there: the claim decided on the
+    # active schedule; the stateful twin): `before`. A skip for the change's own reason is judged by that
+    # reason's rule.
     cur = next((a for a in reversed(acts) if a.at_ms <= at), None)
     cands = start.inherited.get(sid, [])
     if cands and cur is not None and v.state == "active" and cur.rev < start.ck_rev and sid not in start.late_holds:
@@ -1106,7 +1108,9 @@ def judge(log: Log, es: list[Execution], ranges: dict[str, list[tuple[int, int, 
     starts = log.starts
     catch: dict[str, list[tuple[Start, dict[int, str]]]] = {}
     for sid in log.versions:
-        catch[sid] = [(s, expected_catch_up(log, sid, s)) for s in starts]
+        at_once = {x.at_ms for x in log.versions[sid]}
+        catch[sid] = [(s, expected_catch_up(log, sid, s, before=b)) for s in starts
+                      for b in ((False, True) if s.at_ms in at_once else (False,))]
 
     def later_time_due(sid: str, p: int, by: int) -> bool:
         """A planned time of sid after p came due by `by`, under the version in force when it came due: the next

@@ -1489,3 +1489,13 @@ def test_a_stale_hand_out_is_not_a_run_before_its_start_is_refused() -> None:
     before the worker asked, and read the hand-out as a run beside s1@56. A stale hand-out is judged once its
     start has been asked for."""
     _replay("stale_hand_out_at_a_thaw_pending_start.json")
+
+
+def test_a_claim_with_changes_at_its_instant_is_judged_whole_by_one_version() -> None:
+    """Found by the machine (full mode, session 30, both dispatch modes): a graceful handover at 31.8 s, and at
+    the same fake instant two updates of s1 (missed=all cap 2 in a pool without workers, then every 2 s with
+    missed=skip). The claim had listed s1 before they landed: its catch-up ran s1@26 and, the cap counting that
+    run, skipped the oldest inherited run s1@24 `over_cap`. The checker judged the catch-up by the version after
+    the updates (missed=skip: nothing run) and the inherited runs by the one before, so the cap had room and
+    s1@24 looked not missed. A claim is now judged whole by either version."""
+    _replay("catch_up_and_inherited_runs_at_a_handover_with_changes_at_its_instant.json")
