@@ -138,21 +138,28 @@ async def first_assignment(port: int) -> AsyncIterator[tuple[Client, wpb.Assignm
         await w.close()
 
 
-async def start_elsewhere(kv: EtcdClient, prefix: str, a: wpb.Assignment) -> wpb.StartAckEntry:
-    """Another planner, owning nothing, serves worker w1's stream and answers its Started for `a`."""
+@contextlib.asynccontextmanager
+async def elsewhere(kv: EtcdClient, prefix: str) -> AsyncIterator[Client]:
+    """Worker w1's stream to another planner, owning nothing: it reads, decides and CASes what w1 sends."""
     other = PlannerNode(kv, Keyspace(prefix), replace(COORD, node_id="n2"), SYSTEM_CLOCK, planner=FAST)
     server, port = await start_server(other.make_dispatcher(), "127.0.0.1", 0)
     try:
         w = Client(port, "w1")
         try:
             await w.next("welcome")
-            w.send(started=start_request(a))
-            ack: wpb.StartAckEntry = (await w.next("start_ack")).acks[0]
-            return ack
+            yield w
         finally:
             await w.close()
     finally:
         await server.stop(None)
+
+
+async def start_elsewhere(kv: EtcdClient, prefix: str, a: wpb.Assignment) -> wpb.StartAckEntry:
+    """Another planner, owning nothing, serves worker w1's stream and answers its Started for `a`."""
+    async with elsewhere(kv, prefix) as w:
+        w.send(started=start_request(a))
+        ack: wpb.StartAckEntry = (await w.next("start_ack")).acks[0]
+        return ack
 
 
 # What etcd holds for an attempt handed out and not yet started: the record as created with its reserved
@@ -363,6 +370,20 @@ async def test_a_start_of_a_dispatch_by_an_earlier_owner_is_refused(kv: EtcdClie
     assert (await record(node, kv, "moved", planned)).state is BEFORE_START[reserve]
 
 
+async def start_through(link: Any, node: PlannerNode, e: Execution, a: wpb.Assignment) -> wpb.StartAckEntry:
+    """The owner's answer to worker w1's start of `a`, from its view of the run (`e`: its hand-out, or the
+    record), recorded through `link`, a stand-in for its etcd."""
+    owner = StartRecorder(kv=link, ledger=node.ledger, ks=node.ks, partitions=COORD.partitions, clock=SYSTEM_CLOCK,
+                          lookup=lambda eid: e if eid == e.id else None, on_started=lambda _e: None,
+                          notice_for=lambda _s, _p: ())
+    acks: list[wpb.StartAckEntry] = []
+    owner.enqueue("w1", start_request(a).starts, acks.extend)
+    async with asyncio.timeout(5):
+        while not acks:
+            await asyncio.sleep(0.01)
+    return acks[0]
+
+
 class _LostAnswers:
     """A planner's etcd behind a flaky link: its writes land (or not) but their answers are lost, and its
     reads time out (the half game day gd-s20b: an owner's start CAS landed, its answer and the read-back
@@ -394,16 +415,8 @@ async def test_a_start_its_planner_cannot_confirm_is_answered_unknown_and_anothe
             e = await record(node, kv, "gray", planned)
             assert e.state is BEFORE_START[reserve]
             e = node.lookup_pending(e.id) or e  # the owner's view: its hand-out (reserved), or the record
-            owner_behind_a_flaky_link = StartRecorder(
-                kv=_LostAnswers(kv, land=landed), ledger=node.ledger, ks=node.ks, partitions=COORD.partitions,  # type: ignore[arg-type]
-                clock=SYSTEM_CLOCK, lookup=lambda eid: e if eid == e.id else None, on_started=lambda _e: None,
-                notice_for=lambda _s, _p: ())
-            acks: list[wpb.StartAckEntry] = []
-            owner_behind_a_flaky_link.enqueue("w1", start_request(a).starts, acks.extend)
-            async with asyncio.timeout(5):
-                while not acks:
-                    await asyncio.sleep(0.01)
-            assert acks[0].disposition == wpb.START_DISPOSITION_UNKNOWN, acks
+            ack = await start_through(_LostAnswers(kv, land=landed), node, e, a)  # the owner behind a flaky link
+            assert ack.disposition == wpb.START_DISPOSITION_UNKNOWN, ack
             assert (await record(node, kv, "gray", planned)).state is (
                 ExecState.RUNNING if landed else BEFORE_START[reserve])
             ack = await start_elsewhere(kv, prefix, a)  # the worker's second ask
@@ -434,19 +447,10 @@ class _HeldWrites:
 
 async def report_elsewhere(kv: EtcdClient, prefix: str, result: wpb.Result) -> wpb.ResultAckEntry:
     """Another planner, owning nothing, serves worker w1's stream and records its `result` (read, decide, CAS)."""
-    other = PlannerNode(kv, Keyspace(prefix), replace(COORD, node_id="n2"), SYSTEM_CLOCK, planner=FAST)
-    server, port = await start_server(other.make_dispatcher(), "127.0.0.1", 0)
-    try:
-        w = Client(port, "w1")
-        try:
-            await w.next("welcome")
-            w.send(results=wpb.Results(results=[result]))
-            ack: wpb.ResultAckEntry = (await w.next("result_ack")).acks[0]
-            return ack
-        finally:
-            await w.close()
-    finally:
-        await server.stop(None)
+    async with elsewhere(kv, prefix) as w:
+        w.send(results=wpb.Results(results=[result]))
+        ack: wpb.ResultAckEntry = (await w.next("result_ack")).acks[0]
+        return ack
 
 
 @RESERVE
@@ -469,16 +473,8 @@ async def test_a_start_that_lands_after_the_worker_gave_up_cannot_strand_the_run
             assert e.state is BEFORE_START[reserve]
             e = node.lookup_pending(e.id) or e  # the owner's view: its hand-out (reserved), or the record
             cut_off = _HeldWrites(kv)
-            owner_losing_quorum = StartRecorder(
-                kv=cut_off, ledger=node.ledger, ks=node.ks, partitions=COORD.partitions,  # type: ignore[arg-type]
-                clock=SYSTEM_CLOCK, lookup=lambda eid: e if eid == e.id else None, on_started=lambda _e: None,
-                notice_for=lambda _s, _p: ())
-            acks: list[wpb.StartAckEntry] = []
-            owner_losing_quorum.enqueue("w1", start_request(a).starts, acks.extend)
-            async with asyncio.timeout(5):
-                while not acks:
-                    await asyncio.sleep(0.01)
-            assert acks[0].disposition == wpb.START_DISPOSITION_UNKNOWN, acks
+            asked = await start_through(cut_off, node, e, a)  # the owner as etcd loses its quorum
+            assert asked.disposition == wpb.START_DISPOSITION_UNKNOWN, asked
             assert len(cut_off.held) == 1
             not_started = wpb.Result(execution_id=a.execution_id, attempt=a.attempt, fencing_token=a.fencing_token,
                                      outcome=execution_pb2.ATTEMPT_OUTCOME_FAILED,
