@@ -4,14 +4,17 @@ who made it, when, and how it ended, in etcd under `audit/` (docs/keyspace.md).
 One put per event, written before the call's answer leaves the server, so an answered call is in the
 log (a planner that dies between the change and the put loses that one event; the action itself is
 never undone for it). A put that fails is tried twice more (idempotent: the same key and value), which
-delays that answer by at most three `timeout`s. Bounded by count: every `trim_every` writes a node
-counts the log and deletes the oldest beyond `max_events`, so the log stays at most
-`max_events + trim_every x nodes` long. Two nodes trimming at once delete the same oldest keys: harmless.
+delays that answer by at most three `timeout`s; after that the answer goes, and the put is tried again in the
+background for up to a minute (logged `audit_delayed`, then `audit_recorded_late` or `audit_lost`).
+Bounded by count: every `trim_every` writes a node counts the log and deletes the oldest beyond
+`max_events`, so the log stays at most `max_events + trim_every x nodes` long. Two nodes trimming at once
+delete the same oldest keys: harmless.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import logging
@@ -26,6 +29,9 @@ from scheduler.store.kv import KV
 log = logging.getLogger("scheduler.audit")
 
 _RETRY_DELAYS = (0.1, 0.3)  # seconds before the second and third try of an event's put
+# Then, in the background, every AUDIT_LATE_EVERY_S, AUDIT_LATE_TRIES times (a minute: an etcd without quorum).
+AUDIT_LATE_EVERY_S = 0.5
+AUDIT_LATE_TRIES = 120
 
 # Calls that change state; reads are not audited (they would drown the rest, and change nothing).
 _AUDITED = {
@@ -95,35 +101,72 @@ class AuditLog:
         self.max_events, self.trim_every, self.timeout = max_events, trim_every, timeout
         self._seq = itertools.count()
         self._since_trim = trim_every  # trim on the first write: a restarted node may find the log over
+        self._late: set[asyncio.Task[None]] = set()  # events still being put after their call was answered
 
     async def record(self, who: str, action: str, target: str, result: str, message: str = "") -> None:
         now = self.clock.wall_ms()
         key = self.ks.audit_event(now, self.node_id, next(self._seq) % 1_000_000)
         ev = AuditEvent(Keyspace.last_segment(key), now, who, action, target, result, message[:MAX_MESSAGE],
                         self.node_id)
+        # A few tries: the put of one key and value is idempotent (a put whose answer was lost may have landed;
+        # putting it again changes nothing), and a done action left unaudited is an error. The game day lost one
+        # to a flaky link (F10, 200 +- 100 ms) on a single 1 s try.
+        for delay in (*_RETRY_DELAYS, None):
+            try:
+                await self.kv.put(key, ev.encode(), timeout=self.timeout)
+                break
+            except (EtcdError, TimeoutError) as e:
+                if delay is None:
+                    # The action already happened; failing its answer now would make the caller retry it, and
+                    # waiting longer holds the answer. Tried on in the background: a quorum loss outlasts these
+                    # tries (the game day of session 30 lost a trigger's event 0.2 s into an F4).
+                    log.warning("audit event not recorded yet: trying again", extra={
+                        "event": "audit_delayed", "who": who, "action": action, "target": target,
+                        "result": result, "error": str(e)})
+                    task = asyncio.create_task(self._record_late(key, ev), name="audit-late")
+                    self._late.add(task)
+                    task.add_done_callback(self._late.discard)
+                    return
+                await asyncio.sleep(delay)
+        await self._trim_now_and_then()
+
+    async def _record_late(self, key: bytes, ev: AuditEvent) -> None:
+        """Put the event again every AUDIT_LATE_EVERY_S until etcd takes it, AUDIT_LATE_TRIES times at most."""
+        error = "no answer"
         try:
-            # A few tries: the put of one key and value is idempotent (a put whose answer was lost may have
-            # landed; putting it again changes nothing), and a done action left unaudited is an error. The game
-            # day lost one to a flaky link (F10, 200 +- 100 ms) on a single 1 s try.
-            for delay in (*_RETRY_DELAYS, None):
+            for n in range(1, AUDIT_LATE_TRIES + 1):
+                await asyncio.sleep(AUDIT_LATE_EVERY_S)
                 try:
                     await self.kv.put(key, ev.encode(), timeout=self.timeout)
-                    break
-                except (EtcdError, TimeoutError):
-                    if delay is None:
-                        raise
-                    await asyncio.sleep(delay)
-            self._since_trim += 1
-            if self._since_trim >= self.trim_every:
-                self._since_trim = 0
+                except (EtcdError, TimeoutError) as e:
+                    error = str(e)
+                    continue
+                log.info("audit event recorded late", extra={"event": "audit_recorded_late", "action": ev.action,
+                                                             "target": ev.target, "tries": len(_RETRY_DELAYS) + 1 + n})
+                await self._trim_now_and_then()
+                return
+        except asyncio.CancelledError:
+            self._lost(ev, "the process stopped before etcd took it")
+            raise
+        self._lost(ev, f"{error} ({len(_RETRY_DELAYS) + 1 + AUDIT_LATE_TRIES} tries)")
+
+    async def settled(self) -> None:
+        """Wait for the events still being put in the background (tests; a graceful stop)."""
+        await asyncio.gather(*self._late, return_exceptions=True)
+
+    def _lost(self, ev: AuditEvent, error: str) -> None:
+        # A done action left unaudited is an error for the operator; a refused or failed one (etcd down: the
+        # action failed on the same outage, a game day saw 13) changed nothing, so a warning.
+        level = logging.ERROR if ev.result == "OK" else logging.WARNING
+        log.log(level, "audit event not recorded", extra={"event": "audit_lost", "who": ev.who, "action": ev.action,
+                                                           "target": ev.target, "result": ev.result, "error": error})
+
+    async def _trim_now_and_then(self) -> None:
+        self._since_trim += 1
+        if self._since_trim >= self.trim_every:
+            self._since_trim = 0
+            with contextlib.suppress(EtcdError, TimeoutError):  # the next trim catches up
                 await self.trim()
-        except (EtcdError, TimeoutError) as e:
-            # The action already happened; failing its answer now would make the caller retry it. A done
-            # action left unaudited is an error for the operator; a refused or failed one (etcd down: the
-            # action failed on the same outage, a game day saw 13) changed nothing, so a warning.
-            level = logging.ERROR if result == "OK" else logging.WARNING
-            log.log(level, "audit event not recorded", extra={"event": "audit_lost", "who": who, "action": action,
-                                                               "target": target, "result": result, "error": str(e)})
 
     async def trim(self) -> int:
         """Delete the oldest events beyond max_events; returns how many."""
