@@ -68,9 +68,9 @@ HELP: dict[str, str] = {
                          "(keep it above lease_ttl + takeover time)",
     "start_timeout_ms": "ms; a dispatched attempt whose worker has not had its start recorded by then is "
                         "dispatched again (same id) and the worker drops it unrun",
-    "reserve_first_attempt": "true: a run's first attempt is reserved in its create and handed to a worker "
-                             "without a dispatch write (one etcd write less per run); false (default, until a "
-                             "game day with it on passes): every dispatch is written",
+    "reserve_first_attempt": "true (default): a run's first attempt is reserved in its create and handed to a "
+                             "worker without a dispatch write (one etcd write less per run); false: every "
+                             "dispatch is written",
     "event_loop": "asyncio or uvloop (needs `pip install uvloop`); the event loop the process runs on "
                   "(bench/README.md measures both)",
     "max_clock_skew": "seconds; a planner whose clock is further than this from the majority of the planners "

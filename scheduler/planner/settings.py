@@ -68,10 +68,10 @@ class PlannerSettings(Settings):
     start_timeout_ms: int = 3_000
     # The first dispatch written with the record's create (docs/keyspace.md, "Reserved first attempt"): the
     # owner hands a run it created to a worker without a dispatch write, the worker's start CAS being the
-    # run's second write instead of its third. Off by default until a game day with it on passes (the first
-    # one, session 28, failed I3 around an etcd quorum loss; not shown to be its doing); on, it saves 17% of
-    # CPU per run below saturation (bench_e2e --compare-reserve).
-    reserve_first_attempt: bool = False
+    # run's second write instead of its third: 17% less CPU per run below saturation (bench_e2e
+    # --compare-reserve). On by default since session 30, after a game day with it on kept every invariant
+    # about runs (docs/keyspace.md); false writes every dispatch.
+    reserve_first_attempt: bool = True
     # Clock-skew guard (docs/time.md, "Clock skew"): peers' clocks are probed every clock_probe_interval;
     # a planner more than max_clock_skew from the majority of the cluster owns no partitions until it has
     # been back in bounds for 3 rounds, and never plans with a wall time further than that from theirs.
