@@ -151,7 +151,7 @@ class AuditLog:
         self._lost(ev, f"{error} ({len(_RETRY_DELAYS) + 1 + AUDIT_LATE_TRIES} tries)")
 
     async def settled(self) -> None:
-        """Wait for the events still being put in the background (tests; a graceful stop)."""
+        """Wait for the events still being put in the background (tests)."""
         await asyncio.gather(*self._late, return_exceptions=True)
 
     def _lost(self, ev: AuditEvent, error: str) -> None:

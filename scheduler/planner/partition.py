@@ -1189,19 +1189,20 @@ class PartitionPlanner:
 
     def record_transition(self, e: Execution) -> None:
         """A result recorded by this node's dispatcher: keep the snapshot current."""
-        if self._loading is not None:
-            self._loading.append(lambda: self._take_if_newer(e, wake=True))
-            return
-        self.pending.put(e)
-        self.wake.set()
+        self._take(e, wake=True)
 
     def record_started(self, e: Execution) -> None:
         """A start recorded by this node's dispatcher (no wake: nothing for the round to do, and starts come
         thousands a second)."""
+        self._take(e, wake=False)
+
+    def _take(self, e: Execution, *, wake: bool) -> None:
         if self._loading is not None:
-            self._loading.append(lambda: self._take_if_newer(e, wake=False))
+            self._loading.append(lambda: self._take_if_newer(e, wake=wake))
             return
         self.pending.put(e)
+        if wake:
+            self.wake.set()
 
     def _take_if_newer(self, e: Execution, *, wake: bool) -> None:
         """A start or result this node recorded while the partition was being read, taken in after the load.
