@@ -567,12 +567,16 @@ class ScheduleService:
             scanned += 1
             last = x.key
             if restricted:
-                last_ok = acc.readable(_record_tenant(x.value))
-                if not last_ok:
+                # The tenant needs the record parsed: decoded once here, not once for it and once after.
+                d = _decoded(x.value, x.mod_revision)
+                last_ok = d is not None and acc.readable(d.tenant)
+                if d is None or not last_ok or (states and d.state not in states):
                     continue
-            if states and peek_state(x.value) not in states:
-                continue
-            e = decode_execution(x.value, x.mod_revision)
+                e = d
+            else:
+                if states and peek_state(x.value) not in states:
+                    continue
+                e = decode_execution(x.value, x.mod_revision)
             if (tenant and e.tenant != tenant) or (lo is not None and e.planned_ms < lo) \
                     or (hi is not None and e.planned_ms >= hi):
                 continue
@@ -614,15 +618,18 @@ class ScheduleService:
         ran: set[int] = set()  # planned times with a record that is not a skip: not listed from a range either
         async for x in scan(self.kv, self.ks.execution(p, sid, floor + 1),
                             self.ks.execution(p, sid, ceil + 1), timeout=self.timeout):
-            if not acc.all_tenants and not acc.readable(_record_tenant(x.value)):
-                continue  # an earlier schedule of this id, another tenant's (deleted, the id used again)
-            if peek_state(x.value) is not ExecState.SKIPPED:
+            e: Execution | None = None
+            if not acc.all_tenants:
+                e = _decoded(x.value, x.mod_revision)  # its tenant is needed anyway: one parse, not two
+                if e is None or not acc.readable(e.tenant):
+                    continue  # an earlier schedule of this id, another tenant's (deleted, the id used again)
+            if (peek_state(x.value) if e is None else e.state) is not ExecState.SKIPPED:
                 # A range covers it, yet it has a run: an operator's backfill (or trigger at that instant) of a
                 # time the policy had skipped. It did run: listing it as skipped told an audit it had not.
                 with contextlib.suppress(ValueError):
                     ran.add(int(Keyspace.last_segment(x.key)))
                 continue
-            e = decode_execution(x.value, x.mod_revision)
+            e = e or decode_execution(x.value, x.mod_revision)
             recorded.append((e.planned_ms, 0, spb.SkippedTime(
                 schedule_id=sid, planned_at=ms_to_timestamp(e.planned_ms), reason=skip_reason_pb(e.skip_reason),
                 execution_id=e.id, message=e.skip_reason)))
@@ -684,11 +691,19 @@ class ScheduleService:
 
 
 def _record_tenant(value: bytes) -> str:
-    """The tenant of a stored execution record without decoding the rest (store/codec.py's `ten`)."""
+    """The tenant of a stored execution record without building the rest (store/codec.py's `ten`)."""
     try:
         return str(json.loads(value).get("ten", ""))
     except (ValueError, AttributeError):
         return ""
+
+
+def _decoded(value: bytes, mod_revision: int) -> Execution | None:
+    """A stored execution record; None for one this build cannot read (listed to nobody restricted to tenants)."""
+    try:
+        return decode_execution(value, mod_revision)
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
 
 
 def _domain(m: pb.Schedule) -> Schedule:

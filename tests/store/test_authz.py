@@ -18,6 +18,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from chaos.infra.etcd import EtcdCluster
 from scheduler._gen.scheduler.v1 import admin_service_pb2 as apb
+from scheduler._gen.scheduler.v1 import execution_pb2 as epb
 from scheduler._gen.scheduler.v1 import schedule_pb2 as pb
 from scheduler._gen.scheduler.v1 import schedule_service_pb2 as spb
 from scheduler._gen.scheduler.v1 import worker_service_pb2 as wpb
@@ -520,6 +521,12 @@ async def test_an_id_deleted_and_used_again_by_another_tenant_leaves_the_old_rec
                             trigger=Trigger.SCHEDULED, retry=RetryPolicy(), timeout_ms=60_000)
     await env.kv.txn([], [env.node.ledger.create_op(dc_replace(skipped, state=ExecState.SKIPPED,
                                                                skip_reason="paused"))])
+    # Her own records she sees (a restricted caller's listing decodes each record once: tenant, state, entry).
+    mine = (await s.ListSkips(spb.ListSkipsRequest(schedule_id="reuse-1"), metadata=env.md("alice"))).skips
+    assert [(x.execution_id, x.message) for x in mine] == [(skipped.id, "paused")], mine
+    listed = await s.ListExecutions(spb.ListExecutionsRequest(
+        schedule_id="reuse-1", states=[epb.EXECUTION_STATE_SKIPPED]), metadata=env.md("alice"))
+    assert [x.execution_id for x in listed.executions] == [skipped.id], listed
     await s.DeleteSchedule(spb.DeleteScheduleRequest(id="reuse-1"), metadata=env.md("alice"))
     await s.CreateSchedule(spb.CreateScheduleRequest(schedule=sched("reuse-1", "billing")), metadata=env.md("bob"))
     before = await env.snapshot()
