@@ -11,8 +11,47 @@ from dataclasses import dataclass, field
 
 from scheduler._gen.scheduler.v1 import worker_service_pb2 as wpb
 from scheduler.dispatch.scope import Scope
+from scheduler.outqueue import JoiningQueue
 
 AttemptKey = tuple[str, int]  # (execution id, attempt)
+ASSIGNMENT_OVERHEAD = 512  # estimated bytes of an Assignment besides its payload (ids, times, token: about 200)
+
+
+def assignments_bytes(m: wpb.Assignments) -> int:
+    return sum(len(a.payload) for a in m.assignments) + ASSIGNMENT_OVERHEAD * len(m.assignments)
+
+
+def _size(m: wpb.PlannerMessage) -> int:
+    kind = m.WhichOneof("body")
+    if kind == "assignments":
+        return assignments_bytes(m.assignments)
+    if kind == "start_ack":
+        return 128 * len(m.start_ack.acks)
+    if kind == "result_ack":
+        return 128 * len(m.result_ack.acks)
+    return 0  # not joined: its size does not matter
+
+
+def _join(last: wpb.PlannerMessage, new: wpb.PlannerMessage) -> bool:
+    """Assignments, start acks and result acks queued one right behind another go as one message (the
+    worker handles the entries of one message in order, as it would the messages)."""
+    kind = new.WhichOneof("body")
+    if kind != last.WhichOneof("body"):
+        return False
+    if kind == "assignments":
+        last.assignments.assignments.extend(new.assignments.assignments)
+    elif kind == "start_ack":
+        last.start_ack.acks.extend(new.start_ack.acks)
+    elif kind == "result_ack":
+        last.result_ack.acks.extend(new.result_ack.acks)
+    else:
+        return False
+    return True
+
+
+def outgoing() -> JoiningQueue[wpb.PlannerMessage]:
+    """A stream's queue of messages to its worker (None ends the stream)."""
+    return JoiningQueue(_join, _size)
 
 
 @dataclass

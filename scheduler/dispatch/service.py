@@ -52,7 +52,7 @@ from scheduler.auth.current import current
 from scheduler.auth.principal import Role
 from scheduler.clock import Clock
 from scheduler.dispatch.affinity import AffinityGate
-from scheduler.dispatch.conn import AttemptKey, Conn
+from scheduler.dispatch.conn import ASSIGNMENT_OVERHEAD, AttemptKey, Conn, outgoing
 from scheduler.dispatch.duplicate import DuplicateDelivery
 from scheduler.dispatch.liveness import Liveness
 from scheduler.dispatch.queue import FairQueue
@@ -61,6 +61,7 @@ from scheduler.dispatch.scope import Scope
 from scheduler.dispatch.starts import StartRecorder
 from scheduler.execution import Execution
 from scheduler.ids import FencingToken
+from scheduler.outqueue import MAX_JOINED_BYTES
 from scheduler.region.affinity import AffinityPolicy, Mode
 from scheduler.region.policy import RegionPolicy
 from scheduler.store.kv import KV
@@ -313,6 +314,7 @@ class Dispatcher:
                     # Judged per item: whether a local stream running *its* task type had credit lately.
                     accepts = lambda t, c=c: c.runs(t) and self._may_go_abroad(c.pool, t)  # type: ignore[misc]  # noqa: E731
             batch: list[wpb.Assignment] = []
+            size = 0
             while c.credits > 0:
                 it = self.queue.take(c.pool, accepts=accepts)
                 if it is None:
@@ -321,16 +323,26 @@ class Dispatcher:
                 a = self._assignment(it)
                 window = a.start_timeout.ToMilliseconds() / 1000 if a.HasField("start_timeout") else 0.0
                 self.liveness.hold(c, (it.e.id, it.e.attempt), it.e.task_type, window)
+                n = len(it.payload) + ASSIGNMENT_OVERHEAD
+                if batch and size + n > MAX_JOINED_BYTES:
+                    # Hundreds of 64 KiB payloads in one message passed gRPC's 4 MiB receive limit: the
+                    # worker's stream broke on it, and again on each re-dispatch of the same runs.
+                    self._send(c, batch, home)
+                    batch, size = [], 0
                 batch.append(a)
+                size += n
             if batch:
-                self.sent += len(batch)
-                if c.region != home:
-                    self.cross_region[c.pool] = self.cross_region.get(c.pool, 0) + len(batch)
-                c.out.put_nowait(wpb.PlannerMessage(assignments=wpb.Assignments(assignments=batch)))
-                if self.duplicate is not None:
-                    self.duplicate.sent(c, batch)
+                self._send(c, batch, home)
             if not len(self.queue):
                 return
+
+    def _send(self, c: Conn, batch: list[wpb.Assignment], home: str) -> None:
+        self.sent += len(batch)
+        if c.region != home:
+            self.cross_region[c.pool] = self.cross_region.get(c.pool, 0) + len(batch)
+        c.out.put_nowait(wpb.PlannerMessage(assignments=wpb.Assignments(assignments=batch)))
+        if self.duplicate is not None:
+            self.duplicate.sent(c, batch)
 
     def _resend(self, c: Conn, a: wpb.Assignment) -> bool:
         """TEST ONLY (F9): `a` once more on `c`, alone, if the stream is still up and has a credit for it.
@@ -432,7 +444,7 @@ class Dispatcher:
         if self.duplicate is not None:
             self.duplicate.start()  # polled from the first stream on: without workers there is nothing to repeat
         conn_id = next(self._ids)
-        c = Conn(h.worker_id, h.pool, h.region, frozenset(h.task_types), asyncio.Queue(),
+        c = Conn(h.worker_id, h.pool, h.region, frozenset(h.task_types), outgoing(),
                  last_seen=self.clock.monotonic(), capacity=h.capacity, scope=scope)
         self.conns[conn_id] = c
         self.liveness.start_watchdog()

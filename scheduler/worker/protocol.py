@@ -9,6 +9,7 @@ from scheduler._gen.scheduler.v1 import execution_pb2 as epb
 from scheduler._gen.scheduler.v1 import worker_service_pb2 as wpb
 from scheduler.clock import Clock
 from scheduler.ids import FencingToken
+from scheduler.outqueue import JoiningQueue
 from scheduler.timeconv import ms_to_duration, ms_to_timestamp
 from scheduler.timeplan.plan import from_ms
 from scheduler.worker.attempt import Attempt, ErrorClass, Outcome, Status
@@ -134,3 +135,34 @@ def credits_message(n: int) -> wpb.WorkerMessage:
 
 def results_message(results: list[wpb.Result]) -> wpb.WorkerMessage:
     return wpb.WorkerMessage(results=wpb.Results(results=results))
+
+
+def _size(m: wpb.WorkerMessage) -> int:
+    kind = m.WhichOneof("body")
+    if kind == "results":
+        return sum(len(r.message) for r in m.results.results) + 256 * len(m.results.results)
+    if kind == "started":
+        return 128 * len(m.started.starts)
+    return 0  # not joined (credits: a number)
+
+
+def _join(last: wpb.WorkerMessage, new: wpb.WorkerMessage) -> bool:
+    """Start requests, results and credit grants queued one right behind another go as one message (the
+    planner handles a message's entries in order, as it would the messages; credits add up)."""
+    kind = new.WhichOneof("body")
+    if kind != last.WhichOneof("body"):
+        return False
+    if kind == "started":
+        last.started.starts.extend(new.started.starts)
+    elif kind == "results":
+        last.results.results.extend(new.results.results)
+    elif kind == "credits":
+        last.credits.credits += new.credits.credits
+    else:
+        return False
+    return True
+
+
+def outgoing() -> JoiningQueue[wpb.WorkerMessage]:
+    """A stream's queue of messages to its planner (None ends the request stream)."""
+    return JoiningQueue(_join, _size)

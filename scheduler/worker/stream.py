@@ -19,6 +19,7 @@ from scheduler._gen.scheduler.v1 import worker_service_pb2_grpc as wgrpc
 from scheduler.auth.bearer import bearer_interceptors, read_token_file
 from scheduler.tasks import cancel_and_wait
 from scheduler.tls import Dialer, client_tls
+from scheduler.worker import protocol
 from scheduler.worker.backoff import Backoff
 from scheduler.worker.settings import WorkerSettings
 
@@ -175,7 +176,7 @@ class PlannerStream:
             await asyncio.sleep(self._backoff.next())
 
     async def _session(self) -> None:
-        queue: asyncio.Queue[wpb.WorkerMessage | None] = asyncio.Queue()
+        queue: asyncio.Queue[wpb.WorkerMessage | None] = protocol.outgoing()
         queue.put_nowait(self._owner.hello())
         call = self.stub.Connect(self._requests(queue))
         self._call = call
