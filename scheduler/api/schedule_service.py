@@ -295,8 +295,11 @@ class ScheduleService:
             if not cursor:
                 break
         got, more = page(matches, lambda st: st.schedule.id, None, size)
+        out = [stored_to_pb(st) for st in got]
+        if (n := paging.fitting(out)) < len(out):
+            got, out, more = got[:n], out[:n], True
         token = paging.encode_token(filters, got[-1].schedule.id) if more else ""
-        return spb.ListSchedulesResponse(schedules=[stored_to_pb(st) for st in got], next_page_token=token)
+        return spb.ListSchedulesResponse(schedules=out, next_page_token=token)
 
     @grpc_errors
     async def PauseSchedule(self, request: spb.PauseScheduleRequest, context: Context) -> spb.PauseScheduleResponse:
@@ -510,8 +513,11 @@ class ScheduleService:
                 continue
             matches.append(e)
         got, more = page(matches, order, None, size)
+        out = [execution_to_pb(e) for e in got]
+        if (n := paging.fitting(out)) < len(out):
+            got, out, more = got[:n], out[:n], True
         token = paging.encode_token(filters, list(order(got[-1]))) if more else ""
-        return spb.ListExecutionsResponse(executions=[execution_to_pb(e) for e in got], next_page_token=token)
+        return spb.ListExecutionsResponse(executions=out, next_page_token=token)
 
     async def _list_all_executions(self, acc: Access, tenant: str, states: set[ExecState], lo: int | None,
                                    hi: int | None, size: int, filters: Sequence[object],
@@ -581,8 +587,14 @@ class ScheduleService:
                     or (hi is not None and e.planned_ms >= hi):
                 continue
             got.append(e)
+        out = [execution_to_pb(e) for e in got]
+        if (n := paging.fitting(out)) < len(out):
+            # Resume after the last record shown (the caller's own: a restricted caller's token names no other).
+            e, out = got[n - 1], out[:n]
+            position = ["k", self.ks.execution(partition_for(e.schedule_id, self.store.partitions), e.schedule_id,
+                                               e.planned_ms).decode()]
         token = paging.encode_token(filters, position) if position is not None else ""
-        return spb.ListExecutionsResponse(executions=[execution_to_pb(e) for e in got], next_page_token=token)
+        return spb.ListExecutionsResponse(executions=out, next_page_token=token)
 
     def _execution_partition(self, key: bytes) -> int:
         return int(key[len(self.ks.all_executions):].split(b"/", 1)[0])
@@ -682,10 +694,14 @@ class ScheduleService:
             matches.append(d)
         got, more = page(matches, lambda d: (d.dead_ms, d.execution_id), None, size)
         out = []
+        shown = []  # got's entries with their record, in order
         for d in got:
             e = await self.ledger.get(self.kv, d.id.schedule_id, d.id.planned_ms, timeout=self.timeout)
             if e is not None:
                 out.append(dead_letter_to_pb(e, d.payload, d.dead_ms, dead_reason(e)))
+                shown.append(d)
+        if (n := paging.fitting(out)) < len(out):
+            got, out, more = shown[:n], out[:n], True  # resumes after the last one shown
         token = paging.encode_token(filters, [got[-1].dead_ms, got[-1].execution_id]) if more else ""
         return spb.ListDeadLettersResponse(dead_letters=out, next_page_token=token)
 

@@ -427,6 +427,69 @@ def test_list_dead_letters(cluster: ApiCluster) -> None:
         schedule_id="dl-job", page_token=p1.next_page_token, tenant="x"), "page_token")
 
 
+# ---- pages within a default client's receive limit ------------------------------------------------------
+
+DEFAULT_RECEIVE_LIMIT = 4 * 1024 * 1024  # what grpcurl and a channel made without options accept
+
+
+async def _write_bulky(cluster: ApiCluster, sid: str, n: int) -> list[str]:
+    """`n` records whose attempt kept 4 KiB of stdout and of stderr (a shell task's tails), and the same
+    as dead letters with a 64 KiB payload: about 8.5 KiB an execution, 73 KiB a dead letter."""
+    ledger = Ledger(Keyspace(PREFIX), P)
+    ids = []
+    async with EtcdClient(cluster.etcd.config()) as kv:
+        ops = []
+        for i in range(n):
+            ms = 1_795_946_400_000 + i * 1000
+            e = Execution(execution_id(sid, ms), sid, "bulky", "pool", "effect", ms, ms, Trigger.SCHEDULED,
+                          RetryPolicy(max_attempts=1), 60_000)
+            e = dispatch(e, worker="w", planner="a", token=FencingToken(1, 5), now_ms=ms)
+            e, _ = result(e, 1, succeeded=False, error_class=ErrorClass.PERMANENT, message="bad", now_ms=ms,
+                          output=("o" * 4096, "e" * 4096, 1))
+            assert e.state is ExecState.DEAD_LETTER
+            ops.append(ledger.cas_op(e, 0, payload=bytes([i % 256]) * 65536, now_ms=ms + 10))
+            ids.append(e.id)
+        for i in range(0, len(ops), 10):  # (etcd takes at most 1.5 MiB a request)
+            r = await kv.txn([], ops[i:i + 10])
+            assert r.succeeded and all(Ledger.cas_results(r))
+    return ids
+
+
+def _all_pages(call: object, request: object, entries: str) -> list[object]:
+    got: list[object] = []
+    while True:
+        r = call(request, timeout=30)  # type: ignore[operator]
+        assert r.ByteSize() < DEFAULT_RECEIVE_LIMIT
+        got += list(getattr(r, entries))
+        if not r.next_page_token:
+            return got
+        request.page_token = r.next_page_token  # type: ignore[attr-defined]
+
+
+def test_a_page_of_large_entries_fits_a_default_clients_receive_limit(cluster: ApiCluster) -> None:
+    """A page of 100 schedules or dead letters with 64 KiB payloads was 6.5 MiB: past the 4 MiB a default
+    gRPC client accepts, the call failed RESOURCE_EXHAUSTED at the default page size, and `grpcurl` could
+    not list them at all. A page now ends early with a token; every entry is listed once, in order."""
+    a = cluster.schedules("a")  # a channel made without options: 4 MiB
+    big = bytes(range(256)) * 256  # 64 KiB, the limit
+    sids = [f"bulky-{i:03d}" for i in range(120)]
+    for sid in sids:
+        a.CreateSchedule(spb.CreateScheduleRequest(schedule=sched(sid, tenant="bulky", payload=big)), timeout=10)
+    for size in (0, 1000):
+        listed = _all_pages(a.ListSchedules, spb.ListSchedulesRequest(tenant="bulky", page_size=size), "schedules")
+        assert [x.id for x in listed] == sids  # type: ignore[attr-defined]
+    ids = asyncio.run(_write_bulky(cluster, "bulky-dl", 600))
+    dead = _all_pages(a.ListDeadLetters, spb.ListDeadLettersRequest(schedule_id="bulky-dl", page_size=1000),
+                      "dead_letters")
+    assert [d.execution.execution_id for d in dead] == ids  # type: ignore[attr-defined]
+    for req in (spb.ListExecutionsRequest(schedule_id="bulky-dl", page_size=1000),
+                spb.ListExecutionsRequest(tenant="bulky", page_size=1000)):  # (every schedule's: key order)
+        execs = _all_pages(a.ListExecutions, req, "executions")
+        assert [x.execution_id for x in execs] == ids  # type: ignore[attr-defined]
+    for sid in sids:
+        a.DeleteSchedule(spb.DeleteScheduleRequest(id=sid), timeout=10)
+
+
 # ---- operations behind the adapters -------------------------------------------------------------------
 
 
