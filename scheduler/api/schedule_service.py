@@ -54,8 +54,9 @@ from scheduler.timeplan.plan import check_in_window
 
 _E = TypeVar("_E", DstGap, DstOverlap)
 PREVIEW_DEFAULT, PREVIEW_MAX = 10, 1000
-# Schedules one BatchCreateSchedules call may carry: about 0.6-1 MB of request at typical sizes, under
-# gRPC's 4 MiB default message limit unless payloads are large (the message limit then refuses the call).
+# Schedules one BatchCreateSchedules call may carry: about 0.6-1 MB of request at typical sizes. With large
+# payloads the message limit (32 MiB here, 4 MiB on a default client) comes first: callers cut by size too
+# (`schedctl schedule apply`: cli/apply.py).
 BATCH_MAX = 1000
 _RMW_ATTEMPTS = 8  # re-reads of an unconditional read-modify-write racing other writers
 # Records one page of a listing across every schedule (ListExecutions without schedule_id) reads at most.

@@ -2,7 +2,7 @@
 
 The file (YAML, or TOML by its `.toml` suffix) lists schedules in the proto's JSON field names, as
 `schedctl schedule create --file` reads one: YAML a list (or `schedules:` holding one), TOML `[[schedules]]`
-tables. Each schedule missing from the cluster is created (BatchCreateSchedules, up to 1000 per call);
+tables. Each schedule missing from the cluster is created (BatchCreateSchedules, up to 1000 and 3 MiB per call);
 each one whose stored value differs in a field the file sets is updated with those fields as the update
 mask, guarded by the version just read (a concurrent change fails that item with exit 4, never overwrites
 it); equal ones are left alone, so applying the same file twice writes nothing. Fields the file does not
@@ -27,6 +27,9 @@ from scheduler.client import ClientError, SchedulerClient
 from scheduler.errors import InvalidArgument
 
 BATCH = 1000  # schedules per BatchCreateSchedules call (the server's limit)
+# Bytes of schedules per call: 1000 schedules with 64 KiB payloads are 64 MiB, past the 32 MiB either end
+# takes; the answer carries them back as stored, so the same bound keeps it under 4 MiB as well.
+BATCH_BYTES = 3 * 1024 * 1024
 MAX_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z, the API's bound on instants (api/inputs.py)
 # Set by a create, never by an update (the API's immutable fields): pause and resume are their own commands, and
 # an apply of a file whose `state` differs from a schedule's now would otherwise fail on every run (an audit).
@@ -156,13 +159,29 @@ async def plan(c: SchedulerClient, items: list[Desired]) -> Plan:
     return out
 
 
+def _batches(items: list[Desired]) -> list[list[Desired]]:
+    """`items` in order, in calls of at most BATCH schedules and BATCH_BYTES (at least one a call)."""
+    out: list[list[Desired]] = []
+    cur: list[Desired] = []
+    size = 0
+    for d in items:
+        n = d.schedule.ByteSize() + 6
+        if cur and (len(cur) >= BATCH or size + n > BATCH_BYTES):
+            out.append(cur)
+            cur, size = [], 0
+        cur.append(d)
+        size += n
+    if cur:
+        out.append(cur)
+    return out
+
+
 async def execute(c: SchedulerClient, p: Plan) -> tuple[list[str], list[str], list[str]]:
     """(created, updated, conflicts): a conflict is an id created or changed by someone else meanwhile."""
     created: list[str] = []
     conflicts: list[str] = []
     request_id = f"apply-{uuid.uuid4().hex}"  # a retried call of this run counts its own creates as created
-    for lo in range(0, len(p.create), BATCH):
-        chunk = p.create[lo:lo + BATCH]
+    for chunk in _batches(p.create):
         try:
             results = await c.batch_create_schedules([d.schedule for d in chunk], request_id=request_id)
         except ClientError:

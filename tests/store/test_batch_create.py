@@ -188,6 +188,22 @@ async def test_apply_creates_updates_and_leaves_equal_ones_alone(env: Env, tmp_p
     assert st.policies.overlap.value == "buffer_one"  # fields the file sets, kept
 
 
+async def test_apply_of_many_schedules_with_large_payloads_splits_its_calls_by_size(env: Env, tmp_path: Path) -> None:
+    """600 schedules with 60 KiB payloads are 36 MiB: one BatchCreateSchedules call of them passed the 32 MiB
+    either end takes, and the apply failed RESOURCE_EXHAUSTED with nothing created. Calls are now cut by
+    size as well as by count."""
+    n = 600
+    f = tmp_path / "big.yaml"
+    f.write_text("schedules:\n" + "".join(
+        f'  - {{id: big-{i:03d}, spec: "@daily", task_type: shell, payload: "{chr(97 + i % 26) * 60_000}"}}\n'
+        for i in range(n)))
+    rc, out, err = await schedctl("schedule", "apply", "-f", str(f), "--server", env.address)
+    assert rc == 0, err
+    assert f"{n} created, 0 updated, 0 unchanged" in out
+    assert await count(env) == n
+    assert len((await env.store.get("big-599")).schedule.payload) == 60_000
+
+
 async def test_apply_reads_toml_and_names_the_bad_item(env: Env, tmp_path: Path) -> None:
     f = tmp_path / "s.toml"
     f.write_text('[[schedules]]\nid = "a"\nspec = "@hourly"\ntask_type = "x"\n\n'
