@@ -122,6 +122,7 @@ def unheld(orphans: Iterable[AttemptKey], worker_id: str, holds: Container[Attem
 
 
 GONE_KEPT = 10_000  # workers whose last stream's end `Liveness` remembers (restarts get new ids: bounded)
+SEEN_KEPT = 20_000  # attempts whose first sighting `Liveness` remembers past their orphaning (bounded)
 
 
 # ---- applying them --------------------------------------------------------------------------------------
@@ -152,6 +153,14 @@ class Liveness:
         self.orphans: dict[AttemptKey, float] = {}
         # When each orphan was taken up (monotonic): `unheld` counts the start window from then.
         self._since: dict[AttemptKey, float] = {}
+        # The earliest time this node knew that any receipt of an attempt by its worker had already happened:
+        # the end of the stream it was assigned on, or a claim's read of its start (RUNNING at that attempt).
+        # Kept past the orphan's end, so that a partition lost and claimed again (a game day moved one four
+        # times in 11 s after a quorum loss) does not count the start window again from each claim.
+        self._seen: dict[AttemptKey, float] = {}
+        self._probe_timer: asyncio.TimerHandle | None = None
+        self._probe_due = float("inf")  # when that timer fires (monotonic, of `clock`)
+        self._probe_pending = False
         # Worker id -> when its last stream here ended (monotonic), for `expect`; a new stream makes it moot
         # (`expect` looks at the open streams first). Bounded: GONE_KEPT entries.
         self._gone: dict[str, float] = {}
@@ -178,12 +187,24 @@ class Liveness:
             return
         lost = due(self.orphans, now)
         if lost:
-            for k in lost:
-                self._drop(k)
-            self.attempts_lost += len(lost)
+            self._lose(lost)
             log.warning("attempts orphaned by a lost worker stream were not re-attached in time",
                         extra={"event": "attempts_lost", "count": len(lost)})
-            self._on_lost(lost)
+
+    def _lose(self, keys: list[AttemptKey]) -> None:
+        for k in keys:
+            self._drop(k)
+        self.attempts_lost += len(keys)
+        self._on_lost(keys)
+
+    def _sighted(self, key: AttemptKey, at: float) -> float:
+        """`at`: a time by which the worker had received the attempt, if ever. Returns the earliest such time
+        this node knows of, the start window's anchor."""
+        first = self._seen.setdefault(key, at)
+        if len(self._seen) > SEEN_KEPT:  # the oldest half: attempts long settled
+            for k in list(self._seen)[: SEEN_KEPT // 2]:
+                del self._seen[k]
+        return min(first, at)
 
     def expect(self, keys: Iterable[AttemptKey]) -> None:
         """Attempts a new owner found in flight at its claim: their worker's stream may have been on the
@@ -207,10 +228,14 @@ class Liveness:
                 worker = e.current.worker if e is not None and e.current is not None else ""
                 ended = self._gone.get(worker) if worker and worker not in here else None
                 self.orphans[key] = now + wait if ended is None else max(now, ended + wait)
-                self._since[key] = now
+                # A start read as recorded: its worker had received the attempt before now (before an earlier
+                # claim's read, if this node saw it then). A DISPATCHED one may still be in transit.
+                running = e is not None and e.state is ExecState.RUNNING and e.attempt == key[1]
+                self._since[key] = self._sighted(key, now) if running else self._seen.get(key, now)
                 n += 1
         if n:
             self.start_watchdog()
+            self._probe_soon(now)
 
     def orphan(self, c: Conn) -> None:
         """The stream ended (and is no longer in `conns`): what it was running may still run (a reconnect
@@ -225,10 +250,14 @@ class Liveness:
                 for w, _ in sorted(self._gone.items(), key=lambda x: x[1])[: GONE_KEPT // 2]:
                     del self._gone[w]
         others = [o.running for o in self.conns.values() if o is not c]
+        n = 0
         for key in orphaned(c.running, others):
             self.orphans[key] = give_up
-            self._since[key] = give_up - self.hb_timeout
+            self._since[key] = self._sighted(key, now)  # nothing reaches the worker on an ended stream
+            n += 1
         c.running.clear()
+        if n:
+            self._probe_soon(now)
 
     # ---- what a stream holds ---------------------------------------------------------------------------
 
@@ -291,23 +320,69 @@ class Liveness:
             return
         sent = c.probes.get(echo) if echo else None
         if sent is not None:
-            for k in unheld(self.orphans, c.worker_id, holds, self._lookup, self._since, sent, self.start_window):
-                if self.orphans.get(k, now) > now:
-                    self.orphans[k] = now  # the next watchdog tick gives it up
-                    self.attempts_unheld += 1
-                    log.info("an orphaned attempt's worker, heartbeating, no longer holds it: giving it up",
-                             extra={"event": "attempt_unheld", "worker": c.worker_id, "execution_id": k[0],
-                                    "attempt": k[1]})
-        # A probe for the next heartbeat to echo, if one of its candidates would now pass the window and no
-        # probe that recent is out yet.
+            gone = unheld(self.orphans, c.worker_id, holds, self._lookup, self._since, sent, self.start_window)
+            for k in gone:
+                self.attempts_unheld += 1
+                log.info("an orphaned attempt's worker, heartbeating, no longer holds it: giving it up",
+                         extra={"event": "attempt_unheld", "worker": c.worker_id, "execution_id": k[0],
+                                "attempt": k[1]})
+            if gone:  # at once, not at the next watchdog tick (up to a heartbeat interval later)
+                self._lose(gone)
+        self._probe(c, holds, now)
+
+    def _probe(self, c: Conn, holds: Container[AttemptKey], now: float) -> None:
+        """A probe for the worker to echo, if one of its candidates has passed its window (`holds`: what the
+        worker last showed it holds)."""
+        if unheld(self.orphans, c.worker_id, holds, self._lookup, self._since, now, self.start_window):
+            self._send_probe(c, now)
+
+    def _send_probe(self, c: Conn, now: float) -> None:
+        """A probe, unless one that recent is out (a worker answers each with a heartbeat at once)."""
         latest = max(c.probes.values(), default=None)
-        if (latest is None or latest < now - self.hb_interval) and \
-                unheld(self.orphans, c.worker_id, holds, self._lookup, self._since, now, self.start_window):
+        if latest is None or latest < now - self.hb_interval / 4:
             c.probe_seq += 1
             c.probes[c.probe_seq] = now
             for old in [q for q in c.probes if q <= c.probe_seq - 8]:
                 del c.probes[old]
             c.out.put_nowait(wpb.PlannerMessage(probe=wpb.Probe(seq=c.probe_seq)))
+
+    def _probe_soon(self, now: float) -> None:
+        """New orphans: probe their workers' streams now if a window has passed, and again when the next one
+        passes. Otherwise the probe waited for the worker's next heartbeat (a second after the window, at
+        worst). Once per turn of the loop, however many claims took orphans up in it."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop (a synchronous test): heartbeats bring the probes
+            return
+        if not self._probe_pending:
+            self._probe_pending = True
+            loop.call_soon(self._probe_now)
+
+    def _on_probe_timer(self) -> None:
+        self._probe_timer, self._probe_due = None, float("inf")
+        self._probe_now()
+
+    def _probe_now(self) -> None:
+        self._probe_pending = False
+        now = self.clock.monotonic()
+        workers = {w for k in self.orphans if (w := self._probe_worker(k, now))}
+        for c in list(self.conns.values()):
+            if not c.dead and c.worker_id in workers:
+                self._send_probe(c, now)
+        nxt = min((t + self.start_window for k, t in self._since.items() if k in self.orphans
+                   and t + self.start_window > now), default=None)
+        if nxt is not None and nxt < self._probe_due - 0.05:
+            if self._probe_timer is not None:
+                self._probe_timer.cancel()
+            self._probe_due = nxt
+            self._probe_timer = asyncio.get_running_loop().call_later(nxt - now + 0.01, self._on_probe_timer)
+
+    def _probe_worker(self, key: AttemptKey, now: float) -> str:
+        """The worker to probe for orphan `key` ("" if none yet): `unheld`'s test with nothing known held."""
+        e = self._lookup(key[0])
+        worker = e.current.worker if e is not None and e.current is not None else ""
+        ready = worker and unheld((key,), worker, (), self._lookup, self._since, now, self.start_window)
+        return worker if ready else ""
 
     def _drop(self, key: AttemptKey) -> None:
         self.orphans.pop(key, None)

@@ -225,9 +225,14 @@ class PlannerStream:
         while self._queue is queue:
             await asyncio.sleep(self.heartbeat_interval)
             if self._queue is queue:
-                hb = self._owner.heartbeat()
-                hb.heartbeat.probe_echo = self.probe_seen
-                queue.put_nowait(hb)
+                self.heartbeat_now()
+
+    def heartbeat_now(self) -> None:
+        """A heartbeat on this session now (besides the periodic ones), echoing the latest probe."""
+        if self._queue is not None:
+            hb = self._owner.heartbeat()
+            hb.heartbeat.probe_echo = self.probe_seen
+            self._queue.put_nowait(hb)
 
     @staticmethod
     async def _requests(queue: asyncio.Queue[wpb.WorkerMessage | None]) -> AsyncIterator[wpb.WorkerMessage]:

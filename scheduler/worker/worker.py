@@ -268,7 +268,10 @@ class Worker:
         elif kind == "start_ack":
             self.starts.on_ack(msg.start_ack, stream.address)
         elif kind == "probe":
+            # Answered at once: a planner probes to learn whether this worker still holds an attempt it
+            # inherited, and its retry waits for the answer (up to a heartbeat interval, otherwise).
             stream.probe_seen = msg.probe.seq
+            stream.heartbeat_now()
         else:  # a second Welcome, or a message newer than this SDK: nothing to do
             log.debug("ignored planner message", extra={"planner": stream.address, "kind": kind})
 

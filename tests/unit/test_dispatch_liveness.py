@@ -387,3 +387,48 @@ async def test_an_expected_attempt_of_a_worker_connected_here_waits_from_the_cla
     env.clock.advance(0.2)
     env.live.check(env.clock.monotonic())
     assert env.lost == [[(OTHER, 1)], [(EID, 1)]]
+
+
+async def test_a_node_that_saw_the_start_at_an_earlier_claim_counts_the_window_from_then() -> None:
+    """A partition lost and claimed again by this node: the worker had received the attempt before this node
+    first read its start, so the window is not counted again from the second claim. The probe goes out within
+    the claim (the worker answers at once) and the echo frees the attempt there and then, not at the next
+    watchdog tick. A game day's run waited 19.5 s through four handovers of its partition after a quorum loss,
+    the window and a watchdog tick at each. Fails if `expect` restarts the window."""
+    look = {EID: running_on("w1")}
+    env = Env(look, start_window=0.5)
+    c = env.conn("w1")
+    env.live.expect([(EID, 1)])  # first claim at t = 0, RUNNING
+    env.clock.advance(1.2)
+    env.live.heard(c)
+    env.live.check(env.clock.monotonic())  # timed out with the heartbeat timeout (the partition was lost)
+    assert env.lost == [[(EID, 1)]]
+    probes(c)
+    env.live.expect([(EID, 1)])  # claimed again at t = 1.2: the window from t = 0 has passed
+    await asyncio.sleep(0)  # (the probes of a turn's claims go out together)
+    assert probes(c) == [1], "probed at once"
+    hb(env, c, echo=1)
+    assert env.lost == [[(EID, 1)], [(EID, 1)]] and env.live.attempts_unheld == 1, "freed on the echo"
+
+
+async def test_a_dispatch_seen_before_its_start_was_recorded_is_no_anchor() -> None:
+    """A first sighting of the attempt DISPATCHED (its assignment maybe still in transit) says nothing of when
+    the worker received it: a later claim that reads it RUNNING counts the window from its own read."""
+    look = {EID: in_flight()}
+    env = Env(look, start_window=0.5)
+    c = env.conn("w1")
+    env.live.expect([(EID, 1)])
+    env.clock.advance(1.2)
+    env.live.heard(c)
+    env.live.check(env.clock.monotonic())
+    look[EID] = running_on("w1")
+    env.live.expect([(EID, 1)])
+    await asyncio.sleep(0)
+    assert probes(c) == []
+    hb(env, c, echo=0)
+    assert env.lost == [[(EID, 1)]], "only the first claim's timeout"
+    env.clock.advance(0.55)
+    hb(env, c)  # past the window from the second claim: probe
+    assert probes(c) == [1]
+    hb(env, c, echo=1)
+    assert env.lost == [[(EID, 1)], [(EID, 1)]]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 
@@ -262,3 +263,19 @@ async def test_duplicate_and_over_credit_assignments(planner: FakePlanner, make_
     release.set()
     await planner.wait_for(lambda: len(conn.results) == len(over) + 1, what="the rest")
     assert runs.count(a.execution_id) == 1
+
+
+async def test_a_probe_is_answered_at_once_with_a_heartbeat_echoing_it(
+        planners: Any, make_worker: WorkerFactory) -> None:
+    """A planner probes to learn whether the worker still holds an attempt it inherited; the retry of a dead
+    worker's run waits for the echo. Answered at once, not with the next heartbeat (5 s away here)."""
+    planner = await planners(heartbeat_interval=5.0)
+    w = make_worker([planner.address])
+    await w.start()
+    conn = await planner.conn()
+    await asyncio.sleep(0.2)
+    before = len(conn.of_kind("heartbeat"))
+    conn.send(wpb.PlannerMessage(probe=wpb.Probe(seq=7)))
+    await planner.wait_for(lambda: any(h.probe_echo == 7 for h in conn.of_kind("heartbeat")), timeout=1.0,
+                           what="a heartbeat echoing the probe")
+    assert len(conn.of_kind("heartbeat")) == before + 1
