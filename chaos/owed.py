@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 
-from chaos.context import SLACK_MS, Context
+from chaos.context import SKEW_BOUND_MS, SLACK_MS, Context
 from chaos.index import Activation
 from chaos.scenario import CANCEL_REASON
 from chaos.verdict import Invariant
@@ -179,7 +179,8 @@ class OwedChecks(Context):
                              f"({rec.skip_reason})")
                 continue
             if rec is not None and rec.state is ExecState.SKIPPED:
-                self.judge_skip(inv, sid, eid, t, rec.skip_reason, self.idx.time_of(final[0]) if final else 0)
+                self.judge_skip(inv, sid, eid, t, rec.skip_reason, self.idx.time_of(final[0]) if final else 0,
+                                final[0] if final else 0)
                 continue
             if rec is not None and rec.state is ExecState.SUCCEEDED:
                 inv.fail(f"[no-effect] {eid}: its record says succeeded but the sink accepted no effect for it")
@@ -198,7 +199,7 @@ class OwedChecks(Context):
                 continue
             if covering:
                 for sk in covering:
-                    self.judge_skip(inv, sid, eid, t, sk.reason, sk.seen_ms)
+                    self.judge_skip(inv, sid, eid, t, sk.reason, sk.seen_ms, sk.rev)
                 continue
             if self.held(sid, t):
                 self.bump("held")
@@ -280,20 +281,35 @@ class OwedChecks(Context):
         return [(frm, self.idx.cluster_ms(deleted if deleted is not None else self.meta.end_ms) + SLACK_MS)
                 for frm, _, deleted in self.idx.holds.get(sid, [])]
 
-    def judge_skip(self, inv: Invariant, sid: str, eid: str, t: int, reason: str, written_harness: int) -> None:
+    def judge_skip(self, inv: Invariant, sid: str, eid: str, t: int, reason: str, written_harness: int,
+                   rev: int = 0) -> None:
         written = self.idx.cluster_ms(written_harness)
-        why = self.skip_unjustified(sid, eid, t, reason, written)
+        skew = SKEW_BOUND_MS if rev and self._written_skewed(sid, rev, written_harness) else 0
+        why = self.skip_unjustified(sid, eid, t, reason, written, skew)
         if why is None:
             self.bump(f"skipped_{reason or 'unknown'}")
         else:
             inv.fail(f"[bad-skip] {eid}: skipped as {reason!r}, {why}")
+
+    def _written_skewed(self, sid: str, rev: int, written_harness: int) -> bool:
+        """The write at `rev` was made by the owner of `sid`'s partition while an F6 fault skewed its clock: its
+        planning clock was then within the skew bound of the cluster's, not within the slack (docs/time.md,
+        "Clock skew"; a game day's planner, 0.25 s into a +30 s F6, held about 1 s ahead, found the next run of
+        a cancel_other schedule due 0.9 s before it was and superseded the one before it)."""
+        claim = self.idx.owner_at_rev(self.idx.partition_of.get(sid, -1), rev)
+        return claim is not None and any(
+            f.type == "F6" and f.target == claim.node
+            and f.start_ms - SLACK_MS <= written_harness <= (f.end_ms or self.meta.end_ms) + SLACK_MS
+            for f in self.faults)
 
     def _made_as_run(self, eid: str) -> bool:
         """An execution record was created for it (first seen scheduled), whatever became of it."""
         recs = self.idx.records.get(eid)
         return recs is not None and bool(recs) and recs[0][2].state is ExecState.SCHEDULED
 
-    def skip_unjustified(self, sid: str, eid: str, t: int, reason: str, written: int) -> str | None:
+    def skip_unjustified(self, sid: str, eid: str, t: int, reason: str, written: int, skew_ms: int = 0) -> str | None:
+        """Why a skip of planned time `t` written at cluster time `written` is not justified (None: it is).
+        `skew_ms`: how far the writer's planning clock may have been ahead (an F6 on it then)."""
         v_written = self.idx.version_at(sid, written + SLACK_MS)
         v_t = self.idx.version_at(sid, t)
         state_w = v_written.state if v_written else "none"
@@ -315,7 +331,8 @@ class OwedChecks(Context):
         # either side of the update within the watch's delay (a full game day's buffer_one skip written 20 ms
         # before an update to allow_all landed, judged on allow_all through the slack). Justified if the policy
         # of some version in force within SLACK_MS of the write justifies it; reported on the latest one.
-        whys = [self._policy_unjustified(sid, eid, t, reason, written, v) for v in self._versions_near(sid, written)]
+        whys = [self._policy_unjustified(sid, eid, t, reason, written, v, skew_ms)
+                for v in self._versions_near(sid, written)]
         return None if any(w is None for w in whys) else whys[-1]
 
     def _versions_near(self, sid: str, written: int) -> list[Activation | None]:
@@ -326,7 +343,7 @@ class OwedChecks(Context):
         return [first, *inside] if inside else [first]
 
     def _policy_unjustified(self, sid: str, eid: str, t: int, reason: str, written: int,
-                            version: Activation | None) -> str | None:
+                            version: Activation | None, skew_ms: int = 0) -> str | None:
         """Why a skip for a reason its policy decides is not justified by `version`'s policy (None: it is)."""
         pol = version.schedule.policies if version and version.schedule else None
         if pol is None:
@@ -342,7 +359,7 @@ class OwedChecks(Context):
             # when the skip was written (docs/time.md): the older run would only have been cancelled by it.
             if pol.overlap is not Overlap.CANCEL_OTHER:
                 return f"but its overlap policy is {pol.overlap.value}, not cancel_other"
-            if not any(t < u <= written + SLACK_MS for u in self.owed_of.get(sid, [])):
+            if not any(t < u <= written + SLACK_MS + skew_ms for u in self.owed_of.get(sid, [])):
                 return "but no later run of it was due when the skip was written"
             return None
         if reason in MISSED_REASONS:

@@ -493,6 +493,30 @@ def test_a_superseded_skip_is_justified_only_under_cancel_other(tmp_path: Path, 
         assert "I2" not in fails, fails
 
 
+@pytest.mark.parametrize("skewed", [False, True])
+def test_a_superseded_skip_by_a_skewed_planner_is_judged_within_the_skew_bound(tmp_path: Path, skewed: bool) -> None:
+    """Game day, session 31: 0.25 s into a +30 s F6, its planning clock held about 1 s ahead, a planner found the
+    next run of a cancel_other schedule due 0.9 s before it was and superseded the one before it. Within the
+    documented skew bound (docs/time.md, "Clock skew") that is justified when the partition's owner was skewed
+    then; without a skew on it, a skip written 0.9 s before the later run came due is not (I2)."""
+    x, _ = clean_run(tmp_path / "run")
+    key = KS.schedule(partition_for("slow-000", P), "slow-000").decode()
+    value = encode_schedule(sched("slow-000", overlap=Overlap.CANCEL_OTHER), activated_ms=T0 - 5000)
+    x.watch = [replace(w, value=value) if w.key == key else w for w in x.watch]
+    x.watch = [replace(w, value=w.value.replace(b'"overlap_skip"', b'"superseded"'), t_ms=_planned(w.key) + 100)
+               if "/slow-000/" in w.key and b'"overlap_skip"' in w.value and _planned(w.key) < T0 + 50_000 else w
+               for w in x.watch]
+    if skewed:
+        node = x.owners[partition_for("slow-000", P)][0]
+        x.faults.append(FaultRecord(2, "F6", node, T0, T0 + 55_000, {"offset": "+30s"}, "planner", "clock skew",
+                                    healthy_ms=T0 + 56_000))
+    _, fails, _ = judged(x.build(tmp_path / "s"))
+    if skewed:
+        assert "I2" not in fails, fails
+    else:
+        assert fails.get("I2", 0) >= 20, fails
+
+
 def _backfill_started_behind(x: Synth, sid: str, t2: int, worker: str) -> tuple[Execution, FencingToken]:
     """`sid`'s run at `t2` taken out of the history, and a backfill run of `sid` (one planned time long past)
     created, dispatched and started on `worker` 0.6 s after `t2` came due. Returns it and its token."""
