@@ -140,7 +140,8 @@ def results_message(results: list[wpb.Result]) -> wpb.WorkerMessage:
 def _size(m: wpb.WorkerMessage) -> int:
     kind = m.WhichOneof("body")
     if kind == "results":
-        return sum(len(r.message) for r in m.results.results) + 256 * len(m.results.results)
+        # The message and a process's output tails (4 KiB each) are what make a result large.
+        return sum(len(r.message) + len(r.stdout_tail) + len(r.stderr_tail) + 256 for r in m.results.results)
     if kind == "started":
         return 128 * len(m.started.starts)
     return 0  # not joined (credits: a number)

@@ -99,3 +99,20 @@ async def test_a_getter_waiting_on_an_empty_queue_is_woken_by_a_put() -> None:
     m = await asyncio.wait_for(getter, 1)
     assert m is not None and [a.execution_id for a in m.assignments.assignments] == ["a", "b"]
     assert q.empty() and q.joined == 1
+
+
+def test_results_with_output_tails_join_within_the_byte_budget() -> None:
+    """A shell task's result carries up to 4 KiB of stdout and of stderr: counted, or 1,000 joined results made
+    a message of 8 MiB against an estimate of a quarter of that."""
+    q = protocol.outgoing()
+    n = 1000
+    for i in range(n):
+        q.put_nowait(protocol.results_message([wpb.Result(execution_id=f"e{i}", attempt=1, stdout_tail="o" * 4096,
+                                                          stderr_tail="e" * 4096)]))
+    got: list[wpb.WorkerMessage] = []
+    while not q.empty():
+        m = q.get_nowait()
+        assert m is not None
+        got.append(m)
+    assert sum(len(m.results.results) for m in got) == n
+    assert all(m.ByteSize() <= MAX_JOINED_BYTES for m in got), max(m.ByteSize() for m in got)
