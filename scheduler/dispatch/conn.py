@@ -17,14 +17,14 @@ AttemptKey = tuple[str, int]  # (execution id, attempt)
 ASSIGNMENT_OVERHEAD = 512  # estimated bytes of an Assignment besides its payload (ids, times, token: about 200)
 
 
-def assignments_bytes(m: wpb.Assignments) -> int:
+def _assignments_bytes(m: wpb.Assignments) -> int:
     return sum(len(a.payload) for a in m.assignments) + ASSIGNMENT_OVERHEAD * len(m.assignments)
 
 
 def _size(m: wpb.PlannerMessage) -> int:
     kind = m.WhichOneof("body")
     if kind == "assignments":
-        return assignments_bytes(m.assignments)
+        return _assignments_bytes(m.assignments)
     if kind == "start_ack":
         return 128 * len(m.start_ack.acks)
     if kind == "result_ack":

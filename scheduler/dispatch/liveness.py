@@ -235,7 +235,7 @@ class Liveness:
                 n += 1
         if n:
             self.start_watchdog()
-            self._probe_soon(now)
+            self._probe_soon()
 
     def orphan(self, c: Conn) -> None:
         """The stream ended (and is no longer in `conns`): what it was running may still run (a reconnect
@@ -257,7 +257,7 @@ class Liveness:
             n += 1
         c.running.clear()
         if n:
-            self._probe_soon(now)
+            self._probe_soon()
 
     # ---- what a stream holds ---------------------------------------------------------------------------
 
@@ -346,7 +346,7 @@ class Liveness:
                 del c.probes[old]
             c.out.put_nowait(wpb.PlannerMessage(probe=wpb.Probe(seq=c.probe_seq)))
 
-    def _probe_soon(self, now: float) -> None:
+    def _probe_soon(self) -> None:
         """New orphans: probe their workers' streams now if a window has passed, and again when the next one
         passes. Otherwise the probe waited for the worker's next heartbeat (a second after the window, at
         worst). Once per turn of the loop, however many claims took orphans up in it."""
