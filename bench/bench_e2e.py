@@ -21,6 +21,7 @@ Measured over a steady window after a warm-up, all in the same run:
     python bench/bench_e2e.py --materialize-only --rates 20000 --planners 2   # issue 12's P1: materialization alone
     python bench/bench_e2e.py --compare-gc --rates 5000 --planners 2 --workers 2 --repeat 2   # collector threshold
     python bench/bench_e2e.py --compare-reserve --rates 2000,5000 --planners 2 --workers 2 --repeat 2
+    python bench/bench_e2e.py --compare-ahead 800 --rates 2000 --planners 2 --workers 2 --repeat 2   # start ahead
 
 `--secure` runs every rate twice in the same session, the second time with the worker path secured as
 production runs it (issue 14): the planners serve mutual TLS (certificates from `schedctl certs dev`) with
@@ -155,10 +156,12 @@ def _secure_files(workdir: Path) -> tuple[list[str], list[str]]:
 
 
 async def run_rate(rate: int, args: argparse.Namespace, workdir: Path, secure: bool = False,
-                   loop: str = "asyncio", gc_threshold: int | None = None, reserve: bool | None = None) -> Result:
+                   loop: str = "asyncio", gc_threshold: int | None = None, reserve: bool | None = None,
+                   ahead: int | None = None) -> Result:
     workdir = workdir / (("secure" if secure else "plain") + ("" if loop == "asyncio" else f"-{loop}")
                          + ("" if gc_threshold is None else f"-gc{gc_threshold}")
-                         + ("" if reserve is None else f"-reserve-{reserve}".lower()))
+                         + ("" if reserve is None else f"-reserve-{reserve}".lower())
+                         + ("" if ahead is None else f"-ahead-{ahead}"))
     workdir.mkdir(parents=True, exist_ok=True)
     sec_planner, sec_worker = _secure_files(workdir) if secure else ([], [])
     sec_planner, sec_worker = [*sec_planner, "--event-loop", loop], [*sec_worker, "--event-loop", loop]
@@ -167,6 +170,8 @@ async def run_rate(rate: int, args: argparse.Namespace, workdir: Path, secure: b
         sec_worker += ["--gc-threshold", str(gc_threshold)]
     if reserve is not None:  # planners only: the first attempt reserved in the create, or every dispatch written
         sec_planner += ["--reserve-first-attempt", "true" if reserve else "false"]
+    if ahead is not None:  # planners only: runs handed to workers this long before they are due (0: off)
+        sec_planner += ["--start-ahead-ms", str(ahead)]
     etcd_bin = find_binary("etcd")
     assert etcd_bin, "etcd not found: run scripts/setup.sh"
     ceil = await ceiling_alone(etcd_bin, workdir / f"etcd-ceiling-{rate}", 3.0 if args.quick else 8.0)
@@ -201,7 +206,8 @@ async def run_rate(rate: int, args: argparse.Namespace, workdir: Path, secure: b
             outs = [workdir / f"lags-{rate}-{i}.json" for i in range(args.workers)]
             for i in range(args.workers):
                 procs.append(_spawn([sys.executable, str(ROOT / "bench" / "noop_worker.py"), "--id", f"w{i}",
-                                     "--planners", addrs, "--out", str(outs[i]), *sec_worker],
+                                     "--planners", addrs, "--out", str(outs[i]),
+                                     "--concurrency", str(args.worker_concurrency), *sec_worker],
                                     workdir / f"worker{i}.log"))
             await asyncio.sleep(args.warmup)
             metrics = f"http://{cluster.endpoints[0]}/metrics"  # etcd serves Prometheus metrics on its client URL
@@ -295,6 +301,11 @@ def main() -> None:
     ap.add_argument("--compare-reserve", action="store_true",
                     help="each rate with every dispatch written and with the first attempt reserved in the create "
                          "(reserve_first_attempt), alternating; ratios")
+    ap.add_argument("--compare-ahead", type=int, default=0, metavar="MS",
+                    help="each rate without start ahead and with start_ahead_ms MS (at most 1000: the lookahead), "
+                         "alternating; ratios (give workers room for the runs they hold: --worker-concurrency)")
+    ap.add_argument("--worker-concurrency", type=int, default=512,
+                    help="each no-op worker's concurrency (a run handed out ahead holds a slot until it ends)")
     ap.add_argument("--repeat", type=int, default=1,
                     help="with --compare-loops, --compare-gc or --compare-reserve: pairs per rate")
     ap.add_argument("--materialize-only", action="store_true",
@@ -319,6 +330,10 @@ def main() -> None:
                 default = PlannerSettings().gc_threshold
                 _alternate(rate, args, Path(tmp) / str(rate), ("gc700", {"gc_threshold": 700}),
                            (f"gc{default}", {"gc_threshold": default}))
+                continue
+            if args.compare_ahead:  # docs/workers.md, "Start ahead"
+                _alternate(rate, args, Path(tmp) / str(rate), ("now", {"ahead": 0}),
+                           (f"ahead{args.compare_ahead}", {"ahead": args.compare_ahead}))
                 continue
             if args.compare_reserve:  # docs/keyspace.md, "Reserved first attempt"
                 _alternate(rate, args, Path(tmp) / str(rate), ("written", {"reserve": False}),

@@ -235,10 +235,32 @@ class OwedChecks(Context):
             plan = before.plan() if before is not None and before.state == "active" else None
             if plan is not None and plan.next_after_ms(t - 1) == t:
                 continue  # owed under the version in force just before: a change the owner had not seen yet
+            if self._armed_while_owed(sid, t, recs):
+                self.bump("armed_before_withdrawal")
+                continue
             now = self.idx.version_at(sid, t)
             inv.fail(f"[not-owed-ran] {eid}: ran, though no activation owes that planned time (the schedule was "
                      f"{now.state if now else 'not created yet'} then, under spec "
                      f"{now.schedule.spec if now and now.schedule else '?'!r})")
+
+    def _armed_while_owed(self, sid: str, t: int, recs: list[tuple[int, int, Execution]]) -> bool:
+        """Start ahead (docs/workers.md): the run's start was recorded before its due time, within the planners'
+        `start_ahead_ms` of it (and SLACK_MS for the watch), while the version then in force owed it: it counts as
+        started then, and a pause, change or delete made later that its worker was not reached for in time
+        leaves it to run (docs/time.md, Activation)."""
+        ahead = int(self.s.cluster.planner.get("start_ahead_ms", 0) or 0)
+        if not ahead:
+            return False
+        for rev, _, r in recs:
+            cur = r.current
+            if r.state is ExecState.RUNNING and cur is not None and cur.dispatched_ms < r.due_ms:
+                at = self.idx.cluster_ms(self.idx.time_of(rev))
+                if t - at > ahead + SLACK_MS:
+                    return False
+                v = self.idx.version_at(sid, at)
+                plan = v.plan() if v is not None and v.state == "active" else None
+                return plan is not None and plan.next_after_ms(t - 1) == t
+        return False
 
     def pool_served(self, pool: str) -> bool:
         """Some worker of the run serves `pool` (run.json names each worker's pool). When no worker

@@ -259,14 +259,14 @@ def may_hand_out(e: Execution, token: FencingToken) -> bool:
 
 
 def hand_out(e: Execution, *, worker: str, planner: str, token: FencingToken, now_ms: int,
-             start_timeout_ms: int = 0) -> Execution:
+             start_timeout_ms: int = 0, ahead_ms: int = 0) -> Execution:
     """The reserved attempt handed to a worker, in memory only: the record in etcd stays as created, and
     the worker's start CAS (from the creation revision, fenced by `token`) writes the attempt with RUNNING.
     `mod_revision` is kept: every later CAS from this snapshot compares against the creation."""
     if not may_hand_out(e, token):
         raise TransitionError(f"{e.id}: attempt {e.attempt + 1} is not reserved for {token} on this record")
     return dispatch(_evolve(e, reserved=None), worker=worker, planner=planner, token=token, now_ms=now_ms,
-                    start_timeout_ms=start_timeout_ms)
+                    start_timeout_ms=start_timeout_ms, ahead_ms=ahead_ms)
 
 
 def retire_reserved(e: Execution, now_ms: int, *, worker: str = "", message: str = RESERVED_MESSAGE) -> Execution:
@@ -283,17 +283,30 @@ def retire_reserved(e: Execution, now_ms: int, *, worker: str = "", message: str
 
 
 def dispatch(e: Execution, *, worker: str, planner: str, token: FencingToken, now_ms: int,
-             start_timeout_ms: int = 0) -> Execution:
+             start_timeout_ms: int = 0, ahead_ms: int = 0) -> Execution:
     """Hand attempt n+1 to a worker. The deadline is recorded so a new owner waits for it; so is the
     start-by instant (`start_timeout_ms` > 0), after which an attempt no worker started is re-dispatched.
-    A reserved attempt not handed out by this call is retired first (`retire_reserved`)."""
-    if not dispatchable(e, now_ms):
+    A reserved attempt not handed out by this call is retired first (`retire_reserved`).
+
+    `ahead_ms`: a new run may be handed out up to this long before it is due (start ahead); its worker runs
+    it at its due time, so its deadline counts from then (`armed`)."""
+    if not dispatchable(e, now_ms + ahead_ms):
         raise TransitionError(f"{e.id}: cannot dispatch in state {e.state} (due {e.due_ms}, now {now_ms})")
     e = retire_reserved(e, now_ms)
     n = e.attempt + 1
-    a = Attempt(n, worker, planner, token, now_ms, now_ms + e.timeout_ms + deadline_slack_ms(e.timeout_ms),
+    begins = max(now_ms, e.due_ms) if e.state is ExecState.SCHEDULED else now_ms
+    a = Attempt(n, worker, planner, token, now_ms, begins + e.timeout_ms + deadline_slack_ms(e.timeout_ms),
                 trigger=e.run_trigger, start_by_ms=now_ms + start_timeout_ms if start_timeout_ms > 0 else 0)
     return _evolve(e, state=ExecState.DISPATCHED, attempt=n, attempts=(*e.attempts, a), next_attempt_ms=0)
+
+
+def armed(e: Execution, now_ms: int) -> bool:
+    """e's current attempt was handed out before the run was due (start ahead) and the run is not due yet at
+    `now_ms`: its worker holds it until then, and the owner may still disarm it (wpb.Disarm). A dispatch at
+    or after the due time (every other) is never armed."""
+    cur = e.current
+    return (e.state in (ExecState.DISPATCHED, ExecState.RUNNING) and cur is not None
+            and cur.dispatched_ms < e.due_ms and now_ms < e.due_ms)
 
 
 def start_refusal(e: Execution, attempt: int) -> str:
@@ -312,8 +325,10 @@ def started(e: Execution, attempt: int, now_ms: int, worker: str = "") -> Execut
         raise TransitionError(f"{e.id}: attempt {attempt} cannot start: {why}")
     cur = e.current
     assert cur is not None
+    # Handed out ahead of its time: the worker runs it at its due time, not when the start is recorded.
+    at = max(now_ms, e.due_ms) if cur.dispatched_ms < e.due_ms else now_ms
     return _evolve(e, state=ExecState.RUNNING,
-                   attempts=(*e.attempts[:-1], _evolve(cur, started_ms=now_ms, worker=worker or cur.worker)))
+                   attempts=(*e.attempts[:-1], _evolve(cur, started_ms=at, worker=worker or cur.worker)))
 
 
 def backoff_ms(e: Execution, attempt: int) -> int:
@@ -402,6 +417,12 @@ def result(
         return _evolve(e, state=ExecState.SUCCEEDED, attempts=attempts), Disposition.RECORDED
     if e.state is ExecState.CANCELLING or cancelled:
         return _evolve(e, state=ExecState.CANCELLED, attempts=attempts), Disposition.RECORDED
+    if not_started and cur.dispatched_ms < e.due_ms and all(a.never_started for a in attempts
+                                                            if a.attempt > e.attempt_base):
+        # Handed out ahead of its time (start ahead) and never begun, nor any attempt of this run before it: still
+        # a new run, waiting for its due time as one, never run before it (a disarm after a pause: recorded as
+        # paused once due, as the schedule's other runs are; a retry would wait for the resume and run then).
+        return _evolve(e, state=ExecState.SCHEDULED, attempts=attempts, next_attempt_ms=0), Disposition.RECORDED
     if not_started:  # the same run, never begun: again at once, like a drain hand-back
         return _evolve(e, state=ExecState.RETRY_WAIT, attempts=attempts, next_attempt_ms=now_ms), Disposition.RECORDED
     e2 = _evolve(e, attempts=attempts)

@@ -103,6 +103,9 @@ class NullDispatcher:
     def cancel(self, e: Execution, reason: str) -> None:
         return None
 
+    def disarm(self, e: Execution) -> None:
+        return None
+
 
 class PlannerNode:
     def __init__(

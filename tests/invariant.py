@@ -162,6 +162,8 @@ class Effect:
     end_ms: int | None = None  # the work stopped (None: still running)
     busy_end_ms: int | None = None  # until when others may take it for running (a crash: until detected)
     outcome: str = ""  # succeeded / failed / crashed / cancelled / lost
+    # Start ahead: when it was handed out, before its due time (its worker holds it until start_ms); None: at once.
+    armed_ms: int | None = None
     result_ms: int | None = None  # its result reached a planner (later than end_ms when an ack was lost)
 
     @property
@@ -189,6 +191,7 @@ class Log:
     rounds: list[tuple[int, dict[str, int]]] = field(default_factory=list)
     outage_from: int | None = None  # the last round of the previous instance, while nobody serves
     ops: list[str] = field(default_factory=list)  # a readable trace
+    start_ahead_ms: int = 0  # the planners' start ahead (an armed run may start after a pause: `armed_while_owed`)
 
     def version_at(self, sid: str, t: int) -> Version | None:
         vs = self.versions.get(sid, [])
@@ -259,16 +262,20 @@ class Workers:
 
     def submit(self, e: Execution, payload: bytes, token: FencingToken) -> None:
         now = self.world.clock.wall_ms()
+        cur = e.current
+        # Start ahead: handed out before its due time, it runs at its due time (the worker holds it until then).
+        start = e.due_ms if cur is not None and cur.dispatched_ms < e.due_ms and now < e.due_ms else now
         behaviour, dur = self.plan.popleft() if self.plan else ("ok", 300)
         if behaviour == "lost" and not START_TIMEOUT_CHECK:
             behaviour = "ok"
         if POOL_CAPACITY.get(e.pool, 0) <= 0:
             self.world.log.errors.append(f"[no-worker-pool] "
                                          f"{e.id} attempt {e.attempt} dispatched to pool {e.pool!r} that has no worker")
-        eff = Effect(e.id, e.schedule_id, e.planned_ms, e.attempt, e.current_trigger.value, behaviour, now)
+        eff = Effect(e.id, e.schedule_id, e.planned_ms, e.attempt, e.current_trigger.value, behaviour, start,
+                     armed_ms=now if start > now else None)
         self.world.log.effects.append(eff)
         key = (e.id, e.attempt)
-        job = Job(e, eff, behaviour, now + dur, e.pool, self.world.stepping)
+        job = Job(e, eff, behaviour, start + dur, e.pool, self.world.stepping)
         self.jobs[key] = job
         if behaviour == "lost":  # the assignment never reached a worker: no effect at all
             eff.end_ms, eff.outcome = now, "lost"
@@ -276,14 +283,41 @@ class Workers:
             return
         if CONFIRM_STARTS:
             self.timer(now, "start", key)
+        if start > now:
+            self.timer(start, "fire", key)
         if behaviour == "crash":
-            self.timer(now + dur, "crash", key)
+            self.timer(start + dur, "crash", key)
         else:
-            self.timer(now + dur, "finish", key)
+            self.timer(start + dur, "finish", key)
+
+    def disarm(self, e: Execution) -> None:
+        """Start ahead: the worker drops an armed attempt it has not begun and reports it not started."""
+        frozen = self.world.handing_to_frozen
+        if frozen is not None:  # decided by a stopped process: sent when it resumes, if its stream still stands
+            self.world.sent_when_thawed.setdefault(frozen.n, []).append(e)
+            return
+        job = self.jobs.get((e.id, e.attempt))
+        now = self.world.clock.wall_ms()
+        if job is None or job.effect.end_ms is not None or now >= job.effect.start_ms:
+            return  # begun (it runs on), or over
+        self._unfired(job, now)
+        self.timer(now, "not_started", (e.id, e.attempt))
+
+    @staticmethod
+    def _unfired(job: Job, now: int) -> None:
+        """An armed attempt that never ran its handler: no effect."""
+        eff = job.effect
+        eff.start_ms = eff.end_ms = eff.busy_end_ms = now
+        eff.outcome = "lost"
 
     def cancel(self, e: Execution, reason: str) -> None:
         job = self.jobs.get((e.id, e.attempt))
         if job is None or job.effect.end_ms is not None or job.cancel_at is not None:
+            return
+        now = self.world.clock.wall_ms()
+        if now < job.effect.start_ms:  # armed, not begun: stopped at once, never ran
+            self._unfired(job, now)
+            self.timer(now, "cancelled_armed", (e.id, e.attempt))
             return
         job.cancel_at = self.world.clock.wall_ms() + CANCEL_GRACE_MS
         if job.cancel_at < job.finish_ms:
@@ -326,8 +360,19 @@ class Workers:
             elif kind == "start":
                 if not await self.world.confirm_start(job.e) and eff.end_ms is None:
                     # The worker runs a handler only once its start is acknowledged: a refused one never ran.
-                    eff.end_ms = eff.busy_end_ms = eff.start_ms
-                    eff.outcome = "lost"
+                    self._unfired(job, min(now, eff.start_ms))
+            elif kind == "fire":
+                # Start ahead: its instant. The worker runs it only if the stream it came on is still open (a
+                # killed or handed-over planner's is not; a frozen one's still is) and it was not stopped.
+                gone = self.world.gone_at.get(job.instance)
+                if eff.end_ms is None and gone is not None and gone <= now:
+                    self._unfired(job, now)
+                    self.timer(max(now, gone + RECONNECT_MS), "not_started", key)
+            elif kind == "not_started":
+                await self.world.deliver(job.e, False, ErrorClass.TRANSIENT,
+                                         "not started: disarmed before its start-at instant", not_started=True)
+            elif kind == "cancelled_armed":
+                await self.world.deliver(job.e, False, ErrorClass.TRANSIENT, "cancelled")
             elif kind == "late_result":
                 eff.result_ms = now
                 ok = job.behaviour in ("ok", "slow", "lost_ack")
@@ -386,13 +431,14 @@ class Instance:
 
 class World:
     def __init__(self, kv: KV, clock: FakeClock, ks: Keyspace,
-                 current_revision: Callable[[], int] | None = None) -> None:
+                 current_revision: Callable[[], int] | None = None, settings: PlannerSettings = SETTINGS) -> None:
         self.kv, self.clock, self.ks = kv, clock, ks
+        self.settings = settings
         self.coord = CoordinationSettings(node_id="n1", partitions=1, lease_ttl=3, rpc_timeout=5.0)
         self.workers = Workers(self)
-        self.node = PlannerNode(kv, ks, self.coord, clock, planner=SETTINGS, dispatcher=self.workers)
+        self.node = PlannerNode(kv, ks, self.coord, clock, planner=settings, dispatcher=self.workers)
         self.ops = Operations(kv, ks, 1, self.node.store, self.node.ledger, clock, rpc_timeout=5.0)
-        self.log = Log()
+        self.log = Log(start_ahead_ms=settings.start_ahead_ms)
         self.live: Instance | None = None
         self.frozen: list[Instance] = []
         # Worker losses detected while the owner was frozen (SIGSTOP): its dispatcher's watchdog runs in its
@@ -413,6 +459,8 @@ class World:
         self.sched_count = 0
         self.stepping = 0  # the instance whose round is running (its dispatches go on its streams)
         self.gone_at: dict[int, int] = {}  # instance -> when its process went away (killed, handed over)
+        self.handing_to_frozen: Instance | None = None  # the frozen instance the watch is handing an event to
+        self.sent_when_thawed: dict[int, list[Execution]] = {}  # instance -> disarms it sends when it resumes
 
     # ---- setup / teardown ------------------------------------------------------------------------
 
@@ -456,14 +504,19 @@ class World:
                 # A frozen process gets the events its watch stream buffered when it resumes: handing
                 # them over now is the same, as it does nothing until then.
                 live = self.node.planners.get(PARTITION)
-                for target in [live, *(f.planner for f in self.frozen)]:
+                for target, frozen in [(live, None), *((f.planner, f) for f in self.frozen)]:
                     if target is None:
                         continue
                     self.node.planners[PARTITION] = target
-                    if key.startswith(sched):
-                        self.node._route(ev.type, key, ev.kv.value, ev.kv.mod_revision)
-                    else:
-                        self.node._route_notice(ev.type, key, ev.kv.value, ev.kv.mod_revision)
+                    # What a frozen one sends its workers on these events (a disarm) goes when it resumes.
+                    self.handing_to_frozen = frozen
+                    try:
+                        if key.startswith(sched):
+                            self.node._route(ev.type, key, ev.kv.value, ev.kv.mod_revision)
+                        else:
+                            self.node._route_notice(ev.type, key, ev.kv.value, ev.kv.mod_revision)
+                    finally:
+                        self.handing_to_frozen = None
                 if live is None:
                     self.node.planners.pop(PARTITION, None)
                 else:
@@ -488,7 +541,7 @@ class World:
     def _new_planner(self, ownership: StandInOwnership) -> PartitionPlanner:
         return PartitionPlanner(
             PARTITION, kv=self.kv, ks=self.ks, ownership=ownership, store=self.node.store, ledger=self.node.ledger,
-            dispatcher=self.workers, settings=SETTINGS, clock=self.clock, node_id=f"n{self.instances}",
+            dispatcher=self.workers, settings=self.settings, clock=self.clock, node_id=f"n{self.instances}",
             rpc_timeout=5.0, max_ops=self.coord.max_txn_ops, combiner=None, metrics=self.node.metrics)
 
     async def claim(self, *, takeover: bool) -> bool:
@@ -636,6 +689,8 @@ class World:
             return
         inst = self.frozen.pop(0)
         inst.frozen_at = None
+        for e in self.sent_when_thawed.pop(inst.n, []):
+            self.workers.disarm(e)  # (a worker takes a disarm from any planner's stream)
         key = self.ks.owner(PARTITION)
         owner = await self.kv.get(key)
         if self.live is None and owner is not None and owner.create_revision == inst.token:
@@ -712,7 +767,8 @@ class World:
                                    f"t={self.clock.wall_ms() - T0}: {self.restarts_this_advance} planner restarts "
                                    f"within {ms} ms: a restart loop")
 
-    async def deliver(self, e: Execution, ok: bool, ec: ErrorClass | None, message: str, ran_ms: int = 0) -> None:
+    async def deliver(self, e: Execution, ok: bool, ec: ErrorClass | None, message: str, ran_ms: int = 0,
+                      *, not_started: bool = False) -> None:
         """A worker's result, through the real result path of the node it reaches (with the run's duration
         by the worker's clock, as a real worker's started_at/finished_at say)."""
         live = self.live is not None
@@ -721,7 +777,8 @@ class World:
             new, disposition = await record_result(
                 self.kv, self.node.ledger, e.schedule_id, e.planned_ms, e.attempt, succeeded=ok, error_class=ec,
                 message=message, now_ms=self.clock.wall_ms(), worker="w", payload_of=self.node.payload_of,
-                extra=extra, ran_ms=ran_ms, token=e.current.token if e.current is not None else None)
+                extra=extra, ran_ms=ran_ms, token=e.current.token if e.current is not None else None,
+                not_started=not_started)
         except NotFound:
             return
         if disposition is Disposition.RECORDED:
@@ -904,6 +961,19 @@ class World:
 
 
 # ---- judging ----------------------------------------------------------------------------------------
+
+def armed_while_owed(log: Log, f: Effect) -> bool:
+    """Start ahead (docs/workers.md): a run handed out before its due time, its start recorded then, runs at its
+    due time unless its owner disarms it first; a run armed while it was owed, within the start-ahead bound of its
+    planned time, counts as started then, whatever a pause, change or delete made later did not reach its worker
+    in time (an owner frozen past its lease, say, while its worker still held the stream). Owed when armed: the
+    version then was active, and planned it (a time of its period, after its activation)."""
+    if f.armed_ms is None or f.planned_ms - f.armed_ms > log.start_ahead_ms:
+        return False
+    v = log.version_at(f.sid, f.armed_ms)
+    return (v is not None and v.state == "active" and f.planned_ms > max(v.activated_ms, 0)
+            and f.planned_ms % (v.period_s * 1000) == 0)
+
 
 def owed_times(log: Log, sid: str, until_ms: int) -> dict[int, Version]:
     """Planned times the schedule owes up to `until_ms`, each with the version that planned it: a
@@ -1271,7 +1341,8 @@ def judge(log: Log, es: list[Execution], ranges: dict[str, list[tuple[int, int, 
             continue
         if e.planned_ms in owed_times(log, e.schedule_id, max(now, e.planned_ms)):
             continue
-        ran = [f for f in effects.get(e.id, []) if f.run_trigger == "scheduled" and f.outcome != "lost"]
+        ran = [f for f in effects.get(e.id, []) if f.run_trigger == "scheduled" and f.outcome != "lost"
+               and not armed_while_owed(log, f)]
         if ran:
             st = state_at(e.schedule_id, e.planned_ms)
             bad.append(f"[not-owed-ran] "

@@ -71,6 +71,9 @@ HELP: dict[str, str] = {
     "reserve_first_attempt": "true (default): a run's first attempt is reserved in its create and handed to a "
                              "worker without a dispatch write (one etcd write less per run); false: every "
                              "dispatch is written",
+    "start_ahead_ms": "ms (0-5000, at most lookahead_ms; 0: off, the default); a run with nothing else of its "
+                      "schedule unfinished is handed to a worker and its start recorded this long before it "
+                      "is due, and the worker runs it at its instant (docs/workers.md, Start ahead)",
     "event_loop": "asyncio or uvloop (needs `pip install uvloop`); the event loop the process runs on "
                   "(bench/README.md measures both)",
     "max_clock_skew": "seconds; a planner whose clock is further than this from the majority of the planners "

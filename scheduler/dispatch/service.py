@@ -129,6 +129,7 @@ class Dispatcher:
                                  release=self.queue.finished, on_lost=on_lost_attempts,
                                  heartbeat_interval=heartbeat_interval, heartbeat_timeout=heartbeat_timeout)
         self.sent = 0
+        self.disarmed = 0  # armed attempts this planner told their worker not to start (start ahead)
         # Worker affinity per pool (region policy): who may take a pool's executions, and the count of
         # assignments sent outside the planning region (metrics: scheduler_dispatch_cross_region_...).
         self.affinity = AffinityGate(region, clock.monotonic)
@@ -278,11 +279,28 @@ class Dispatcher:
                     execution_id=execution_id, attempt=attempt, reason=wpb.CANCEL_REASON_OVERLAP
                     if reason == "overlap" else wpb.CANCEL_REASON_REQUESTED, message=reason)))
 
+    def disarm(self, e: Execution) -> None:
+        """Start ahead: the worker holding e's armed attempt is not to start it (wpb.Disarm); dropped here if it
+        is still queued. Sent to every stream that holds it and every stream of the worker whose start was
+        recorded (an owner that took the partition over holds it on no stream of its own until a heartbeat
+        lists it). Nothing is written: the worker's not-started result is the write; a worker that has begun
+        it ignores this."""
+        self.queue.remove(lambda it: it.e.id == e.id)
+        cur = e.current
+        key = (e.id, e.attempt)
+        msg = wpb.PlannerMessage(disarm=wpb.Disarm(attempts=[wpb.AttemptRef(execution_id=e.id, attempt=e.attempt)]))
+        for c in self.conns.values():
+            if key in c.running or (cur is not None and cur.worker and c.worker_id == cur.worker):
+                c.out.put_nowait(msg)
+        self.disarmed += 1
+
     # ---- sending ----------------------------------------------------------------------------------
 
     def _assignment(self, it: _Item) -> wpb.Assignment:
         e = it.e
         cur = e.current
+        # Start ahead: handed out before it is due; the worker runs it that much later (0: at once).
+        ahead = e.due_ms - self.clock.wall_ms() if cur is not None and cur.dispatched_ms < e.due_ms else 0
         return wpb.Assignment(
             execution_id=e.id, schedule_id=e.schedule_id, tenant=e.tenant, task_type=e.task_type,
             planned_at=ms_to_timestamp(e.planned_ms), attempt=e.attempt,
@@ -291,6 +309,7 @@ class Dispatcher:
             trigger=_TRIGGER[e.current_trigger.value],
             timeout=ms_to_duration(e.timeout_ms),
             start_timeout=ms_to_duration(cur.start_by_ms - cur.dispatched_ms) if cur and cur.start_by_ms else None,
+            start_in=ms_to_duration(ahead) if ahead > 0 else None,
         )
 
     def _pump(self) -> None:

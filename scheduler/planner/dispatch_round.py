@@ -31,6 +31,7 @@ from scheduler.execution import (
     ExecState,
     Execution,
     Trigger,
+    armed,
     cancel,
     dispatch,
     hand_out,
@@ -81,6 +82,10 @@ class RoundInput:
     # a backlog that waited behind a stopping run came back one run at a time, each started in turn, instead
     # of the newest winning).
     newest_due: Mapping[str, int] = field(default_factory=dict)
+    # Start ahead (docs/workers.md): runs in `due` not due yet came up early; those named here may be handed out
+    # now with their start at their due time (PendingIndex.may_arm), the others wait until then.
+    ahead_ms: int = 0
+    armable: Set[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -112,6 +117,8 @@ class DispatchPlan:
     stop: list[tuple[Execution, str]] = field(default_factory=list)  # running attempts to stop, once committed
     starved_pools: set[str] = field(default_factory=set)  # pools with due work beyond their capacity
     started: dict[str, int] = field(default_factory=dict)  # pool -> dispatches planned (capacity to reserve)
+    not_yet: list[Execution] = field(default_factory=list)  # came up early, not armed: back at their due time
+    disarm: list[Execution] = field(default_factory=list)  # armed runs their workers should not start after all
 
 
 def came_due_ms(x: Execution, catchup: Set[str]) -> int:
@@ -321,6 +328,10 @@ def plan_dispatch(inp: RoundInput) -> DispatchPlan:
     budget = dict(inp.budget)
     for sid, waiting in inp.due.items():
         view = inp.schedules.get(sid)
+        if view is not None and view.paused and any(x.due_ms > inp.now_ms for x in waiting):
+            # Not due yet: a pause records its runs as paused once they are due (a resume before then runs them).
+            plan.not_yet.extend(x for x in waiting if x.due_ms > inp.now_ms)
+            waiting = [x for x in waiting if x.due_ms <= inp.now_ms]
         if view is None or view.paused:
             why = SkipReason.PAUSED if view is not None else SkipReason.SCHEDULE_DELETED
             for x in waiting:
@@ -343,12 +354,59 @@ def plan_dispatch(inp: RoundInput) -> DispatchPlan:
                     cas[x.id] = (x, skip(x, SkipReason.SCHEDULE_DELETED.value) if x.state is ExecState.SCHEDULED
                                  else cancel(x, SkipReason.SCHEDULE_DELETED.value))
             waiting = [x for x in waiting if x.id not in cas]
-        _plan_schedule(inp, plan, budget, view, list(inp.in_flight.get(sid, ())), waiting, inp.behind.get(sid, {}),
+        in_flight = list(inp.in_flight.get(sid, ()))
+        early = [x for x in waiting if x.due_ms > inp.now_ms and x.id not in cas]
+        if early:
+            waiting = [x for x in waiting if x.due_ms <= inp.now_ms]
+        waiting = _disarm_for(inp, plan, view, in_flight, waiting)
+        _plan_schedule(inp, plan, budget, view, in_flight, waiting, inp.behind.get(sid, {}),
                        inp.ended.get(sid, ()), inp.newest_due.get(sid))
+        for x in early:
+            _arm(inp, plan, budget, x)
     for pool, left in budget.items():
         if left <= 0:
             plan.starved_pools.add(pool)
     return plan
+
+
+def _disarm_for(inp: RoundInput, plan: DispatchPlan, view: ScheduleView, in_flight: Sequence[Execution],
+                waiting: Sequence[Execution]) -> list[Execution]:
+    """A run of the schedule came up (an operator's run, or a retry) while a later one waits armed on a worker for
+    its due time (start ahead): that one is disarmed, and the run that came up waits until it has been (its
+    not-started result recorded) or has started, then is decided as if the armed run had not been handed out
+    early. The armed run was not in progress when this one came up, and its own start is judged at its due time
+    against what runs then: started at its time beside this one, it would have run two at once where a policy
+    allows one, or not cancelled an older run under cancel_other (the stateful twin: an operator's rerun, which
+    runs beside anything, started under a cancel_other schedule 0.1 s before its armed run began beside it).
+    Only when both allow it (the schedule's policy and this run's are allow_all) does nothing wait."""
+    now_armed = [r for r in in_flight if armed(r, inp.now_ms)]
+    if not now_armed:
+        return list(waiting)
+    keep: list[Execution] = []
+    for x in waiting:
+        if x.id in plan.transitions or (view.overlap is Overlap.ALLOW_ALL
+                                        and (x.overlap or view.overlap) is Overlap.ALLOW_ALL):
+            keep.append(x)
+        else:
+            plan.behind.append(Behind(x, False, ordered=False))
+    if len(keep) < len(waiting):
+        plan.disarm.extend(r for r in now_armed if r not in plan.disarm)
+    return keep
+
+
+def _arm(inp: RoundInput, plan: DispatchPlan, budget: dict[str, int], x: Execution) -> None:
+    """Start ahead: x came up before its due time. Handed out now (its worker runs it at its due time) if nothing
+    else of its schedule is unfinished (`RoundInput.armable`) and its pool has a free slot, else back at its due
+    time, to be decided then by the ordinary rules. Never a skip, a cancel or an overlap decision ahead of time."""
+    if x.id not in inp.armable or budget.get(x.pool, 0) <= 0 or x.state is not ExecState.SCHEDULED:
+        plan.not_yet.append(x)
+        return
+    budget[x.pool] -= 1
+    plan.started[x.pool] = plan.started.get(x.pool, 0) + 1
+    new = (hand_out if may_hand_out(x, inp.token) else dispatch)(
+        x, worker="", planner=inp.node_id, token=inp.token, now_ms=inp.now_ms,
+        start_timeout_ms=inp.start_timeout_ms, ahead_ms=inp.ahead_ms)
+    plan.transitions[x.id] = (x, new)
 
 
 def _waiting_at(x: Execution, in_flight: Sequence[Execution], ended: Sequence[Execution], catchup: Set[str]) -> bool:

@@ -47,6 +47,7 @@ from scheduler.execution import (
     ExecState,
     Execution,
     Trigger,
+    armed,
     as_created,
     cancel,
     log_fields,
@@ -138,6 +139,10 @@ class DispatchSink(Protocol):
 
     def cancel(self, e: Execution, reason: str) -> None: ...
 
+    def disarm(self, e: Execution) -> None:
+        """Tell the worker holding e's armed attempt (start ahead) not to start it."""
+        ...
+
 
 @dataclass(frozen=True)
 class _Claimed:
@@ -203,7 +208,8 @@ class PartitionPlanner:
         self._catchup: set[str] = set()
         self.m = Materializer(partition, settings, clock, self._catchup)  # what is owed, and what to write
         self.schedules = self.m.schedules
-        self.pending = PendingIndex(settings.overlap_settle_ms, self._pool_of)  # unfinished executions here
+        self.pending = PendingIndex(settings.overlap_settle_ms, self._pool_of,  # unfinished executions here
+                                    settings.start_ahead_ms)
         # Pre-written runs to withdraw (schedule id -> (planned after, reason)): a pause or delete
         # withdraws every scheduled one, a spec change those after it that the new spec does not plan.
         self._withdraw: dict[str, Withdrawal] = {}
@@ -533,6 +539,7 @@ class PartitionPlanner:
         old = self.schedules.get(sid)
         if old is not None and old.stored.schedule.version >= st.schedule.version:
             return
+        self._disarm_schedule(sid)
         if old is not None and old.stored.schedule.policies.overlap != st.schedule.policies.overlap:
             # Runs parked behind a run in flight were parked by the old policy: decided again by the new.
             # Left parked, a run behind one in flight waits until no run of its schedule is in flight, which
@@ -579,6 +586,29 @@ class PartitionPlanner:
             self._retarget(sid, st.schedule.worker_pool)
         self.wake.set()
 
+    def _may_arm(self, x: Execution) -> bool:
+        """Start ahead: x may be handed out before its due time. Its schedule's current activation owes it (it
+        plans x, after its activation) and no withdrawal is pending for the schedule (a pause, a delete or a spec
+        change that decides the runs written ahead once they are due: a run it withdraws must not be armed in
+        the meantime; the stateful twin armed a run of the old spec again after its disarm), and nothing else
+        of the schedule is unfinished here (`PendingIndex.may_arm`)."""
+        sid = x.schedule_id
+        sch = self.schedules.get(sid)
+        return (sch is not None and sid not in self._withdraw and sid not in self._stale
+                and x.planned_ms > sch.stored.activated_ms and sch.plan.next_after_ms(x.planned_ms - 1) == x.planned_ms
+                and self.pending.may_arm(x))
+
+    def _disarm_schedule(self, sid: str) -> None:
+        """Start ahead: any change of a schedule (a pause, an update, a delete) disarms its runs armed on workers
+        for their due time; each comes back as a new run (its not-started result) and is decided again under
+        the schedule as it is now: withdrawn as paused, changed or deleted once due, or armed again."""
+        if not self.s.start_ahead_ms:
+            return
+        now = self.clock.wall_ms()
+        for x in self.pending.of_schedule(sid):
+            if armed(x, now):
+                self.dispatcher.disarm(x)
+
     def _own_waiting(self, sid: str) -> list[int]:
         """Planned times of the schedule's own runs written and not dispatched yet."""
         return [x.planned_ms for x in self.pending.of_schedule(sid)
@@ -610,6 +640,7 @@ class PartitionPlanner:
             return
         self.sched_rev = max(self.sched_rev, revision)
         old = self.schedules.pop(schedule_id, None)
+        self._disarm_schedule(schedule_id)
         self.m.held_dirty = True
         held = schedule_id in self.m.held  # (settle_hold ends the hold: read before, or both would record)
         if old is not None and held:
@@ -963,8 +994,12 @@ class PartitionPlanner:
         # A run waiting for its retry is the same run, not over (docs/time.md): it holds its schedule as a
         # run in flight does.
         in_flight = {sid: [r for r in self.pending.of_schedule(sid) if r.state in HOLDING] for sid in due}
+        # Start ahead: runs that came up before their due time and may be handed out now.
+        armable = ({x.id for xs in due.values() for x in xs if x.due_ms > now_ms and self._may_arm(x)}
+                   if self.s.start_ahead_ms else frozenset())
         plan = plan_dispatch(RoundInput(
             now_ms=now_ms, due=due, schedules=views, in_flight=in_flight, budget=limits, catchup=self._catchup,
+            ahead_ms=self.s.start_ahead_ms, armable=armable,
             confirmed=self._confirmed, node_id=self.node_id, token=fence.fencing_token,
             start_timeout_ms=self.s.start_timeout_ms, overlap_settle_ms=self.s.overlap_settle_ms,
             transitions=withdrawn, behind={sid: w for sid in due if (w := self.pending.behind(sid))},
@@ -977,6 +1012,10 @@ class PartitionPlanner:
             self.pending.wait_behind(b.x, b.by_policy, b.until_ms, ordered=b.ordered, after_retry=b.after_retry)
         for x in plan.park:
             self.pending.park(x)
+        for x in plan.not_yet:
+            self.pending.not_before(x, x.due_ms)
+        for r in plan.disarm:
+            self.dispatcher.disarm(r)
         self._confirm |= plan.confirm
         for pool, n in plan.started.items():
             self.dispatcher.reserve(pool, n)

@@ -24,23 +24,36 @@ import itertools
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
 
-from scheduler.execution import IN_FLIGHT, ExecState, Execution
+from scheduler.execution import IN_FLIGHT, ExecState, Execution, Trigger
 from scheduler.planner.dispatch_round import attempt_spans, first_start_ms, supersedes
 
 _WAITING = (ExecState.SCHEDULED, ExecState.RETRY_WAIT)  # waiting for a worker of their pool
 
 
-def _ready_ms(e: Execution) -> int | None:
+def _ready_ms(e: Execution, ahead_ms: int = 0) -> int | None:
     if e.state is ExecState.SCHEDULED:
+        if ahead_ms and armable_kind(e):
+            return e.due_ms - ahead_ms
         return e.due_ms
     if e.state is ExecState.RETRY_WAIT:
         return e.next_attempt_ms
     return None
 
 
+def armable_kind(e: Execution) -> bool:
+    """A new run of one of its schedule's own planned times, the only kind handed out ahead of its time (start
+    ahead): not a retry (its backoff is the time it waits), nor an operator's trigger, backfill, rerun or
+    replay (each due when it was asked for)."""
+    return e.trigger is Trigger.SCHEDULED and e.overlap is None and e.run_trigger is None
+
+
 class PendingIndex:
-    def __init__(self, overlap_settle_ms: int = 0, pool_of: Callable[[str], str | None] | None = None) -> None:
+    def __init__(self, overlap_settle_ms: int = 0, pool_of: Callable[[str], str | None] | None = None,
+                 ahead_ms: int = 0) -> None:
         self.overlap_settle_ms = overlap_settle_ms  # as the dispatch round judges a run waiting for its retry
+        # Start ahead: new runs of a schedule's own planned times come up this long before they are due; the
+        # round hands out those it may arm, and sends the others back until they are due (`not_before`).
+        self.ahead_ms = ahead_ms
         # Schedule id -> its pool now (None: not known). A run waiting for a worker (new, or for its retry)
         # waits in its schedule's pool, whatever pool its record was written in: a record that comes back
         # to wait after a pool change (an attempt dispatched before it failed) would otherwise wait for
@@ -56,6 +69,9 @@ class PendingIndex:
         self._wake: dict[str, int] = {}
         self._ordered: set[str] = set()  # ids waiting in order behind the runs before them (DispatchPlan)
         self._after_retry: set[str] = set()  # ... of which behind an earlier run waiting for its retry
+        # Start ahead: schedule id -> ids of its runs that came up early and could not be armed (`not_before`):
+        # offered again as soon as something of the schedule changes state (what kept them from it may be gone).
+        self._not_yet: dict[str, set[str]] = {}
         # schedule id -> {(id, attempt): final record} of runs that left flight, while a scheduled run of
         # the schedule waits that came due between their start and their recorded end (see `ended`)
         self._ended: dict[str, dict[tuple[str, int], Execution]] = {}
@@ -98,6 +114,8 @@ class PendingIndex:
             self._put(e)
         if old is not None and old.state in IN_FLIGHT and e.state not in IN_FLIGHT:
             self._keep_ended(e)
+        if (old is None or old.state is not e.state) and e.schedule_id in self._not_yet:
+            self._offer_again(e.schedule_id)
 
     def _put(self, e: Execution) -> None:
         if self._pool_of is not None and e.state in _WAITING and (pool := self._pool_of(e.schedule_id)) \
@@ -105,7 +123,9 @@ class PendingIndex:
             e = replace(e, pool=pool)
         self._by_id[e.id] = e
         self._by_schedule.setdefault(e.schedule_id, {})[e.id] = e
-        ready = _ready_ms(e)
+        if e.state not in _WAITING:
+            self._wake.pop(e.id, None)  # under way: a wake-up set while it waited stands for nothing now
+        ready = _ready_ms(e, self.ahead_ms)
         if ready is not None:
             heapq.heappush(self._ready.setdefault(e.pool, []), (ready, next(self._seq), e.id))
         cur = e.current
@@ -138,6 +158,8 @@ class PendingIndex:
                 self._release_behind(e.schedule_id)
             if e.schedule_id in self._ended:
                 self._prune_ended(e.schedule_id)
+            if e.schedule_id in self._not_yet:
+                self._offer_again(e.schedule_id)
 
     def clear(self) -> None:
         self._by_id.clear()
@@ -149,6 +171,7 @@ class PendingIndex:
         self._ordered.clear()
         self._after_retry.clear()
         self._ended.clear()
+        self._not_yet.clear()
         self._deadlines.clear()
         self._start_bys.clear()
 
@@ -195,7 +218,8 @@ class PendingIndex:
     def _live(self, e: Execution, pool: str, t: int) -> bool:
         """Whether a heap entry (t, pool) still stands for `e`: its ready time, or its wake-up while it
         waits behind a run in flight."""
-        return e.pool == pool and (_ready_ms(e) == t or self._wake.get(e.id) == t)
+        return e.pool == pool and (_ready_ms(e, self.ahead_ms) == t
+                                   or (self._wake.get(e.id) == t and e.state in _WAITING))
 
     def has_ready(self, now_ms: int, pool: str | None = None) -> bool:
         """Whether something may be ready (the earliest entry may be stale: a cheap over-estimate)."""
@@ -219,9 +243,38 @@ class PendingIndex:
         return best
 
     def defer(self, e: Execution) -> None:
-        ready = _ready_ms(e)
+        ready = _ready_ms(e, self.ahead_ms)
         if ready is not None and e.id in self._by_id:
             heapq.heappush(self._ready.setdefault(e.pool, []), (ready, next(self._seq), e.id))
+
+    def not_before(self, e: Execution, at_ms: int) -> None:
+        """Start ahead: a run that came up early and may not be armed comes up again at `at_ms` (its due time),
+        not before; any put of its record may bring it up early once more (it is judged again then)."""
+        if e.id in self._by_id:
+            self._wake[e.id] = at_ms
+            heapq.heappush(self._ready.setdefault(e.pool, []), (at_ms, next(self._seq), e.id))
+            self._not_yet.setdefault(e.schedule_id, set()).add(e.id)
+
+    def _offer_again(self, schedule_id: str) -> None:
+        """Runs of the schedule sent back until their due time come up again now (at their early ready time): a
+        run of it has changed state, and what kept them from being armed (a run in flight, an earlier one
+        waiting) may be gone. Those still not armable are sent back again, once per such change."""
+        for eid in self._not_yet.pop(schedule_id, ()):
+            e = self._by_id.get(eid)
+            ready = None if e is None else _ready_ms(e, self.ahead_ms)
+            if e is not None and ready is not None:
+                heapq.heappush(self._ready.setdefault(e.pool, []), (ready, next(self._seq), eid))
+
+    def may_arm(self, x: Execution) -> bool:
+        """Whether x may be handed out ahead of its time (start ahead): every other unfinished run of its
+        schedule here is a new run planned after it (written ahead), and x is neither waiting behind a run nor
+        parked. A run in flight, waiting for its retry, or due before x (deferred for capacity, parked) could
+        overlap it, or should go first: x then waits for its due time and the ordinary rules."""
+        sid = x.schedule_id
+        if x.id in self._behind.get(sid, ()) or x.id in self._parked.get(sid, ()):
+            return False
+        return all(r.id == x.id or (r.state is ExecState.SCHEDULED and r.planned_ms > x.planned_ms)
+                   for r in self._by_schedule.get(sid, {}).values())
 
     def park(self, e: Execution) -> None:
         """Hold `e` out of the ready heaps until `unpark()` (its schedule is paused)."""

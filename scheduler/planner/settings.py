@@ -72,6 +72,13 @@ class PlannerSettings(Settings):
     # --compare-reserve). On by default since session 30, after a game day with it on kept every invariant
     # about runs (docs/keyspace.md); false writes every dispatch.
     reserve_first_attempt: bool = True
+    # Start ahead (docs/workers.md, "Start ahead"): a run of a schedule's own planned times with nothing else of
+    # its schedule unfinished is handed to a worker up to this long before it is due, its start recorded
+    # then, and the worker runs it at its instant: the dispatch and the start record leave the due second.
+    # The owner disarms it if the schedule is paused, changed or deleted, or another of its runs comes up,
+    # before then; a run armed before a pause that its worker could not be told of in time still runs (its
+    # start was recorded before the pause). 0: off (the default until a game day with it on has passed).
+    start_ahead_ms: int = 0
     # Clock-skew guard (docs/time.md, "Clock skew"): peers' clocks are probed every clock_probe_interval;
     # a planner more than max_clock_skew from the majority of the cluster owns no partitions until it has
     # been back in bounds for 3 rounds, and never plans with a wall time further than that from theirs.
@@ -126,6 +133,11 @@ class PlannerSettings(Settings):
             raise InvalidArgument("heartbeat_interval", "must be in 0.01-60 seconds")
         if not self.heartbeat_interval < self.heartbeat_timeout <= 3600:
             raise InvalidArgument("heartbeat_timeout", "must be above heartbeat_interval and at most 3600 seconds")
+        if not 0 <= self.start_ahead_ms <= 5_000:
+            raise InvalidArgument("start_ahead_ms", f"{self.start_ahead_ms} ms is outside 0-5000 ms")
+        if self.start_ahead_ms > self.lookahead_ms:
+            raise InvalidArgument("start_ahead_ms", f"{self.start_ahead_ms} ms is more than lookahead_ms "
+                                  f"({self.lookahead_ms} ms): a run is handed out only once it is written")
         if not 100 <= self.start_timeout_ms <= 60_000:
             raise InvalidArgument("start_timeout_ms", "must be in 100-60000")
         if self.start_timeout_ms < 4 * self.loop_interval * 1000:

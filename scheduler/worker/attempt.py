@@ -44,6 +44,7 @@ class Stop(StrEnum):
     DRAIN = "drain"  # the worker is shutting down and the grace ran out
     REJECTED = "rejected"  # a planner refused to re-attach it: a newer attempt may run elsewhere
     ORPHANED = "orphaned"  # its planner stream was gone past the heartbeat timeout and no planner re-attached it
+    DISARM = "disarm"  # handed out ahead of its time and not wanted started after all (wpb.Disarm)
 
 
 class State(Enum):
@@ -80,7 +81,8 @@ def classify(exc: BaseException) -> Outcome:
 
 class Attempt:
     def __init__(self, ctx: ExecutionContext, payload: bytes, handler: Handler | None, origin: str,
-                 timeout: float | None, start_timeout: float | None = None, received: float = 0.0) -> None:
+                 timeout: float | None, start_timeout: float | None = None, received: float = 0.0,
+                 start_in: float = 0.0) -> None:
         self.ctx = ctx
         self.payload = payload
         self.handler = handler
@@ -92,6 +94,9 @@ class Attempt:
         # `received` (monotonic); None: the planner does not confirm starts, run at once.
         self.start_timeout = start_timeout
         self.received = received
+        # Start ahead: the handler runs this many seconds after `received` (monotonic), once confirmed.
+        self.start_in = start_in
+        self.armed_ms: int | None = None  # wall ms it began waiting for that instant, start confirmed
         self.state = State.PENDING
         self.stop: Stop | None = None
         self.started_ms: int | None = None
@@ -162,6 +167,9 @@ class Attempt:
         if self.stop is Stop.ORPHANED:
             # The same class as the planner's own timeout of it: whichever is recorded first wins.
             return Outcome(Status.FAILED, ErrorClass.TIMEOUT, ORPHANED_MESSAGE)
+        if self.stop is Stop.DISARM:
+            return Outcome(Status.FAILED, ErrorClass.TRANSIENT, f"not started: {self.ctx.cancel_reason}",
+                           not_started=True)
         if self.stop is Stop.DRAIN:
             # Not TIMEOUT/UNKNOWN: nothing is wrong with the execution, so it is retried elsewhere at once.
             return Outcome(Status.FAILED, ErrorClass.TRANSIENT, DRAIN_MESSAGE)

@@ -51,6 +51,7 @@ def context_from_assignment(a: wpb.Assignment, worker_id: str, clock: Clock) -> 
         timeout = a.timeout.ToMilliseconds() / 1000
     elif a.HasField("deadline"):
         timeout = max(0.0, (a.deadline.ToMilliseconds() - clock.wall_ms()) / 1000)
+    ahead = start_in_of(a)
     ctx = ExecutionContext(
         execution_id=a.execution_id,
         schedule_id=a.schedule_id,
@@ -63,9 +64,17 @@ def context_from_assignment(a: wpb.Assignment, worker_id: str, clock: Clock) -> 
         trigger=trigger_name(a.trigger),
         worker_id=worker_id,
         clock=clock,
-        local_deadline=None if timeout is None else clock.monotonic() + timeout,
+        # Counted from the start-at instant for a run handed out ahead of its time.
+        local_deadline=None if timeout is None else clock.monotonic() + ahead + timeout,
     )
     return ctx, timeout
+
+
+def start_in_of(a: wpb.Assignment) -> float:
+    """Seconds from receipt until the handler may run (start ahead); 0: at once."""
+    if a.HasField("start_in") and (a.start_in.seconds or a.start_in.nanos):
+        return max(0.0, a.start_in.ToMilliseconds() / 1000)
+    return 0.0
 
 
 def start_timeout_of(a: wpb.Assignment) -> float | None:
@@ -104,10 +113,11 @@ def running_pb(attempts: Iterable[Attempt]) -> list[wpb.RunningAttempt]:
             execution_id=a.ctx.execution_id,
             attempt=a.ctx.attempt,
             fencing_token=_token_pb(a.ctx.fencing_token),
-            started_at=ms_to_timestamp(a.started_ms),
+            # An armed attempt (start confirmed, waiting for its instant): when it began to wait.
+            started_at=ms_to_timestamp(a.started_ms if a.started_ms is not None else a.armed_ms or 0),
         )
         for a in attempts
-        if a.started_ms is not None
+        if a.started_ms is not None or a.armed_ms is not None
     ]
 
 

@@ -233,7 +233,10 @@ class Worker:
         ))
 
     def heartbeat(self) -> wpb.WorkerMessage:
-        return protocol.heartbeat_message(self.running, self.outbox.keys(), self.clock.wall_ms())
+        # Armed attempts too: their start is recorded for this worker, and a planner gives up an attempt of
+        # this worker that a heartbeat does not list (dispatch/liveness.py).
+        held = [a for a in self._attempts.values() if a.state is State.RUNNING or a.armed_ms is not None]
+        return protocol.heartbeat_message(held, self.outbox.keys(), self.clock.wall_ms())
 
     def stream_up(self, stream: PlannerStream, welcome: wpb.Welcome) -> None:
         if self.planners.is_duplicate(stream):
@@ -250,6 +253,10 @@ class Worker:
 
     def stream_down(self, stream: PlannerStream) -> None:
         self.starts.stream_lost(stream.address, [a for a in self._attempts.values() if a.state is State.PENDING])
+        for a in self._attempts.values():
+            if a.armed_ms is not None and a.origin == stream.address:
+                # Nobody could disarm it any more (a pause, a change): not started, reported now.
+                a.request_stop(Stop.DISARM, 0.0, "its planner stream broke before its start-at instant")
         self.book.close(stream.address)
         self.outbox.stream_lost(stream.address)
         self._grant()
@@ -267,6 +274,8 @@ class Worker:
             self._on_reattached(stream, msg.reattached)
         elif kind == "start_ack":
             self.starts.on_ack(msg.start_ack, stream.address)
+        elif kind == "disarm":
+            self._on_disarm(msg.disarm)
         elif kind == "probe":
             # Answered at once: a planner probes to learn whether this worker still holds an attempt it
             # inherited, and its retry waits for the answer (up to a heartbeat interval, otherwise).
@@ -284,7 +293,7 @@ class Worker:
         for i, a in enumerate(assignments):
             ctx, timeout = protocol.context_from_assignment(a, self.worker_id, self.clock)
             attempt = Attempt(ctx, a.payload, self._handlers.get(a.task_type), stream.address, timeout,
-                              protocol.start_timeout_of(a), self.clock.monotonic())
+                              protocol.start_timeout_of(a), self.clock.monotonic(), protocol.start_in_of(a))
             if self._repeat(attempt.key):  # running or recently finished here (delivered again): run it once
                 log.warning("duplicate assignment ignored", extra={**ctx.log_fields(), "planner": stream.address,
                                                                     "event": "duplicate_ignored"})
@@ -320,6 +329,15 @@ class Worker:
         log.info("execution cancel requested", extra={**attempt.ctx.log_fields(), "reason": message})
         attempt.request_stop(Stop.CANCEL, self.settings.cancel_grace, message)
 
+    def _on_disarm(self, d: wpb.Disarm) -> None:
+        """Attempts handed out ahead of their time that are not to start after all: dropped unless the handler
+        has begun (then the run has started, as its record says)."""
+        for ref in d.attempts:
+            attempt = self._attempts.get((ref.execution_id, ref.attempt))
+            if attempt is not None and attempt.state is State.PENDING and attempt.start_in > 0:
+                log.info("execution disarmed", extra={**attempt.ctx.log_fields(), "event": "disarmed"})
+                attempt.request_stop(Stop.DISARM, 0.0, "disarmed by the planner before its start-at instant")
+
     def _on_ack(self, ack: wpb.ResultAck) -> None:
         now = self.clock.monotonic()
         for e in ack.acks:
@@ -352,6 +370,8 @@ class Worker:
                                                   "timeout_s": attempt.timeout})
         try:
             refused = await self._confirm_start(attempt)
+            if refused is None and attempt.start_in > 0:
+                await self._await_instant(attempt)
             outcome = await attempt.run() if refused is None else refused
         finally:
             self._forget(attempt)
@@ -381,6 +401,22 @@ class Worker:
         log.info("execution not started", extra={**attempt.ctx.log_fields(), "event": "not_started",
                                                  "planner": attempt.origin, "reason": why})
         return Outcome(Status.FAILED, ErrorClass.TRANSIENT, f"not started: {why}", not_started=True)
+
+    async def _await_instant(self, attempt: Attempt) -> None:
+        """Start ahead: wait, start confirmed, until `start_in` after receipt. A Disarm or Cancel ends the
+        wait (run() then reports it not started, or cancelled); so does the stream it came on closing, since
+        nobody could disarm it then. Only an attempt still wanted, from a stream still open, runs."""
+        left = attempt.received + attempt.start_in - self.clock.monotonic()
+        if attempt.stop is None and left > 0:
+            attempt.armed_ms = self.clock.wall_ms()
+            try:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(attempt.ctx.cancel_event.wait(), left)
+            finally:
+                attempt.armed_ms = None
+        stream = self.streams.get(attempt.origin)
+        if attempt.stop is None and (stream is None or not stream.connected):
+            attempt.request_stop(Stop.DISARM, 0.0, "its planner stream closed before its start-at instant")
 
     def _send_to(self, address: str, msg: wpb.WorkerMessage) -> bool:
         stream = self.streams.get(address)

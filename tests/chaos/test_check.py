@@ -29,6 +29,7 @@ from scheduler.store.codec import encode_schedule
 from scheduler.store.keyspace import partition_for
 from scheduler.timeplan import Overlap, parse_spec
 from tests.chaos.synth import KS, POLICIES, T0, P, Synth, clean_run, sched
+from tests.chaos.synth import SCENARIO as SCENARIO_TEXT
 
 
 def token_of(x: Synth, sid: str) -> FencingToken:
@@ -940,3 +941,46 @@ def test_a_cancelled_run_needs_a_cause_i2(tmp_path: Path, by: str) -> None:
         assert i2.count == 0, i2.examples
     else:
         assert i2.count == 1 and i2.examples[0].startswith("[bad-cancel]"), i2.examples
+
+
+@pytest.mark.parametrize(("ahead_ms", "armed_at", "ok"), [
+    (1000, 40_200, True),  # armed 100 ms before the pause, 800 ms before its time: started before the pause
+    (0, 40_200, False),  # the planners do not start ahead: no excuse
+    (1000, 40_400, False),  # its start was recorded after the pause: it had to be disarmed
+    (400, 40_200, False),  # armed further ahead than the planners' start_ahead_ms (+ the watch's slack)
+])
+def test_a_run_armed_before_a_pause_may_run_after_it_under_start_ahead(
+    tmp_path: Path, ahead_ms: int, armed_at: int, ok: bool
+) -> None:
+    """Start ahead (docs/time.md, Activation): s-006 is paused at 40.3 s; its run of 41 s was handed out ahead, its
+    start recorded at `armed_at`, and ran at 41 s (its owner could not reach the worker in time). Started before
+    the pause within the planners' start_ahead_ms, it counts as started then; otherwise `[not-owed-ran]`."""
+    from chaos.context import SLACK_MS
+    from scheduler.execution import dispatch, result, started
+
+    assert SLACK_MS == 300, "the cases are placed around a watch slack of 300 ms"
+    x, _ = clean_run(tmp_path / "run")
+    sid, paused = "s-006", T0 + 40_300
+    t = T0 + 41_000
+    x.schedule(replace(sched(sid), state=ScheduleState.PAUSED), paused, paused)
+    x.ops.append(OpRecord(paused - 10, "pause", sid, True, paused + 10))
+    gone = {KS.execution(partition_for(sid, P), sid, T0 + s * 1000).decode() for s in range(41, 61)}
+    x.watch = [w for w in x.watch if w.key not in gone]
+    x.effects = [e for e in x.effects if not (e.schedule_id == sid and e.planned_ms > paused)]
+    tok = token_of(x, sid)
+    e = new_execution(id=execution_id(sid, t), schedule_id=sid, tenant="t", pool="default", task_type="http",
+                      planned_ms=t, due_ms=t, trigger=Trigger.SCHEDULED, retry=sched(sid).policies.retry,
+                      timeout_ms=30_000)
+    x.record(e, T0 + 39_500)
+    d = dispatch(e, worker="", planner="r1-p1", token=tok, now_ms=T0 + armed_at - 50, ahead_ms=1000)
+    run_ = started(d, 1, T0 + armed_at, "r1-w1")
+    x.record(run_, T0 + armed_at)
+    done, _ = result(run_, 1, succeeded=True, error_class=None, message="", now_ms=t + 100, worker="r1-w1")
+    x.record(done, t + 100)
+    x.effect(e.id, 1, tok, "r1-w1", t, t + 50)
+    scenario = SCENARIO_TEXT.replace("[cluster]\n", f"[cluster]\nplanner = {{ start_ahead_ms = {ahead_ms} }}\n", 1)
+    _, fails, _ = judged(x.build(tmp_path / "c", scenario=scenario))
+    if ok:
+        assert "I2" not in fails, fails
+    else:
+        assert fails.get("I2") == 1, fails

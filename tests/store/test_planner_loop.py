@@ -45,6 +45,7 @@ class FakeDispatcher:
         self.kv, self.node, self.outcome, self.fail = kv, node, outcome, fail
         self.submitted: list[Execution] = []
         self.cancelled: list[str] = []
+        self.disarmed: list[str] = []
         self.held_started: set[tuple[str, int]] = set()  # held attempts whose start was recorded
         self.tasks: set[asyncio.Task[None]] = set()
 
@@ -77,6 +78,9 @@ class FakeDispatcher:
                 self.held_started.add((e.id, e.attempt))
         elif self.outcome != "lost":
             await self._finish(e)
+
+    def disarm(self, e: Execution) -> None:
+        self.disarmed.append(e.id)
 
     def cancel(self, e: Execution, reason: str) -> None:
         self.cancelled.append(e.id)

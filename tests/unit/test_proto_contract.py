@@ -103,6 +103,8 @@ FIELDS: dict[str, dict[str, tuple[int, str]]] = {
         "deadline": (9, TS),
         "trigger": (10, f"{PACKAGE}.Trigger"),
         "timeout": (11, DUR),
+        "start_timeout": (12, DUR),
+        "start_in": (13, DUR),
     },
     "Result": {
         "execution_id": (1, "string"),
@@ -177,6 +179,7 @@ ONEOFS: dict[str, dict[str, tuple[int, str]]] = {
         "reattached": (5, "Reattached"),
         "start_ack": (6, "StartAck"),
         "probe": (7, "Probe"),
+        "disarm": (8, "Disarm"),
     },
 }
 

@@ -54,6 +54,7 @@ def assignment(
     trigger: epb.Trigger = epb.TRIGGER_SCHEDULED,
     tenant: str = "acme",
     start_timeout: float | None = None,
+    start_in: float | None = None,
 ) -> wpb.Assignment:
     """The n-th planned time of a test schedule, one second apart."""
     from scheduler.ids import execution_id
@@ -67,6 +68,8 @@ def assignment(
     )
     if start_timeout is not None:
         a.start_timeout.CopyFrom(duration(start_timeout))
+    if start_in is not None:
+        a.start_in.CopyFrom(duration(start_in))
     if timeout is not None:
         a.timeout.CopyFrom(duration(timeout))
         a.deadline.CopyFrom(ts(planned + round(timeout * 1000)))

@@ -547,3 +547,98 @@ def test_the_owners_reserved_attempt_is_handed_out_and_anyone_elses_is_retired()
     _, written = plan.transitions[old.id]
     assert (handed.attempt, handed.mod_revision, handed.reserved, handed.state) == (1, 99, None, ExecState.DISPATCHED)
     assert [a.attempt for a in written.attempts] == [1, 2] and written.attempts[0].never_started
+
+
+# ---- start ahead (docs/workers.md, "Start ahead") ----------------------------------------------------
+
+AHEAD = 1_000
+
+
+def ahead_round(due: Sequence[Execution], *, in_flight: Sequence[Execution] = (), armable: frozenset[str] | None = None,
+                policy: Overlap = Overlap.SKIP, paused: bool = False, budget: int = 10) -> DispatchPlan:
+    return plan_dispatch(RoundInput(
+        now_ms=NOW, due={"s": list(due)}, schedules={"s": ScheduleView(policy, paused)},
+        in_flight={"s": list(in_flight)}, budget={"p": budget}, catchup=frozenset(), confirmed={}, node_id="n",
+        token=FencingToken(0, 7), start_timeout_ms=3_000, ahead_ms=AHEAD,
+        armable=frozenset(x.id for x in due) if armable is None else armable))
+
+
+def test_an_armable_run_is_handed_out_before_it_is_due_with_its_deadline_from_then() -> None:
+    x = ex(NOW + 600)
+    plan = ahead_round([x])
+    ((old, new),) = plan.transitions.values()
+    cur = new.current
+    assert new.state is ExecState.DISPATCHED and cur is not None and cur.dispatched_ms == NOW
+    assert cur.deadline_ms > NOW + 600 + x.timeout_ms, "the deadline counts from the due time, not the hand-out"
+    assert plan.started == {"p": 1} and not plan.not_yet
+
+
+def test_a_run_that_may_not_be_armed_waits_for_its_due_time() -> None:
+    x = ex(NOW + 600)
+    plan = ahead_round([x], armable=frozenset())
+    assert not plan.transitions and plan.not_yet == [x]
+    assert not ahead_round([x], budget=0).transitions, "no free slot: not yet either"
+
+
+def test_an_early_run_of_a_paused_schedule_is_not_skipped_before_its_due_time() -> None:
+    """A pause records a planned time as paused once it is due: a resume before then runs it."""
+    x, y = ex(NOW - 10), ex(NOW + 600)
+    plan = ahead_round([x, y], paused=True)
+    assert states(plan) == {NOW - 10: "skipped:paused"} and plan.not_yet == [y]
+
+
+@pytest.mark.parametrize("policy", [Overlap.SKIP, Overlap.BUFFER_ONE, Overlap.BUFFER_ALL, Overlap.CANCEL_OTHER])
+def test_a_run_that_comes_up_while_a_later_one_waits_armed_disarms_it_and_waits(policy: Overlap) -> None:
+    """A trigger (or a retry) comes up while the schedule's next run waits armed on a worker: started now, the two
+    could run at once where the policy allows one; the armed one is disarmed and this one waits until it is."""
+    armed = dispatch(ex(NOW + 500), worker="w", planner="n", token=FencingToken(0, 7), now_ms=NOW - 300,
+                     ahead_ms=AHEAD)
+    trig = replace(ex(NOW - 5), id=execution_id("s", NOW - 5), trigger=Trigger.MANUAL)
+    plan = ahead_round([trig], in_flight=[armed], policy=policy)
+    assert not plan.transitions and plan.disarm == [armed]
+    assert [(b.x.id, b.ordered) for b in plan.behind] == [(trig.id, False)]
+
+
+def test_under_allow_all_a_run_that_comes_up_starts_beside_an_armed_one() -> None:
+    armed = dispatch(ex(NOW + 500), worker="w", planner="n", token=FencingToken(0, 7), now_ms=NOW - 300,
+                     ahead_ms=AHEAD)
+    trig = replace(ex(NOW - 5), trigger=Trigger.MANUAL)
+    plan = ahead_round([trig], in_flight=[armed], policy=Overlap.ALLOW_ALL)
+    assert states(plan) == {NOW - 5: "dispatched"} and not plan.disarm
+
+
+def test_a_disarmed_run_is_a_new_run_again_due_at_its_own_time() -> None:
+    """Its not-started report makes it SCHEDULED (not a retry due at once): it never runs before its due time."""
+    armed = dispatch(ex(NOW + 500), worker="w", planner="n", token=FencingToken(0, 7), now_ms=NOW - 300,
+                     ahead_ms=AHEAD)
+    back, _ = result(armed, 1, succeeded=False, error_class=ErrorClass.TRANSIENT, message="not started: disarmed",
+                     now_ms=NOW, not_started=True)
+    assert back.state is ExecState.SCHEDULED and back.due_ms == NOW + 500
+    # A run dispatched at its time that never started is a retry at once, as before.
+    late = dispatch(ex(NOW - 500), worker="w", planner="n", token=FencingToken(0, 7), now_ms=NOW - 300)
+    again, _ = result(late, 1, succeeded=False, error_class=ErrorClass.TRANSIENT, message="not started",
+                      now_ms=NOW, not_started=True)
+    assert again.state is ExecState.RETRY_WAIT and again.next_attempt_ms == NOW
+
+
+def test_a_start_recorded_ahead_says_the_run_began_at_its_due_time() -> None:
+    from scheduler.execution import started
+
+    armed = dispatch(ex(NOW + 500), worker="w", planner="n", token=FencingToken(0, 7), now_ms=NOW - 300,
+                     ahead_ms=AHEAD)
+    cur = started(armed, 1, NOW - 290, "w").current
+    assert cur is not None and cur.started_ms == NOW + 500
+    on_time = dispatch(ex(NOW - 500), worker="w", planner="n", token=FencingToken(0, 7), now_ms=NOW - 300)
+    cur = started(on_time, 1, NOW - 290, "w").current
+    assert cur is not None and cur.started_ms == NOW - 290
+
+
+def test_a_rerun_under_a_cancel_other_schedule_waits_for_the_disarm_of_its_armed_run() -> None:
+    """The stateful twin: a rerun (its own policy allow_all: it runs beside anything) came up while the schedule's
+    next run waited armed; the armed run's own policy (cancel_other) is judged at its due time against what runs
+    then, so it is disarmed first, and the rerun waits for that."""
+    armed = dispatch(ex(NOW + 500), worker="w", planner="n", token=FencingToken(0, 7), now_ms=NOW - 300,
+                     ahead_ms=AHEAD)
+    rerun = replace(ex(NOW - 50_000), overlap=Overlap.ALLOW_ALL, run_trigger=Trigger.RERUN, due_ms=NOW - 5)
+    plan = ahead_round([rerun], in_flight=[armed], policy=Overlap.CANCEL_OTHER)
+    assert not plan.transitions and plan.disarm == [armed] and [b.x.id for b in plan.behind] == [rerun.id]

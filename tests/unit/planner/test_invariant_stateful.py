@@ -27,6 +27,7 @@ import os
 import re
 import sys
 from collections.abc import Coroutine
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -37,6 +38,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from scheduler.clock import FakeClock
 from scheduler.execution import ExecState, Execution
+from scheduler.ids import execution_id
+from scheduler.planner.settings import PlannerSettings
 from scheduler.store.etcd.ops import Compare, delete, put
 from scheduler.store.keyspace import Keyspace
 from scheduler.store.memory import MemoryKV
@@ -44,6 +47,7 @@ from scheduler.timeplan import MissedRuns, Overlap
 from tests.invariant import (
     PARTITION,
     POOLS,
+    SETTINGS,
     START_TIMEOUT_CHECK,
     T0,
     Behaviour,
@@ -87,12 +91,15 @@ then = st.integers(0, 3_000) | st.just(0)  # time passing before an action
 
 
 class PlannerInvariant(RuleBasedStateMachine):
+    planner_settings = SETTINGS
+
     def __init__(self) -> None:
         super().__init__()
         self.loop = asyncio.new_event_loop()
         self.clock = FakeClock(wall_ms=T0)
         self.kv = MemoryKV(self.clock.monotonic)
-        self.world = World(self.kv, self.clock, Keyspace("/inv"), current_revision=self.kv.current_revision)
+        self.world = World(self.kv, self.clock, Keyspace("/inv"), current_revision=self.kv.current_revision,
+                           settings=self.planner_settings)
         self.run(self.world.start())
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
@@ -302,12 +309,22 @@ PlannerInvariant.TestCase.settings = settings(
 TestPlannerInvariant = pytest.mark.timeout(1800)(pytest.mark.slow(PlannerInvariant.TestCase))
 
 
+class PlannerInvariantAhead(PlannerInvariant):
+    """The same machine with start ahead on (runs handed to workers up to 1 s before their due time)."""
+
+    planner_settings = replace(SETTINGS, start_ahead_ms=1_000)
+
+
+PlannerInvariantAhead.TestCase.settings = PlannerInvariant.TestCase.settings
+TestPlannerInvariantAhead = pytest.mark.timeout(1800)(pytest.mark.slow(PlannerInvariantAhead.TestCase))
+
+
 # ---- the issue's cases as fixed scenarios (the shrunk counterexamples, kept so they are always run) ----
 
-async def _world() -> tuple[World, MemoryKV]:
+async def _world(settings: PlannerSettings = SETTINGS) -> tuple[World, MemoryKV]:
     clock = FakeClock(wall_ms=T0)
     kv = MemoryKV(clock.monotonic)
-    w = World(kv, clock, Keyspace("/scn"), current_revision=kv.current_revision)
+    w = World(kv, clock, Keyspace("/scn"), current_revision=kv.current_revision, settings=settings)
     await w.start()
     return w, kv
 
@@ -1499,3 +1516,118 @@ def test_a_claim_with_changes_at_its_instant_is_judged_whole_by_one_version() ->
     the updates (missed=skip: nothing run) and the inherited runs by the one before, so the cap had room and
     s1@24 looked not missed. A claim is now judged whole by either version."""
     _replay("catch_up_and_inherited_runs_at_a_handover_with_changes_at_its_instant.json")
+
+
+# ---- start ahead (docs/workers.md, "Start ahead"): runs handed to workers before their due time ----------
+
+AHEAD = replace(SETTINGS, start_ahead_ms=1_000)
+
+
+def _scheduled_effects(w: World, sid: str) -> list[Any]:
+    return [f for f in w.log.effects if f.sid == sid and f.run_trigger == "scheduled"]
+
+
+async def test_start_ahead_runs_start_at_their_due_time() -> None:
+    w, kv = await _world(AHEAD)
+    sid = await w.create(1, False, "a", SKIP_1S)
+    await w.advance(6_000)
+    ran = [f for f in _scheduled_effects(w, sid) if f.outcome != "lost"]
+    armed = [f for f in ran if f.armed_ms is not None]
+    assert len(armed) >= 3, [(f.planned_ms - T0, f.armed_ms, f.start_ms - T0) for f in ran]
+    # Each armed run began at its own planned time, not when it was handed out (no jitter here).
+    assert all(f.start_ms == f.planned_ms and f.armed_ms < f.planned_ms for f in armed)
+    await _judge(w, kv)
+
+
+async def test_start_ahead_a_pause_disarms_the_run_armed_for_after_it() -> None:
+    w, kv = await _world(AHEAD)
+    sid = await w.create(1, False, "a", SKIP_1S)
+    await w.advance(3_500)  # the run of :04 is armed by now (handed out from :03)
+    armed = [f for f in _scheduled_effects(w, sid) if f.armed_ms is not None and f.start_ms > w.clock.wall_ms()]
+    assert armed, "no run armed ahead of its time"
+    await w.pause(sid)
+    await w.advance(3_000)
+    # The armed run never ran: disarmed, then recorded as paused once due.
+    assert all(f.outcome == "lost" for f in armed), [(f.planned_ms - T0, f.outcome) for f in armed]
+    es = {e.id: e for e in await w.executions()}
+    assert all(es[f.eid].state is ExecState.SKIPPED and es[f.eid].skip_reason == "paused" for f in armed)
+    await _judge(w, kv)
+
+
+async def test_start_ahead_a_trigger_disarms_the_armed_run_of_a_skip_schedule() -> None:
+    """A trigger comes up while the schedule's next run waits armed: under skip, the armed run must not start
+    beside the triggered one (which runs long); it is disarmed and decided at its due time (an overlap skip)."""
+    w, kv = await _world(AHEAD)
+    sid = await w.create(1, False, "a", SKIP_1S)
+    await w.advance(3_260)  # the run of :04 (3.877 s in) was armed at 3.25 s
+    armed = [f for f in _scheduled_effects(w, sid) if f.armed_ms is not None and f.start_ms > w.clock.wall_ms()]
+    assert armed
+    w.workers.plan.append(("slow", 3_000))
+    await w.operate("trigger", lambda es: None, sid)
+    await w.advance(6_000)
+    (manual,) = [f for f in w.log.effects if f.sid == sid and f.run_trigger == "manual"]
+    # The trigger started at once (once the armed run was disarmed), not behind the armed run: start ahead
+    # changes nothing an operator's run sees. The armed run never ran then; at its due time the trigger was in
+    # progress, so the skip policy skipped it.
+    assert manual.start_ms < armed[0].planned_ms and armed[0].outcome == "lost", (manual, armed)
+    es = {e.id: e for e in await w.executions()}
+    assert es[armed[0].eid].state is ExecState.SKIPPED and es[armed[0].eid].skip_reason == "overlap_skip"
+    await _judge(w, kv)
+
+
+async def test_start_ahead_an_armed_run_of_a_frozen_owner_runs_after_a_pause_it_never_saw() -> None:
+    """The owner freezes (SIGSTOP) with a run armed on a worker whose stream stays open; the schedule is paused
+    before that run's due time. Nobody can disarm it: it runs, its start recorded before the pause (judged as
+    started then), and nothing else of the paused schedule does."""
+    w, kv = await _world(AHEAD)
+    sid = await w.create(1, False, "a", SKIP_1S)
+    await w.advance(3_500)
+    await w.freeze()
+    paused_at = w.clock.wall_ms()
+    await w.pause(sid)
+    await w.advance(8_000)
+    await w.thaw()
+    await w.advance(3_000)
+    after = [f for f in _scheduled_effects(w, sid) if f.planned_ms > paused_at and f.outcome != "lost"]
+    # The one run armed before the pause ran (the checker accepts it as started before the pause); no other.
+    assert [(f.armed_ms is not None and f.armed_ms < paused_at, f.start_ms == f.planned_ms) for f in after] == [
+        (True, True)], [(f.planned_ms - T0, f.armed_ms, f.outcome) for f in after]
+    await _judge(w, kv)
+
+
+async def test_start_ahead_a_killed_owners_armed_runs_do_not_start_and_run_late() -> None:
+    """The owner is killed with runs armed: its stream is gone, so the worker does not start them and reports them
+    not started; the next owner runs them (late), none lost, none twice."""
+    w, kv = await _world(AHEAD)
+    for _ in range(3):
+        await w.create(1, False, "a", SKIP_1S)
+    await w.advance(3_500)
+    await w.kill(restart_after_ms=0)
+    await w.advance(8_000)
+    await _judge(w, kv)
+
+
+async def test_start_ahead_a_spec_change_disarms_a_run_the_new_spec_does_not_plan_and_it_stays_unarmed() -> None:
+    """Found by the machine: a change from every second to every 2 s disarmed the run of :03, armed for the old
+    spec; back as a new run, it came up early again and was armed again, though the new spec does not plan it
+    (its withdrawal waits for its due time). A schedule with a withdrawal pending arms nothing."""
+    w, kv = await _world(AHEAD)
+    sid = await w.create(1, False, "a", SKIP_1S)
+    await w.advance(2_150)
+    await w.update(sid, period_s=2)
+    await w.advance(5_000)
+    await _judge(w, kv)
+
+
+async def test_start_ahead_a_rerun_under_cancel_other_does_not_start_beside_the_armed_run() -> None:
+    """Found by the machine: an operator's rerun (allow_all: it runs beside anything) of s1@01 came up 0.1 s before
+    the armed s1@18 was due under cancel_other; the armed run began beside it instead of cancelling it first."""
+    w, kv = await _world(AHEAD)
+    sid = await w.create(1, False, "a", default_policies(MissedRuns.SKIP, 1, 3, Overlap.CANCEL_OTHER))
+    await w.advance(3_300)
+    assert [f for f in _scheduled_effects(w, sid) if f.armed_ms is not None and f.start_ms > w.clock.wall_ms()]
+    w.workers.plan.append(("slow", 3_000))
+    first = execution_id(sid, T0 - 123 + 1_000)
+    await w.operate("rerun", lambda es: next((e for e in es if e.id == first), None))
+    await w.advance(6_000)
+    await _judge(w, kv)

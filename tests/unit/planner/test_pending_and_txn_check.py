@@ -291,3 +291,44 @@ def test_a_read_of_a_record_handed_out_unwritten_does_not_take_the_hand_out_back
     assert idx.get(e.id) is handed and not idx.ready(2_000, {"a": 10})
     idx.put(with_revision(replace(e, create_revision=0), 51))
     assert idx.get(e.id).state is ExecState.SCHEDULED  # type: ignore[union-attr]
+
+
+# ---- start ahead ------------------------------------------------------------------------------------
+
+def test_start_ahead_new_runs_come_up_early_retries_and_operators_runs_at_their_time() -> None:
+    idx = PendingIndex(ahead_ms=1_000)
+    own = ex("s", 10_000)
+    retry = ex("r", 10_000, state=ExecState.RETRY_WAIT)
+    trig = replace(ex("m", 10_000), trigger=Trigger.MANUAL)
+    for e in (own, retry, trig):
+        idx.put(e)
+    got = idx.ready(9_000, {"a": 10})
+    assert [e.id for es in got.values() for e in es] == [own.id]
+    assert sorted(e.id for es in idx.ready(10_000, {"a": 10}).values() for e in es) == sorted([retry.id, trig.id])
+
+
+def test_start_ahead_may_arm_only_the_first_unfinished_run_of_a_schedule() -> None:
+    idx = PendingIndex(ahead_ms=1_000)
+    a, b = ex("s", 10_000), ex("s", 11_000)
+    idx.put(a)
+    idx.put(b)
+    assert idx.may_arm(a) and not idx.may_arm(b), "b waits behind a, due before it"
+    out = dispatch(a, worker="w", planner="n", token=FencingToken(0, 1), now_ms=9_500, ahead_ms=1_000)
+    idx.put(out)
+    assert not idx.may_arm(b), "a run in flight could overlap it"
+
+
+def test_start_ahead_a_run_sent_back_comes_up_again_when_its_schedule_moves() -> None:
+    """Not armable while the run before it is in flight: it waits for its due time, unless the run before it ends
+    first, which offers it again at once (its early ready time)."""
+    idx = PendingIndex(ahead_ms=1_000)
+    a = dispatch(ex("s", 9_000), worker="w", planner="n", token=FencingToken(0, 1), now_ms=9_000)
+    b = ex("s", 10_000)
+    idx.put(a)
+    idx.put(b)
+    (got,) = idx.ready(9_100, {"a": 10}).values()
+    assert got == [b] and not idx.may_arm(b)
+    idx.not_before(b, b.due_ms)
+    assert not idx.ready(9_200, {"a": 10}), "sent back until its due time"
+    idx.remove(a.id)  # the run before it ended
+    assert [e.id for es in idx.ready(9_300, {"a": 10}).values() for e in es] == [b.id] and idx.may_arm(b)

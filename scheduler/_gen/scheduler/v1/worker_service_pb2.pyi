@@ -68,7 +68,7 @@ class WorkerMessage(_message.Message):
     def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., credits: _Optional[_Union[Credits, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., results: _Optional[_Union[Results, _Mapping]] = ..., drain: _Optional[_Union[Drain, _Mapping]] = ..., started: _Optional[_Union[Started, _Mapping]] = ...) -> None: ...
 
 class PlannerMessage(_message.Message):
-    __slots__ = ("welcome", "assignments", "cancel", "result_ack", "reattached", "start_ack", "probe")
+    __slots__ = ("welcome", "assignments", "cancel", "result_ack", "reattached", "start_ack", "probe", "disarm")
     WELCOME_FIELD_NUMBER: _ClassVar[int]
     ASSIGNMENTS_FIELD_NUMBER: _ClassVar[int]
     CANCEL_FIELD_NUMBER: _ClassVar[int]
@@ -76,6 +76,7 @@ class PlannerMessage(_message.Message):
     REATTACHED_FIELD_NUMBER: _ClassVar[int]
     START_ACK_FIELD_NUMBER: _ClassVar[int]
     PROBE_FIELD_NUMBER: _ClassVar[int]
+    DISARM_FIELD_NUMBER: _ClassVar[int]
     welcome: Welcome
     assignments: Assignments
     cancel: Cancel
@@ -83,7 +84,14 @@ class PlannerMessage(_message.Message):
     reattached: Reattached
     start_ack: StartAck
     probe: Probe
-    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., assignments: _Optional[_Union[Assignments, _Mapping]] = ..., cancel: _Optional[_Union[Cancel, _Mapping]] = ..., result_ack: _Optional[_Union[ResultAck, _Mapping]] = ..., reattached: _Optional[_Union[Reattached, _Mapping]] = ..., start_ack: _Optional[_Union[StartAck, _Mapping]] = ..., probe: _Optional[_Union[Probe, _Mapping]] = ...) -> None: ...
+    disarm: Disarm
+    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., assignments: _Optional[_Union[Assignments, _Mapping]] = ..., cancel: _Optional[_Union[Cancel, _Mapping]] = ..., result_ack: _Optional[_Union[ResultAck, _Mapping]] = ..., reattached: _Optional[_Union[Reattached, _Mapping]] = ..., start_ack: _Optional[_Union[StartAck, _Mapping]] = ..., probe: _Optional[_Union[Probe, _Mapping]] = ..., disarm: _Optional[_Union[Disarm, _Mapping]] = ...) -> None: ...
+
+class Disarm(_message.Message):
+    __slots__ = ("attempts",)
+    ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    attempts: _containers.RepeatedCompositeFieldContainer[AttemptRef]
+    def __init__(self, attempts: _Optional[_Iterable[_Union[AttemptRef, _Mapping]]] = ...) -> None: ...
 
 class Probe(_message.Message):
     __slots__ = ("seq",)
@@ -212,7 +220,7 @@ class Drain(_message.Message):
     def __init__(self, reason: _Optional[str] = ..., grace: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., returned: _Optional[_Iterable[_Union[AttemptRef, _Mapping]]] = ...) -> None: ...
 
 class Assignment(_message.Message):
-    __slots__ = ("execution_id", "schedule_id", "tenant", "task_type", "planned_at", "attempt", "fencing_token", "payload", "deadline", "trigger", "timeout", "start_timeout")
+    __slots__ = ("execution_id", "schedule_id", "tenant", "task_type", "planned_at", "attempt", "fencing_token", "payload", "deadline", "trigger", "timeout", "start_timeout", "start_in")
     EXECUTION_ID_FIELD_NUMBER: _ClassVar[int]
     SCHEDULE_ID_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
@@ -225,6 +233,7 @@ class Assignment(_message.Message):
     TRIGGER_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_FIELD_NUMBER: _ClassVar[int]
     START_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
+    START_IN_FIELD_NUMBER: _ClassVar[int]
     execution_id: str
     schedule_id: str
     tenant: str
@@ -237,7 +246,8 @@ class Assignment(_message.Message):
     trigger: _execution_pb2.Trigger
     timeout: _duration_pb2.Duration
     start_timeout: _duration_pb2.Duration
-    def __init__(self, execution_id: _Optional[str] = ..., schedule_id: _Optional[str] = ..., tenant: _Optional[str] = ..., task_type: _Optional[str] = ..., planned_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., attempt: _Optional[int] = ..., fencing_token: _Optional[_Union[_execution_pb2.FencingToken, _Mapping]] = ..., payload: _Optional[bytes] = ..., deadline: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., trigger: _Optional[_Union[_execution_pb2.Trigger, str]] = ..., timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., start_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+    start_in: _duration_pb2.Duration
+    def __init__(self, execution_id: _Optional[str] = ..., schedule_id: _Optional[str] = ..., tenant: _Optional[str] = ..., task_type: _Optional[str] = ..., planned_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., attempt: _Optional[int] = ..., fencing_token: _Optional[_Union[_execution_pb2.FencingToken, _Mapping]] = ..., payload: _Optional[bytes] = ..., deadline: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., trigger: _Optional[_Union[_execution_pb2.Trigger, str]] = ..., timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., start_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., start_in: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class StartRequest(_message.Message):
     __slots__ = ("execution_id", "attempt", "fencing_token")
