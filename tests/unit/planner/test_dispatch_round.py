@@ -566,7 +566,7 @@ def ahead_round(due: Sequence[Execution], *, in_flight: Sequence[Execution] = ()
 def test_an_armable_run_is_handed_out_before_it_is_due_with_its_deadline_from_then() -> None:
     x = ex(NOW + 600)
     plan = ahead_round([x])
-    ((old, new),) = plan.transitions.values()
+    ((_old, new),) = plan.transitions.values()
     cur = new.current
     assert new.state is ExecState.DISPATCHED and cur is not None and cur.dispatched_ms == NOW
     assert cur.deadline_ms > NOW + 600 + x.timeout_ms, "the deadline counts from the due time, not the hand-out"
