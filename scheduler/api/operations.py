@@ -25,6 +25,7 @@ from scheduler.execution import (
     ExecState,
     Execution,
     Trigger,
+    armed,
     cancel,
     discard,
     replay,
@@ -304,7 +305,14 @@ class Operations:
 
     async def cancel_running(self, schedule_id: str, reason: str) -> int:
         """Cancel every dispatched or running execution of a schedule (pause/delete with cancel_running);
-        returns how many were cancelled. The schedule itself need not exist any more."""
+        returns how many were cancelled. The schedule itself need not exist any more.
+
+        Not a run handed out ahead of its due time that is not due yet (start ahead, `execution.armed`): nothing
+        of it runs yet, and its owner disarms it on the pause or delete, after which it is withdrawn as paused or
+        deleted once due, as the schedule's other waiting runs are (and owed again by a resume, or by a schedule
+        created again with the same id; cancelled here, it was lost for good: the stateful twin, a delete with
+        cancel_running and a create of the same id at one instant). One whose worker could not be reached in time
+        runs, as any run that started before the pause."""
         self._check_reason(reason)
         reason = reason or "cancelled by operator"
         p = partition_for(schedule_id, self.partitions)
@@ -315,6 +323,8 @@ class Operations:
             for _ in range(self.max_rounds):
                 if cur is None or cur.state not in IN_FLIGHT or cur.state is ExecState.CANCELLING:
                     break  # finished (or gone, or being cancelled) meanwhile: nothing to cancel
+                if armed(cur, self.clock.wall_ms()):
+                    break  # waits for its due time on its worker: disarmed by its owner instead
                 if await self._cancel(cur, reason) is not None:
                     n += 1
                     break

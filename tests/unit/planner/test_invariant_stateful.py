@@ -1631,3 +1631,17 @@ async def test_start_ahead_a_rerun_under_cancel_other_does_not_start_beside_the_
     await w.operate("rerun", lambda es: next((e for e in es if e.id == first), None))
     await w.advance(6_000)
     await _judge(w, kv)
+
+
+async def test_start_ahead_a_delete_with_cancel_running_and_a_create_of_the_same_id_keep_the_armed_time_owed() -> None:
+    """Found by the machine: s1@02 waited armed when s1 was deleted with cancel_running and created again at the
+    same instant; the delete cancelled it (for good), though the new schedule owes that planned time. An armed run
+    not due yet is left to its owner's disarm: withdrawn as deleted, then owed again by the new schedule."""
+    w, kv = await _world(AHEAD)
+    sid = await w.create(1, False, "a", default_policies(MissedRuns.SKIP, 1, 8, Overlap.SKIP))
+    await w.advance(1_337)
+    assert [f for f in _scheduled_effects(w, sid) if f.armed_ms is not None and f.start_ms > w.clock.wall_ms()]
+    await w.delete(sid, cancel_running=True)
+    await w.recreate(sid, 1, False, "a", SKIP_1S)
+    await w.advance(5_000)
+    await _judge(w, kv)
