@@ -97,6 +97,7 @@ class Attempt:
         # Start ahead: the handler runs this many seconds after `received` (monotonic), once confirmed.
         self.start_in = start_in
         self.armed_ms: int | None = None  # wall ms it began waiting for that instant, start confirmed
+        self.wake: asyncio.Future[None] | None = None  # ends that wait early (a stop)
         self.state = State.PENDING
         self.stop: Stop | None = None
         self.started_ms: int | None = None
@@ -116,6 +117,8 @@ class Attempt:
             self.stop = reason
             self.ctx.cancel_reason = message or reason.value
         self.ctx.cancel_event.set()
+        if self.wake is not None and not self.wake.done():
+            self.wake.set_result(None)
         if self._inner is None or self._inner.done():
             return
         if grace <= 0:

@@ -59,6 +59,11 @@ class Closable(Protocol):
     async def aclose(self) -> None: ...
 
 
+def _wake_up(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
 class Worker:
     def __init__(
         self,
@@ -409,11 +414,15 @@ class Worker:
         left = attempt.received + attempt.start_in - self.clock.monotonic()
         if attempt.stop is None and left > 0:
             attempt.armed_ms = self.clock.wall_ms()
+            # A future and a timer, not wait_for on the cancel event: no task per waiting run (thousands a second).
+            loop = asyncio.get_running_loop()
+            attempt.wake = wake = loop.create_future()
+            timer = loop.call_later(left, _wake_up, wake)
             try:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(attempt.ctx.cancel_event.wait(), left)
+                await wake
             finally:
-                attempt.armed_ms = None
+                timer.cancel()
+                attempt.armed_ms = attempt.wake = None
         stream = self.streams.get(attempt.origin)
         if attempt.stop is None and (stream is None or not stream.connected):
             attempt.request_stop(Stop.DISARM, 0.0, "its planner stream closed before its start-at instant")
