@@ -213,6 +213,12 @@ class PartitionPlanner:
         # Pre-written runs to withdraw (schedule id -> (planned after, reason)): a pause or delete
         # withdraws every scheduled one, a spec change those after it that the new spec does not plan.
         self._withdraw: dict[str, Withdrawal] = {}
+        # Start ahead: runs a withdrawal found handed out early (judged as waiting, `_waiting_view`) and withdrew:
+        # id -> (attempt, skip reason), written once the run is back unstarted (its disarm's not-started result).
+        self._armed_withdrawn: dict[str, tuple[int, str]] = {}
+        # ... and the records of runs disarmed by a change of their schedule, as they were then: judged so by the
+        # change's withdrawal even if they are back (their not-started result written) before it is applied.
+        self._disarmed: dict[str, Execution] = {}
         # Overlap skips and cancels are decided only on records confirmed in flight after the due time
         # of the run they would skip: id -> (mod_revision, wall ms the confirming read was sent).
         self._confirmed: dict[str, tuple[int, int]] = {}
@@ -337,6 +343,8 @@ class PartitionPlanner:
             self.pending.recall_ended(e)
         self.m.clear()
         self._withdraw.clear()
+        self._armed_withdrawn.clear()
+        self._disarmed.clear()
         self._confirmed.clear()
         self._pools = None
         held_from: dict[str, int] = {}
@@ -595,6 +603,7 @@ class PartitionPlanner:
         sid = x.schedule_id
         sch = self.schedules.get(sid)
         return (sch is not None and sid not in self._withdraw and sid not in self._stale
+                and x.id not in self._armed_withdrawn
                 and x.planned_ms > sch.stored.activated_ms and sch.plan.next_after_ms(x.planned_ms - 1) == x.planned_ms
                 and self.pending.may_arm(x))
 
@@ -608,11 +617,13 @@ class PartitionPlanner:
         for x in self.pending.of_schedule(sid):
             if armed(x, now):
                 self.dispatcher.disarm(x)
+                self._disarmed[x.id] = replace(x, state=ExecState.SCHEDULED)
 
     def _own_waiting(self, sid: str) -> list[int]:
-        """Planned times of the schedule's own runs written and not dispatched yet."""
+        """Planned times of the schedule's own runs written and not dispatched yet (or handed out early: start
+        ahead)."""
         return [x.planned_ms for x in self.pending.of_schedule(sid)
-                if x.state is ExecState.SCHEDULED and x.trigger is Trigger.SCHEDULED]
+                if (x.state is ExecState.SCHEDULED or _handed_out_early(x)) and x.trigger is Trigger.SCHEDULED]
 
     def _unplanned_ahead(self, sch: Tracked) -> bool:
         """A run of the schedule's own waiting, planned after its activation, that its plan does not plan."""
@@ -859,8 +870,16 @@ class PartitionPlanner:
         ahead to the dispatch round, which skips them as paused when they come due: a resume before
         then runs them, as it is owed to."""
         out: dict[str, tuple[Execution, Execution]] = {}
+        for eid, (n, reason) in list(self._armed_withdrawn.items()):
+            x = self.pending.get(eid)
+            if x is not None and x.attempt == n and x.state is ExecState.SCHEDULED:
+                out[eid] = (x, skip(x, reason))  # back unstarted: withdrawn as it was judged when it was out
+            elif x is not None and x.attempt == n and x.state in IN_FLIGHT:
+                continue  # still out: disarmed, or begun (then it ran: started before the change)
+            del self._armed_withdrawn[eid]
+        early: set[str] = set()  # handed out early, judged below as waiting (start ahead)
         for sid, created in self._stale.items():
-            for x in self.pending.of_schedule(sid):
+            for x in map(lambda r: self._waiting_view(r, early), self.pending.of_schedule(sid)):
                 if x.trigger is Trigger.SCHEDULED and x.run_trigger is None and x.planned_ms <= created:
                     if x.state is ExecState.SCHEDULED:
                         out[x.id] = (x, skip(x, SkipReason.SCHEDULE_DELETED.value))
@@ -871,7 +890,7 @@ class PartitionPlanner:
         for sid, w in self._withdraw.items():
             sch = self.schedules.get(sid)
             why = w.reason
-            for x in self.pending.of_schedule(sid):
+            for x in map(lambda r: self._waiting_view(r, early), self.pending.of_schedule(sid)):
                 if x.id in out:
                     continue
                 if why is SkipReason.SCHEDULE_CHANGED:
@@ -914,7 +933,36 @@ class PartitionPlanner:
         # Kept until every run written ahead of the pause has come due (the dispatch round does not see
         # the runs of a pool without workers).
         self._withdraw = again
+        # Runs out on a worker ahead of their time are withdrawn as if they had been waiting, once they come back
+        # (the owner disarmed them on the change): judged now, with the records as they were when handed out (the
+        # stateful twin: a delete and a create of the same id with another spec, at the instant a run of the old
+        # one waited armed; back after the withdrawal was applied, it ran under the new spec, which does not plan
+        # it). One that began (its disarm came too late) ran, as any run started before the change.
+        for eid in early & out.keys():
+            x, gone = out.pop(eid)
+            cur = self.pending.get(eid)
+            if gone.state is not ExecState.SKIPPED or cur is None:
+                continue
+            if cur.state is ExecState.SCHEDULED:
+                out[eid] = (cur, skip(cur, gone.skip_reason))  # back already: the record as it is now
+            else:
+                self._armed_withdrawn[eid] = (x.attempt, gone.skip_reason)
+        for eid in [i for i, v in self._disarmed.items() if (c := self.pending.get(i)) is None or c.attempt != v.attempt
+                    or not (c.state is ExecState.SCHEDULED or _handed_out_early(c))]:
+            del self._disarmed[eid]
         return out
+
+    def _waiting_view(self, x: Execution, early: set[str]) -> Execution:
+        """x as a withdrawal judges it (start ahead): a run handed out early as the new run it was, and one disarmed
+        by a change of its schedule as it was when disarmed, though it may be back by now (noted in `early`)."""
+        v = self._disarmed.get(x.id)
+        if v is not None and v.attempt == x.attempt and (x.state is ExecState.SCHEDULED or _handed_out_early(x)):
+            early.add(x.id)
+            return v
+        if not _handed_out_early(x):
+            return x
+        early.add(x.id)
+        return replace(x, state=ExecState.SCHEDULED)
 
     async def _confirm_in_flight(self) -> None:
         """Re-read records an overlap skip or cancel would rest on. A view from a load, or one a result
@@ -1357,6 +1405,14 @@ class PartitionPlanner:
                 self.wake.set()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), self.s.loop_interval)
+
+
+def _handed_out_early(x: Execution) -> bool:
+    """Start ahead: x's current attempt was handed out before x was due and has not ended. Until its worker begins it
+    at its due time (or reports it not started, after a disarm), a withdrawal judges it as a run waiting."""
+    cur = x.current
+    return (x.state in (ExecState.DISPATCHED, ExecState.RUNNING) and cur is not None and cur.dispatched_ms < x.due_ms
+            and not cur.finished_ms)
 
 
 def _unwritten(old: Execution, new: Execution) -> bool:

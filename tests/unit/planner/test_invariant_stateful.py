@@ -1645,3 +1645,17 @@ async def test_start_ahead_a_delete_with_cancel_running_and_a_create_of_the_same
     await w.recreate(sid, 1, False, "a", SKIP_1S)
     await w.advance(5_000)
     await _judge(w, kv)
+
+
+async def test_start_ahead_a_run_armed_for_a_deleted_schedule_recreated_with_another_spec_stays_withdrawn() -> None:
+    """Found by the machine: s1@01 waited armed when s1 was deleted and created again at once with a spec that does
+    not plan it; disarmed, it came back after the delete's withdrawal had been applied and ran under the new spec.
+    A withdrawal judges a run handed out early as the waiting run it was, and writes it once the run is back."""
+    w, kv = await _world(AHEAD)
+    sid = await w.create(1, False, "a", SKIP_1S)
+    await w.advance(800)
+    assert [f for f in _scheduled_effects(w, sid) if f.armed_ms is not None and f.start_ms > w.clock.wall_ms()]
+    await w.delete(sid, cancel_running=False)
+    await w.recreate(sid, 2, False, "a", SKIP_1S)
+    await w.advance(5_000)
+    await _judge(w, kv)
