@@ -80,7 +80,18 @@ class FakeDispatcher:
             await self._finish(e)
 
     def disarm(self, e: Execution) -> None:
-        self.disarmed.append(e.id)
+        self.disarmed.append(e.schedule_id)
+
+    async def _record_not_started(self, e: Execution) -> None:
+        """As a worker that drops an armed attempt: its not-started report through the real result path."""
+        assert self.node is not None
+        new, _ = await record_result(self.kv, self.node.ledger, e.schedule_id, e.planned_ms, e.attempt,
+                                     succeeded=False, error_class=ErrorClass.TRANSIENT, message="not started: disarmed",
+                                     now_ms=SYSTEM_CLOCK.wall_ms(), payload_of=self.node.payload_of, not_started=True,
+                                     worker="w")
+        p = self.node.planners.get(self.node.store.partition(e.schedule_id))
+        if p is not None:
+            p.record_transition(new)
 
     def cancel(self, e: Execution, reason: str) -> None:
         self.cancelled.append(e.id)
@@ -605,3 +616,43 @@ async def test_a_run_due_in_a_retrys_backoff_gap_waits_for_the_retry(
     first = ExecutionId.parse(ran[0][0]).planned_ms
     gap_run = await node.ledger.get(kv, "s1", first + 1000)
     assert gap_run is not None and gap_run.state is ExecState.SUCCEEDED, gap_run
+
+
+async def test_start_ahead_a_pause_withdraws_an_armed_run_only_once_its_worker_gave_it_back(
+    kv: EtcdClient, key_prefix: str
+) -> None:
+    """Start ahead: paused while a run waits armed on a worker that has not answered the disarm yet, the record
+    stays RUNNING (the worker may begin it at its due time: a skip written over it could be a run that ran and
+    was recorded as skipped); once the worker reports it not started, it is recorded as paused."""
+    ahead = replace(FAST, lookahead_ms=2_000, start_ahead_ms=1_500)
+    ks = Keyspace(key_prefix.rstrip("/"))
+    node = PlannerNode(kv, ks, COORD, SYSTEM_CLOCK, planner=ahead)
+    disp = FakeDispatcher(kv, node, outcome="hold")  # starts what it gets, answers nothing else
+    node.dispatcher = disp
+    planned = (SYSTEM_CLOCK.wall_ms() // 1000 + 3) * 1000
+    s = sched(1, start_ms=planned, end_ms=planned)
+    await node.store.create(s, SYSTEM_CLOCK.wall_ms())
+    t = asyncio.create_task(node.run())
+    try:
+        async with asyncio.timeout(10):
+            while (e := await node.ledger.get(kv, s.id, planned)) is None or e.state is not ExecState.RUNNING:
+                await asyncio.sleep(0.02)
+        assert SYSTEM_CLOCK.wall_ms() < planned - 300, "armed too late for the test"
+        st = await node.store.get(s.id)
+        await node.store.update(replace(st.schedule, state=ScheduleState.PAUSED), None, SYSTEM_CLOCK.wall_ms())
+        async with asyncio.timeout(5):
+            while s.id not in disp.disarmed:
+                await asyncio.sleep(0.02)
+        # Rounds pass, past its due time: the pause's withdrawal has judged it (as paused).
+        await asyncio.sleep(max(0.5, (planned + 500 - SYSTEM_CLOCK.wall_ms()) / 1000))
+        held = await node.ledger.get(kv, s.id, planned)
+        assert held is not None and held.state is ExecState.RUNNING, held
+        # The worker gives it back, not started.
+        await disp._record_not_started(held)
+        async with asyncio.timeout(5):
+            while (e := await node.ledger.get(kv, s.id, planned)) is None or e.state is not ExecState.SKIPPED:
+                await asyncio.sleep(0.02)
+        assert e.skip_reason == "paused" and e.attempts[-1].never_started
+    finally:
+        t.cancel()
+        await asyncio.gather(t, return_exceptions=True)
