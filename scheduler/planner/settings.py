@@ -77,7 +77,8 @@ class PlannerSettings(Settings):
     # then, and the worker runs it at its instant: the dispatch and the start record leave the due second.
     # The owner disarms it if the schedule is paused, changed or deleted, or another of its runs comes up,
     # before then; a run armed before a pause that its worker could not be told of in time still runs (its
-    # start was recorded before the pause). 0: off (the default until a game day with it on has passed).
+    # start was recorded before the pause). 0: off, the default: it costs 8-13% more CPU per execution, helps lag
+    # below saturation only, and every worker must honour `start_in` first (bench/README.md, docs/workers.md).
     start_ahead_ms: int = 0
     # Clock-skew guard (docs/time.md, "Clock skew"): peers' clocks are probed every clock_probe_interval;
     # a planner more than max_clock_skew from the majority of the cluster owns no partitions until it has
