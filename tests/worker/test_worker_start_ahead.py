@@ -21,6 +21,19 @@ async def _ready(planner: FakePlanner, credits: int = 1) -> Conn:
     return conn
 
 
+async def _recording_worker(planner: FakePlanner, make_worker: WorkerFactory) -> tuple[Conn, list[str]]:
+    """A started worker whose handler notes the ids it ran, and its stream once it has a credit."""
+    w = make_worker([planner.address])
+    ran: list[str] = []
+
+    @w.task("t")
+    async def handler(ctx: ExecutionContext, payload: bytes) -> None:
+        ran.append(ctx.execution_id)
+
+    await w.start()
+    return await _ready(planner), ran
+
+
 def _disarm(conn: Conn, a: wpb.Assignment) -> None:
     conn.send(wpb.PlannerMessage(disarm=wpb.Disarm(
         attempts=[wpb.AttemptRef(execution_id=a.execution_id, attempt=a.attempt)])))
@@ -56,15 +69,7 @@ async def test_an_armed_run_asks_for_its_start_at_once_and_runs_at_its_instant(
 async def test_a_disarmed_run_never_runs_and_is_reported_not_started(
     planner: FakePlanner, make_worker: WorkerFactory
 ) -> None:
-    w = make_worker([planner.address])
-    ran: list[str] = []
-
-    @w.task("t")
-    async def handler(ctx: ExecutionContext, payload: bytes) -> None:
-        ran.append(ctx.execution_id)
-
-    await w.start()
-    conn = await _ready(planner)
+    conn, ran = await _recording_worker(planner, make_worker)
     a = assignment(1, start_timeout=2.0, start_in=1.0)
     conn.assign(a)
     await planner.wait_for(lambda: any(h.running for h in conn.of_kind("heartbeat")), what="armed")
@@ -105,15 +110,7 @@ async def test_a_disarm_after_the_handler_began_changes_nothing(
 async def test_a_cancel_of_an_armed_run_stops_it_before_it_ran(
     planner: FakePlanner, make_worker: WorkerFactory
 ) -> None:
-    w = make_worker([planner.address])
-    ran: list[str] = []
-
-    @w.task("t")
-    async def handler(ctx: ExecutionContext, payload: bytes) -> None:
-        ran.append(ctx.execution_id)
-
-    await w.start()
-    conn = await _ready(planner)
+    conn, ran = await _recording_worker(planner, make_worker)
     a = assignment(1, start_timeout=2.0, start_in=1.0)
     conn.assign(a)
     await planner.wait_for(lambda: any(h.running for h in conn.of_kind("heartbeat")), what="armed")
@@ -128,15 +125,7 @@ async def test_an_armed_run_whose_stream_broke_never_runs(
     planner: FakePlanner, make_worker: WorkerFactory
 ) -> None:
     """Nobody could disarm it any more (a pause would not reach it): not started, reported on the next stream."""
-    w = make_worker([planner.address])
-    ran: list[str] = []
-
-    @w.task("t")
-    async def handler(ctx: ExecutionContext, payload: bytes) -> None:
-        ran.append(ctx.execution_id)
-
-    await w.start()
-    conn = await _ready(planner)
+    conn, ran = await _recording_worker(planner, make_worker)
     conn.assign(assignment(1, start_timeout=2.0, start_in=0.8))
     await planner.wait_for(lambda: any(h.running for h in conn.of_kind("heartbeat")), what="armed")
     conn.abort()
