@@ -132,9 +132,10 @@ async def run(args: argparse.Namespace, workdir: Path) -> None:
             await create(store, "burst", args.burst, t2)
             print(f"created {args.baseline:,} schedules due at T1 and {args.burst:,} at T2 = T1 + {args.gap:.0f} s "
                   f"in {time.monotonic() - t0:.1f} s; planners {args.planners}, workers {args.workers}, "
-                  f"partitions {args.partitions}, lookahead {args.lookahead_ms} ms")
+                  f"partitions {args.partitions}, lookahead {args.lookahead_ms} ms, start ahead {args.start_ahead_ms} ms")
             schedctl = str(Path(sys.executable).parent / "schedctl")
-            planners += spawn_planners(schedctl, cluster, args, workdir, lookahead_ms=args.lookahead_ms)
+            ahead = ["--start-ahead-ms", str(args.start_ahead_ms)] if args.start_ahead_ms else []
+            planners += spawn_planners(schedctl, cluster, args, workdir, lookahead_ms=args.lookahead_ms, extra=ahead)
             await wait_loaded(kv, planners, args.partitions, args.load_timeout, workdir)
             addrs = ",".join(p.api for p in planners)
             outs = [workdir / f"lags-{i}.json" for i in range(args.workers)]
@@ -180,6 +181,9 @@ def main() -> None:
     add_cluster_args(ap, workers=2)
     ap.add_argument("--concurrency", type=int, default=2048, help="each worker's concurrent executions")
     ap.add_argument("--lookahead-ms", type=int, default=1000, help="the planners' materialization lookahead")
+    ap.add_argument("--start-ahead-ms", type=int, default=0,
+                    help="the planners' start_ahead_ms (at most --lookahead-ms; give workers --concurrency for the "
+                         "runs they then hold)")
     ap.add_argument("--lead", type=float, help="seconds from the creates to T1 (default 25; --quick 6)")
     ap.add_argument("--gap", type=float, help="seconds from T1 to T2 (default 30; --quick 8)")
     ap.add_argument("--settle", type=float, help="seconds after T2 the run waits for starts (default 60; --quick 8)")

@@ -31,6 +31,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -163,16 +164,16 @@ async def owners(kv: EtcdClient) -> dict[int, str]:
 
 
 def spawn_planners(schedctl: str, cluster: EtcdCluster, args: argparse.Namespace, workdir: Path,
-                   lookahead_ms: int = 1000) -> list[Planner]:
-    """`args.planners` planner processes on PREFIX (logs in workdir/planner{i}.log)."""
+                   lookahead_ms: int = 1000, extra: Sequence[str] = ()) -> list[Planner]:
+    """`args.planners` planner processes on PREFIX (logs in workdir/planner{i}.log); `extra`: more planner flags."""
     out = []
     for i in range(args.planners):
         log = workdir / f"planner{i}.log"
         proc = _spawn([schedctl, "planner", "--node-id", f"p{i}", "--etcd-endpoints", ",".join(cluster.endpoints),
                        "--etcd-prefix", PREFIX, "--partitions", str(args.partitions), "--api-port", "0",
                        "--metrics-address", "127.0.0.1:0", "--log-level", "info", "--lookahead-ms",
-                       str(lookahead_ms), "--lease-ttl", str(args.lease_ttl), "--rpc-timeout", str(args.rpc_timeout)],
-                      log)
+                       str(lookahead_ms), "--lease-ttl", str(args.lease_ttl), "--rpc-timeout", str(args.rpc_timeout),
+                       *extra], log)
         out.append(Planner(f"p{i}", proc, log, time.monotonic()))
     return out
 
