@@ -132,7 +132,8 @@ async def run(args: argparse.Namespace, workdir: Path) -> None:
             await create(store, "burst", args.burst, t2)
             print(f"created {args.baseline:,} schedules due at T1 and {args.burst:,} at T2 = T1 + {args.gap:.0f} s "
                   f"in {time.monotonic() - t0:.1f} s; planners {args.planners}, workers {args.workers}, "
-                  f"partitions {args.partitions}, lookahead {args.lookahead_ms} ms, start ahead {args.start_ahead_ms} ms")
+                  f"partitions {args.partitions}, lookahead {args.lookahead_ms} ms, "
+                  f"start ahead {args.start_ahead_ms} ms")
             schedctl = str(Path(sys.executable).parent / "schedctl")
             ahead = ["--start-ahead-ms", str(args.start_ahead_ms)] if args.start_ahead_ms else []
             planners += spawn_planners(schedctl, cluster, args, workdir, lookahead_ms=args.lookahead_ms, extra=ahead)
