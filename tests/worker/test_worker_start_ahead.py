@@ -34,6 +34,14 @@ async def _recording_worker(planner: FakePlanner, make_worker: WorkerFactory) ->
     return await _ready(planner), ran
 
 
+async def _armed(planner: FakePlanner, conn: Conn) -> wpb.Assignment:
+    """An assignment due 1 s after receipt, sent and held armed (listed in a heartbeat)."""
+    a = assignment(1, start_timeout=2.0, start_in=1.0)
+    conn.assign(a)
+    await planner.wait_for(lambda: any(h.running for h in conn.of_kind("heartbeat")), what="armed")
+    return a
+
+
 def _disarm(conn: Conn, a: wpb.Assignment) -> None:
     conn.send(wpb.PlannerMessage(disarm=wpb.Disarm(
         attempts=[wpb.AttemptRef(execution_id=a.execution_id, attempt=a.attempt)])))
@@ -70,9 +78,7 @@ async def test_a_disarmed_run_never_runs_and_is_reported_not_started(
     planner: FakePlanner, make_worker: WorkerFactory
 ) -> None:
     conn, ran = await _recording_worker(planner, make_worker)
-    a = assignment(1, start_timeout=2.0, start_in=1.0)
-    conn.assign(a)
-    await planner.wait_for(lambda: any(h.running for h in conn.of_kind("heartbeat")), what="armed")
+    a = await _armed(planner, conn)
     _disarm(conn, a)
     await planner.wait_for(lambda: conn.results, what="the not-started report", timeout=0.8)
     r = conn.results[0]
@@ -111,9 +117,7 @@ async def test_a_cancel_of_an_armed_run_stops_it_before_it_ran(
     planner: FakePlanner, make_worker: WorkerFactory
 ) -> None:
     conn, ran = await _recording_worker(planner, make_worker)
-    a = assignment(1, start_timeout=2.0, start_in=1.0)
-    conn.assign(a)
-    await planner.wait_for(lambda: any(h.running for h in conn.of_kind("heartbeat")), what="armed")
+    a = await _armed(planner, conn)
     conn.cancel(a)
     await planner.wait_for(lambda: conn.results, what="the cancelled result", timeout=0.8)
     assert conn.results[0].outcome == epb.ATTEMPT_OUTCOME_CANCELLED

@@ -1527,6 +1527,11 @@ def _scheduled_effects(w: World, sid: str) -> list[Any]:
     return [f for f in w.log.effects if f.sid == sid and f.run_trigger == "scheduled"]
 
 
+def _waiting_armed(w: World, sid: str) -> list[Any]:
+    """The schedule's runs handed out ahead that have not reached their instant yet."""
+    return [f for f in _scheduled_effects(w, sid) if f.armed_ms is not None and f.start_ms > w.clock.wall_ms()]
+
+
 async def test_start_ahead_runs_start_at_their_due_time() -> None:
     w, kv = await _world(AHEAD)
     sid = await w.create(1, False, "a", SKIP_1S)
@@ -1543,7 +1548,7 @@ async def test_start_ahead_a_pause_disarms_the_run_armed_for_after_it() -> None:
     w, kv = await _world(AHEAD)
     sid = await w.create(1, False, "a", SKIP_1S)
     await w.advance(3_500)  # the run of :04 is armed by now (handed out from :03)
-    armed = [f for f in _scheduled_effects(w, sid) if f.armed_ms is not None and f.start_ms > w.clock.wall_ms()]
+    armed = _waiting_armed(w, sid)
     assert armed, "no run armed ahead of its time"
     await w.pause(sid)
     await w.advance(3_000)
@@ -1560,7 +1565,7 @@ async def test_start_ahead_a_trigger_disarms_the_armed_run_of_a_skip_schedule() 
     w, kv = await _world(AHEAD)
     sid = await w.create(1, False, "a", SKIP_1S)
     await w.advance(3_260)  # the run of :04 (3.877 s in) was armed at 3.25 s
-    armed = [f for f in _scheduled_effects(w, sid) if f.armed_ms is not None and f.start_ms > w.clock.wall_ms()]
+    armed = _waiting_armed(w, sid)
     assert armed
     w.workers.plan.append(("slow", 3_000))
     await w.operate("trigger", lambda es: None, sid)
@@ -1625,7 +1630,7 @@ async def test_start_ahead_a_rerun_under_cancel_other_does_not_start_beside_the_
     w, kv = await _world(AHEAD)
     sid = await w.create(1, False, "a", default_policies(MissedRuns.SKIP, 1, 3, Overlap.CANCEL_OTHER))
     await w.advance(3_300)
-    assert [f for f in _scheduled_effects(w, sid) if f.armed_ms is not None and f.start_ms > w.clock.wall_ms()]
+    assert _waiting_armed(w, sid)
     w.workers.plan.append(("slow", 3_000))
     first = execution_id(sid, T0 - 123 + 1_000)
     await w.operate("rerun", lambda es: next((e for e in es if e.id == first), None))
@@ -1640,7 +1645,7 @@ async def test_start_ahead_a_delete_with_cancel_running_and_a_create_of_the_same
     w, kv = await _world(AHEAD)
     sid = await w.create(1, False, "a", default_policies(MissedRuns.SKIP, 1, 8, Overlap.SKIP))
     await w.advance(1_337)
-    assert [f for f in _scheduled_effects(w, sid) if f.armed_ms is not None and f.start_ms > w.clock.wall_ms()]
+    assert _waiting_armed(w, sid)
     await w.delete(sid, cancel_running=True)
     await w.recreate(sid, 1, False, "a", SKIP_1S)
     await w.advance(5_000)
@@ -1654,7 +1659,7 @@ async def test_start_ahead_a_run_armed_for_a_deleted_schedule_recreated_with_ano
     w, kv = await _world(AHEAD)
     sid = await w.create(1, False, "a", SKIP_1S)
     await w.advance(800)
-    assert [f for f in _scheduled_effects(w, sid) if f.armed_ms is not None and f.start_ms > w.clock.wall_ms()]
+    assert _waiting_armed(w, sid)
     await w.delete(sid, cancel_running=False)
     await w.recreate(sid, 2, False, "a", SKIP_1S)
     await w.advance(5_000)
