@@ -133,9 +133,10 @@ async def run(args: argparse.Namespace, workdir: Path) -> None:
             print(f"created {args.baseline:,} schedules due at T1 and {args.burst:,} at T2 = T1 + {args.gap:.0f} s "
                   f"in {time.monotonic() - t0:.1f} s; planners {args.planners}, workers {args.workers}, "
                   f"partitions {args.partitions}, lookahead {args.lookahead_ms} ms, "
-                  f"start ahead {args.start_ahead_ms} ms")
+                  f"start ahead {args.start_ahead_ms} ms, start window {args.start_window or 'adaptive'}")
             schedctl = str(Path(sys.executable).parent / "schedctl")
             ahead = ["--start-ahead-ms", str(args.start_ahead_ms)] if args.start_ahead_ms else []
+            ahead += ["--start-window", str(args.start_window)] if args.start_window else []
             planners += spawn_planners(schedctl, cluster, args, workdir, lookahead_ms=args.lookahead_ms, extra=ahead)
             await wait_loaded(kv, planners, args.partitions, args.load_timeout, workdir)
             addrs = ",".join(p.api for p in planners)
@@ -185,6 +186,9 @@ def main() -> None:
     ap.add_argument("--start-ahead-ms", type=int, default=0,
                     help="the planners' start_ahead_ms (at most --lookahead-ms; give workers --concurrency for the "
                          "runs they then hold)")
+    ap.add_argument("--start-window", type=int, default=0,
+                    help="the planners' start_window (0: adaptive, the default; a number past every worker's slots "
+                         "is the window off)")
     ap.add_argument("--lead", type=float, help="seconds from the creates to T1 (default 25; --quick 6)")
     ap.add_argument("--gap", type=float, help="seconds from T1 to T2 (default 30; --quick 8)")
     ap.add_argument("--settle", type=float, help="seconds after T2 the run waits for starts (default 60; --quick 8)")

@@ -22,6 +22,7 @@ Measured over a steady window after a warm-up, all in the same run:
     python bench/bench_e2e.py --compare-gc --rates 5000 --planners 2 --workers 2 --repeat 2   # collector threshold
     python bench/bench_e2e.py --compare-reserve --rates 2000,5000 --planners 2 --workers 2 --repeat 2
     python bench/bench_e2e.py --compare-ahead 800 --rates 2000 --planners 2 --workers 2 --repeat 2   # start ahead
+    python bench/bench_e2e.py --compare-window --rates 2000,4000 --planners 2 --workers 2 --repeat 2   # start window
 
 `--secure` runs every rate twice in the same session, the second time with the worker path secured as
 production runs it (issue 14): the planners serve mutual TLS (certificates from `schedctl certs dev`) with
@@ -157,11 +158,12 @@ def _secure_files(workdir: Path) -> tuple[list[str], list[str]]:
 
 async def run_rate(rate: int, args: argparse.Namespace, workdir: Path, secure: bool = False,
                    loop: str = "asyncio", gc_threshold: int | None = None, reserve: bool | None = None,
-                   ahead: int | None = None) -> Result:
+                   ahead: int | None = None, start_window: int | None = None) -> Result:
     workdir = workdir / (("secure" if secure else "plain") + ("" if loop == "asyncio" else f"-{loop}")
                          + ("" if gc_threshold is None else f"-gc{gc_threshold}")
                          + ("" if reserve is None else f"-reserve-{reserve}".lower())
-                         + ("" if ahead is None else f"-ahead-{ahead}"))
+                         + ("" if ahead is None else f"-ahead-{ahead}")
+                         + ("" if start_window is None else f"-window-{start_window}"))
     workdir.mkdir(parents=True, exist_ok=True)
     sec_planner, sec_worker = _secure_files(workdir) if secure else ([], [])
     sec_planner, sec_worker = [*sec_planner, "--event-loop", loop], [*sec_worker, "--event-loop", loop]
@@ -172,6 +174,8 @@ async def run_rate(rate: int, args: argparse.Namespace, workdir: Path, secure: b
         sec_planner += ["--reserve-first-attempt", "true" if reserve else "false"]
     if ahead is not None:  # planners only: runs handed to workers this long before they are due (0: off)
         sec_planner += ["--start-ahead-ms", str(ahead)]
+    if start_window is not None:  # planners only: the start window (0: adaptive; past every slot count: off)
+        sec_planner += ["--start-window", str(start_window)]
     etcd_bin = find_binary("etcd")
     assert etcd_bin, "etcd not found: run scripts/setup.sh"
     ceil = await ceiling_alone(etcd_bin, workdir / f"etcd-ceiling-{rate}", 3.0 if args.quick else 8.0)
@@ -304,10 +308,14 @@ def main() -> None:
     ap.add_argument("--compare-ahead", type=int, default=0, metavar="MS",
                     help="each rate without start ahead and with start_ahead_ms MS (at most 1000: the lookahead), "
                          "alternating; ratios (give workers room for the runs they hold: --worker-concurrency)")
+    ap.add_argument("--compare-window", action="store_true",
+                    help="each rate with the start window off (a fixed size past every slot count) and adaptive "
+                         "(the default), alternating; ratios")
     ap.add_argument("--worker-concurrency", type=int, default=512,
                     help="each no-op worker's concurrency (a run handed out ahead holds a slot until it ends)")
     ap.add_argument("--repeat", type=int, default=1,
-                    help="with --compare-loops, --compare-gc or --compare-reserve: pairs per rate")
+                    help="with --compare-loops, --compare-gc, --compare-reserve, --compare-ahead or "
+                         "--compare-window: pairs per rate")
     ap.add_argument("--materialize-only", action="store_true",
                     help="P1: schedules start after the window, planners write 60 s ahead: materialization alone "
                          "(CPU per materialized execution)")
@@ -334,6 +342,10 @@ def main() -> None:
             if args.compare_ahead:  # docs/workers.md, "Start ahead"
                 _alternate(rate, args, Path(tmp) / str(rate), ("now", {"ahead": 0}),
                            (f"ahead{args.compare_ahead}", {"ahead": args.compare_ahead}))
+                continue
+            if args.compare_window:  # docs/operations.md, "Overload": the start window
+                _alternate(rate, args, Path(tmp) / str(rate), ("nowindow", {"start_window": 10_000_000}),
+                           ("window", {"start_window": 0}))
                 continue
             if args.compare_reserve:  # docs/keyspace.md, "Reserved first attempt"
                 _alternate(rate, args, Path(tmp) / str(rate), ("written", {"reserve": False}),

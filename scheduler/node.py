@@ -200,6 +200,7 @@ class PlannerNode:
         options.setdefault("heartbeat_interval", self.planner_settings.heartbeat_interval)
         options.setdefault("heartbeat_timeout", self.planner_settings.heartbeat_timeout)
         options.setdefault("duplicate_file", self.planner_settings.unsafe_duplicate_delivery_file)  # tests only
+        options.setdefault("start_window", self.planner_settings.start_window)
         options.setdefault("authz", self.security.authz)
         # A result or start for a partition another node owns carries a notice in the same txn, telling
         # that owner to re-read the record (`_notice_unless_owned`: nothing on the common path, the owner).
@@ -250,8 +251,12 @@ class PlannerNode:
         depth: dict[str, int] = {}
         workers: tuple[WorkerStatus, ...] = ()
         cross: dict[str, int] = {}
+        window: dict[str, int] = {}
         if isinstance(d, Dispatcher):
             cross = dict(d.cross_region)
+            w = d.window
+            window = {"start_window": int(w.size), "start_waiting": len(w), "start_window_cuts": w.cuts,
+                      "start_expired": w.expired, "disarmed": d.disarmed}
             depth = d.queue.depths()
             workers = tuple(WorkerStatus(c.worker_id, c.pool, c.region, c.capacity, c.credits, c.reported)
                             for c in d.conns.values())
@@ -260,7 +265,7 @@ class PlannerNode:
                           restarts=dict(self.restart_reasons), rounds=self.loop_stats.rounds,
                           clock=self.clock_guard.state(), region=self.region_guard.state(),
                           cross_region_assignments=cross, node_id=self.s.node_id, partitions=self.s.partitions,
-                          loop_stall_max_s=self.loop_lag.max_stall)
+                          loop_stall_max_s=self.loop_lag.max_stall, **window)
 
     def planner_infos(self) -> list[cluster_pb2.PlannerInfo]:
         out = []

@@ -58,6 +58,7 @@ from scheduler.dispatch.liveness import Liveness
 from scheduler.dispatch.queue import FairQueue
 from scheduler.dispatch.results import NoticeFor, PayloadLookup, ResultRecorder, ResultReport
 from scheduler.dispatch.scope import Scope
+from scheduler.dispatch.start_window import StartWindow
 from scheduler.dispatch.starts import StartRecorder
 from scheduler.execution import Execution
 from scheduler.ids import FencingToken
@@ -111,6 +112,7 @@ class Dispatcher:
         tenant_weights: dict[str, int] | None = None,
         duplicate_file: str = "",
         authz: Authz = OPEN,
+        start_window: int = 0,
     ) -> None:
         self.node_id, self.region, self.kv, self.ledger, self.clock = node_id, region, kv, ledger, clock
         # Which principal may serve which pool (checked on Hello), and which tenants a pool may run
@@ -146,6 +148,9 @@ class Dispatcher:
         # Start confirmation (dispatch/starts.py): Started requests from any stream, recorded in batches.
         self._on_started, self._notice_for = on_started, notice_for
         self._starts: StartRecorder | None = None
+        # Hand-outs waiting for their start, bounded so that each is answered before its start-by
+        # (dispatch/start_window.py); `start_window` > 0 fixes its size.
+        self.window = StartWindow(clock, fixed=start_window)
         # TEST ONLY (drill fault F9): re-send some assignments while a control file says so. None in
         # production: the setting that names the file is refused outside test mode (planner/settings.py).
         self.duplicate = DuplicateDelivery(duplicate_file, self._resend) if duplicate_file else None
@@ -185,7 +190,8 @@ class Dispatcher:
                     credit += c.credits
                 elif left != float("inf"):
                     self._retry_later(left)  # prefer: this credit becomes usable then; wake the loops
-        return max(0, credit - self.queue.depth(pool) - self._reserved.get(pool, 0))
+        room = self.window.room() - sum(self._reserved.values())  # for all pools: one start pipeline
+        return max(0, min(credit - self.queue.depth(pool) - self._reserved.get(pool, 0), room))
 
     # ---- worker affinity (region policy) ---------------------------------------------------------------
 
@@ -247,6 +253,9 @@ class Dispatcher:
             self._refuse_tenant(e, token)
             return
         self.queue.put(e.pool, e.tenant, e.task_type, _Item(e, payload, token))
+        cur = e.current
+        if cur is not None and cur.start_by_ms:
+            self.window.add((e.id, e.attempt), max(0, cur.start_by_ms - self.clock.wall_ms()) / 1000)
         # Pumped at the end of this loop iteration, so a round's dispatches share one Assignments message.
         if not self._pump_pending:
             self._pump_pending = True
@@ -273,6 +282,7 @@ class Dispatcher:
     def cancel_attempt(self, execution_id: str, attempt: int, reason: str) -> None:
         """Drop the attempt if still queued here; tell its worker to stop if it runs on one of our streams."""
         self.queue.remove(lambda it: it.e.id == execution_id)
+        self.window.drop([(execution_id, attempt)])
         for c in self.conns.values():
             if (execution_id, attempt) in c.running:
                 c.out.put_nowait(wpb.PlannerMessage(cancel=wpb.Cancel(
@@ -288,6 +298,7 @@ class Dispatcher:
         self.queue.remove(lambda it: it.e.id == e.id)
         cur = e.current
         key = (e.id, e.attempt)
+        self.window.drop([key])
         msg = wpb.PlannerMessage(disarm=wpb.Disarm(attempts=[wpb.AttemptRef(execution_id=e.id, attempt=e.attempt)]))
         for c in self.conns.values():
             if key in c.running or (cur is not None and cur.worker and c.worker_id == cur.worker):
@@ -340,8 +351,9 @@ class Dispatcher:
                     break
                 c.credits -= 1
                 a = self._assignment(it)
-                window = a.start_timeout.ToMilliseconds() / 1000 if a.HasField("start_timeout") else 0.0
-                self.liveness.hold(c, (it.e.id, it.e.attempt), it.e.task_type, window)
+                start_wait = a.start_timeout.ToMilliseconds() / 1000 if a.HasField("start_timeout") else 0.0
+                self.liveness.hold(c, (it.e.id, it.e.attempt), it.e.task_type, start_wait)
+                self.window.sent((it.e.id, it.e.attempt))
                 n = len(it.payload) + ASSIGNMENT_OVERHEAD
                 if batch and size + n > MAX_JOINED_BYTES:
                     # Hundreds of 64 KiB payloads in one message passed gRPC's 4 MiB receive limit: the
@@ -377,7 +389,9 @@ class Dispatcher:
     # ---- receiving --------------------------------------------------------------------------------------
 
     def _finished(self, c: Conn, results: list[wpb.Result]) -> None:
-        self.liveness.forget(c, [(r.execution_id, r.attempt) for r in results])
+        keys = [(r.execution_id, r.attempt) for r in results]
+        self.window.drop(keys)  # a start never asked for (handed back, not started): no answer will come
+        self.liveness.forget(c, keys)
 
     def _send_acks(self, c: Conn, report: ResultReport) -> None:
         if report.acks:
@@ -413,6 +427,8 @@ class Dispatcher:
         self.liveness.forget(c, [(a.execution_id, a.attempt) for a in acks
                                  if a.disposition != wpb.START_DISPOSITION_STARTED])
         c.out.put_nowait(wpb.PlannerMessage(start_ack=wpb.StartAck(acks=acks)))
+        if self.window.answered((a.execution_id, a.attempt) for a in acks):
+            self._on_capacity()  # the window was full: partition loops waiting for room may hand out again
 
     async def _read(self, c: Conn, it: AsyncIterator[wpb.WorkerMessage]) -> None:
         async for msg in it:
@@ -486,6 +502,7 @@ class Dispatcher:
                 await reader
             del self.conns[conn_id]
             self._local_credit(c)  # a local stream that ends with credit had it until now
+            self.window.drop(c.running)  # starts it never asked for will not be asked for on it
             # Attempts it was running stay in flight in the ledger; a result (possibly via another planner
             # after a reconnect) or a re-attach within the heartbeat timeout keeps them, else they time out.
             self.liveness.orphan(c)

@@ -198,6 +198,19 @@ def _node_gauges(st: NodeStatus) -> Iterable[Metric]:
     yield counter_family("scheduler_dispatch_cross_region_assignments",
                          "Assignments this node sent to a worker outside the planning region, per pool (worker "
                          "affinity `prefer` falling over, or `any`).", "pool", st.cross_region_assignments)
+    yield GaugeMetricFamily("scheduler_dispatch_start_window",
+                            "Hand-outs this node may have waiting for their start at once (adaptive unless the "
+                            "start_window setting fixes it).", value=st.start_window)
+    yield GaugeMetricFamily("scheduler_dispatch_start_waiting",
+                            "Hand-outs of this node waiting for their start now.", value=st.start_waiting)
+    yield CounterMetricFamily("scheduler_dispatch_start_window_cuts",
+                              "Times the start window was halved: starts answered late (etcd or this node "
+                              "overloaded).", value=st.start_window_cuts)
+    yield CounterMetricFamily("scheduler_dispatch_start_expired",
+                              "Hand-outs that reached their start-by with no answer here (dispatched again by "
+                              "their owner).", value=st.start_expired)
+    yield CounterMetricFamily("scheduler_dispatch_disarmed",
+                              "Armed runs (start ahead) this node told their worker not to start.", value=st.disarmed)
     yield from _clock_gauges(st)
     yield from _region_gauges(st)
 

@@ -66,6 +66,10 @@ class PlannerSettings(Settings):
     # worker, which waits as long for its StartAck, drops it unrun. Keep it above a few etcd round
     # trips plus a worker's round trip (a stuck dispatch costs at most this much delay).
     start_timeout_ms: int = 3_000
+    # Hand-outs of this planner waiting for their start at once (dispatch/start_window.py). 0: adaptive, the
+    # default: as many as are answered well within start_timeout_ms (worker slots alone handed out more than
+    # etcd recorded in time, and a burst churned: bench/README.md). N > 0 fixes it at N.
+    start_window: int = 0
     # The first dispatch written with the record's create (docs/keyspace.md, "Reserved first attempt"): the
     # owner hands a run it created to a worker without a dispatch write, the worker's start CAS being the
     # run's second write instead of its third: 17% less CPU per run below saturation (bench_e2e
@@ -143,6 +147,8 @@ class PlannerSettings(Settings):
             raise InvalidArgument("start_timeout_ms", "must be in 100-60000")
         if self.start_timeout_ms < 4 * self.loop_interval * 1000:
             raise InvalidArgument("start_timeout_ms", "must be at least 4 loop intervals")
+        if not 0 <= self.start_window <= 10_000_000:
+            raise InvalidArgument("start_window", f"{self.start_window} is outside 0-10000000 (0: adaptive)")
         if not 0 <= self.metrics_schedule_limit <= 10_000:
             raise InvalidArgument("metrics_schedule_limit", "must be in 0-10000")
         if not 0.05 <= self.max_clock_skew <= 600:

@@ -250,3 +250,15 @@ def test_reason_counters_start_at_zero_for_every_reason_the_code_produces() -> N
         assert {r for (n, labels), _ in s.items() if n == name for _, r in labels} == set(reasons), name
     assert s[("scheduler_partition_restarts_total", (("reason", "etcd_error"),))] == 2
     assert s[("scheduler_partition_restarts_total", (("reason", "stale_state"),))] == 0
+
+
+def test_start_window_and_disarm_series_read_the_status_snapshot() -> None:
+    m = PlannerMetrics()
+    m.observe(lambda: NodeStatus(now_ms=0, owned=(), start_window=1024, start_waiting=700, start_window_cuts=2,
+                                 start_expired=5, disarmed=3))
+    s = samples(generate_latest(m.registry))
+    assert s[("scheduler_dispatch_start_window", ())] == 1024
+    assert s[("scheduler_dispatch_start_waiting", ())] == 700
+    assert s[("scheduler_dispatch_start_window_cuts_total", ())] == 2
+    assert s[("scheduler_dispatch_start_expired_total", ())] == 5
+    assert s[("scheduler_dispatch_disarmed_total", ())] == 3

@@ -1,0 +1,117 @@
+"""The start window: how many of this planner's hand-outs may wait for their start at once.
+
+An attempt handed out with start confirmation must have its start recorded by its start-by (its dispatch
++ `start_timeout`), or its owner ends it unstarted and dispatches it again (planner/starts.py), and the
+worker drops it unrun. Worker slots alone do not bound that wait: two workers of 10,000 slots each took
+20,000 runs of a 100,000 burst at once, this machine records 4,000-5,000 starts a second, and the tail
+of every hand-out passed its start-by: 150,000 attempts ended unstarted and were sent again, 31,000
+starts were refused, and 42% of the burst had not started a minute later (bench/README.md, session 33).
+More slots made the burst slower, not faster.
+
+So a partition loop hands out only what this window has room for (`Dispatcher.capacity`): hand-outs
+submitted and not yet answered (started, refused, unknown), dropped unsent, or past their start-by. Its
+size follows the time a start takes to be answered, measured from the send to the worker (what the window
+controls: time waiting for a worker's credit or affinity is the queue's, not the start pipeline's), against
+the time each hand-out had until its start-by when submitted:
+- an answer within a quarter of it, while the window is at least half used, widens the window by one
+  (one more per answer: it doubles in a round trip while answers are quick, as TCP's slow start);
+- an answer after half of it, or a hand-out sent that reached its start-by unanswered, halves it, at most
+  once per half of it (the answers already in the pipeline are as late: one cut per round trip).
+Between the two it stays: below saturation answers are quick and the window grows past any burst the
+slots allow; at saturation it settles where answers take a quarter to a half of `start_timeout`, so
+each is recorded in time and the pipeline is never idle. `start_window` (planner settings) fixes the
+size instead (a benchmark's A/B: a size past every slot count is "off").
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from scheduler.clock import Clock
+from scheduler.dispatch.conn import AttemptKey
+
+INITIAL = 2_048  # the slot count that drained 100,000 in session 21 without churn on this machine
+FLOOR = 64  # never less: a slow etcd still gets work, and a cut never starves the pool
+
+
+@dataclass
+class _Out:
+    since: float  # monotonic: submitted
+    left: float  # seconds it had until its start-by when submitted
+    sent: float = 0.0  # monotonic: put on a worker's stream (0: not yet)
+
+
+class StartWindow:
+    def __init__(self, clock: Clock, *, fixed: int = 0) -> None:
+        self.clock = clock
+        self.fixed = fixed
+        self.size = float(fixed or INITIAL)
+        self._out: dict[AttemptKey, _Out] = {}
+        self._expiry: list[tuple[float, AttemptKey]] = []  # (monotonic start-by, key); stale ones skipped
+        self._no_cut_until = 0.0
+        self.cuts = 0  # times the window was halved
+        self.expired = 0  # hand-outs that reached their start-by unanswered here
+
+    def __len__(self) -> int:
+        return len(self._out)
+
+    def add(self, key: AttemptKey, left_s: float) -> None:
+        """A hand-out submitted with `left_s` seconds until its start-by."""
+        now = self.clock.monotonic()
+        self._out[key] = _Out(now, left_s)
+        heapq.heappush(self._expiry, (now + left_s, key))
+
+    def sent(self, key: AttemptKey) -> None:
+        o = self._out.get(key)
+        if o is not None:
+            o.sent = self.clock.monotonic()
+
+    def answered(self, keys: Iterable[AttemptKey]) -> bool:
+        """Starts answered (any disposition). Returns whether the window had no room before and has now."""
+        now = self.clock.monotonic()
+        full = self._full()
+        for k in keys:
+            o = self._out.pop(k, None)
+            if o is None or not o.sent:
+                continue
+            took = now - o.sent
+            if took > o.left / 2:
+                self._cut(now, o.left)
+            elif not self.fixed and took < o.left / 4 and len(self._out) >= self.size / 2:
+                self.size += 1
+        return full and not self._full()
+
+    def drop(self, keys: Iterable[AttemptKey]) -> None:
+        """Hand-outs no answer will come for (taken back unsent, the stream ended): no signal either way."""
+        for k in keys:
+            self._out.pop(k, None)
+
+    def room(self) -> int:
+        self._expire(self.clock.monotonic())
+        return max(0, int(self.size) - len(self._out))
+
+    def _full(self) -> bool:
+        return len(self._out) >= int(self.size)
+
+    def _cut(self, now: float, left: float) -> None:
+        if self.fixed or now < self._no_cut_until:
+            return
+        self.size = max(float(FLOOR), self.size / 2)
+        self._no_cut_until = now + left / 2
+        self.cuts += 1
+
+    def _expire(self, now: float) -> None:
+        q = self._expiry
+        while q and q[0][0] <= now:
+            _, k = heapq.heappop(q)
+            o = self._out.get(k)
+            if o is not None and o.since + o.left <= now:
+                del self._out[k]
+                self.expired += 1
+                if o.sent:
+                    self._cut(now, o.left)
+        if len(q) > 4 * len(self._out) + 1024:  # answered entries leave the dict, not the heap
+            self._expiry = [(t, k) for t, k in q if k in self._out]
+            heapq.heapify(self._expiry)
