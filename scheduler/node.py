@@ -106,6 +106,9 @@ class NullDispatcher:
     def disarm(self, e: Execution) -> None:
         return None
 
+    def may_arm(self, pool: str) -> bool:
+        return False
+
 
 class PlannerNode:
     def __init__(
@@ -251,12 +254,11 @@ class PlannerNode:
         depth: dict[str, int] = {}
         workers: tuple[WorkerStatus, ...] = ()
         cross: dict[str, int] = {}
-        window: dict[str, int] = {}
+        window: dict[str, Any] = {}
         if isinstance(d, Dispatcher):
             cross = dict(d.cross_region)
-            w = d.window
-            window = {"start_window": int(w.size), "start_waiting": len(w), "start_window_cuts": w.cuts,
-                      "start_expired": w.expired, "disarmed": d.disarmed}
+            window = {"disarmed": d.disarmed, "start_windows": {
+                pool: (int(w.size), w.waiting, w.cuts, w.expired) for pool, w in d.window.pools.items()}}
             depth = d.queue.depths()
             workers = tuple(WorkerStatus(c.worker_id, c.pool, c.region, c.capacity, c.credits, c.reported)
                             for c in d.conns.values())

@@ -73,12 +73,9 @@ class NodeStatus:
     node_id: str = ""
     partitions: int = 0  # P, the cluster's partition count (the `partitions` setting); 0: unknown
     loop_stall_max_s: float = 0.0  # the longest the event loop went without a turn since the node started
-    # Start window (dispatch/start_window.py): its size, this node's hand-outs waiting for their start, times it
-    # was halved, hand-outs that reached their start-by unanswered here; and armed runs disarmed (start ahead).
-    start_window: int = 0
-    start_waiting: int = 0
-    start_window_cuts: int = 0
-    start_expired: int = 0
+    # Start windows per pool (dispatch/start_window.py): pool -> (size, hand-outs waiting for their start, times it
+    # was halved, hand-outs that reached their start-by unanswered here); and armed runs disarmed (start ahead).
+    start_windows: dict[str, tuple[int, int, int, int]] = field(default_factory=dict)
     disarmed: int = 0
 
     def connected_workers(self) -> dict[str, int]:

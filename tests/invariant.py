@@ -290,6 +290,9 @@ class Workers:
         else:
             self.timer(start + dur, "finish", key)
 
+    def may_arm(self, pool: str) -> bool:
+        return True  # the twin's workers honour start_in
+
     def disarm(self, e: Execution) -> None:
         """Start ahead: the worker drops an armed attempt it has not begun and reports it not started."""
         frozen = self.world.handing_to_frozen

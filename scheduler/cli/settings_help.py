@@ -68,7 +68,7 @@ HELP: dict[str, str] = {
                          "(keep it above lease_ttl + takeover time)",
     "start_timeout_ms": "ms; a dispatched attempt whose worker has not had its start recorded by then is "
                         "dispatched again (same id) and the worker drops it unrun",
-    "start_window": "hand-outs of this planner that may wait for their start at once (0: adaptive, the default: "
+    "start_window": "hand-outs of a pool this planner may have waiting for their start (0: adaptive, the default: "
                     "as many as are answered within start_timeout_ms; N: fixed at N)",
     "reserve_first_attempt": "true (default): a run's first attempt is reserved in its create and handed to a "
                              "worker without a dispatch write (one etcd write less per run); false: every "

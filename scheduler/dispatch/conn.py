@@ -88,6 +88,9 @@ class Conn:
     # Probes sent on this stream (liveness.py, "unheld"): seq -> monotonic time sent; the last few only.
     probes: dict[int, float] = field(default_factory=dict)
     probe_seq: int = 0
+    # Hello.capabilities has WORKER_CAPABILITY_START_IN: it waits for Assignment.start_in and honours Disarm.
+    # Without it, it is sent no run before the run's due time (it would start it at once).
+    start_in: bool = True
 
     def runs(self, task_type: str) -> bool:
         """Does the worker run `task_type`? One that listed no task types in Hello runs them all."""

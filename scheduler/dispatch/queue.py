@@ -51,8 +51,10 @@ class FairQueue(Generic[T]):
         cap = self.type_caps.get(task_type)
         return cap is None or self.in_flight.get(task_type, 0) < cap
 
-    def take(self, pool: str, accepts: Callable[[str], bool] = lambda _t: True) -> T | None:
-        """The next item for a worker of `pool` that runs task types `accepts` says yes to."""
+    def take(self, pool: str, accepts: Callable[[str], bool] = lambda _t: True,
+             item_ok: Callable[[T], bool] | None = None) -> T | None:
+        """The next item for a worker of `pool` that runs task types `accepts` says yes to (and, if given, that
+        `item_ok` says yes to: the others wait for another worker)."""
         p = self._pools.get(pool)
         if p is None:
             return None
@@ -60,7 +62,7 @@ class FairQueue(Generic[T]):
             tenant = p.order[0]
             q = p.tenants[tenant]
             for i, (task_type, item) in enumerate(q):
-                if accepts(task_type) and self._type_ok(task_type):
+                if accepts(task_type) and self._type_ok(task_type) and (item_ok is None or item_ok(item)):
                     del q[i]
                     self._size -= 1
                     self.in_flight[task_type] = self.in_flight.get(task_type, 0) + 1

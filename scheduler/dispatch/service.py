@@ -148,9 +148,11 @@ class Dispatcher:
         # Start confirmation (dispatch/starts.py): Started requests from any stream, recorded in batches.
         self._on_started, self._notice_for = on_started, notice_for
         self._starts: StartRecorder | None = None
-        # Hand-outs waiting for their start, bounded so that each is answered before its start-by
-        # (dispatch/start_window.py); `start_window` > 0 fixes its size.
+        # Hand-outs waiting for their start, bounded per pool so that each is answered before its start-by
+        # (dispatch/start_window.py); `start_window` > 0 fixes the size.
         self.window = StartWindow(clock, fixed=start_window)
+        # pool -> its streams whose worker does not honour start_in (Hello.capabilities): no run of it is armed.
+        self._no_start_in: dict[str, int] = {}
         # TEST ONLY (drill fault F9): re-send some assignments while a control file says so. None in
         # production: the setting that names the file is refused outside test mode (planner/settings.py).
         self.duplicate = DuplicateDelivery(duplicate_file, self._resend) if duplicate_file else None
@@ -190,8 +192,8 @@ class Dispatcher:
                     credit += c.credits
                 elif left != float("inf"):
                     self._retry_later(left)  # prefer: this credit becomes usable then; wake the loops
-        room = self.window.room() - sum(self._reserved.values())  # for all pools: one start pipeline
-        return max(0, min(credit - self.queue.depth(pool) - self._reserved.get(pool, 0), room))
+        # The start window (its hand-outs waiting for their start) counts what is queued here already.
+        return max(0, min(credit - self.queue.depth(pool), self.window.room(pool)) - self._reserved.get(pool, 0))
 
     # ---- worker affinity (region policy) ---------------------------------------------------------------
 
@@ -255,7 +257,7 @@ class Dispatcher:
         self.queue.put(e.pool, e.tenant, e.task_type, _Item(e, payload, token))
         cur = e.current
         if cur is not None and cur.start_by_ms:
-            self.window.add((e.id, e.attempt), max(0, cur.start_by_ms - self.clock.wall_ms()) / 1000)
+            self.window.add((e.id, e.attempt), e.pool, max(0, cur.start_by_ms - self.clock.wall_ms()) / 1000)
         # Pumped at the end of this loop iteration, so a round's dispatches share one Assignments message.
         if not self._pump_pending:
             self._pump_pending = True
@@ -288,6 +290,21 @@ class Dispatcher:
                 c.out.put_nowait(wpb.PlannerMessage(cancel=wpb.Cancel(
                     execution_id=execution_id, attempt=attempt, reason=wpb.CANCEL_REASON_OVERLAP
                     if reason == "overlap" else wpb.CANCEL_REASON_REQUESTED, message=reason)))
+
+    def may_arm(self, pool: str) -> bool:
+        return pool not in self._no_start_in  # asked per armable run: counted on connect and disconnect
+
+    def _on_time(self, it: _Item) -> bool:
+        """For a stream whose worker does not honour `start_in`: only runs due now. A run handed out early waits
+        for a worker that does, or for its due time (pumped again then), and is sent without `start_in`."""
+        cur = it.e.current
+        if cur is None or cur.dispatched_ms >= it.e.due_ms:
+            return True
+        left = it.e.due_ms - self.clock.wall_ms()
+        if left <= 0:
+            return True
+        self._retry_later(left / 1000)
+        return False
 
     def disarm(self, e: Execution) -> None:
         """Start ahead: the worker holding e's armed attempt is not to start it (wpb.Disarm); dropped here if it
@@ -345,8 +362,9 @@ class Dispatcher:
                     accepts = lambda t, c=c: c.runs(t) and self._may_go_abroad(c.pool, t)  # type: ignore[misc]  # noqa: E731
             batch: list[wpb.Assignment] = []
             size = 0
+            item_ok = None if c.start_in else self._on_time
             while c.credits > 0:
-                it = self.queue.take(c.pool, accepts=accepts)
+                it = self.queue.take(c.pool, accepts=accepts, item_ok=item_ok)
                 if it is None:
                     break
                 c.credits -= 1
@@ -428,7 +446,7 @@ class Dispatcher:
                                  if a.disposition != wpb.START_DISPOSITION_STARTED])
         c.out.put_nowait(wpb.PlannerMessage(start_ack=wpb.StartAck(acks=acks)))
         if self.window.answered((a.execution_id, a.attempt) for a in acks):
-            self._on_capacity()  # the window was full: partition loops waiting for room may hand out again
+            self._on_capacity()  # a window was full: partition loops waiting for room may hand out again
 
     async def _read(self, c: Conn, it: AsyncIterator[wpb.WorkerMessage]) -> None:
         async for msg in it:
@@ -476,12 +494,27 @@ class Dispatcher:
                 return
             # Everything this stream reports later is checked against it (dispatch/scope.py).
             scope = Scope.of(p.name, h.pool, self.authz.pools)
+        caps = set(h.capabilities)
+        if wpb.WORKER_CAPABILITY_START_CONFIRMATION not in caps:
+            # Every assignment of this planner carries a start-by: a worker that runs it at once, without asking
+            # for its start, would be running it when its owner dispatches it again (a second run of the id).
+            log.warning("worker refused: it does not confirm starts", extra={
+                "event": "worker_refused", "worker": h.worker_id, "pool": h.pool, "sdk_version": h.sdk_version})
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                "hello.capabilities: the worker does not confirm starts "
+                                "(WORKER_CAPABILITY_START_CONFIRMATION), and this planner dispatches again what is "
+                                "not started within start_timeout: upgrade the worker SDK (docs/workers.md, "
+                                "\"Capabilities\")")
+            return
         if self.duplicate is not None:
             self.duplicate.start()  # polled from the first stream on: without workers there is nothing to repeat
         conn_id = next(self._ids)
         c = Conn(h.worker_id, h.pool, h.region, frozenset(h.task_types), outgoing(),
-                 last_seen=self.clock.monotonic(), capacity=h.capacity, scope=scope)
+                 last_seen=self.clock.monotonic(), capacity=h.capacity, scope=scope,
+                 start_in=wpb.WORKER_CAPABILITY_START_IN in caps)
         self.conns[conn_id] = c
+        if not c.start_in:
+            self._no_start_in[c.pool] = self._no_start_in.get(c.pool, 0) + 1
         self.liveness.start_watchdog()
         log.info("worker connected", extra={"event": "worker_connected", "worker": h.worker_id, "pool": h.pool})
         yield wpb.PlannerMessage(welcome=wpb.Welcome(
@@ -501,6 +534,11 @@ class Dispatcher:
             with contextlib.suppress(BaseException):
                 await reader
             del self.conns[conn_id]
+            if not c.start_in:
+                if (n := self._no_start_in[c.pool] - 1) > 0:
+                    self._no_start_in[c.pool] = n
+                else:
+                    del self._no_start_in[c.pool]
             self._local_credit(c)  # a local stream that ends with credit had it until now
             self.window.drop(c.running)  # starts it never asked for will not be asked for on it
             # Attempts it was running stay in flight in the ledger; a result (possibly via another planner

@@ -198,21 +198,30 @@ def _node_gauges(st: NodeStatus) -> Iterable[Metric]:
     yield counter_family("scheduler_dispatch_cross_region_assignments",
                          "Assignments this node sent to a worker outside the planning region, per pool (worker "
                          "affinity `prefer` falling over, or `any`).", "pool", st.cross_region_assignments)
-    yield GaugeMetricFamily("scheduler_dispatch_start_window",
-                            "Hand-outs this node may have waiting for their start at once (adaptive unless the "
-                            "start_window setting fixes it).", value=st.start_window)
-    yield GaugeMetricFamily("scheduler_dispatch_start_waiting",
-                            "Hand-outs of this node waiting for their start now.", value=st.start_waiting)
-    yield CounterMetricFamily("scheduler_dispatch_start_window_cuts",
-                              "Times the start window was halved: starts answered late (etcd or this node "
-                              "overloaded).", value=st.start_window_cuts)
-    yield CounterMetricFamily("scheduler_dispatch_start_expired",
-                              "Hand-outs that reached their start-by with no answer here (dispatched again by "
-                              "their owner).", value=st.start_expired)
+    windows = st.start_windows
+    yield _pool_gauge("scheduler_dispatch_start_window",
+                    "Hand-outs of the pool this node may have waiting for their start at once (adaptive unless "
+                    "the start_window setting fixes it).", {p: w[0] for p, w in windows.items()})
+    yield _pool_gauge("scheduler_dispatch_start_waiting",
+                    "Hand-outs of the pool this node has waiting for their start now.",
+                    {p: w[1] for p, w in windows.items()})
+    yield counter_family("scheduler_dispatch_start_window_cuts",
+                         "Times the pool's start window was halved: starts answered late (its workers, etcd or "
+                         "this node overloaded).", "pool", {p: w[2] for p, w in windows.items()})
+    yield counter_family("scheduler_dispatch_start_expired",
+                         "Hand-outs of the pool that reached their start-by with no answer here (dispatched again "
+                         "by their owner).", "pool", {p: w[3] for p, w in windows.items()})
     yield CounterMetricFamily("scheduler_dispatch_disarmed",
                               "Armed runs (start ahead) this node told their worker not to start.", value=st.disarmed)
     yield from _clock_gauges(st)
     yield from _region_gauges(st)
+
+
+def _pool_gauge(name: str, doc: str, values: dict[str, int]) -> GaugeMetricFamily:
+    fam = GaugeMetricFamily(name, doc, labels=["pool"])
+    for pool, n in sorted(values.items()):
+        fam.add_metric([pool], n)
+    return fam
 
 
 def _region_gauges(st: NodeStatus) -> Iterable[Metric]:

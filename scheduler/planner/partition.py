@@ -143,6 +143,11 @@ class DispatchSink(Protocol):
         """Tell the worker holding e's armed attempt (start ahead) not to start it."""
         ...
 
+    def may_arm(self, pool: str) -> bool:
+        """Start ahead: whether every worker stream of the pool honours `start_in` (Hello.capabilities): a run
+        handed out early to one that does not would start at once, before its due time."""
+        ...
+
 
 @dataclass(frozen=True)
 class _Claimed:
@@ -605,7 +610,7 @@ class PartitionPlanner:
         return (sch is not None and sid not in self._withdraw and sid not in self._stale
                 and x.id not in self._armed_withdrawn
                 and x.planned_ms > sch.stored.activated_ms and sch.plan.next_after_ms(x.planned_ms - 1) == x.planned_ms
-                and self.pending.may_arm(x))
+                and self.pending.may_arm(x) and self.dispatcher.may_arm(x.pool))
 
     def _disarm_schedule(self, sid: str) -> None:
         """Start ahead: any change of a schedule (a pause, an update, a delete) disarms its runs armed on workers

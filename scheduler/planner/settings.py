@@ -66,9 +66,9 @@ class PlannerSettings(Settings):
     # worker, which waits as long for its StartAck, drops it unrun. Keep it above a few etcd round
     # trips plus a worker's round trip (a stuck dispatch costs at most this much delay).
     start_timeout_ms: int = 3_000
-    # Hand-outs of this planner waiting for their start at once (dispatch/start_window.py). 0: adaptive, the
-    # default: as many as are answered well within start_timeout_ms (worker slots alone handed out more than
-    # etcd recorded in time, and a burst churned: bench/README.md). N > 0 fixes it at N.
+    # Hand-outs of one pool this planner has waiting for their start at once (dispatch/start_window.py). 0:
+    # adaptive, the default: as many as are answered well within start_timeout_ms (worker slots alone handed out
+    # more than etcd recorded in time, and a burst churned: bench/README.md). N > 0 fixes it at N.
     start_window: int = 0
     # The first dispatch written with the record's create (docs/keyspace.md, "Reserved first attempt"): the
     # owner hands a run it created to a worker without a dispatch write, the worker's start CAS being the
@@ -81,8 +81,9 @@ class PlannerSettings(Settings):
     # then, and the worker runs it at its instant: the dispatch and the start record leave the due second.
     # The owner disarms it if the schedule is paused, changed or deleted, or another of its runs comes up,
     # before then; a run armed before a pause that its worker could not be told of in time still runs (its
-    # start was recorded before the pause). 0: off, the default: it costs 8-13% more CPU per execution, helps lag
-    # below saturation only, and every worker must honour `start_in` first (bench/README.md, docs/workers.md).
+    # start was recorded before the pause). 0: off, the default: it costs 8-13% more CPU per execution and helps
+    # lag below saturation only (bench/README.md). A pool with a worker that does not declare start_in in its Hello
+    # gets no run armed (docs/workers.md, "Capabilities").
     start_ahead_ms: int = 0
     # Clock-skew guard (docs/time.md, "Clock skew"): peers' clocks are probed every clock_probe_interval;
     # a planner more than max_clock_skew from the majority of the cluster owns no partitions until it has

@@ -28,6 +28,10 @@ _ERROR_CLASS = {
     ErrorClass.TIMEOUT: epb.ERROR_CLASS_TIMEOUT,
 }
 
+# What this SDK does beyond the first protocol (Hello.capabilities): it confirms starts and honours start_in
+# and Disarm. A planner refuses a stream without the first and arms no run on one without the second.
+CAPABILITIES = (wpb.WORKER_CAPABILITY_START_CONFIRMATION, wpb.WORKER_CAPABILITY_START_IN)
+
 
 def _token_pb(t: FencingToken) -> epb.FencingToken:
     return epb.FencingToken(partition=t.partition, revision=t.revision)

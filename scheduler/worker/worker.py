@@ -235,6 +235,7 @@ class Worker:
             task_types=self.task_types,
             sdk_version=SDK_VERSION,
             running=protocol.running_pb(self.running),  # re-attach what we still run
+            capabilities=protocol.CAPABILITIES,
         ))
 
     def heartbeat(self) -> wpb.WorkerMessage:

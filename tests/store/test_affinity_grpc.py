@@ -28,6 +28,7 @@ from scheduler.region.policy import RegionPolicy
 from scheduler.server import start_server
 from scheduler.store.etcd import EtcdClient
 from scheduler.store.keyspace import Keyspace
+from scheduler.worker.protocol import CAPABILITIES
 from tests.store.test_dispatch_grpc import COORD, FAST
 
 pytestmark = pytest.mark.etcd
@@ -68,7 +69,8 @@ class Worker:
 
         async def requests() -> AsyncIterator[wpb.WorkerMessage]:
             yield wpb.WorkerMessage(hello=wpb.Hello(worker_id=self.worker_id, pool=self.pool, region=self.region,
-                                                    capacity=1, task_types=list(self.task_types)))
+                                                    capacity=1, task_types=list(self.task_types),
+                                                    capabilities=CAPABILITIES))
             yield wpb.WorkerMessage(credits=wpb.Credits(credits=1))
             while True:
                 yield await outbox.get()

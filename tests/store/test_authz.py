@@ -25,6 +25,7 @@ from scheduler._gen.scheduler.v1 import worker_service_pb2 as wpb
 from scheduler.api import schedule_service
 from scheduler.clock import SYSTEM_CLOCK
 from scheduler.store.etcd import EtcdClient
+from scheduler.worker.protocol import CAPABILITIES
 from tests.store.authz_env import AuthEnv, start_auth_env
 
 pytestmark = pytest.mark.etcd
@@ -265,7 +266,8 @@ async def _hello(env: AuthEnv, who: str | None, pool: str) -> tuple[grpc.StatusC
     call = env.workers.Connect(metadata=env.md(who))
     try:
         # The server may refuse the stream before the hello is sent: then write raises the status.
-        await call.write(wpb.WorkerMessage(hello=wpb.Hello(worker_id="w1", pool=pool, task_types=["t"])))
+        await call.write(wpb.WorkerMessage(hello=wpb.Hello(worker_id="w1", pool=pool, task_types=["t"],
+                                                           capabilities=CAPABILITIES)))
         msg = await call.read()
         call.cancel()
         return grpc.StatusCode.OK, msg.WhichOneof("body") or ""

@@ -21,6 +21,7 @@ from scheduler.planner.settings import PlannerSettings
 from scheduler.server import start_server
 from scheduler.store.etcd import EtcdClient
 from scheduler.store.keyspace import Keyspace
+from scheduler.worker.protocol import CAPABILITIES
 
 pytestmark = pytest.mark.etcd
 
@@ -56,7 +57,7 @@ async def test_assign_run_report(kv: EtcdClient, key_prefix: str) -> None:
 
     async def requests() -> AsyncIterator[wpb.WorkerMessage]:
         yield wpb.WorkerMessage(hello=wpb.Hello(worker_id="w1", pool="pool", region="default", capacity=8,
-                                                task_types=["x"]))
+                                                task_types=["x"], capabilities=CAPABILITIES))
         yield wpb.WorkerMessage(credits=wpb.Credits(credits=8))
         while True:
             yield await outbox.get()
@@ -93,4 +94,27 @@ async def test_assign_run_report(kv: EtcdClient, key_prefix: str) -> None:
     finally:
         node_task.cancel()
         await asyncio.gather(node_task, return_exceptions=True)
+        await server.stop(None)
+
+
+async def test_a_worker_that_does_not_confirm_starts_is_refused_naming_the_field(kv: EtcdClient,
+                                                                                  key_prefix: str) -> None:
+    """A worker built before start confirmation runs an assignment at once without asking for its start, and
+    its planner dispatches the run again after start_timeout while it runs: such a stream is refused at its
+    Hello (docs/workers.md, "Capabilities"), loudly, instead of being given work it would run twice."""
+    node = PlannerNode(kv, Keyspace(key_prefix.rstrip("/")), COORD, SYSTEM_CLOCK, planner=FAST)
+    dispatcher = node.make_dispatcher()
+    server, port = await start_server(dispatcher, "127.0.0.1", 0)
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+            for caps in ([], [wpb.WORKER_CAPABILITY_START_IN]):
+                call = wgrpc.WorkerServiceStub(ch).Connect()
+                await call.write(wpb.WorkerMessage(hello=wpb.Hello(worker_id="old", pool="pool", capacity=8,
+                                                                   task_types=["x"], capabilities=caps)))
+                with pytest.raises(grpc.aio.AioRpcError) as err:
+                    await call.read()
+                assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+                assert "hello.capabilities" in (err.value.details() or "")
+        assert dispatcher.conns == {}, "a refused stream was kept"
+    finally:
         await server.stop(None)

@@ -30,6 +30,7 @@ from scheduler.planner.settings import PlannerSettings
 from scheduler.server import start_server
 from scheduler.store.etcd import EtcdClient
 from scheduler.store.keyspace import Keyspace
+from scheduler.worker.protocol import CAPABILITIES
 
 pytestmark = pytest.mark.etcd
 
@@ -54,7 +55,7 @@ class Client:
         self.ch = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
         self.out: asyncio.Queue[wpb.WorkerMessage] = asyncio.Queue()
         hello = wpb.Hello(worker_id=worker_id, pool="pool", region="default", capacity=1, task_types=["x"],
-                          running=running or [])
+                          running=running or [], capabilities=CAPABILITIES)
         self.out.put_nowait(wpb.WorkerMessage(hello=hello))
         self.call: Any = wgrpc.WorkerServiceStub(self.ch).Connect(self._requests())
         self.running = running or []

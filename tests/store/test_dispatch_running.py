@@ -31,6 +31,7 @@ from scheduler.planner.settings import PlannerSettings
 from scheduler.server import start_server
 from scheduler.store.etcd import EtcdClient
 from scheduler.store.keyspace import Keyspace
+from scheduler.worker.protocol import CAPABILITIES
 
 pytestmark = pytest.mark.etcd
 
@@ -81,7 +82,7 @@ class Worker:
         self.out: asyncio.Queue[wpb.WorkerMessage] = asyncio.Queue()
         self.running: list[wpb.RunningAttempt] = list(running or [])
         self.send(hello=wpb.Hello(worker_id=worker_id, pool="pool", region="default", capacity=4, task_types=["x"],
-                                  running=self.running))
+                                  running=self.running, capabilities=CAPABILITIES))
         if credits:
             self.send(credits=wpb.Credits(credits=credits))
         self.call: Any = wgrpc.WorkerServiceStub(self.ch).Connect(self._requests())

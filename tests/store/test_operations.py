@@ -33,6 +33,7 @@ from scheduler.store.etcd import EtcdClient
 from scheduler.store.keyspace import Keyspace, partition_for
 from scheduler.timeplan import Overlap
 from scheduler.worker import ExecutionContext, PermanentError, Worker, WorkerSettings
+from scheduler.worker.protocol import CAPABILITIES
 
 pytestmark = pytest.mark.etcd
 
@@ -703,7 +704,8 @@ async def test_a_cancel_reaches_a_worker_reattached_to_a_node_that_does_not_own_
     async def requests() -> AsyncIterator[wpb.WorkerMessage]:
         yield wpb.WorkerMessage(hello=wpb.Hello(worker_id="w1", pool="pool", region="default", capacity=1,
                                                 task_types=["t"],
-                                                running=[wpb.RunningAttempt(execution_id=e.id, attempt=1)]))
+                                                running=[wpb.RunningAttempt(execution_id=e.id, attempt=1)],
+                                                capabilities=CAPABILITIES))
         while True:
             yield await outbox.get()
 

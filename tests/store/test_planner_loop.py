@@ -82,6 +82,9 @@ class FakeDispatcher:
     def disarm(self, e: Execution) -> None:
         self.disarmed.append(e.schedule_id)
 
+    def may_arm(self, pool: str) -> bool:
+        return True
+
     async def _record_not_started(self, e: Execution) -> None:
         """As a worker that drops an armed attempt: its not-started report through the real result path."""
         assert self.node is not None

@@ -11,6 +11,7 @@ from dataclasses import replace
 import pytest
 
 from chaos.infra.etcd import EtcdCluster
+from scheduler._gen.scheduler.v1 import worker_service_pb2 as wpb
 from scheduler.clock import SYSTEM_CLOCK
 from scheduler.config import CoordinationSettings
 from scheduler.execution import ExecState, Trigger
@@ -21,7 +22,7 @@ from scheduler.server import start_server
 from scheduler.store.etcd import EtcdClient
 from scheduler.store.keyspace import Keyspace
 from scheduler.timeplan.plan import to_ms
-from scheduler.worker import ExecutionContext, Worker, WorkerSettings
+from scheduler.worker import ExecutionContext, Worker, WorkerSettings, protocol
 
 pytestmark = pytest.mark.etcd
 
@@ -112,3 +113,29 @@ async def test_a_pause_while_a_run_waits_armed_stops_it(kv: EtcdClient, key_pref
     assert e.attempts and e.attempts[-1].never_started and "disarmed" in e.attempts[-1].message, e.attempts
     assert c.d.disarmed >= 1
     assert all(x is None or x.state is ExecState.SKIPPED for x in later), later
+
+
+async def test_a_worker_that_does_not_honour_start_in_is_handed_no_run_early(
+        kv: EtcdClient, key_prefix: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An older worker SDK ignores start_in and would run an armed run at once, before its due time. Its Hello
+    lacks WORKER_CAPABILITY_START_IN, so the planner arms nothing for its pool: every run is handed out at its
+    due time (docs/workers.md, "Capabilities")."""
+    monkeypatch.setattr(protocol, "CAPABILITIES", (wpb.WORKER_CAPABILITY_START_CONFIRMATION,))
+    async with Cluster(kv, key_prefix) as c:
+        start = (SYSTEM_CLOCK.wall_ms() // 1000 + 2) * 1000
+        end = start + 2_000
+        ids = [f"old-{i:02d}" for i in range(10)]
+        for sid in ids:
+            await c.node.store.create(Schedule(id=sid, tenant="t", spec="* * * * * *", worker_pool="pool",
+                                               task_type="t", start_ms=start, end_ms=end), SYSTEM_CLOCK.wall_ms())
+        want = sorted((sid, t) for sid in ids for t in range(start, end + 1, 1000))
+        async with asyncio.timeout(end - SYSTEM_CLOCK.wall_ms() + 10_000):
+            while len(c.began) < len(want):
+                await asyncio.sleep(0.05)
+        await asyncio.sleep(0.5)
+        records = [await c.node.ledger.get(kv, sid, t) for sid, t in want]
+        assert not c.d.may_arm("pool")
+    assert sorted((sid, t) for sid, t, _, _ in c.began) == want, "each planned time ran once"
+    early = [(e.id, e.due_ms - a.dispatched_ms) for e in records if e is not None for a in e.attempts
+             if a.dispatched_ms < e.due_ms]
+    assert not early, f"handed out before their due time to a worker that would start them at once: {early}"

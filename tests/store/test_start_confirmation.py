@@ -32,6 +32,7 @@ from scheduler.store.etcd import EtcdClient
 from scheduler.store.etcd.errors import OutcomeUnknown as EtcdOutcomeUnknown
 from scheduler.store.etcd.errors import Unavailable
 from scheduler.store.keyspace import Keyspace
+from scheduler.worker.protocol import CAPABILITIES
 
 pytestmark = pytest.mark.etcd
 
@@ -78,7 +79,7 @@ class Client:
         self.ch = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
         self.out: asyncio.Queue[wpb.WorkerMessage] = asyncio.Queue()
         self.send(hello=wpb.Hello(worker_id=worker_id, pool="pool", region="default", capacity=credits,
-                                  task_types=["x"]))
+                                  task_types=["x"], capabilities=CAPABILITIES))
         self.send(credits=wpb.Credits(credits=credits))
         self.call: Any = wgrpc.WorkerServiceStub(self.ch).Connect(self._requests())
         self.inbox: dict[str, asyncio.Queue[Any]] = {}

@@ -34,6 +34,7 @@ from scheduler.dispatch.starts import StartRecorder
 from scheduler.execution import ExecState
 from scheduler.ids import ExecutionId
 from scheduler.store.etcd import EtcdClient
+from scheduler.worker.protocol import CAPABILITIES
 from tests.store.authz_env import AuthEnv, issue, make_ca, start_auth_env, start_tls_server
 
 pytestmark = pytest.mark.etcd
@@ -103,7 +104,7 @@ async def test_a_worker_cannot_touch_another_pools_or_tenants_execution(
             call = wgrpc.WorkerServiceStub(ch).Connect()
             await call.write(wpb.WorkerMessage(hello=wpb.Hello(
                 worker_id="w-real", pool="payments-pool", task_types=["t"], capacity=4,
-                running=[ref(own), ref(other_tenant), ref(other_pool)])))
+                running=[ref(own), ref(other_tenant), ref(other_pool)], capabilities=CAPABILITIES)))
             await next_of(call, "welcome")
             re = (await next_of(call, "reattached")).reattached
             assert [a.execution_id for a in re.accepted] == [own]

@@ -254,11 +254,12 @@ def test_reason_counters_start_at_zero_for_every_reason_the_code_produces() -> N
 
 def test_start_window_and_disarm_series_read_the_status_snapshot() -> None:
     m = PlannerMetrics()
-    m.observe(lambda: NodeStatus(now_ms=0, owned=(), start_window=1024, start_waiting=700, start_window_cuts=2,
-                                 start_expired=5, disarmed=3))
+    m.observe(lambda: NodeStatus(now_ms=0, owned=(), start_windows={"a": (1024, 700, 2, 5), "b": (64, 0, 9, 0)},
+                                 disarmed=3))
     s = samples(generate_latest(m.registry))
-    assert s[("scheduler_dispatch_start_window", ())] == 1024
-    assert s[("scheduler_dispatch_start_waiting", ())] == 700
-    assert s[("scheduler_dispatch_start_window_cuts_total", ())] == 2
-    assert s[("scheduler_dispatch_start_expired_total", ())] == 5
+    assert s[("scheduler_dispatch_start_window", (("pool", "a"),))] == 1024
+    assert s[("scheduler_dispatch_start_window", (("pool", "b"),))] == 64
+    assert s[("scheduler_dispatch_start_waiting", (("pool", "a"),))] == 700
+    assert s[("scheduler_dispatch_start_window_cuts_total", (("pool", "b"),))] == 9
+    assert s[("scheduler_dispatch_start_expired_total", (("pool", "a"),))] == 5
     assert s[("scheduler_dispatch_disarmed_total", ())] == 3

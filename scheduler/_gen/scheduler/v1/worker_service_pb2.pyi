@@ -14,6 +14,12 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class WorkerCapability(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    WORKER_CAPABILITY_UNSPECIFIED: _ClassVar[WorkerCapability]
+    WORKER_CAPABILITY_START_CONFIRMATION: _ClassVar[WorkerCapability]
+    WORKER_CAPABILITY_START_IN: _ClassVar[WorkerCapability]
+
 class StartDisposition(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     START_DISPOSITION_UNSPECIFIED: _ClassVar[StartDisposition]
@@ -36,6 +42,9 @@ class ResultDisposition(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     RESULT_DISPOSITION_DUPLICATE: _ClassVar[ResultDisposition]
     RESULT_DISPOSITION_STALE: _ClassVar[ResultDisposition]
     RESULT_DISPOSITION_RETRY: _ClassVar[ResultDisposition]
+WORKER_CAPABILITY_UNSPECIFIED: WorkerCapability
+WORKER_CAPABILITY_START_CONFIRMATION: WorkerCapability
+WORKER_CAPABILITY_START_IN: WorkerCapability
 START_DISPOSITION_UNSPECIFIED: StartDisposition
 START_DISPOSITION_STARTED: StartDisposition
 START_DISPOSITION_REFUSED: StartDisposition
@@ -120,7 +129,7 @@ class AttemptRef(_message.Message):
     def __init__(self, execution_id: _Optional[str] = ..., attempt: _Optional[int] = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("worker_id", "pool", "region", "capacity", "task_types", "sdk_version", "running")
+    __slots__ = ("worker_id", "pool", "region", "capacity", "task_types", "sdk_version", "running", "capabilities")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     POOL_FIELD_NUMBER: _ClassVar[int]
     REGION_FIELD_NUMBER: _ClassVar[int]
@@ -128,6 +137,7 @@ class Hello(_message.Message):
     TASK_TYPES_FIELD_NUMBER: _ClassVar[int]
     SDK_VERSION_FIELD_NUMBER: _ClassVar[int]
     RUNNING_FIELD_NUMBER: _ClassVar[int]
+    CAPABILITIES_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     pool: str
     region: str
@@ -135,7 +145,8 @@ class Hello(_message.Message):
     task_types: _containers.RepeatedScalarFieldContainer[str]
     sdk_version: str
     running: _containers.RepeatedCompositeFieldContainer[RunningAttempt]
-    def __init__(self, worker_id: _Optional[str] = ..., pool: _Optional[str] = ..., region: _Optional[str] = ..., capacity: _Optional[int] = ..., task_types: _Optional[_Iterable[str]] = ..., sdk_version: _Optional[str] = ..., running: _Optional[_Iterable[_Union[RunningAttempt, _Mapping]]] = ...) -> None: ...
+    capabilities: _containers.RepeatedScalarFieldContainer[WorkerCapability]
+    def __init__(self, worker_id: _Optional[str] = ..., pool: _Optional[str] = ..., region: _Optional[str] = ..., capacity: _Optional[int] = ..., task_types: _Optional[_Iterable[str]] = ..., sdk_version: _Optional[str] = ..., running: _Optional[_Iterable[_Union[RunningAttempt, _Mapping]]] = ..., capabilities: _Optional[_Iterable[_Union[WorkerCapability, str]]] = ...) -> None: ...
 
 class Welcome(_message.Message):
     __slots__ = ("planner_id", "region", "server_time", "planners", "heartbeat_interval", "heartbeat_timeout")
