@@ -14,7 +14,7 @@ from chaos.infra.etcd import EtcdCluster
 from scheduler._gen.scheduler.v1 import worker_service_pb2 as wpb
 from scheduler.clock import SYSTEM_CLOCK
 from scheduler.config import CoordinationSettings
-from scheduler.execution import ExecState, Trigger
+from scheduler.execution import ExecState, Execution, Trigger
 from scheduler.model import Schedule, ScheduleState
 from scheduler.node import PlannerNode
 from scheduler.planner.settings import PlannerSettings
@@ -60,6 +60,23 @@ class Cluster:
         await self.worker.start()
         return self
 
+    async def every_second(self, prefix: str, n: int, seconds: int) -> tuple[list[tuple[str, int]], list[Execution]]:
+        """`n` schedules firing every second, all at one instant (the start-lag goal's shape), for `seconds` + 1
+        planned times each from 2 s on; waits until each planned time began, returns them and their records."""
+        start = (SYSTEM_CLOCK.wall_ms() // 1000 + 2) * 1000
+        end = start + seconds * 1000
+        ids = [f"{prefix}-{i:02d}" for i in range(n)]
+        for sid in ids:
+            await self.node.store.create(Schedule(id=sid, tenant="t", spec="* * * * * *", worker_pool="pool",
+                                                  task_type="t", start_ms=start, end_ms=end), SYSTEM_CLOCK.wall_ms())
+        want = sorted((sid, t) for sid in ids for t in range(start, end + 1, 1000))
+        async with asyncio.timeout(end - SYSTEM_CLOCK.wall_ms() + 10_000):
+            while len(self.began) < len(want):
+                await asyncio.sleep(0.05)
+        await asyncio.sleep(0.5)
+        records = [e for sid, t in want if (e := await self.node.ledger.get(self.node.kv, sid, t)) is not None]
+        return want, records
+
     async def __aexit__(self, *exc: object) -> None:
         await self.worker.close()
         self.task.cancel()
@@ -69,24 +86,13 @@ class Cluster:
 
 async def test_runs_handed_out_ahead_begin_at_their_due_time_each_once(kv: EtcdClient, key_prefix: str) -> None:
     async with Cluster(kv, key_prefix) as c:
-        start = (SYSTEM_CLOCK.wall_ms() // 1000 + 2) * 1000
-        end = start + 3_000
-        ids = [f"every-{i:02d}" for i in range(30)]
-        for sid in ids:  # every second, all at one instant (the start-lag goal's shape)
-            await c.node.store.create(Schedule(id=sid, tenant="t", spec="* * * * * *", worker_pool="pool",
-                                               task_type="t", start_ms=start, end_ms=end), SYSTEM_CLOCK.wall_ms())
-        want = sorted((sid, t) for sid in ids for t in range(start, end + 1, 1000))
-        async with asyncio.timeout(end - SYSTEM_CLOCK.wall_ms() + 10_000):
-            while len(c.began) < len(want):
-                await asyncio.sleep(0.05)
-        await asyncio.sleep(0.5)
-        records = [await c.node.ledger.get(kv, sid, t) for sid, t in want]
+        want, records = await c.every_second("every", 30, 3)
     assert sorted((sid, t) for sid, t, _, _ in c.began) == want, "each planned time ran once"
     # Never before its due time (the worker waits for its instant; one machine, one clock).
     early = [(sid, t, at - t) for sid, t, _, at in c.began if at < t]
     assert not early, early
     # Handed out ahead: dispatched before the due time, the start recorded as of the due time.
-    ahead = [e for e in records if e is not None and e.attempts and e.attempts[0].dispatched_ms < e.due_ms]
+    ahead = [e for e in records if e.attempts and e.attempts[0].dispatched_ms < e.due_ms]
     assert len(ahead) >= len(want) // 2, f"only {len(ahead)} of {len(want)} runs were handed out ahead"
     assert all(e.attempts[0].started_ms == e.due_ms and e.state is ExecState.SUCCEEDED for e in ahead)
 
@@ -122,20 +128,9 @@ async def test_a_worker_that_does_not_honour_start_in_is_handed_no_run_early(
     due time (docs/workers.md, "Capabilities")."""
     monkeypatch.setattr(protocol, "CAPABILITIES", (wpb.WORKER_CAPABILITY_START_CONFIRMATION,))
     async with Cluster(kv, key_prefix) as c:
-        start = (SYSTEM_CLOCK.wall_ms() // 1000 + 2) * 1000
-        end = start + 2_000
-        ids = [f"old-{i:02d}" for i in range(10)]
-        for sid in ids:
-            await c.node.store.create(Schedule(id=sid, tenant="t", spec="* * * * * *", worker_pool="pool",
-                                               task_type="t", start_ms=start, end_ms=end), SYSTEM_CLOCK.wall_ms())
-        want = sorted((sid, t) for sid in ids for t in range(start, end + 1, 1000))
-        async with asyncio.timeout(end - SYSTEM_CLOCK.wall_ms() + 10_000):
-            while len(c.began) < len(want):
-                await asyncio.sleep(0.05)
-        await asyncio.sleep(0.5)
-        records = [await c.node.ledger.get(kv, sid, t) for sid, t in want]
+        want, records = await c.every_second("old", 10, 2)
         assert not c.d.may_arm("pool")
     assert sorted((sid, t) for sid, t, _, _ in c.began) == want, "each planned time ran once"
-    early = [(e.id, e.due_ms - a.dispatched_ms) for e in records if e is not None for a in e.attempts
+    early = [(e.id, e.due_ms - a.dispatched_ms) for e in records for a in e.attempts
              if a.dispatched_ms < e.due_ms]
     assert not early, f"handed out before their due time to a worker that would start them at once: {early}"
