@@ -216,7 +216,11 @@ class Liveness:
         now = self.clock.monotonic()
         wait = self.hb_timeout + self.hb_interval
         held = [c.running for c in self.conns.values()]
-        here = {c.worker_id for c in self.conns.values() if not c.dead}
+        # Streams declared dead count as here: their end (`orphan`, which records it in `_gone`) is still to be
+        # handled, and `_gone` may hold an earlier stream's end, long ago. A node just thawed from a freeze declares
+        # every stream dead; read as that old end, an armed run was given up 0.46 s after the claim and ran twice
+        # (game day, session 33).
+        here = {c.worker_id for c in self.conns.values()}
         n = 0
         for key in keys:
             if key not in self.orphans and not any(key in h for h in held):

@@ -389,6 +389,28 @@ async def test_an_expected_attempt_of_a_worker_connected_here_waits_from_the_cla
     assert env.lost == [[(OTHER, 1)], [(EID, 1)]]
 
 
+async def test_a_stream_declared_dead_but_not_yet_ended_is_not_an_old_end() -> None:
+    """The watchdog declares a stream dead (this node was frozen past the heartbeat timeout: every stream looked
+    silent) and its end is handled a moment later; a claim in between must not read the worker's end from an
+    earlier stream of it, long ago. The game day (session 33, seed 2, start ahead) gave up an armed run 0.46 s
+    after the claim that way, re-dispatched it, and both attempts ran: the worker was alive, its stream to the
+    dispatching planner up, and it reconnected here 0.9 s later. Fails if `expect` counts only live streams."""
+    env = Env({EID: running_on("w1")})
+    end(env, env.conn("w1"))  # an earlier stream of w1 here ended at t = 0
+    env.clock.advance(60.0)
+    c = env.conn("w1")  # it came back; then this node froze
+    env.clock.advance(5.0)
+    env.live.check(env.clock.monotonic())  # every stream silent for 5 s: declared dead, ending
+    assert c.dead and any(x is c for x in env.conns.values())
+    env.live.expect([(EID, 1)])  # the claim, before the stream's end is handled
+    env.live.check(env.clock.monotonic())
+    assert env.lost == [], "given up at once, as if w1 had been gone since its stream ended a minute ago"
+    end(env, c)
+    env.clock.advance(1.2)
+    env.live.check(env.clock.monotonic())
+    assert env.lost == [[(EID, 1)]], "not re-attached within the wait from the claim: given up"
+
+
 async def test_a_node_that_saw_the_start_at_an_earlier_claim_counts_the_window_from_then() -> None:
     """A partition lost and claimed again by this node: the worker had received the attempt before this node
     first read its start, so the window is not counted again from the second claim. The probe goes out within
