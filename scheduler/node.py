@@ -254,11 +254,12 @@ class PlannerNode:
         depth: dict[str, int] = {}
         workers: tuple[WorkerStatus, ...] = ()
         cross: dict[str, int] = {}
-        window: dict[str, Any] = {}
+        windows: dict[str, tuple[int, int, int, int]] = {}
+        disarmed = 0
         if isinstance(d, Dispatcher):
             cross = dict(d.cross_region)
-            window = {"disarmed": d.disarmed, "start_windows": {
-                pool: (int(w.size), w.waiting, w.cuts, w.expired) for pool, w in d.window.pools.items()}}
+            windows = {pool: (int(w.size), w.waiting, w.cuts, w.expired) for pool, w in d.window.pools.items()}
+            disarmed = d.disarmed
             depth = d.queue.depths()
             workers = tuple(WorkerStatus(c.worker_id, c.pool, c.region, c.capacity, c.credits, c.reported)
                             for c in d.conns.values())
@@ -267,7 +268,7 @@ class PlannerNode:
                           restarts=dict(self.restart_reasons), rounds=self.loop_stats.rounds,
                           clock=self.clock_guard.state(), region=self.region_guard.state(),
                           cross_region_assignments=cross, node_id=self.s.node_id, partitions=self.s.partitions,
-                          loop_stall_max_s=self.loop_lag.max_stall, **window)
+                          loop_stall_max_s=self.loop_lag.max_stall, start_windows=windows, disarmed=disarmed)
 
     def planner_infos(self) -> list[cluster_pb2.PlannerInfo]:
         out = []

@@ -42,7 +42,7 @@ FLOOR = 64  # never less: a slow etcd still gets work, and a cut never starves t
 @dataclass
 class _Out:
     pool: str
-    since: float  # monotonic: submitted
+    expires: float  # monotonic: its start-by
     left: float  # seconds it had until its start-by when submitted
     sent: float = 0.0  # monotonic: put on a worker's stream (0: not yet)
 
@@ -79,7 +79,7 @@ class StartWindow:
         old = self._out.get(key)
         if old is not None:
             self.pools[old.pool].waiting -= 1
-        self._out[key] = _Out(pool, now, left_s)
+        self._out[key] = _Out(pool, now + left_s, left_s)
         self.pool(pool).waiting += 1
         heapq.heappush(self._expiry, (now + left_s, key))
 
@@ -132,7 +132,7 @@ class StartWindow:
         while q and q[0][0] <= now:
             _, k = heapq.heappop(q)
             o = self._out.get(k)
-            if o is not None and o.since + o.left <= now:
+            if o is not None and o.expires <= now:
                 del self._out[k]
                 w = self.pools[o.pool]
                 w.waiting -= 1

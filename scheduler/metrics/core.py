@@ -11,7 +11,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Sequence
 
-from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
@@ -108,6 +108,13 @@ def histogram_family(name: str, doc: str, h: LoopHistogram) -> HistogramMetricFa
 def counter_family(name: str, doc: str, label: str, counts: dict[str, int]) -> CounterMetricFamily:
     fam = CounterMetricFamily(name, doc, labels=[label])
     for value, n in counts.items():
+        fam.add_metric([value], n)
+    return fam
+
+
+def gauge_family(name: str, doc: str, label: str, values: dict[str, int]) -> GaugeMetricFamily:
+    fam = GaugeMetricFamily(name, doc, labels=[label])
+    for value, n in sorted(values.items()):
         fam.add_metric([value], n)
     return fam
 

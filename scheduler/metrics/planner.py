@@ -22,6 +22,7 @@ from scheduler.metrics.core import (
     GuardedHistograms,
     LoopHistogram,
     counter_family,
+    gauge_family,
     histogram_family,
 )
 from scheduler.quota.pacer import DeferralStats
@@ -199,12 +200,12 @@ def _node_gauges(st: NodeStatus) -> Iterable[Metric]:
                          "Assignments this node sent to a worker outside the planning region, per pool (worker "
                          "affinity `prefer` falling over, or `any`).", "pool", st.cross_region_assignments)
     windows = st.start_windows
-    yield _pool_gauge("scheduler_dispatch_start_window",
-                    "Hand-outs of the pool this node may have waiting for their start at once (adaptive unless "
-                    "the start_window setting fixes it).", {p: w[0] for p, w in windows.items()})
-    yield _pool_gauge("scheduler_dispatch_start_waiting",
-                    "Hand-outs of the pool this node has waiting for their start now.",
-                    {p: w[1] for p, w in windows.items()})
+    yield gauge_family("scheduler_dispatch_start_window",
+                       "Hand-outs of the pool this node may have waiting for their start at once (adaptive unless "
+                       "the start_window setting fixes it).", "pool", {p: w[0] for p, w in windows.items()})
+    yield gauge_family("scheduler_dispatch_start_waiting",
+                       "Hand-outs of the pool this node has waiting for their start now.", "pool",
+                       {p: w[1] for p, w in windows.items()})
     yield counter_family("scheduler_dispatch_start_window_cuts",
                          "Times the pool's start window was halved: starts answered late (its workers, etcd or "
                          "this node overloaded).", "pool", {p: w[2] for p, w in windows.items()})
@@ -215,13 +216,6 @@ def _node_gauges(st: NodeStatus) -> Iterable[Metric]:
                               "Armed runs (start ahead) this node told their worker not to start.", value=st.disarmed)
     yield from _clock_gauges(st)
     yield from _region_gauges(st)
-
-
-def _pool_gauge(name: str, doc: str, values: dict[str, int]) -> GaugeMetricFamily:
-    fam = GaugeMetricFamily(name, doc, labels=["pool"])
-    for pool, n in sorted(values.items()):
-        fam.add_metric([pool], n)
-    return fam
 
 
 def _region_gauges(st: NodeStatus) -> Iterable[Metric]:
