@@ -1,4 +1,4 @@
-"""The fault catalogue F1-F12 (../shared/research/drills.md, C2) as data: what each fault targets,
+"""The fault catalogue F1-F12 (../shared/research/drills.md, C2), and F13 (ours), as data: what each fault targets,
 its default duration range (in multiples of the lease TTL `T`, so a scenario written for T = 2 s
 means the same at T = 5 s) and the parameters it accepts.
 
@@ -78,6 +78,12 @@ CATALOGUE: dict[str, FaultKind] = {k.id: k for k in (
     FaultKind("F11", "watch compaction", "planner", ("planner",), (1.0, 3.0), {}, invariants=("I2",)),
     FaultKind("F12", "etcd membership change", "etcd", ("etcd",), (1.0, 4.0),
               {"action": ("remove-add", "replace"), "leader": ("move", "remove")}, invariants=("I7",)),
+    # Not in drills.md's catalogue (F1-F12): found by reading the liveness code (session 33). A worker reaches one
+    # planner only, whose partitions are then drained to planners the worker cannot reach, while its runs from
+    # that planner last (the sink holds them `hold_ms`): the new owners must not run them a second time.
+    # Namespaces only (a cut between two nodes); beyond the TTL so the drain completes inside the window.
+    FaultKind("F13", "worker stranded on a drained planner", "worker", ("worker",), (6.0, 10.0),
+              {"hold_ms": int}, invariants=("I1", "I2")),
 )}
 
 # F4 with both members gone (quorum lost) is an outage too; the checker asks this, not the table.

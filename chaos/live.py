@@ -258,6 +258,17 @@ class LiveCluster:
             await asyncio.sleep(0.25)
         return None, h
 
+    async def drain(self, planner: str, reason: str) -> None:
+        """As `schedctl planner drain`: the planner's drain key; it hands every partition over and stays up."""
+        assert self.kv is not None
+        value = json.dumps({"reason": reason, "requested_ms": SYSTEM_CLOCK.wall_ms(), "by": "drill"},
+                           separators=(",", ":")).encode()
+        await self.kv.put(self.ks.drain(planner), value, timeout=3.0)
+
+    async def undrain(self, planner: str) -> None:
+        assert self.kv is not None
+        await self.kv.delete(self.ks.drain(planner), timeout=3.0)
+
     async def owning_planners(self) -> set[str]:
         """The planners that own at least one partition now, by etcd, under their current session: an owner
         key of a session that died (a planner just killed and restarted) stays until its lease lapses, and

@@ -89,6 +89,11 @@ class Nemesis:
             return "no etcd member"
         if fault_type == "F12" and members >= 3 and find_binary("etcdctl") is None:
             return "needs etcdctl next to etcd (scripts/setup.sh installs it)"
+        if fault_type == "F13":
+            if self.live.network.kind != "netns":
+                return "a worker cut from some planners needs network namespaces (root; the run fell back to loopback)"
+            if len(self.live.scenario.cluster.planners()) < 2:
+                return "a stranded worker needs at least 2 planners (one to drain, one to take its partitions)"
         if fault_type not in why and getattr(self, f"_{fault_type.lower()}", None) is None:
             # Refused up front, not at its window: a plan holding a fault with no nemesis must not run and
             # come out with that fault silently missing.
@@ -265,6 +270,41 @@ class Nemesis:
             return ""
 
         return Active(w, heal, f"every effect held {sink.extra_hold_ms} ms longer (all workers, at the sink)")
+
+    async def _f13(self, w: FaultWindow) -> Active:
+        """A worker stranded on one planner: cut from every other planner (iptables in its namespace, both
+        ways), its effects held `hold_ms` longer at the sink, and once it runs an effect begun after the cut
+        (from that planner, the only one it reaches), that planner drained (its drain key, as `schedctl planner
+        drain`): every partition it owned moves to planners the worker cannot reach while the worker runs their
+        runs and will report them to the drained planner. The new owners must not give those runs up and run
+        them again (I1). The heal withdraws the drain, ends the hold and rejoins the worker."""
+        network = self.live.network
+        assert isinstance(network, NetnsNetwork)  # supported() refused the others
+        assert self.live.sink is not None
+        sink, worker = self.live.sink, w.target
+        owning = sorted(await self.live.owning_planners())
+        if not owning:
+            raise Unsupported(f"F13 ({w.name}): no planner owns a partition to strand {worker} on")
+        origin = owning[zlib.crc32(f"{w.index}".encode()) % len(owning)]
+        others = [p for p in self.live.scenario.cluster.planners() if p != origin]
+        cut = await network.cut(worker, others)
+        cut_ms = SYSTEM_CLOCK.wall_ms()
+        sink.worker_hold_ms[worker] = int(w.params.get("hold_ms", 8000))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + F7_WAIT_S
+        while sink.running(worker, cut_ms) == 0 and loop.time() < deadline:  # noqa: ASYNC110 (polls the sink)
+            await asyncio.sleep(0.02)
+        running = sink.running(worker, cut_ms)
+        await self.live.drain(origin, f"drill F13 #{w.index}")
+
+        async def heal() -> str:
+            await self.live.undrain(origin)
+            sink.worker_hold_ms.pop(worker, None)
+            await network.heal(cut)
+            return f"{origin} undrained, {worker} rejoined"
+
+        return Active(w, heal, f"{worker} reaches only {origin}, drained with {running} of its effect(s) under way",
+                      detail={"origin": origin, "running_at_drain": running})
 
     # ---- the planners' assignment streams ---------------------------------------------------------
 

@@ -416,6 +416,13 @@ class NetnsNetwork:
             raise
         return await asyncio.open_connection(sock=s)
 
+    async def cut(self, src: str, dst: Sequence[str], mode: Mode = "drop") -> Cut:
+        """Cut node `src` from nodes `dst`, both ways (F13: a worker from all planners but one)."""
+        return await self._net().acut(src, list(dst), direction="both", mode=mode)
+
+    async def heal(self, cut: Cut) -> None:
+        await self._net().aheal(cut)
+
     async def partition(self, region: str, mode: Mode = "drop") -> RegionPartition:
         """Cut `region` off from every other node and region (see `partition_region`)."""
         assert self.topology is not None

@@ -4,7 +4,7 @@ A scenario says what cluster to build, what load to put on it, which API operati
 run, which faults to inject (fixed ones and a seeded random mix), how long it lasts, what counts as
 healthy before and after, and the lag bounds the checker holds the run to. docs/drills.md documents
 every field; `loads()`/`load()` read them (the reader is chaos/scenario_toml.py), and every error names the field to fix
-(`faults.fixed[2].type: unknown fault type 'F13' ...`) so a typo never turns into a silently
+(`faults.fixed[2].type: unknown fault type 'F14' ...`) so a typo never turns into a silently
 different drill. Unknown keys are refused for the same reason.
 
 Durations are seconds (`*_s`, floats allowed) or milliseconds (`*_ms`, integers); fault durations may

@@ -139,6 +139,8 @@ class EffectSink:
         self._started: dict[tuple[str, int, str], int] = {}  # (execution id, attempt, worker) -> start t_ms
         # F8 (slow workers): every effect is held this much longer (the runner sets it for a window).
         self.extra_hold_ms = 0
+        # F13: effects of these workers (by name) held this much longer (a stranded worker's long runs).
+        self.worker_hold_ms: dict[str, int] = {}
         self._log: IO[str] | None = None
         self._runner: web.AppRunner | None = None
         self.url = ""
@@ -213,7 +215,7 @@ class EffectSink:
         self.accepted += 1
         self._write("start", eid, token, attempt, worker, accepted=True, max_revision=prev)
         if phase == "once":
-            hold_ms += self.extra_hold_ms
+            hold_ms += self.extra_hold_ms + self._worker_hold(worker)
             if hold_ms and not await self._hold(request, hold_ms):
                 # The caller went away mid-effect (its worker was killed, or it gave up): the effect was
                 # cut short, not completed. aiohttp does not cancel the handler, so we look.
@@ -221,8 +223,9 @@ class EffectSink:
                 return web.Response(status=499, text="caller went away")
             self._write("end", eid, token, attempt, worker, accepted=True)
             return self._done(fail)
-        if self.extra_hold_ms:  # a shell job's start: the job is slower by the hold (F8)
-            await self._hold(request, self.extra_hold_ms)
+        extra = self.extra_hold_ms + self._worker_hold(worker)
+        if extra:  # a shell job's start: the job is slower by the hold (F8, F13)
+            await self._hold(request, extra)
         return web.Response(text="ok")
 
     @staticmethod
@@ -232,9 +235,16 @@ class EffectSink:
             return web.Response(status=FAIL_STATUS, text="drill: permanent failure after a whole effect")
         return web.Response(text="ok")
 
-    def running(self, worker: str) -> int:
-        """Effects of `worker` started and not yet ended (the F7 nemesis waits for one to crash)."""
-        return sum(1 for (_, _, w) in self._started if w == worker or self.peer_names.get(w) == worker)
+    def _worker_hold(self, worker: str) -> int:
+        if not self.worker_hold_ms:
+            return 0
+        return self.worker_hold_ms.get(self.peer_names.get(worker, worker), 0)
+
+    def running(self, worker: str, since_ms: int = 0) -> int:
+        """Effects of `worker` started (at or after `since_ms`) and not yet ended (the F7 nemesis waits for one to
+        crash, F13 for one begun after its cut)."""
+        return sum(1 for (_, _, w), t in self._started.items()
+                   if (w == worker or self.peer_names.get(w) == worker) and t >= since_ms)
 
     @staticmethod
     async def _hold(request: web.Request, hold_ms: int) -> bool:

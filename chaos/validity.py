@@ -86,6 +86,10 @@ class ValidityChecks(Context):
                 self.invalid.append(f"{label}: no assignment was delivered twice"
                                     + ("" if "duplicated" in f.counts else " (no count recorded)")
                                     + ": duplicate delivery exercised nothing")
+            if f.type == "F13" and not int(f.detail.get("running_at_drain", 0)):
+                # No run of the stranded worker spanned the drain: the new owners had nothing to give up.
+                self.invalid.append(f"{label}: {f.target} ran nothing when its planner was drained, so no run was "
+                                    "left to a new owner it cannot reach")
             if f.type == "F12" and (why := membership_change_missing(f)):
                 self.invalid.append(f"{label}: {why}")
             row.stale_rejected = self.stale_rejects(f)

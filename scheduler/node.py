@@ -217,7 +217,7 @@ class PlannerNode:
                        planners=self.planner_infos, on_transition=self._on_transition,
                        lookup=self.lookup_pending, on_capacity=self._wake_starved,
                        on_lost_attempts=self.on_lost_attempts, on_started=self._on_started,
-                       notice_for=self._notice_unless_owned, payload_of=self.payload_of,
+                       notice_for=self._notice_unless_owned, owns=self.owns_execution, payload_of=self.payload_of,
                        rpc_timeout=self.s.rpc_timeout, **options)
         self.dispatcher = d
         d.set_region_policy(self.region_guard.current.policy)
@@ -319,6 +319,10 @@ class PlannerNode:
         planner = self.planners.get(self.store.partition(e.schedule_id))
         if planner is not None:
             planner.record_started(e)
+
+    def owns_execution(self, execution_id: str) -> bool:
+        """Whether this node plans the partition of an execution id."""
+        return self.store.partition(schedule_of(execution_id)) in self.planners
 
     def _notice_unless_owned(self, schedule_id: str, planned_ms: int) -> list[Op]:
         """A notice for the owner when this node changes a record of a partition it does not own."""
@@ -502,6 +506,10 @@ class PlannerNode:
         n = parse_notice(key, value)
         if n is None:
             return
+        if n.held_attempt and isinstance(self.dispatcher, Dispatcher):
+            # A vouch (dispatch/vouch.py), taken in whether or not we own the partition yet: the first one after a
+            # planned handover can come just before our claim, which clears the notice unread.
+            self.dispatcher.liveness.vouched((execution_id(n.schedule_id, n.from_ms), n.held_attempt), n.worker)
         planner = self.planners.get(n.partition)
         if planner is not None:
             planner.on_notice(key, n, mod_revision)

@@ -165,6 +165,10 @@ class Liveness:
         # (`expect` looks at the open streams first). Bounded: GONE_KEPT entries.
         self._gone: dict[str, float] = {}
         self.attempts_unheld = 0
+        self.orphans_vouched = 0  # renewals of an orphan's wait by another node's vouch
+        # Attempt -> when another node last vouched for it (monotonic), owned here or not yet: the first vouch
+        # after a planned handover can come before this node's claim, which clears the notice unread.
+        self._vouched_at: dict[AttemptKey, float] = {}
         self.streams_declared_dead = 0
         self.attempts_lost = 0
         self._watchdog: asyncio.Task[None] | None = None
@@ -228,10 +232,15 @@ class Liveness:
                 # then from when its last stream here ended, as if this node had dispatched it. Restarted at
                 # every claim, it held a killed region's runs 21 s when a rebalance moved their partition 10 s
                 # after the failover (the region drill), and 23-66 s over two or three handovers (a game day).
+                # Vouched for lately by the planner it came from (dispatch/vouch.py): its worker runs it and only
+                # cannot reach us, whatever became of its stream here. The whole wait, renewed by further vouches.
+                # An old end is not taken for gone at once either: the first vouch may still be on its way (the
+                # old owner sends it at the worker's first heartbeat after its release).
                 e = self._lookup(key[0])
                 worker = e.current.worker if e is not None and e.current is not None else ""
-                ended = self._gone.get(worker) if worker and worker not in here else None
-                self.orphans[key] = now + wait if ended is None else max(now, ended + wait)
+                vouched = now - self._vouched_at.get(key, float("-inf")) < self.hb_timeout
+                ended = self._gone.get(worker) if worker and worker not in here and not vouched else None
+                self.orphans[key] = now + wait if ended is None else max(now + 2 * self.hb_interval, ended + wait)
                 # A start read as recorded: its worker had received the attempt before now (before an earlier
                 # claim's read, if this node saw it then). A DISPATCHED one may still be in transit.
                 running = e is not None and e.state is ExecState.RUNNING and e.attempt == key[1]
@@ -240,6 +249,22 @@ class Liveness:
         if n:
             self.start_watchdog()
             self._probe_soon()
+
+    def vouched(self, key: AttemptKey, worker: str) -> None:
+        """Another node, which no longer owns the partition, hears `worker` list this attempt on the stream it
+        came on (dispatch/vouch.py): the worker runs it and sends its result there, it only cannot reach us. An
+        orphan waits on as if the worker had listed it here; giving it up would run it a second time."""
+        now = self.clock.monotonic()
+        self._vouched_at[key] = now
+        if len(self._vouched_at) > SEEN_KEPT:  # vouches long past: their attempts have ended or moved on
+            self._vouched_at = {k: t for k, t in self._vouched_at.items() if now - t < self.hb_timeout}
+        give_up = self.orphans.get(key)
+        if give_up is None:
+            return  # held by a stream here, not in flight any more, or not yet taken up (a claim to come)
+        self.orphans[key] = max(give_up, now + self.hb_timeout + self.hb_interval)
+        self.orphans_vouched += 1
+        log.debug("an orphan's worker runs it elsewhere: waiting on", extra={
+            "event": "orphan_vouched", "worker": worker, "execution_id": key[0], "attempt": key[1]})
 
     def orphan(self, c: Conn) -> None:
         """The stream ended (and is no longer in `conns`): what it was running may still run (a reconnect

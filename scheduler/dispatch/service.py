@@ -60,6 +60,7 @@ from scheduler.dispatch.results import NoticeFor, PayloadLookup, ResultRecorder,
 from scheduler.dispatch.scope import Scope
 from scheduler.dispatch.start_window import StartWindow
 from scheduler.dispatch.starts import StartRecorder
+from scheduler.dispatch.vouch import Vouches
 from scheduler.execution import Execution
 from scheduler.ids import FencingToken
 from scheduler.outqueue import MAX_JOINED_BYTES
@@ -104,6 +105,7 @@ class Dispatcher:
         on_lost_attempts: Callable[[list[AttemptKey]], None] = lambda keys: None,
         on_started: Callable[[Execution], None] = lambda e: None,
         notice_for: NoticeFor = lambda sid, planned_ms: (),
+        owns: Callable[[str], bool] | None = None,
         payload_of: PayloadLookup | None = None,
         rpc_timeout: float | None = None,
         heartbeat_interval: float = 1.0,
@@ -148,6 +150,10 @@ class Dispatcher:
         # Start confirmation (dispatch/starts.py): Started requests from any stream, recorded in batches.
         self._on_started, self._notice_for = on_started, notice_for
         self._starts: StartRecorder | None = None
+        # Runs of partitions this node no longer owns that their worker still lists here (dispatch/vouch.py);
+        # `owns` (whether this node owns an execution id's partition) None: never vouch (tests without a node).
+        self._owns, self._rpc_timeout = owns, rpc_timeout
+        self._vouches: Vouches | None = None
         # Hand-outs waiting for their start, bounded per pool so that each is answered before its start-by
         # (dispatch/start_window.py); `start_window` > 0 fixes the size.
         self.window = StartWindow(clock, fixed=start_window)
@@ -164,6 +170,13 @@ class Dispatcher:
                                          partitions=self.ledger.partitions, clock=self.clock, lookup=self._lookup,
                                          on_started=self._on_started, notice_for=self._notice_for)
         return self._starts
+
+    @property
+    def vouches(self) -> Vouches | None:
+        if self._vouches is None and self._owns is not None:
+            self._vouches = Vouches(kv=self.kv, ks=self.ledger.ks, partitions=self.ledger.partitions, clock=self.clock,
+                                    owns=self._owns, every=self.hb_timeout / 3, timeout=self._rpc_timeout)
+        return self._vouches
 
     @property
     def results(self) -> int:
@@ -466,6 +479,8 @@ class Dispatcher:
             elif kind == "heartbeat":
                 hb = msg.heartbeat
                 self.liveness.heartbeat(c, hb.running, hb.unacked if hb.lists_unacked else None, hb.probe_echo)
+                if (vouches := self.vouches) is not None:
+                    vouches.heard(c.worker_id, hb.running, c.running)
             elif kind == "drain":
                 self._local_credit(c)  # it had credit until now
                 c.credits = 0

@@ -12,7 +12,10 @@ every unfinished execution and then clears them; owners also re-list their notic
 leftovers cannot pile up.
 
 The value is empty, or JSON `{"c": attempt, "why": reason}` when an in-flight attempt was cancelled: a
-node that is not the owner but holds that attempt's worker stream (after a re-attach) stops it too.
+node that is not the owner but holds that attempt's worker stream (after a re-attach) stops it too. Or
+`{"h": attempt, "w": worker}`, a vouch: a node that no longer owns the partition still hears that worker
+list that attempt as running on the stream the attempt came on (dispatch/liveness.py, `Vouches`); an owner
+holding the attempt as an orphan (its worker has no stream to the owner) waits on instead of giving it up.
 """
 
 from __future__ import annotations
@@ -32,14 +35,18 @@ class Notice:
     through_ms: int
     cancel_attempt: int = 0  # > 0: this attempt was cancelled; its worker must be told to stop
     reason: str = ""
+    held_attempt: int = 0  # > 0: a vouch that `worker` still runs this attempt (heard by a node not the owner)
+    worker: str = ""
 
 
 def notice_op(ks: Keyspace, partitions: int, schedule_id: str, from_ms: int, through_ms: int | None = None, *,
-              cancel_attempt: int = 0, reason: str = "") -> PutOp:
+              cancel_attempt: int = 0, reason: str = "", held_attempt: int = 0, worker: str = "") -> PutOp:
     p = partition_for(schedule_id, partitions)
     value = b""
     if cancel_attempt:
         value = json.dumps({"c": cancel_attempt, "why": reason}, separators=(",", ":")).encode()
+    elif held_attempt:
+        value = json.dumps({"h": held_attempt, "w": worker}, separators=(",", ":")).encode()
     return put(ks.notice(p, schedule_id, from_ms, from_ms if through_ms is None else through_ms), value)
 
 
@@ -50,6 +57,7 @@ def parse_notice(key: bytes, value: bytes) -> Notice | None:
         partition = int(head.rsplit(b"/", 1)[1])
         a, _, b = span.partition(b"-")
         d = json.loads(value) if value else {}
-        return Notice(partition, sid.decode(), int(a), int(b), int(d.get("c", 0)), str(d.get("why", "")))
-    except (ValueError, IndexError, AttributeError):
+        return Notice(partition, sid.decode(), int(a), int(b), int(d.get("c", 0)), str(d.get("why", "")),
+                      int(d.get("h", 0)), str(d.get("w", "")))
+    except (ValueError, IndexError, AttributeError, TypeError):
         return None

@@ -111,7 +111,8 @@ def result_pb(attempt: Attempt, outcome: Outcome, finished_ms: int) -> wpb.Resul
     return r
 
 
-def running_pb(attempts: Iterable[Attempt]) -> list[wpb.RunningAttempt]:
+def running_pb(attempts: Iterable[Attempt], origin: str = "") -> list[wpb.RunningAttempt]:
+    """`origin`: the address of the stream this list goes to; its attempts say so (`RunningAttempt.origin`)."""
     return [
         wpb.RunningAttempt(
             execution_id=a.ctx.execution_id,
@@ -119,6 +120,7 @@ def running_pb(attempts: Iterable[Attempt]) -> list[wpb.RunningAttempt]:
             fencing_token=_token_pb(a.ctx.fencing_token),
             # An armed attempt (start confirmed, waiting for its instant): when it began to wait.
             started_at=ms_to_timestamp(a.started_ms if a.started_ms is not None else a.armed_ms or 0),
+            origin=bool(origin) and a.origin == origin,
         )
         for a in attempts
         if a.started_ms is not None or a.armed_ms is not None
@@ -135,11 +137,11 @@ def drain_message(reason: str, grace: float, returned: Iterable[Attempt]) -> wpb
 
 
 def heartbeat_message(running: Iterable[Attempt], unacked: Iterable[tuple[str, int]],
-                      now_ms: int) -> wpb.WorkerMessage:
+                      now_ms: int, *, origin: str = "") -> wpb.WorkerMessage:
     """`unacked`: the results no planner has acknowledged yet (the outbox). With `running`, every attempt the
     worker still holds: a planner may give up an attempt of this worker that is in neither."""
     return wpb.WorkerMessage(heartbeat=wpb.Heartbeat(
-        running=running_pb(running), worker_time=ms_to_timestamp(now_ms), lists_unacked=True,
+        running=running_pb(running, origin), worker_time=ms_to_timestamp(now_ms), lists_unacked=True,
         unacked=[wpb.AttemptRef(execution_id=eid, attempt=n) for eid, n in unacked]))
 
 

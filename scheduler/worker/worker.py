@@ -238,11 +238,12 @@ class Worker:
             capabilities=protocol.CAPABILITIES,
         ))
 
-    def heartbeat(self) -> wpb.WorkerMessage:
+    def heartbeat(self, address: str) -> wpb.WorkerMessage:
+        """The heartbeat for the stream to `address`: it marks the attempts that stream is the origin of."""
         # Armed attempts too: their start is recorded for this worker, and a planner gives up an attempt of
         # this worker that a heartbeat does not list (dispatch/liveness.py).
         held = [a for a in self._attempts.values() if a.state is State.RUNNING or a.armed_ms is not None]
-        return protocol.heartbeat_message(held, self.outbox.keys(), self.clock.wall_ms())
+        return protocol.heartbeat_message(held, self.outbox.keys(), self.clock.wall_ms(), origin=address)
 
     def stream_up(self, stream: PlannerStream, welcome: wpb.Welcome) -> None:
         if self.planners.is_duplicate(stream):

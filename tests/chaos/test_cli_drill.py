@@ -58,10 +58,10 @@ def test_bad_input_exits_2_naming_what_to_fix(tmp_path: Path) -> None:
     assert r.returncode == 2 and "scenario: 'no-such-drill' is neither a file nor a scenario name" in r.stderr
     bad = tmp_path / "bad.toml"
     bad.write_text('[scenario]\nname = "b"\n[[load.schedules]]\nname = "x"\nspec = "* * * * * *"\n'
-                   '[[faults.fixed]]\ntype = "F13"\nat_s = 30\n')
+                   '[[faults.fixed]]\ntype = "F14"\nat_s = 30\n')
     for cmd in (("plan", str(bad)), ("run", str(bad))):
         r = drill(*cmd)
-        assert r.returncode == 2 and "faults.fixed[0].type: unknown fault type 'F13'" in r.stderr, r.stderr
+        assert r.returncode == 2 and "faults.fixed[0].type: unknown fault type 'F14'" in r.stderr, r.stderr
     bad.write_text("[scenario\n")
     r = drill("plan", str(bad))
     assert r.returncode == 2 and "not valid TOML" in r.stderr

@@ -95,7 +95,7 @@ inject = "kubectl delete pod {target}"
 
 @pytest.mark.parametrize(("extra", "field", "words"), [
     ('[faults.commands]\nhealth = "true"\n', "faults.commands.F1", "makes no fault"),
-    ('[faults.commands.F13]\ninject = "x"\n', "faults.commands.F13", "unknown fault type"),
+    ('[faults.commands.F14]\ninject = "x"\n', "faults.commands.F14", "unknown fault type"),
     ('[faults.commands.F1]\nheal = "x"\n', "faults.commands.F1.inject", "is required"),
     ('[faults.commands.F1]\ninject = ""\n', "faults.commands.F1.inject", "is empty"),
     ('[faults.commands.F1]\ninject = "sh -c \'kill"\n', "faults.commands.F1.inject", "cannot be split"),

@@ -105,9 +105,10 @@ async def record(node: PlannerNode, kv: EtcdClient, sid: str, planned_ms: int) -
 
 @contextlib.asynccontextmanager
 async def planner(kv: EtcdClient, prefix: str, node_id: str = "n1", run: bool = True,
-                  settings: PlannerSettings = FAST) -> AsyncIterator[tuple[PlannerNode, Dispatcher, int]]:
+                  settings: PlannerSettings = FAST, coord: CoordinationSettings = COORD,
+                  ) -> AsyncIterator[tuple[PlannerNode, Dispatcher, int]]:
     """A node serving WorkerService; with run=False it claims no partitions (records results only)."""
-    node = PlannerNode(kv, Keyspace(prefix), replace(COORD, node_id=node_id), SYSTEM_CLOCK, planner=settings)
+    node = PlannerNode(kv, Keyspace(prefix), replace(coord, node_id=node_id), SYSTEM_CLOCK, planner=settings)
     d = node.make_dispatcher()
     server, port = await start_server(d, "127.0.0.1", 0)
     task = asyncio.create_task(node.run() if run else asyncio.sleep(0))

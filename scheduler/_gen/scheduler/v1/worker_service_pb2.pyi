@@ -109,16 +109,18 @@ class Probe(_message.Message):
     def __init__(self, seq: _Optional[int] = ...) -> None: ...
 
 class RunningAttempt(_message.Message):
-    __slots__ = ("execution_id", "attempt", "fencing_token", "started_at")
+    __slots__ = ("execution_id", "attempt", "fencing_token", "started_at", "origin")
     EXECUTION_ID_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     FENCING_TOKEN_FIELD_NUMBER: _ClassVar[int]
     STARTED_AT_FIELD_NUMBER: _ClassVar[int]
+    ORIGIN_FIELD_NUMBER: _ClassVar[int]
     execution_id: str
     attempt: int
     fencing_token: _execution_pb2.FencingToken
     started_at: _timestamp_pb2.Timestamp
-    def __init__(self, execution_id: _Optional[str] = ..., attempt: _Optional[int] = ..., fencing_token: _Optional[_Union[_execution_pb2.FencingToken, _Mapping]] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    origin: bool
+    def __init__(self, execution_id: _Optional[str] = ..., attempt: _Optional[int] = ..., fencing_token: _Optional[_Union[_execution_pb2.FencingToken, _Mapping]] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., origin: _Optional[bool] = ...) -> None: ...
 
 class AttemptRef(_message.Message):
     __slots__ = ("execution_id", "attempt")
