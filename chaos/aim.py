@@ -20,6 +20,7 @@ from collections.abc import Callable
 
 from chaos.live import LiveCluster
 from chaos.plan import FaultWindow
+from scheduler.clock import SYSTEM_CLOCK
 
 __all__ = ["AIM_WAIT_S", "aim"]
 
@@ -39,6 +40,8 @@ async def aim(w: FaultWindow, live: LiveCluster, say: Callable[[str], None], *,
     planner, sep, rest = w.target.partition("->")
     if w.type == "F7":
         return await _aim_worker(w, live, say, wait_s)
+    if w.type == "F13":
+        return await _aim_fed(w, live, say, wait_s)
     if w.role == "region" and live.scenario.cluster.primary is None:
         return await _aim_region(w, live, say, wait_s)
     if planner not in live.live_planners():
@@ -95,4 +98,26 @@ async def _aim_worker(w: FaultWindow, live: LiveCluster, say: Callable[[str], No
     most = max(busy.values())
     to = _pick([x for x, n in busy.items() if n == most], w.index)
     say(f"fault #{w.index} F7: {w.target} has no effect under way after {wait_s:g} s: aimed at {to} instead")
+    return dataclasses.replace(w, target=to, aimed_from=w.target)
+
+
+async def _aim_fed(w: FaultWindow, live: LiveCluster, say: Callable[[str], None], wait_s: float) -> FaultWindow:
+    """F13: a worker that planners hand work (one started an effect in the last `wait_s`), else the one that started
+    one last. Each planner fills its worker streams in the order they connected, so under a light load one worker
+    can run everything while another runs nothing: stranding that one exercises nothing."""
+    sink = live.sink
+    if sink is None or w.target not in live.workers:
+        return w
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait_s
+    since = SYSTEM_CLOCK.wall_ms() - int(wait_s * 1000)
+    while sink.recent(w.target, since) is None and loop.time() < deadline:  # noqa: ASYNC110 (polls the sink)
+        await asyncio.sleep(0.05)
+    if sink.recent(w.target, since) is not None:
+        return w
+    fed = [(t, x) for x, (t, _) in sink.latest.items() if x in live.workers and live.workers[x].running]
+    if not fed:
+        return w
+    to = max(fed)[1]
+    say(f"fault #{w.index} F13: {w.target} started no effect in {wait_s:g} s: aimed at {to} instead")
     return dataclasses.replace(w, target=to, aimed_from=w.target)

@@ -269,6 +269,15 @@ class LiveCluster:
         assert self.kv is not None
         await self.kv.delete(self.ks.drain(planner), timeout=3.0)
 
+    async def owners(self) -> dict[int, str]:
+        """Partition -> the planner its owner key names now (empty if etcd does not answer)."""
+        assert self.kv is not None
+        try:
+            r = await self.kv.range(self.ks.owners, prefix=True, timeout=2.0)
+        except EtcdError:
+            return {}
+        return {self.ks.partition_of(x.key): _owner_node(x.value) for x in r.kvs}
+
     async def owning_planners(self) -> set[str]:
         """The planners that own at least one partition now, by etcd, under their current session: an owner
         key of a session that died (a planner just killed and restarted) stays until its lease lapses, and

@@ -31,6 +31,8 @@ from chaos.live import LiveCluster
 from chaos.netns_cluster import NetnsNetwork
 from chaos.plan import FaultWindow
 from scheduler.clock import SYSTEM_CLOCK
+from scheduler.ids import schedule_of
+from scheduler.store.keyspace import partition_for
 
 __all__ = ["Active", "Nemesis", "Unsupported"]
 
@@ -60,6 +62,8 @@ async def _nothing() -> str:
 # F7 waits this long for its worker to have an effect under way: 3 s missed one in eight on the sized game
 # day (a worker of six, about 8 runs a second each, most of them 0-1 s long).
 F7_WAIT_S = 10.0
+# F13 strands its worker on the planner of a run it started this recently (the aim waits for one).
+F13_RECENT_S = 3.0
 
 
 class Nemesis:
@@ -277,15 +281,24 @@ class Nemesis:
         (from that planner, the only one it reaches), that planner drained (its drain key, as `schedctl planner
         drain`): every partition it owned moves to planners the worker cannot reach while the worker runs their
         runs and will report them to the drained planner. The new owners must not give those runs up and run
-        them again (I1). The heal withdraws the drain, ends the hold and rejoins the worker."""
+        them again (I1). The heal withdraws the drain, ends the hold and rejoins the worker.
+
+        The planner is the owner of the worker's latest run (the runner aimed the fault at a worker that runs
+        things): one that hands it work. Each planner fills its streams in the order they connected, so a
+        planner whose first stream is another worker's would send the stranded one nothing (the first runs of
+        this drill: three of four windows stranded a worker that then ran nothing)."""
         network = self.live.network
         assert isinstance(network, NetnsNetwork)  # supported() refused the others
         assert self.live.sink is not None
         sink, worker = self.live.sink, w.target
-        owning = sorted(await self.live.owning_planners())
-        if not owning:
+        owners = await self.live.owners()
+        latest = sink.recent(worker, SYSTEM_CLOCK.wall_ms() - int(F13_RECENT_S * 1000))
+        feeder = owners.get(partition_for(schedule_of(latest), self.live.scenario.cluster.partitions)) \
+            if latest else None
+        candidates = [feeder] if feeder else sorted(set(owners.values()))
+        if not candidates:
             raise Unsupported(f"F13 ({w.name}): no planner owns a partition to strand {worker} on")
-        origin = owning[zlib.crc32(f"{w.index}".encode()) % len(owning)]
+        origin = candidates[zlib.crc32(f"{w.index}".encode()) % len(candidates)]
         others = [p for p in self.live.scenario.cluster.planners() if p != origin]
         cut = await network.cut(worker, others)
         cut_ms = SYSTEM_CLOCK.wall_ms()
@@ -303,8 +316,9 @@ class Nemesis:
             await network.heal(cut)
             return f"{origin} undrained, {worker} rejoined"
 
+        # The window starts at the cut: the worker's runs on the other planners are cut off from then on.
         return Active(w, heal, f"{worker} reaches only {origin}, drained with {running} of its effect(s) under way",
-                      detail={"origin": origin, "running_at_drain": running})
+                      cut_ms, detail={"origin": origin, "running_at_drain": running})
 
     # ---- the planners' assignment streams ---------------------------------------------------------
 

@@ -141,6 +141,8 @@ class EffectSink:
         self.extra_hold_ms = 0
         # F13: effects of these workers (by name) held this much longer (a stranded worker's long runs).
         self.worker_hold_ms: dict[str, int] = {}
+        # Worker name -> (start ms, execution id) of its latest effect: whom a planner hands work (F13).
+        self.latest: dict[str, tuple[int, str]] = {}
         self._log: IO[str] | None = None
         self._runner: web.AppRunner | None = None
         self.url = ""
@@ -240,6 +242,11 @@ class EffectSink:
             return 0
         return self.worker_hold_ms.get(self.peer_names.get(worker, worker), 0)
 
+    def recent(self, worker: str, since_ms: int) -> str | None:
+        """The execution id of `worker`'s latest effect if it started at or after `since_ms`, else None."""
+        t, eid = self.latest.get(worker, (0, ""))
+        return eid if eid and t >= since_ms else None
+
     def running(self, worker: str, since_ms: int = 0) -> int:
         """Effects of `worker` started (at or after `since_ms`) and not yet ended (the F7 nemesis waits for one to
         crash, F13 for one begun after its cut)."""
@@ -283,6 +290,7 @@ class EffectSink:
         if phase == "start":
             if accepted:
                 self._started[key] = now
+                self.latest[self.peer_names.get(worker, worker)] = (now, str(eid))
             started = 0
         else:
             started = self._started.pop(key, 0)

@@ -8,6 +8,7 @@ from typing import Any, cast
 from chaos.aim import aim
 from chaos.live import LiveCluster
 from chaos.plan import FaultWindow
+from scheduler.clock import SYSTEM_CLOCK
 
 
 @dataclass
@@ -18,9 +19,14 @@ class Proc:
 @dataclass
 class Sink:
     under_way: dict[str, int] = field(default_factory=dict)
+    latest: dict[str, tuple[int, str]] = field(default_factory=dict)
 
     def running(self, worker: str) -> int:
         return self.under_way.get(worker, 0)
+
+    def recent(self, worker: str, since_ms: int) -> str | None:
+        t, eid = self.latest.get(worker, (0, ""))
+        return eid if eid and t >= since_ms else None
 
 
 @dataclass
@@ -120,3 +126,15 @@ async def test_a_worker_crash_moves_to_a_worker_with_a_run_under_way() -> None:
     idle = Live(set(), {}, Sink(), {"w1": Proc(), "w2": Proc()})
     w, _ = await _aim(window("F7", "w1", role="worker"), idle)
     assert w.target == "w1"  # nobody busy: the nemesis keeps waiting on its own target
+
+
+async def test_a_stranded_worker_is_one_that_planners_hand_work() -> None:
+    """F13 under a light load: each planner fills the stream that connected first, so one worker may run
+    everything; stranding the idle one exercised nothing (three of four windows of the first drill)."""
+    now = SYSTEM_CLOCK.wall_ms()
+    live = Live(set(), {}, Sink(latest={"w1": (now - 60_000, "a@x"), "w2": (now, "b@x")}),
+                {"w1": Proc(), "w2": Proc()})
+    w, said = await _aim(window("F13", "w1", role="worker"), live)
+    assert (w.target, w.aimed_from) == ("w2", "w1") and "started no effect" in said[0]
+    w, _ = await _aim(window("F13", "w2", role="worker"), live)
+    assert w.target == "w2" and not w.aimed_from
