@@ -479,6 +479,8 @@ class Dispatcher:
             elif kind == "heartbeat":
                 hb = msg.heartbeat
                 self.liveness.heartbeat(c, hb.running, hb.unacked if hb.lists_unacked else None, hb.probe_echo)
+                # Answered, so that the worker hears from us once a heartbeat interval (Welcome.acks_heartbeats).
+                c.out.put_nowait(wpb.PlannerMessage(heartbeat_ack=wpb.HeartbeatAck(seq=hb.seq)))
                 if (vouches := self.vouches) is not None:
                     vouches.heard(c.worker_id, hb.running, c.running)
             elif kind == "drain":
@@ -535,7 +537,7 @@ class Dispatcher:
         yield wpb.PlannerMessage(welcome=wpb.Welcome(
             planner_id=self.node_id, region=self.region, server_time=ms_to_timestamp(self.clock.wall_ms()),
             planners=self._planners(), heartbeat_interval=ms_to_duration(int(self.hb_interval * 1000)),
-            heartbeat_timeout=ms_to_duration(int(self.hb_timeout * 1000))))
+            heartbeat_timeout=ms_to_duration(int(self.hb_timeout * 1000)), acks_heartbeats=True))
         if h.running:
             c.out.put_nowait(await self.liveness.reattach(c, list(h.running)))
             self.liveness.heard(c)  # its reads took our time, not the worker's silence

@@ -17,6 +17,7 @@ import grpc
 from scheduler._gen.scheduler.v1 import worker_service_pb2 as wpb
 from scheduler._gen.scheduler.v1 import worker_service_pb2_grpc as wgrpc
 from scheduler.auth.bearer import bearer_interceptors, read_token_file
+from scheduler.clock import Clock
 from scheduler.tasks import cancel_and_wait
 from scheduler.tls import Dialer, client_tls
 from scheduler.worker import protocol
@@ -29,6 +30,8 @@ EOF_: Any = grpc.aio.EOF  # type: ignore[attr-defined]  # grpc-stubs does not de
 
 
 class StreamOwner(Protocol):
+    clock: Clock  # the streams' silence and heartbeat times are on its monotonic clock
+
     def hello(self) -> wpb.WorkerMessage: ...
     def heartbeat(self, address: str) -> wpb.WorkerMessage: ...
     def stream_up(self, stream: PlannerStream, welcome: wpb.Welcome) -> None: ...
@@ -73,6 +76,18 @@ class PlannerStream:
         self.heartbeat_timeout = settings.heartbeat_interval * 10
         self.sessions = 0  # Welcomes received, for tests and logs
         self.probe_seen = 0  # the latest Probe of this session, echoed by its heartbeats
+        # Silence (Welcome.acks_heartbeats): the planner answers every heartbeat, so a session that has heard
+        # nothing for heartbeat_timeout is ended, as the planner ends a silent worker's. Without it only gRPC's
+        # keepalive (keepalive_time, twice) found a cut link: 10-20 s, while the planner gave the stream's runs
+        # up after two heartbeat timeouts and ran them again elsewhere (the F13 drill: 13 duplicate effects).
+        self.acks = False
+        self.last_heard = 0.0  # monotonic time of the latest message on the current session
+        self._hb_seq = 0
+        self._hb_sent: dict[int, float] = {}  # seq -> monotonic send time, the latest few
+        # Send time of the latest heartbeat this planner acknowledged (kept past the session's end): it had
+        # heard from us by then, so it cannot give up our attempts before two heartbeat timeouts after it.
+        self.acked_sent: float | None = None
+        self.silent_ends = 0
         self._owner = owner
         self._settings = settings
         self._dial = dialer(settings)
@@ -87,6 +102,7 @@ class PlannerStream:
         self._stopping = False
         self._again_now = False  # re-open without backoff (credit reclaim)
         self._cut: asyncio.TimerHandle | None = None  # ends a half-closed session the planner keeps open
+        self._silent = False  # the current session was ended for silence
 
     @property
     def connected(self) -> bool:
@@ -160,9 +176,11 @@ class PlannerStream:
                 task = asyncio.current_task()
                 if task is None or task.cancelling():
                     raise
-                # Not this task being cancelled: the half-closed call was cut (grpc.aio reports a
-                # locally cancelled call as CancelledError). Carry on as after a broken stream.
-                log.info("planner did not end a half-closed stream; cut it", extra={"planner": self.address})
+                # Not this task being cancelled: the half-closed call was cut, or a silent one (grpc.aio
+                # reports a locally cancelled call as CancelledError). Carry on as after a broken stream.
+                if not self._silent:
+                    log.info("planner did not end a half-closed stream; cut it", extra={"planner": self.address})
+                self._silent = False
             except grpc.aio.AioRpcError as e:
                 log.info("planner stream broke", extra={"planner": self.address, "code": e.code().name,
                                                         "details": e.details()})
@@ -190,11 +208,15 @@ class PlannerStream:
             self._queue = queue
             welcomed = True
             self._owner.stream_up(self, first.welcome)
-            heartbeats = asyncio.create_task(self._heartbeats(queue))
+            heartbeats = asyncio.create_task(self._heartbeats(queue, call))
             while True:
                 msg = await call.read()
                 if msg is EOF_:
                     return
+                self.last_heard = self._owner.clock.monotonic()
+                if msg.WhichOneof("body") == "heartbeat_ack":
+                    self._acked(msg.heartbeat_ack.seq)
+                    continue
                 self._owner.on_message(self, msg)
         finally:
             if self._cut is not None:
@@ -217,22 +239,45 @@ class PlannerStream:
             self.heartbeat_timeout = w.heartbeat_timeout.ToMilliseconds() / 1000
         self.sessions += 1
         self.probe_seen = 0  # a new session's planner numbers its probes afresh
+        self.acks = w.acks_heartbeats
+        self.last_heard = self._owner.clock.monotonic()
+        self._hb_seq = 0
+        self._hb_sent.clear()
         self._backoff.reset()
         log.info("planner stream open", extra={"planner": self.address, "planner_id": self.planner_id,
                                                "region": self.region})
 
-    async def _heartbeats(self, queue: asyncio.Queue[wpb.WorkerMessage | None]) -> None:
+    async def _heartbeats(self, queue: asyncio.Queue[wpb.WorkerMessage | None], call: Any) -> None:
         while self._queue is queue:
             await asyncio.sleep(self.heartbeat_interval)
-            if self._queue is queue:
-                self.heartbeat_now()
+            if self._queue is not queue:
+                return
+            silent = self._owner.clock.monotonic() - self.last_heard
+            if self.acks and silent > self.heartbeat_timeout:
+                self.silent_ends += 1
+                log.warning("planner silent past the heartbeat timeout; ending the stream", extra={
+                    "planner": self.address, "event": "planner_silent", "silent_s": round(silent, 3)})
+                self._silent = True
+                call.cancel()  # the session ends as a broken one; the stream re-dials
+                return
+            self.heartbeat_now()
 
     def heartbeat_now(self) -> None:
         """A heartbeat on this session now (besides the periodic ones), echoing the latest probe."""
         if self._queue is not None:
             hb = self._owner.heartbeat(self.address)
             hb.heartbeat.probe_echo = self.probe_seen
+            self._hb_seq += 1
+            hb.heartbeat.seq = self._hb_seq
+            self._hb_sent[self._hb_seq] = self._owner.clock.monotonic()
+            if len(self._hb_sent) > 16:
+                del self._hb_sent[min(self._hb_sent)]
             self._queue.put_nowait(hb)
+
+    def _acked(self, seq: int) -> None:
+        sent = self._hb_sent.get(seq)
+        if sent is not None and (self.acked_sent is None or sent > self.acked_sent):
+            self.acked_sent = sent
 
     @staticmethod
     async def _requests(queue: asyncio.Queue[wpb.WorkerMessage | None]) -> AsyncIterator[wpb.WorkerMessage]:

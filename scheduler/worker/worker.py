@@ -64,6 +64,25 @@ def _wake_up(fut: asyncio.Future[None]) -> None:
         fut.set_result(None)
 
 
+
+def orphan_stop(orphaned_at: float, timeout: float, acked_sent: float | None, grace: float,
+                margin: float) -> tuple[float, float]:
+    """When to stop an attempt whose origin stream went down at `orphaned_at` (monotonic), and the grace its
+    handler gets before its task is cancelled. A planner that acknowledges heartbeats had heard from this worker
+    when the heartbeat sent at `acked_sent` reached it, so it declares the stream dead no sooner than a heartbeat
+    timeout after that and gives its attempts up a heartbeat timeout later (`give_up`, less `margin`): the
+    handler is cancelled by then. The stop waits for a re-attach as before (`timeout` after the stream went
+    down) while that leaves the handler part of its grace (up to half the timeout) before `give_up`; the grace
+    is cut to what is left. Asked `timeout` after the stream went down and given the whole cancel grace, it ran
+    on past `give_up`: a cut link is seen here late (gRPC's keepalive) or, seen by silence, at about the moment
+    the planner sees it, and a retry elsewhere overlapped it (the F13 drill). Without acknowledgements (an older
+    planner, `acked_sent` None): `timeout` after the stream went down, with the whole grace."""
+    if acked_sent is None:
+        return orphaned_at + timeout, grace
+    give_up = acked_sent + 2 * timeout - margin
+    at = max(orphaned_at, min(orphaned_at + timeout, give_up - min(grace, timeout / 2)))
+    return at, max(0.0, min(grace, give_up - at))
+
 class Worker:
     def __init__(
         self,
@@ -451,23 +470,26 @@ class Worker:
         self._flush_soon()
 
     def stop_orphans(self, now: float) -> None:
-        """The worker's half of the heartbeat lease: an attempt whose origin planner stream has been down
-        for longer than that planner's heartbeat timeout, and that no planner re-attached, is stopped (with
-        the cancel grace) and reported TIMEOUT. The planner, if alive, times it out after the same timeout,
-        so both sides give it up together instead of the worker running on while a retry runs elsewhere."""
+        """The worker's half of the heartbeat lease: an attempt whose origin planner stream is down, and that
+        no planner re-attached, is stopped and reported TIMEOUT, its handler cancelled before the planner,
+        if alive, can give it up and run it elsewhere (`orphan_stop`)."""
         for a in self._attempts.values():
             if a.stop is not None:
                 continue
             stream = self.streams.get(a.origin)
             if stream is not None and stream.connected:
                 a.orphaned_at = None
-            elif a.orphaned_at is None:
+                continue
+            if a.orphaned_at is None:
                 a.orphaned_at = now
-            elif now - a.orphaned_at > (stream.heartbeat_timeout if stream is not None
-                                        else self.settings.heartbeat_interval * 10):
-                log.warning("planner stream gone past the heartbeat timeout and not re-attached; stopping",
-                            extra={**a.ctx.log_fields(), "planner": a.origin, "event": "orphaned"})
-                a.request_stop(Stop.ORPHANED, self.settings.cancel_grace, "origin planner unreachable")
+            timeout = stream.heartbeat_timeout if stream is not None else self.settings.heartbeat_interval * 10
+            at, grace = orphan_stop(a.orphaned_at, timeout, stream.acked_sent if stream is not None else None,
+                                    self.settings.cancel_grace, stream.heartbeat_interval if stream else 1.0)
+            if now >= at:
+                log.warning("planner stream gone and the attempt not re-attached; stopping it before the planner "
+                            "gives it up", extra={**a.ctx.log_fields(), "planner": a.origin, "event": "orphaned",
+                                                  "grace_s": round(grace, 3)})
+                a.request_stop(Stop.ORPHANED, grace, "origin planner unreachable")
 
     def _repeat(self, key: AttemptKey) -> bool:
         """This attempt is running here or finished here lately: a second delivery of the same assignment."""

@@ -180,6 +180,7 @@ ONEOFS: dict[str, dict[str, tuple[int, str]]] = {
         "start_ack": (6, "StartAck"),
         "probe": (7, "Probe"),
         "disarm": (8, "Disarm"),
+        "heartbeat_ack": (9, "HeartbeatAck"),
     },
 }
 

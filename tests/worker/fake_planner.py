@@ -132,6 +132,10 @@ class FakePlanner(wgrpc.WorkerServiceServicer):  # type: ignore[misc]  # generat
         self.start_answer: Callable[[wpb.StartRequest, Conn], wpb.StartDisposition | None] = \
             lambda r, c: wpb.START_DISPOSITION_STARTED
         self.ignore_half_close = False  # misbehave: keep the stream open after the worker's half-close
+        # Answer heartbeats (Welcome.acks_heartbeats), as the real dispatcher does; `mute` stops every answer
+        # and message while the connection stays up (a link cut that TCP does not see, a frozen planner).
+        self.acks = False
+        self.mute = False
         self.address = ""
         self.port = port  # 0: any free port
         self._server: grpc.aio.Server | None = None
@@ -192,10 +196,12 @@ class FakePlanner(wgrpc.WorkerServiceServicer):  # type: ignore[misc]  # generat
         self.conns.append(conn)
         reader = asyncio.create_task(self._read(conn, request_iterator))
         try:
+            while self.mute:  # a muted planner answers nothing, a Hello neither
+                await asyncio.sleep(0.01)
             yield wpb.PlannerMessage(welcome=wpb.Welcome(
                 planner_id=self.planner_id, region=self.region, server_time=ts(0),
                 planners=[self.info, *self.others], heartbeat_interval=duration(self.heartbeat_interval),
-                heartbeat_timeout=duration(self.heartbeat_interval * 5)))
+                heartbeat_timeout=duration(self.heartbeat_interval * 5), acks_heartbeats=self.acks))
             if first.hello.running:
                 answer = self.reattach(list(first.hello.running))
                 if answer is not None:
@@ -203,7 +209,8 @@ class FakePlanner(wgrpc.WorkerServiceServicer):  # type: ignore[misc]  # generat
             while (msg := await conn._out.get()) is not None:
                 if msg is _ABORT:
                     await context.abort(grpc.StatusCode.UNAVAILABLE, "planner stream broken by the test")
-                yield msg
+                if not self.mute:
+                    yield msg
         finally:
             conn.closed = True
             reader.cancel()
@@ -215,7 +222,9 @@ class FakePlanner(wgrpc.WorkerServiceServicer):  # type: ignore[misc]  # generat
             async for msg in request_iterator:
                 conn.messages.append(msg)
                 kind = msg.WhichOneof("body")
-                if kind == "credits":
+                if kind == "heartbeat" and self.acks:
+                    conn.send(wpb.PlannerMessage(heartbeat_ack=wpb.HeartbeatAck(seq=msg.heartbeat.seq)))
+                elif kind == "credits":
                     conn.credits += msg.credits.credits
                     conn.granted += msg.credits.credits
                 elif kind == "results":

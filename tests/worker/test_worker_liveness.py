@@ -13,6 +13,7 @@ from scheduler._gen.scheduler.v1 import execution_pb2 as epb
 from scheduler._gen.scheduler.v1 import worker_service_pb2 as wpb
 from scheduler.worker import ExecutionContext
 from scheduler.worker.attempt import ORPHANED_MESSAGE
+from scheduler.worker.worker import orphan_stop
 from tests.worker.conftest import WorkerFactory
 from tests.worker.fake_planner import FakePlanner, assignment
 
@@ -101,3 +102,56 @@ async def test_origin_stream_back_within_the_timeout_keeps_the_attempt(
     release.set()
     await planner.wait_for(lambda: second.results, what="result on the new stream")
     assert second.results[0].outcome == epb.ATTEMPT_OUTCOME_SUCCEEDED
+
+
+async def test_a_planner_gone_silent_is_left_and_the_attempt_stopped_before_it_could_give_it_up(
+    planners: Callable[..., Any], make_worker: WorkerFactory
+) -> None:
+    """The link to the origin planner is cut without TCP noticing (the F13 drill: 10 s until gRPC's keepalive
+    did): a planner that acknowledges heartbeats falls silent, the worker ends that stream after the heartbeat
+    timeout, as the planner ends a silent worker's, and has the handler stopped before the planner could give the
+    attempt up: two heartbeat timeouts after the last heartbeat it acknowledged. Timeout 5 x 0.05 s."""
+    stopped: list[float] = []
+    loop = asyncio.get_running_loop()
+
+    async def handler(ctx: ExecutionContext, payload: bytes) -> None:
+        try:
+            await asyncio.sleep(3600)  # ignores the stop: only the cancel of its task ends it
+        finally:
+            stopped.append(loop.time())
+
+    a: FakePlanner = await planners(planner_id="p-a")
+    b: FakePlanner = await planners(planner_id="p-b")
+    a.acks = True
+    w = make_worker([a.address, b.address], cancel_grace=5.0, keepalive_time=30.0)
+    w.task("t")(handler)
+    await w.start()
+    conn = await a.conn()
+    await a.wait_for(lambda: conn.credits >= 1, what="credits")
+    x = assignment(1, timeout=120.0)
+    conn.assign(x)
+    await a.wait_for(lambda: len(w.running) == 1, what="attempt running")
+    await a.wait_for(lambda: conn.of_kind("heartbeat") and w.streams[a.address].acked_sent, what="an ack")
+    a.mute = True  # the connection stays up; nothing more comes from p-a
+    muted = loop.time()
+    await b.wait_for(lambda: b.results, timeout=5.0, what="the stopped attempt's result on the other stream")
+    stream = w.streams[a.address]
+    assert stream.silent_ends >= 1, "the silent stream was ended, not left to gRPC's keepalive (30 s here)"
+    # The last acknowledged heartbeat was sent before the cut: the planner gives up 0.5 s after it at the
+    # earliest; the handler, which ignores the stop, was cancelled before (its 5 s grace cut short).
+    assert stopped and stopped[0] - muted < 2 * 0.25, f"ended {stopped[0] - muted:.2f}s after the cut"
+    r = b.results[0]
+    assert r.error_class == epb.ERROR_CLASS_TIMEOUT and r.message == ORPHANED_MESSAGE, r
+
+
+def test_the_stop_of_an_orphan_leaves_its_grace_before_the_planner_can_give_it_up() -> None:
+    # Without acknowledgements: the heartbeat timeout after the stream went down, the whole grace (as before).
+    assert orphan_stop(100.0, 10.0, None, 5.0, 1.0) == (110.0, 5.0)
+    # Defaults (timeout 10 s, grace 5 s), the stream seen silent 10 s after the last acknowledged heartbeat:
+    # the planner gives up no sooner than 20 s after it; stopped at 14 s with the whole grace, by 19 s.
+    assert orphan_stop(110.0, 10.0, 100.0, 5.0, 1.0) == (114.0, 5.0)
+    # A stream that broke at once (a planner restart): the whole timeout to be re-attached, as before.
+    assert orphan_stop(100.5, 10.0, 100.0, 5.0, 1.0) == (110.5, 5.0)
+    # The drills' timing (3 s, grace 5 s): a grace longer than the timeout is cut to what is left.
+    at, grace = orphan_stop(103.0, 3.0, 100.0, 5.0, 1.0)
+    assert (at, grace) == (103.5, 1.5) and at + grace <= 100.0 + 2 * 3.0 - 1.0

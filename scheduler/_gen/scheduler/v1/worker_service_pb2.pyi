@@ -77,7 +77,7 @@ class WorkerMessage(_message.Message):
     def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., credits: _Optional[_Union[Credits, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., results: _Optional[_Union[Results, _Mapping]] = ..., drain: _Optional[_Union[Drain, _Mapping]] = ..., started: _Optional[_Union[Started, _Mapping]] = ...) -> None: ...
 
 class PlannerMessage(_message.Message):
-    __slots__ = ("welcome", "assignments", "cancel", "result_ack", "reattached", "start_ack", "probe", "disarm")
+    __slots__ = ("welcome", "assignments", "cancel", "result_ack", "reattached", "start_ack", "probe", "disarm", "heartbeat_ack")
     WELCOME_FIELD_NUMBER: _ClassVar[int]
     ASSIGNMENTS_FIELD_NUMBER: _ClassVar[int]
     CANCEL_FIELD_NUMBER: _ClassVar[int]
@@ -86,6 +86,7 @@ class PlannerMessage(_message.Message):
     START_ACK_FIELD_NUMBER: _ClassVar[int]
     PROBE_FIELD_NUMBER: _ClassVar[int]
     DISARM_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_ACK_FIELD_NUMBER: _ClassVar[int]
     welcome: Welcome
     assignments: Assignments
     cancel: Cancel
@@ -94,7 +95,14 @@ class PlannerMessage(_message.Message):
     start_ack: StartAck
     probe: Probe
     disarm: Disarm
-    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., assignments: _Optional[_Union[Assignments, _Mapping]] = ..., cancel: _Optional[_Union[Cancel, _Mapping]] = ..., result_ack: _Optional[_Union[ResultAck, _Mapping]] = ..., reattached: _Optional[_Union[Reattached, _Mapping]] = ..., start_ack: _Optional[_Union[StartAck, _Mapping]] = ..., probe: _Optional[_Union[Probe, _Mapping]] = ..., disarm: _Optional[_Union[Disarm, _Mapping]] = ...) -> None: ...
+    heartbeat_ack: HeartbeatAck
+    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., assignments: _Optional[_Union[Assignments, _Mapping]] = ..., cancel: _Optional[_Union[Cancel, _Mapping]] = ..., result_ack: _Optional[_Union[ResultAck, _Mapping]] = ..., reattached: _Optional[_Union[Reattached, _Mapping]] = ..., start_ack: _Optional[_Union[StartAck, _Mapping]] = ..., probe: _Optional[_Union[Probe, _Mapping]] = ..., disarm: _Optional[_Union[Disarm, _Mapping]] = ..., heartbeat_ack: _Optional[_Union[HeartbeatAck, _Mapping]] = ...) -> None: ...
+
+class HeartbeatAck(_message.Message):
+    __slots__ = ("seq",)
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    def __init__(self, seq: _Optional[int] = ...) -> None: ...
 
 class Disarm(_message.Message):
     __slots__ = ("attempts",)
@@ -151,20 +159,22 @@ class Hello(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., pool: _Optional[str] = ..., region: _Optional[str] = ..., capacity: _Optional[int] = ..., task_types: _Optional[_Iterable[str]] = ..., sdk_version: _Optional[str] = ..., running: _Optional[_Iterable[_Union[RunningAttempt, _Mapping]]] = ..., capabilities: _Optional[_Iterable[_Union[WorkerCapability, str]]] = ...) -> None: ...
 
 class Welcome(_message.Message):
-    __slots__ = ("planner_id", "region", "server_time", "planners", "heartbeat_interval", "heartbeat_timeout")
+    __slots__ = ("planner_id", "region", "server_time", "planners", "heartbeat_interval", "heartbeat_timeout", "acks_heartbeats")
     PLANNER_ID_FIELD_NUMBER: _ClassVar[int]
     REGION_FIELD_NUMBER: _ClassVar[int]
     SERVER_TIME_FIELD_NUMBER: _ClassVar[int]
     PLANNERS_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
+    ACKS_HEARTBEATS_FIELD_NUMBER: _ClassVar[int]
     planner_id: str
     region: str
     server_time: _timestamp_pb2.Timestamp
     planners: _containers.RepeatedCompositeFieldContainer[_cluster_pb2.PlannerInfo]
     heartbeat_interval: _duration_pb2.Duration
     heartbeat_timeout: _duration_pb2.Duration
-    def __init__(self, planner_id: _Optional[str] = ..., region: _Optional[str] = ..., server_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., planners: _Optional[_Iterable[_Union[_cluster_pb2.PlannerInfo, _Mapping]]] = ..., heartbeat_interval: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., heartbeat_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+    acks_heartbeats: bool
+    def __init__(self, planner_id: _Optional[str] = ..., region: _Optional[str] = ..., server_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., planners: _Optional[_Iterable[_Union[_cluster_pb2.PlannerInfo, _Mapping]]] = ..., heartbeat_interval: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., heartbeat_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., acks_heartbeats: _Optional[bool] = ...) -> None: ...
 
 class Credits(_message.Message):
     __slots__ = ("credits",)
@@ -173,18 +183,20 @@ class Credits(_message.Message):
     def __init__(self, credits: _Optional[int] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
-    __slots__ = ("running", "worker_time", "unacked", "lists_unacked", "probe_echo")
+    __slots__ = ("running", "worker_time", "unacked", "lists_unacked", "probe_echo", "seq")
     RUNNING_FIELD_NUMBER: _ClassVar[int]
     WORKER_TIME_FIELD_NUMBER: _ClassVar[int]
     UNACKED_FIELD_NUMBER: _ClassVar[int]
     LISTS_UNACKED_FIELD_NUMBER: _ClassVar[int]
     PROBE_ECHO_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
     running: _containers.RepeatedCompositeFieldContainer[RunningAttempt]
     worker_time: _timestamp_pb2.Timestamp
     unacked: _containers.RepeatedCompositeFieldContainer[AttemptRef]
     lists_unacked: bool
     probe_echo: int
-    def __init__(self, running: _Optional[_Iterable[_Union[RunningAttempt, _Mapping]]] = ..., worker_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., unacked: _Optional[_Iterable[_Union[AttemptRef, _Mapping]]] = ..., lists_unacked: _Optional[bool] = ..., probe_echo: _Optional[int] = ...) -> None: ...
+    seq: int
+    def __init__(self, running: _Optional[_Iterable[_Union[RunningAttempt, _Mapping]]] = ..., worker_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., unacked: _Optional[_Iterable[_Union[AttemptRef, _Mapping]]] = ..., lists_unacked: _Optional[bool] = ..., probe_echo: _Optional[int] = ..., seq: _Optional[int] = ...) -> None: ...
 
 class Result(_message.Message):
     __slots__ = ("execution_id", "attempt", "fencing_token", "outcome", "error_class", "message", "started_at", "finished_at", "retry_after", "not_started", "stdout_tail", "stderr_tail", "exit_code")
