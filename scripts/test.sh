@@ -53,6 +53,7 @@ step "benchmark smoke (ratios only; the full runs are documented in bench/README
 "$PY" bench/bench_create.py --quick || fail=1  # API create, single against batch (etcd + a service process)
 "$PY" bench/bench_scale.py --quick || fail=1  # 20,000 schedules on 2 planners (about 30 s)
 "$PY" bench/bench_e2e.py --quick || fail=1  # etcd, a planner and a no-op worker as processes (about 17 s)
+"$PY" bench/bench_member_pause.py --quick || fail=1  # an etcd follower paused, with and without ejection (12 s)
 "$PY" bench/bench_e2e.py --quick --materialize-only --rates 2000 || fail=1  # P1's mode: nothing due (about 25 s)
 "$PY" bench/bench_burst.py --quick || fail=1  # 200 then 2,000 schedules due at one instant on 2 planners (about 25 s)
 
