@@ -309,3 +309,18 @@ async def test_a_running_attempt_a_worker_still_lists_is_kept_by_the_next_owner(
             assert e.state is ExecState.RUNNING and e.attempt == 1, e
         finally:
             await w1.close()
+
+
+async def test_every_heartbeat_is_answered_so_the_worker_can_tell_a_silent_planner(
+        kv: EtcdClient, key_prefix: str) -> None:
+    async with planner(kv, key_prefix.rstrip("/"), run=False) as (_node, _d, port):
+        w = Client(port, "w1")
+        try:
+            welcome = await w.next("welcome")
+            assert welcome.acks_heartbeats
+            w.beats.cancel()  # heartbeats sent by hand from here
+            for seq in (1, 2, 3):
+                w.send(heartbeat=wpb.Heartbeat(seq=seq))
+                assert (await w.next("heartbeat_ack")).seq == seq
+        finally:
+            await w.close()
