@@ -132,7 +132,8 @@ async def test_a_stranded_worker_is_one_that_planners_hand_work() -> None:
     """F13 under a light load: each planner fills the stream that connected first, so one worker may run
     everything; stranding the idle one exercised nothing (three of four windows of the first drill)."""
     now = SYSTEM_CLOCK.wall_ms()
-    live = Live(set(), {}, Sink(latest={"w1": (now - 60_000, "a@x"), "w2": (now, "b@x")}),
+    # w2's latest effect stamped a minute ahead: recent whenever the aim looks (it waits 0.05 s per call here).
+    live = Live(set(), {}, Sink(latest={"w1": (now - 60_000, "a@x"), "w2": (now + 60_000, "b@x")}),
                 {"w1": Proc(), "w2": Proc()})
     w, said = await _aim(window("F13", "w1", role="worker"), live)
     assert (w.target, w.aimed_from) == ("w2", "w1") and "started no effect" in said[0]
