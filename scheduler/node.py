@@ -322,11 +322,14 @@ class PlannerNode:
 
     def owns_execution(self, execution_id: str) -> bool:
         """Whether this node plans the partition of an execution id."""
-        return self.store.partition(schedule_of(execution_id)) in self.planners
+        return self._owns_schedule(schedule_of(execution_id))
+
+    def _owns_schedule(self, schedule_id: str) -> bool:
+        return self.store.partition(schedule_id) in self.planners
 
     def _notice_unless_owned(self, schedule_id: str, planned_ms: int) -> list[Op]:
         """A notice for the owner when this node changes a record of a partition it does not own."""
-        if self.store.partition(schedule_id) in self.planners:
+        if self._owns_schedule(schedule_id):
             return []
         return [notice_op(self.ks, self.s.partitions, schedule_id, planned_ms)]
 
