@@ -73,6 +73,10 @@ class EtcdConfig:
     max_receive_bytes: int = 256 * 1024 * 1024
     # Leave members that fail calls out of the rotation for a while (`service_config`); off only to measure it.
     eject_failing: bool = True
+    # A watch stream silent this long, half of it after a progress request etcd answers at once when healthy,
+    # is re-opened from its next revision (watch.py): a SIGSTOPped member keeps its TCP connection up and
+    # would otherwise hold the stream until the keepalive gives up (keepalive_time + keepalive_timeout). 0: off.
+    watch_stall_timeout: float = 2.0
 
     def __post_init__(self) -> None:
         if isinstance(self.endpoints, str) or not self.endpoints:
@@ -86,6 +90,8 @@ class EtcdConfig:
             raise ValueError("timeouts must be > 0")
         if self.read_retries < 0:
             raise ValueError("read_retries must be >= 0")
+        if self.watch_stall_timeout < 0:
+            raise ValueError("watch_stall_timeout must be >= 0")
         if self.tls_reload_interval < 0:
             raise ValueError("tls_reload_interval must be >= 0")
         grpc_target(self.endpoints)  # validates the endpoint list early

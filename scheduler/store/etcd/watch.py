@@ -6,6 +6,14 @@ re-creates the watch from exactly that revision after a backoff. etcd delivers a
 revision in one response (fragmentation is off), so resuming at a revision boundary neither drops
 nor repeats events. If that revision has been compacted meanwhile, `Compacted` is raised: the caller
 must re-list and watch again from the list's revision.
+
+A stream can also go silent without breaking: a SIGSTOPped (or wedged) member keeps its TCP connection
+up, and gRPC notices only when a keepalive ping goes unanswered (10 + 5 s by default), while every
+change meanwhile waits. So a read that has waited half of `watch_stall_timeout` sends a progress request,
+which a healthy member answers at once (or, while the watch is catching up, its events keep coming);
+one left unanswered until the whole timeout has passed drops the stream, and it is re-created from the
+next revision like a broken one (on whichever member the channel picks: the outlier ejection of
+connection.py keeps a member that fails calls out of it).
 """
 
 from __future__ import annotations
@@ -58,6 +66,12 @@ class Watcher:
         self._closed = False
         self._pause = _BACKOFF[0]
         self.reconnects = 0
+        self.stalls = 0  # streams dropped for silence (a subset of reconnects)
+        self._stall_timeout = conn.config.watch_stall_timeout
+        self._guard: asyncio.Task[None] | None = None
+        self._waiting_since: float | None = None  # loop time the pending read began (None: no read pending)
+        self._asked_at = 0.0  # loop time of the guard's latest progress request on this stream
+        self._stalled: Any = None  # the call the guard dropped, whose read then ends in CancelledError
 
     @property
     def revision(self) -> int:
@@ -73,17 +87,25 @@ class Watcher:
                 await self._open()
                 continue
             token = self._conn.token
+            call = self._call
+            self._waiting_since = asyncio.get_running_loop().time()
             try:
-                response = await self._call.read()
+                response = await call.read()
             except asyncio.CancelledError:
                 if self._closed_locally():
                     break
+                if self._dropped_for_silence(call):
+                    continue
                 raise
             except grpc.aio.AioRpcError as exc:
                 if self._closed:
                     break
+                if self._dropped_for_silence(call):
+                    continue
                 await self._on_stream_error(exc, token)
                 continue
+            finally:
+                self._waiting_since = None
             if response is EOF:
                 self._drop("etcd ended the stream")
                 continue
@@ -109,6 +131,10 @@ class Watcher:
             if call is not None:
                 call.cancel()
         self._call = None
+        guard, self._guard = self._guard, None
+        if guard is not None:
+            guard.cancel()
+            await asyncio.gather(guard, return_exceptions=True)
 
     async def __aenter__(self) -> Watcher:
         return self
@@ -125,6 +151,8 @@ class Watcher:
         return self._closed and (task is None or task.cancelling() == 0)
 
     async def _open(self) -> None:
+        if self._guard is None and self._stall_timeout > 0:
+            self._guard = asyncio.create_task(self._watch_for_silence(), name="etcd-watch-stall-guard")
         token = self._conn.token
         call = self._conn.stream(self._conn.stubs.watch.Watch, require_leader=True)
         # Visible to close() while the create request waits for a connection; becomes `_call` only
@@ -148,6 +176,37 @@ class Watcher:
         finally:
             self._opening = None
         self._call = call
+
+    def _dropped_for_silence(self, call: Any) -> bool:
+        """Whether the read of `call` ended because the guard dropped it (the stream is re-opened then),
+        not because our task is being cancelled."""
+        if self._stalled is not call:
+            return False
+        self._stalled = None
+        task = asyncio.current_task()
+        return task is None or task.cancelling() == 0
+
+    async def _watch_for_silence(self) -> None:
+        """The stall guard (module docstring): checks a pending read four times per timeout."""
+        loop = asyncio.get_running_loop()
+        half = self._stall_timeout / 2
+        while not self._closed:
+            await asyncio.sleep(half / 2)
+            call, since = self._call, self._waiting_since
+            if call is None or since is None:
+                continue
+            now = loop.time()
+            asked = self._asked_at > since  # a progress request is out since this read began
+            if asked and now - since >= self._stall_timeout and now - self._asked_at >= half:
+                log.warning("watch %r: no answer from etcd for %.1fs, %.1fs after a progress request; "
+                            "re-opening it from revision %d", self._key, now - since, now - self._asked_at,
+                            self._next_rev)
+                self._stalled = call
+                self.stalls += 1
+                self._drop("silent")
+            elif not asked and now - since >= half:
+                self._asked_at = now
+                await self.request_progress()
 
     def _on_response(self, r: Any) -> WatchBatch | None:
         revision = int(r.header.revision)
