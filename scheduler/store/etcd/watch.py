@@ -206,7 +206,9 @@ class Watcher:
                 self._drop("silent")
             elif not asked and now - since >= half:
                 self._asked_at = now
-                await self.request_progress()
+                # Bounded: a write the member's flow control holds up must not keep this loop from dropping it.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.request_progress(), half)
 
     def _on_response(self, r: Any) -> WatchBatch | None:
         revision = int(r.header.revision)
