@@ -47,6 +47,12 @@ _FINISHED = (epb.EXECUTION_STATE_SUCCEEDED, epb.EXECUTION_STATE_FAILED)
 _OUT = (epb.EXECUTION_STATE_DISPATCHED, epb.EXECUTION_STATE_RUNNING)
 
 
+def _landed_at(schedule: Any) -> dict[str, Any]:
+    """The acknowledged schedule's version, its etcd mod revision: the checker finds the change in etcd's history
+    by it (`[lost-op]`), not by when the harness's watch happened to deliver it."""
+    return {"version": int(schedule.version)}
+
+
 def _applied_by_an_earlier_try(state: dict[str, Any], e: ClientError) -> bool:
     """A rerun or replay refused as no longer applicable after a try whose answer never came: that try applied
     it (nothing else reruns or replays in a drill)."""
@@ -132,14 +138,12 @@ class OpRunner:
             s = schedule_to_pb(schedule_of(planned, self.live.sink_url))
             # One request id per create op (its retries reuse it): a create of the same id again after a delete
             # is a new request, not a retry of the first (which the store would answer with that one's result).
-            await c.create_schedule(s, request_id=f"drill-create-{sid}-{int(op.at_s * 1000)}")
-            return {}
+            created = await c.create_schedule(s, request_id=f"drill-create-{sid}-{int(op.at_s * 1000)}")
+            return _landed_at(created)
         if op.op == "pause":
-            await c.pause_schedule(sid, reason="drill")
-            return {}
+            return _landed_at(await c.pause_schedule(sid, reason="drill"))
         if op.op == "resume":
-            await c.resume_schedule(sid)
-            return {}
+            return _landed_at(await c.resume_schedule(sid))
         if op.op == "delete":
             await c.delete_schedule(sid, allow_missing=True)
             return {}
@@ -157,8 +161,8 @@ class OpRunner:
                 self.schedules[sid] = p
                 cur.payload = schedule_of(p, self.live.sink_url).payload
                 mask.append("payload")
-            await c.update_schedule(cur, update_mask=mask)
-            return {"spec": cur.spec} if "spec" in op.params else {}
+            updated = await c.update_schedule(cur, update_mask=mask)
+            return {**_landed_at(updated), **({"spec": cur.spec} if "spec" in op.params else {})}
         if op.op == "trigger":
             e = await c.trigger_schedule(sid)
             return {"execution_id": e.execution_id}

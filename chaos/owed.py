@@ -92,8 +92,17 @@ class OwedChecks(Context):
             if not o.ok or o.op not in SCHEDULE_OPS:
                 continue
             inv.checked += 1
-            end = (o.t_end_ms or o.t_ms) + landed_within
             versions = self.idx.versions.get(o.schedule_id, [])
+            version = o.result.get("version")
+            if isinstance(version, int) and version > 0:
+                # The answer named the revision it is at (runs recorded since session 35): the change, or the
+                # unchanged schedule a no-op pause or resume returned, must be in the history at exactly that
+                # revision. Receipt times misled: the harness's watch sat on a SIGSTOPped etcd member for 5 s.
+                if not any(v.rev == version for v in versions):
+                    inv.fail(f"[lost-op] {o.op} of {o.schedule_id} acknowledged at {self.rel(o.t_end_ms or o.t_ms)} "
+                             f"at version {version}, but etcd's history has no such version of the schedule")
+                continue
+            end = (o.t_end_ms or o.t_ms) + landed_within
             if not any(o.t_ms - SLACK_MS <= v.seen_ms <= end for v in versions):
                 # A pause of a paused schedule (a resume of an active one) changes nothing and writes nothing:
                 # acknowledged as done, rightly. The game day's random ops paused a schedule twice in a row.

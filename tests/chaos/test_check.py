@@ -344,6 +344,25 @@ def test_a_pause_of_a_paused_schedule_writes_nothing_and_is_no_lost_op(tmp_path:
     assert verdict == "fail" and fails.get("I2") == 1
 
 
+def test_an_acknowledged_op_is_found_in_etcd_by_the_version_it_answered(tmp_path: Path) -> None:
+    """The op's answer names its version (etcd's mod revision): the change is looked up by it, however late the
+    harness's watch delivered it (a watch on a SIGSTOPped member delivered a resume 5 s late and the receipt-time
+    check called it lost). A version the history does not have is a lost op."""
+    from chaos.record import OpRecord
+
+    x, _ = clean_run(tmp_path / "run")
+    resumed = next(w for w in reversed(x.watch) if w.key.endswith("/s-005") and w.t_ms == T0 + 35_005)
+    late = replace(resumed, t_ms=T0 + 45_000)  # the put as a stalled watch delivered it: 10 s after the op
+    x.watch[x.watch.index(resumed)] = late
+    x.ops[:] = [o for o in x.ops if not (o.op == "resume" and o.schedule_id == "s-005")]
+    x.ops.append(OpRecord(T0 + 34_990, "resume", "s-005", True, T0 + 35_010, {}, {"version": resumed.rev}))
+    verdict, fails, _ = judged(x.build(tmp_path / "run"))
+    assert "I2" not in fails, fails
+    x.ops.append(OpRecord(T0 + 50_000, "pause", "s-005", True, T0 + 50_020, {}, {"version": x.rev + 1000}))
+    verdict, fails, _ = judged(x.build(tmp_path / "run2"))
+    assert verdict == "fail" and fails.get("I2") == 1, fails
+
+
 def test_the_cross_check_catches_a_time_engine_that_drops_a_time() -> None:
     """The second computation is not decoration: a plan that loses one instant is reported."""
     plan = parse_spec("* * * * * *", schedule_id="x")
