@@ -52,7 +52,10 @@ class PrefixCache:
                                 self.items.pop(ev.kv.key, None)
                         self.revision = max(self.revision, batch.revision if batch.is_progress else
                                             batch.events[-1].revision)
-                        self.changed.set()
+                        if batch.events:
+                            # Not on a progress notification: the watch's stall guard asks for one every
+                            # second a watch is quiet, and nothing here changed.
+                            self.changed.set()
                 finally:
                     await watch.close()
             except Compacted:
