@@ -63,3 +63,12 @@ class PrefixCache:
             except EtcdError as e:
                 log.warning("prefix cache %r: %s; retrying", self.prefix, e)
                 await asyncio.sleep(self._retry_pause)
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling() > 0:
+                    raise
+                # Not our cancellation (a gRPC call cancelled under a read): a cache that ended here would
+                # leave its readers a frozen view for good, as a planner's members cache once did.
+                log.error("prefix cache %r: its watch ended in a cancellation that was not ours; listing again",
+                          self.prefix)
+                await asyncio.sleep(self._retry_pause)

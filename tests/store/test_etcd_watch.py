@@ -188,3 +188,53 @@ async def test_watch_resumes_after_grpc_core_internal_error(etcd_client: EtcdCli
     assert [e.kv.value for e in seen] == [b"0", b"1", b"2", b"3"]  # none lost, none repeated
     assert failed and watcher.reconnects == 1
     await watcher.close()
+
+
+async def _cancelled_under_the_reader(etcd_client: EtcdClient, key_prefix: str, how: str) -> list[bytes]:
+    """Keys a consumer iterating a watch receives when its stream's call is cancelled while it reads: `how` is
+    "call" (the call cancelled outright) or "write" (a write on the call cancelled: grpc.aio then cancels the whole
+    call). The consumer must go on from the next revision, not end as if its own task were cancelled."""
+    rev = (await etcd_client.put(key_prefix + "a", b"1")).revision
+    watcher = etcd_client.watch(key_prefix, prefix=True, start_revision=rev)
+    seen: list[bytes] = []
+    first = asyncio.Event()
+
+    async def consume() -> None:
+        async for batch in watcher:
+            seen.extend(ev.kv.key for ev in batch.events)
+            if seen:
+                first.set()
+            if len(seen) >= 2:
+                return
+
+    consumer = asyncio.create_task(consume())
+    try:
+        await asyncio.wait_for(first.wait(), 5.0)
+        await asyncio.sleep(0.05)  # the consumer is in its next read
+        call = watcher._call
+        assert call is not None
+        if how == "call":
+            call.cancel()
+        else:
+            from scheduler.store.etcd import _pb
+
+            write = asyncio.create_task(call.write(_pb.watch_progress_request()))
+            await asyncio.sleep(0)  # the write has begun
+            write.cancel()
+            await asyncio.gather(write, return_exceptions=True)
+        await etcd_client.put(key_prefix + "b", b"2")
+        await asyncio.wait_for(consumer, 5.0)
+    finally:
+        consumer.cancel()
+        await asyncio.gather(consumer, return_exceptions=True)
+        await watcher.close()
+    return seen
+
+
+@pytest.mark.parametrize("how", ["call", "write"])
+async def test_a_call_cancelled_under_the_reader_resumes_the_watch(
+        etcd_client: EtcdClient, key_prefix: str, how: str) -> None:
+    """A game day's planner lost its members cache this way (the stall guard's bounded progress write was cancelled,
+    and grpc.aio cancelled the call with it): its cache task ended and the planner claimed nothing for 11 minutes."""
+    seen = await _cancelled_under_the_reader(etcd_client, key_prefix, how)
+    assert seen == [(key_prefix + "a").encode(), (key_prefix + "b").encode()]

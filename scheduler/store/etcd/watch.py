@@ -71,7 +71,7 @@ class Watcher:
         self._guard: asyncio.Task[None] | None = None
         self._waiting_since: float | None = None  # loop time the pending read began (None: no read pending)
         self._asked_at = 0.0  # loop time of the guard's latest progress request on this stream
-        self._stalled: Any = None  # the call the guard dropped, whose read then ends in CancelledError
+        self._asking: asyncio.Task[bool] | None = None  # the guard's progress request being written
 
     @property
     def revision(self) -> int:
@@ -94,14 +94,14 @@ class Watcher:
             except asyncio.CancelledError:
                 if self._closed_locally():
                     break
-                if self._dropped_for_silence(call):
-                    continue
+                if self._call_cancelled(call):
+                    continue  # re-opened from the next revision
                 raise
             except grpc.aio.AioRpcError as exc:
                 if self._closed:
                     break
-                if self._dropped_for_silence(call):
-                    continue
+                if self._call is not call:
+                    continue  # the guard dropped it: re-opened from the next revision
                 await self._on_stream_error(exc, token)
                 continue
             finally:
@@ -121,7 +121,12 @@ class Watcher:
             return False
         try:
             await call.write(_pb.watch_progress_request())
-        except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling() > 0:
+                raise
+            return False  # the call was cancelled (dropped by the guard, or closed): the iterator resumes
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError, grpc.aio.UsageError):
             return False  # the stream just broke; the iterator notices and resumes
         return True
 
@@ -131,10 +136,11 @@ class Watcher:
             if call is not None:
                 call.cancel()
         self._call = None
-        guard, self._guard = self._guard, None
-        if guard is not None:
-            guard.cancel()
-            await asyncio.gather(guard, return_exceptions=True)
+        for task in (self._guard, self._asking):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        self._guard = self._asking = None
 
     async def __aenter__(self) -> Watcher:
         return self
@@ -177,14 +183,18 @@ class Watcher:
             self._opening = None
         self._call = call
 
-    def _dropped_for_silence(self, call: Any) -> bool:
-        """Whether the read of `call` ended because the guard dropped it (the stream is re-opened then),
-        not because our task is being cancelled."""
-        if self._stalled is not call:
-            return False
-        self._stalled = None
+    def _call_cancelled(self, call: Any) -> bool:
+        """Whether a CancelledError out of `call.read()` is the call's, not our task's: the guard dropped the
+        stream, or grpc.aio cancelled the call itself (it does when a write on it is cancelled). Then the
+        stream is dropped and re-opened like a broken one. Propagated, it ended the task that iterates us as
+        if cancelled: a game day's planner lost its members cache that way after a freeze and claimed no
+        partition for 11 minutes."""
         task = asyncio.current_task()
-        return task is None or task.cancelling() == 0
+        if task is not None and task.cancelling() > 0:
+            return False
+        if self._call is call:
+            self._drop("cancelled")
+        return True
 
     async def _watch_for_silence(self) -> None:
         """The stall guard (module docstring): checks a pending read four times per timeout."""
@@ -201,14 +211,14 @@ class Watcher:
                 log.warning("watch %r: no answer from etcd for %.1fs, %.1fs after a progress request; "
                             "re-opening it from revision %d", self._key, now - since, now - self._asked_at,
                             self._next_rev)
-                self._stalled = call
                 self.stalls += 1
                 self._drop("silent")
-            elif not asked and now - since >= half:
+            elif not asked and now - since >= half and (self._asking is None or self._asking.done()):
                 self._asked_at = now
-                # Bounded: a write the member's flow control holds up must not keep this loop from dropping it.
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.request_progress(), half)
+                # A task of its own, never awaited here nor cancelled while the stream lives: a write the
+                # member's flow control holds up must not keep this loop from dropping the stream, and a
+                # cancelled write makes grpc.aio cancel the whole call.
+                self._asking = asyncio.create_task(self.request_progress(), name="etcd-watch-progress")
 
     def _on_response(self, r: Any) -> WatchBatch | None:
         revision = int(r.header.revision)
