@@ -126,8 +126,10 @@ class Watcher:
             if task is not None and task.cancelling() > 0:
                 raise
             return False  # the call was cancelled (dropped by the guard, or closed): the iterator resumes
-        except (grpc.aio.AioRpcError, asyncio.InvalidStateError, grpc.aio.UsageError):
-            return False  # the stream just broke; the iterator notices and resumes
+        except Exception:  # a best-effort probe: whatever the write raises, the iterator resumes
+            # The stream broke or was dropped meanwhile (grpc.aio raises several kinds for a write on a call
+            # that ended). Raised out of the guard's task, it would only be logged as never retrieved.
+            return False
         return True
 
     async def close(self) -> None:
