@@ -72,6 +72,8 @@ class Watcher:
         self._waiting_since: float | None = None  # loop time the pending read began (None: no read pending)
         self._asked_at = 0.0  # loop time of the guard's latest progress request on this stream
         self._asking: asyncio.Task[bool] | None = None  # the guard's progress request being written
+        self._asking_on: Any = None  # the call that request was written on
+        self._pending_asks: set[asyncio.Task[bool]] = set()  # every request not yet written (closed with us)
 
     @property
     def revision(self) -> int:
@@ -117,8 +119,9 @@ class Watcher:
     async def request_progress(self) -> bool:
         """Ask etcd for a progress notification now. False when no stream is open at the moment."""
         call = self._call
-        if call is None:
-            return False
+        return False if call is None else await self._ask(call)
+
+    async def _ask(self, call: Any) -> bool:
         try:
             await call.write(_pb.watch_progress_request())
         except asyncio.CancelledError:
@@ -138,7 +141,7 @@ class Watcher:
             if call is not None:
                 call.cancel()
         self._call = None
-        for task in (self._guard, self._asking):
+        for task in (self._guard, *self._pending_asks):
             if task is not None:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
@@ -215,12 +218,17 @@ class Watcher:
                             self._next_rev)
                 self.stalls += 1
                 self._drop("silent")
-            elif not asked and now - since >= half and (self._asking is None or self._asking.done()):
+            elif not asked and now - since >= half and (
+                    self._asking is None or self._asking.done() or self._asking_on is not call):
+                # (A request still pending on a call dropped before must not hold up the ones on this call.)
                 self._asked_at = now
+                self._asking_on = call
                 # A task of its own, never awaited here nor cancelled while the stream lives: a write the
                 # member's flow control holds up must not keep this loop from dropping the stream, and a
                 # cancelled write makes grpc.aio cancel the whole call.
-                self._asking = asyncio.create_task(self.request_progress(), name="etcd-watch-progress")
+                self._asking = asyncio.create_task(self._ask(call), name="etcd-watch-progress")
+                self._pending_asks.add(self._asking)
+                self._asking.add_done_callback(self._pending_asks.discard)
 
     def _on_response(self, r: Any) -> WatchBatch | None:
         revision = int(r.header.revision)
