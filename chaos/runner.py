@@ -237,8 +237,7 @@ async def _faults(plan: Plan, s: Scenario, start_ms: int, live: LiveCluster, nem
         aimed = await aim(w, live, say)
         now = SYSTEM_CLOCK.wall_ms()
         if now + aimed.duration_s * 1000 > cooldown_ms:
-            left = len(plan.faults) - i
-            say(f"fault #{w.index} {w.type} and the {left - 1} after it not injected: the run is "
+            say(f"fault #{w.index} {w.type} and the {len(plan.faults) - i - 1} after it not injected: the run is "
                 f"{(now - start_ms) / 1000 - w.start_s:.1f} s behind its plan and they would reach the cooldown")
             return
         await _one(aimed, live, nemesis, rec, s, say)

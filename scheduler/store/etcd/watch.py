@@ -71,9 +71,8 @@ class Watcher:
         self._guard: asyncio.Task[None] | None = None
         self._waiting_since: float | None = None  # loop time the pending read began (None: no read pending)
         self._asked_at = 0.0  # loop time of the guard's latest progress request on this stream
-        self._asking: asyncio.Task[bool] | None = None  # the guard's progress request being written
-        self._asking_on: Any = None  # the call that request was written on
-        self._pending_asks: set[asyncio.Task[bool]] = set()  # every request not yet written (closed with us)
+        # The guard's progress requests not yet written, each with the call it is written on (closed with us).
+        self._asks: dict[asyncio.Task[bool], Any] = {}
 
     @property
     def revision(self) -> int:
@@ -141,11 +140,11 @@ class Watcher:
             if call is not None:
                 call.cancel()
         self._call = None
-        for task in (self._guard, *self._pending_asks):
+        for task in (self._guard, *self._asks):
             if task is not None:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
-        self._guard = self._asking = None
+        self._guard = None
 
     async def __aenter__(self) -> Watcher:
         return self
@@ -218,17 +217,18 @@ class Watcher:
                             self._next_rev)
                 self.stalls += 1
                 self._drop("silent")
-            elif not asked and now - since >= half and (
-                    self._asking is None or self._asking.done() or self._asking_on is not call):
+            elif not asked and now - since >= half and call not in self._asks.values():
                 # (A request still pending on a call dropped before must not hold up the ones on this call.)
                 self._asked_at = now
-                self._asking_on = call
                 # A task of its own, never awaited here nor cancelled while the stream lives: a write the
                 # member's flow control holds up must not keep this loop from dropping the stream, and a
                 # cancelled write makes grpc.aio cancel the whole call.
-                self._asking = asyncio.create_task(self._ask(call), name="etcd-watch-progress")
-                self._pending_asks.add(self._asking)
-                self._asking.add_done_callback(self._pending_asks.discard)
+                ask = asyncio.create_task(self._ask(call), name="etcd-watch-progress")
+                self._asks[ask] = call
+                ask.add_done_callback(self._forget_ask)
+
+    def _forget_ask(self, ask: asyncio.Task[bool]) -> None:
+        self._asks.pop(ask, None)
 
     def _on_response(self, r: Any) -> WatchBatch | None:
         revision = int(r.header.revision)
