@@ -20,6 +20,12 @@ waiting for its retry), or one of its runs was out after the run came due. Such 
 the outage but queued behind another (a region drill in CI: slow-001@52 waited behind a slow run 4 s
 before the region died, and the standby's claim skipped it as `policy_skip`); the dispatch round decides
 it as the dead owner would have.
+
+A run written ahead past the watermark (an outside audit, session 36: a paused schedule holds its partition's
+watermark before its next planned time while the others are written up to the lookahead) is one of the
+catch-up's own times: the catch-up decided it and its skips go around the record. It follows that decision:
+skipped for the reason of the catch-up's range over it, run if the catch-up runs it. Before, it ran late under
+every policy (`missed=skip`: four runs 25 s late after an outage; `all`: seven against a cap of five).
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from scheduler.execution import HOLDING, ExecState, Execution, Trigger, skip
 from scheduler.model import ScheduleState
 from scheduler.planner.materialize import Tracked
-from scheduler.timeplan.missed import decide_inherited
+from scheduler.timeplan.missed import SkipRange, decide_inherited
 
 
 def inherited_missed(
@@ -41,6 +47,7 @@ def inherited_missed(
     catch_up_runs: Iterable[Execution],
     horizon_ms: int,
     left_out: Collection[str],
+    catch_up_skips: Iterable[tuple[str, SkipRange]] = (),
 ) -> list[tuple[Execution, Execution]]:
     """(record, its skip) for each inherited run the missed-run policy does not run.
 
@@ -48,9 +55,11 @@ def inherited_missed(
     a hold's start); only runs planned at or before it are inherited. `catch_up_runs`: the runs the catch-up
     decided to make. `horizon_ms`: the catch-up horizon (now minus the late grace). `left_out`: schedule ids
     the claim handles otherwise. `ended`: the final records of a schedule's runs that left flight while a run
-    of it waited (PendingIndex.ended)."""
+    of it waited (PendingIndex.ended). `catch_up_skips`: the catch-up's skip ranges, which decide the runs
+    written ahead past `owed_from`."""
     busy = {x.schedule_id for x in waiting if x.state in HOLDING}
     by_schedule: dict[str, list[Execution]] = {}
+    past: list[Execution] = []  # written ahead past where the catch-up began: the catch-up decided their times
     for x in waiting:
         sid = x.schedule_id
         if (x.state is not ExecState.SCHEDULED or x.trigger is not Trigger.SCHEDULED or x.run_trigger is not None
@@ -60,10 +69,21 @@ def inherited_missed(
         sch = schedules.get(sid)
         if sch is None or sch.stored.schedule.state is ScheduleState.PAUSED:
             continue
-        if sch.stored.activated_ms < x.planned_ms <= owed_from.get(sid, -1):
+        if x.planned_ms <= sch.stored.activated_ms:
+            continue
+        if x.planned_ms <= owed_from.get(sid, -1):
             by_schedule.setdefault(sid, []).append(x)
-    runs = Counter(e.schedule_id for e in catch_up_runs)
+        else:
+            past.append(x)
+    ranges: dict[str, list[SkipRange]] = {}
+    for sid, r in catch_up_skips:
+        ranges.setdefault(sid, []).append(r)
     out: list[tuple[Execution, Execution]] = []
+    for x in past:
+        r = next((r for r in ranges.get(x.schedule_id, ()) if r.after_ms < x.planned_ms <= r.through_ms), None)
+        if r is not None:
+            out.append((x, skip(x, r.reason.value)))
+    runs = Counter(e.schedule_id for e in catch_up_runs)
     for sid, xs in by_schedule.items():
         p = schedules[sid].stored.schedule.policies
         why = decide_inherited([x.planned_ms for x in xs], runs[sid], horizon_ms, p.missed_runs,

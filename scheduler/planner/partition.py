@@ -306,7 +306,7 @@ class PartitionPlanner:
                         missed = inherited_missed(list(self.pending.values()), self.pending.ended, self.schedules,
                                                   owed, decided[0],
                                                   now - self.s.late_grace_ms,
-                                                  {*self._withdraw, *self._late_held})
+                                                  {*self._withdraw, *self._late_held}, decided[1])
                     LOAD_HEAP.loaded(len(self.schedules))
         finally:
             held, self._loading = self._loading, None

@@ -659,3 +659,43 @@ async def test_start_ahead_a_pause_withdraws_an_armed_run_only_once_its_worker_g
     finally:
         t.cancel()
         await asyncio.gather(t, return_exceptions=True)
+
+
+@pytest.mark.parametrize(("policy", "runs", "reason"), [
+    (MissedRuns.SKIP, 0, "policy_skip"),
+    (MissedRuns.LATEST, 1, "policy_skip"),
+    (MissedRuns.ALL, 2, "over_cap"),  # the cap
+])
+async def test_runs_written_ahead_past_the_watermark_follow_the_missed_run_policy(
+        kv: EtcdClient, key_prefix: str, policy: MissedRuns, runs: int, reason: str) -> None:
+    # An outside audit (session 36): a partition's watermark stays behind the runs written ahead while one of its
+    # schedules is paused (it holds the watermark before its next planned time until that time is due). After an
+    # outage, the runs the dead owner wrote ahead past that watermark were in neither decision: the catch-up
+    # decided the times after the watermark and went around their records, and the inherited runs were only those
+    # at or before it. Under `missed=skip` they ran 25 s late; under `all` beyond the cap.
+    ks = Keyspace(key_prefix.rstrip("/"))
+    node = PlannerNode(kv, ks, COORD, SYSTEM_CLOCK, planner=FAST)
+    disp = FakeDispatcher(kv, node, outcome="hold")
+    node.dispatcher = disp
+    now = SYSTEM_CLOCK.wall_ms()
+    # The dead owner's watermark, on a second; the catch-up's horizon (late grace 1 s) is past +5.6 s, so that its
+    # newest two times (the cap) are newer than the written runs.
+    t0 = (now - 6_600) // 1000 * 1000
+    stored = await node.store.create(sched(1, policies=Policies(missed_runs=policy, catchup_cap=2)), t0 - 10_000)
+    p = node.store.partition("s1")
+    for t in (t0 + 1000, t0 + 2000, t0 + 3000):  # written ahead, its first attempt reserved, never handed out
+        e = Execution(id=execution_id("s1", t), schedule_id="s1", tenant="t", pool="p", task_type="x", planned_ms=t,
+                      due_ms=t, trigger=Trigger.SCHEDULED, retry=RetryPolicy(), timeout_ms=60_000,
+                      reserved=FencingToken(p, 1))
+        await kv.put(ks.execution(p, "s1", t), encode_execution(e))
+    rev = (await kv.get(ks.execution(p, "s1", t0 + 3000))).mod_revision  # type: ignore[union-attr]
+    await kv.put(ks.checkpoint(p), Checkpoint(p, t0, 0, "dead", 1, max(rev, stored.schedule.version)).encode())
+    await run_node(node, 1.5)
+    by_planned = {e.planned_ms - t0: e for e in await executions(node, kv) if e.planned_ms > t0}
+    # What runs of the outage is the catch-up's newest (its times follow the written ones), never a written one
+    # (`runs`: how many the policy runs of the outage, each newer than the written ones).
+    submitted = sorted(e.planned_ms - t0 for e in disp.submitted)
+    assert not {1000, 2000, 3000} & set(submitted), f"dispatched {submitted}: " + repr(
+        [(t, e.state.value, e.skip_reason) for t, e in sorted(by_planned.items())])
+    for t in (1000, 2000, 3000):
+        assert by_planned[t].state is ExecState.SKIPPED and by_planned[t].skip_reason == reason, by_planned[t]
