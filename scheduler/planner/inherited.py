@@ -76,13 +76,13 @@ def inherited_missed(
         else:
             past.append(x)
     ranges: dict[str, list[SkipRange]] = {}
-    for sid, r in catch_up_skips:
-        ranges.setdefault(sid, []).append(r)
+    for sid, rng in catch_up_skips:
+        ranges.setdefault(sid, []).append(rng)
     out: list[tuple[Execution, Execution]] = []
     for x in past:
-        r = next((r for r in ranges.get(x.schedule_id, ()) if r.after_ms < x.planned_ms <= r.through_ms), None)
-        if r is not None:
-            out.append((x, skip(x, r.reason.value)))
+        over = next((r for r in ranges.get(x.schedule_id, ()) if r.after_ms < x.planned_ms <= r.through_ms), None)
+        if over is not None:
+            out.append((x, skip(x, over.reason.value)))
     runs = Counter(e.schedule_id for e in catch_up_runs)
     for sid, xs in by_schedule.items():
         p = schedules[sid].stored.schedule.policies
