@@ -23,6 +23,7 @@ from scheduler.errors import InvalidArgument
 from scheduler.ids import MAX_ID_LEN, check_name
 from scheduler.timeplan import DstGap, DstOverlap, MissedRuns, Overlap, Plan, parse_spec
 from scheduler.timeplan.plan import format_duration_ms, from_ms
+from scheduler.timeplan.zone import check_zone_name
 
 LABEL_KEY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]*$")
 MAX_NAME_LEN = 64
@@ -115,10 +116,10 @@ def parse_rfc3339(text: str, field_name: str) -> int:
 
 def _check_policies(p: Policies) -> None:
     if not 0 <= p.catchup_window_ms <= 366 * DAY_MS:
-        raise InvalidArgument("policies.catchup_window",
+        raise InvalidArgument("policies.missed_runs.catchup_window",
                               f"is {format_duration_ms(p.catchup_window_ms)}; must be between 0 and 366d")
     if not 1 <= p.catchup_cap <= 10_000:
-        raise InvalidArgument("policies.catchup_cap", f"{p.catchup_cap} is outside 1-10000")
+        raise InvalidArgument("policies.missed_runs.catchup_cap", f"{p.catchup_cap} is outside 1-10000")
     if not 0 <= p.jitter_ms <= DAY_MS:
         raise InvalidArgument("policies.jitter", f"is {format_duration_ms(p.jitter_ms)}; must be between 0 and 24h")
     if not 1_000 <= p.execution_timeout_ms <= 7 * DAY_MS:
@@ -128,7 +129,8 @@ def _check_policies(p: Policies) -> None:
     if not 1 <= r.max_attempts <= MAX_ATTEMPTS_LIMIT:
         raise InvalidArgument("policies.retry.max_attempts", f"{r.max_attempts} is outside 1-{MAX_ATTEMPTS_LIMIT}")
     if not 1 <= r.max_unknown_attempts <= r.max_attempts:
-        raise InvalidArgument("policies.retry.max_unknown_attempts", "must be between 1 and max_attempts")
+        raise InvalidArgument("policies.retry.max_unknown_attempts",
+                              f"{r.max_unknown_attempts} is outside 1-max_attempts ({r.max_attempts})")
     if not 0 < r.initial_backoff_ms <= r.max_backoff_ms <= DAY_MS:
         raise InvalidArgument(
             "policies.retry.initial_backoff",
@@ -136,7 +138,7 @@ def _check_policies(p: Policies) -> None:
             f"{format_duration_ms(r.initial_backoff_ms)}, max_backoff {format_duration_ms(r.max_backoff_ms)})"
         )
     if not 1.0 <= r.multiplier <= 10.0:
-        raise InvalidArgument("policies.retry.multiplier", f"{r.multiplier} is outside 1-10")
+        raise InvalidArgument("policies.retry.backoff_multiplier", f"{r.multiplier} is outside 1-10")
 
 
 def validate_schedule(s: Schedule) -> Plan:
@@ -157,6 +159,7 @@ def validate_schedule(s: Schedule) -> Plan:
     _check_policies(s.policies)
     if s.start_ms is not None and s.end_ms is not None and s.start_ms > s.end_ms:
         raise InvalidArgument("end_at", "is before start_at")
+    check_zone_name(s.time_zone)
     plan = s.plan()  # validates spec and time zone
     if plan.next_after_ms(plan.start_ms - 1) is None:
         raise InvalidArgument("spec", "never fires between start_at and end_at")

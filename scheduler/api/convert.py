@@ -68,10 +68,11 @@ def duration_ms(field: str, d: Duration, present: bool, default: int) -> int:
     return int(d.ToMilliseconds())
 
 
-def timestamp_ms(field: str, t: Timestamp) -> int:
+def timestamp_ms(field: str, t: Timestamp, *, ceil: bool = False) -> int:
+    """Epoch ms of `t`, truncated (`ceil`: rounded up when it has a sub-millisecond part)."""
     if not _TS_MIN_S <= t.seconds <= _TS_MAX_S or not 0 <= t.nanos <= 999_999_999:
         raise InvalidArgument(field, "is outside the range of google.protobuf.Timestamp (0001-01-01..9999-12-31)")
-    return int(t.ToMilliseconds())
+    return int(t.ToMilliseconds()) + (1 if ceil and t.nanos % 1_000_000 else 0)
 
 
 def schedule_to_pb(s: Schedule) -> pb.Schedule:
@@ -119,15 +120,18 @@ def schedule_from_pb(m: pb.Schedule) -> Schedule:
     """Domain schedule from a request; field paths in errors match the proto (`policies.jitter`)."""
     dp, dr = Policies(), RetryPolicy()
     pp, mr, rp = m.policies, m.policies.missed_runs, m.policies.retry
+    max_attempts = rp.max_attempts if rp.HasField("max_attempts") else dr.max_attempts
     retry = RetryPolicy(
-        max_attempts=rp.max_attempts if rp.HasField("max_attempts") else dr.max_attempts,
+        max_attempts=max_attempts,
         initial_backoff_ms=duration_ms("policies.retry.initial_backoff", rp.initial_backoff,
                                        rp.HasField("initial_backoff"), dr.initial_backoff_ms),
         max_backoff_ms=duration_ms("policies.retry.max_backoff", rp.max_backoff, rp.HasField("max_backoff"),
                                    dr.max_backoff_ms),
         multiplier=rp.backoff_multiplier if rp.HasField("backoff_multiplier") else dr.multiplier,
+        # Unset: the default, but never more than max_attempts (an outside audit: `max_attempts = 1`, "never
+        # retry", was refused for a default of 2 unknown attempts the caller had not set).
         max_unknown_attempts=(rp.max_unknown_attempts if rp.HasField("max_unknown_attempts")
-                              else dr.max_unknown_attempts),
+                              else max(1, min(dr.max_unknown_attempts, max_attempts))),
     )
     policies = Policies(
         missed_runs=_inverse("policies.missed_runs.policy", _MISSED, mr.policy, dp.missed_runs),  # type: ignore[arg-type]
@@ -152,7 +156,9 @@ def schedule_from_pb(m: pb.Schedule) -> Schedule:
         payload=m.payload,
         labels=dict(m.labels),
         state=_inverse("state", _STATE, m.state, ScheduleState.ACTIVE),  # type: ignore[arg-type]
-        start_ms=timestamp_ms("start_at", m.start_at) if m.HasField("start_at") else None,
+        # A bound, not a planned time: a sub-millisecond start is rounded up (the same planned times, all whole
+        # milliseconds, are at or after it); truncated, a run at the millisecond before it was planned (an audit).
+        start_ms=timestamp_ms("start_at", m.start_at, ceil=True) if m.HasField("start_at") else None,
         end_ms=timestamp_ms("end_at", m.end_at) if m.HasField("end_at") else None,
         policies=policies,
         version=m.version,

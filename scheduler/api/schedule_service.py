@@ -51,6 +51,7 @@ from scheduler.store.schedules import ScheduleStore, StoredSchedule, over_quota
 from scheduler.timeconv import ms_to_timestamp
 from scheduler.timeplan import DstGap, DstOverlap, Plan, parse_spec
 from scheduler.timeplan.plan import check_in_window
+from scheduler.timeplan.zone import check_zone_name
 
 _E = TypeVar("_E", DstGap, DstOverlap)
 PREVIEW_DEFAULT, PREVIEW_MAX = 10, 1000
@@ -445,6 +446,7 @@ class ScheduleService:
             gap = _enum("spec.dst_gap", ps.dst_gap, {1: DstGap.SHIFT, 2: DstGap.SKIP})
             fold = _enum("spec.dst_overlap", ps.dst_overlap,
                          {1: DstOverlap.FIRST, 2: DstOverlap.LAST, 3: DstOverlap.BOTH})
+            check_zone_name(ps.time_zone or "UTC", "spec.time_zone")
             try:
                 plan = parse_spec(ps.spec, schedule_id=ps.schedule_id, tz=ps.time_zone or "UTC", dst_gap=gap,
                                   dst_overlap=fold,

@@ -37,6 +37,19 @@ Interval = tuple[int, int, int, int, int]
 
 
 MAX_ZONE_NAME = 64
+# Files in the zoneinfo directory that are not IANA zone names: `localtime` is the host's own zone (the same
+# schedule would plan other instants on each host), `posixrules` and `Factory` are tzdata internals, and the
+# `posix/` and `right/` trees are copies (`right/` counts leap seconds: other instants than the IANA name).
+_NOT_IANA = ("localtime", "posixrules", "Factory")
+_NOT_IANA_TREES = ("posix/", "right/")
+
+
+def check_zone_name(name: str, field: str = "time_zone") -> None:
+    """Refuse input that names a zone file that is not an IANA zone (an outside audit, session 36: `localtime`
+    was stored and planned by each planner host's own /etc/localtime). Only for input: a stored schedule is
+    planned as it was accepted."""
+    if name in _NOT_IANA or name.startswith(_NOT_IANA_TREES):
+        raise InvalidArgument(field, f"{name!r} is not an IANA time zone name (e.g. Europe/Paris, UTC)")
 
 
 @lru_cache(maxsize=1024)

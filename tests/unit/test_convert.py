@@ -90,3 +90,48 @@ def test_an_attempt_shows_its_start_output_exit_code_and_cancel() -> None:
         ("hello\n", "oops\n", 0, 1_500)
     cancelling = execution_to_pb(Execution(**{**e.__dict__, "state": ExecState.CANCELLING}))
     assert cancelling.state == epb.EXECUTION_STATE_CANCELLING
+
+
+def test_max_attempts_one_alone_means_never_retry() -> None:
+    # An outside audit (session 36): `max_attempts = 1` ("1 = never retry", schedule.proto) was refused with
+    # `max_unknown_attempts: must be between 1 and max_attempts`, a field the caller had not set (its default, 2).
+    m = pb.Schedule(id="x", tenant="t", spec="* * * * *", worker_pool="p", task_type="x",
+                    policies=pb.SchedulePolicies(retry=pb.RetryPolicy(max_attempts=1)))
+    s = schedule_from_pb(m)
+    validate_schedule(s)
+    assert (s.policies.retry.max_attempts, s.policies.retry.max_unknown_attempts) == (1, 1)
+    m.policies.retry.max_unknown_attempts = 2  # given, it is the caller's: refused, naming it and the bound
+    with pytest.raises(InvalidArgument) as e:
+        validate_schedule(schedule_from_pb(m))
+    assert e.value.field == "policies.retry.max_unknown_attempts" and "1-max_attempts (1)" in e.value.reason
+
+
+@pytest.mark.parametrize(("policies", "field"), [
+    (pb.SchedulePolicies(retry=pb.RetryPolicy(backoff_multiplier=20)), "policies.retry.backoff_multiplier"),
+    (pb.SchedulePolicies(missed_runs=pb.MissedRunPolicySettings(catchup_cap=0)), "policies.missed_runs.catchup_cap"),
+])
+def test_policy_errors_name_the_proto_field(policies: pb.SchedulePolicies, field: str) -> None:
+    # The audit: `schedule.policies.retry.multiplier`, `schedule.policies.catchup_cap`: not the request's paths.
+    m = pb.Schedule(id="x", tenant="t", spec="* * * * *", worker_pool="p", task_type="x", policies=policies)
+    with pytest.raises(InvalidArgument) as e:
+        validate_schedule(schedule_from_pb(m))
+    assert e.value.field == field
+
+
+@pytest.mark.parametrize("zone", ["localtime", "posixrules", "Factory", "right/UTC", "posix/America/New_York"])
+def test_zone_files_that_are_not_iana_names_are_refused(zone: str) -> None:
+    # The audit: `localtime` was stored and planned by each planner host's own /etc/localtime.
+    m = pb.Schedule(id="x", tenant="t", spec="* * * * *", worker_pool="p", task_type="x", time_zone=zone)
+    with pytest.raises(InvalidArgument) as e:
+        validate_schedule(schedule_from_pb(m))
+    assert e.value.field == "time_zone" and "IANA" in e.value.reason
+
+
+def test_a_sub_millisecond_start_bound_is_rounded_up() -> None:
+    # The audit: start_at 2031-01-01T00:00:00.000000001Z was stored as 00:00:00Z, which planned a run before it.
+    m = pb.Schedule(id="x", tenant="t", spec="0 0 0 1 1 *", worker_pool="p", task_type="x")
+    m.start_at.seconds, m.start_at.nanos = 1_924_992_000, 1  # 2031-01-01T00:00:00.000000001Z
+    s = schedule_from_pb(m)
+    assert s.start_ms == 1_924_992_000_001
+    plan = validate_schedule(s)
+    assert plan.next_after_ms(s.start_ms - 1) == 1_956_528_000_000  # 2032-01-01: the 2031 one is before the start

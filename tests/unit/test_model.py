@@ -45,7 +45,7 @@ def test_good_schedule_validates_to_a_plan() -> None:
         pytest.param({"time_zone": "Nowhere/City"}, "time_zone", "not a known IANA", id="bad-zone"),
         pytest.param({"start_ms": 10, "end_ms": 5}, "end_at", "before start_at", id="bounds-order"),
         pytest.param({"start_ms": 1, "end_ms": 2}, "spec", "never fires", id="empty-window"),
-        pytest.param({"policies": Policies(catchup_cap=0)}, "policies.catchup_cap", "outside", id="cap"),
+        pytest.param({"policies": Policies(catchup_cap=0)}, "policies.missed_runs.catchup_cap", "outside", id="cap"),
         pytest.param({"policies": Policies(jitter_ms=-1)}, "policies.jitter", "between", id="jitter"),
         pytest.param({"policies": Policies(jitter_ms=90_000_000)}, "policies.jitter", "is 1d1h; must be between",
                      id="jitter-human-units"),
