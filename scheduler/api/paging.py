@@ -2,8 +2,11 @@
 
 A token is opaque to clients: base64url of JSON holding where the previous page stopped and a hash
 of the filters it was issued for. A token presented with other filters is refused (INVALID_ARGUMENT
-naming `page_token`) instead of silently paging through a different result set. Tokens are not
-secret (they hold ids the caller may read anyway), so they are not signed.
+naming `page_token`) instead of silently paging through a different result set. The hash covers the
+position too, so a token edited by hand is refused as well (an outside audit, session 36: a position
+changed to `pg-010` paged on from there). Tokens are not secret (they hold ids the caller may read
+anyway), so they are not signed: the hash catches mistakes, not a client set on forging one, which
+could only reach what it may list anyway.
 """
 
 from __future__ import annotations
@@ -49,13 +52,13 @@ def page_size(n: int) -> int:
     return DEFAULT_PAGE_SIZE if n == 0 else min(n, MAX_PAGE_SIZE)
 
 
-def _filters_hash(filters: Any) -> str:
-    canon = json.dumps(filters, sort_keys=True, separators=(",", ":"), default=str)
+def _filters_hash(filters: Any, position: Any) -> str:
+    canon = json.dumps([filters, position], sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(canon.encode()).hexdigest()[:16]
 
 
 def encode_token(filters: Any, position: Any) -> str:
-    raw = json.dumps({"f": _filters_hash(filters), "p": position}, separators=(",", ":")).encode()
+    raw = json.dumps({"f": _filters_hash(filters, position), "p": position}, separators=(",", ":")).encode()
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
 
@@ -71,6 +74,6 @@ def decode_token(token: str, filters: Any) -> Any:
         fh, pos = d["f"], d["p"]
     except (binascii.Error, ValueError, KeyError, TypeError):
         raise InvalidArgument("page_token", "is not a token this server issued") from None
-    if fh != _filters_hash(filters):
-        raise InvalidArgument("page_token", "was issued for other filters; start again without a token")
+    if fh != _filters_hash(filters, pos):
+        raise InvalidArgument("page_token", "was issued for other filters, or altered; start again without a token")
     return pos

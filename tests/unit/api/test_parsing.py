@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import base64
+import json
+
 import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
 
@@ -52,6 +55,17 @@ def test_page_size_default_clamp_and_negative() -> None:
     assert paging.page_size(10**6) == paging.MAX_PAGE_SIZE
     with pytest.raises(InvalidArgument, match="page_size"):
         paging.page_size(-1)
+
+
+def test_an_altered_page_token_is_refused() -> None:
+    # An outside audit (session 36): the position re-encoded by hand (`pg-010`) paged on from there.
+    tok = paging.encode_token(["s", "t1"], "pg-003")
+    raw = json.loads(base64.urlsafe_b64decode(tok + "=" * (-len(tok) % 4)))
+    raw["p"] = "pg-010"
+    forged = base64.urlsafe_b64encode(json.dumps(raw).encode()).decode().rstrip("=")
+    with pytest.raises(InvalidArgument, match="altered") as e:
+        paging.decode_token(forged, ["s", "t1"])
+    assert e.value.field == "page_token"
 
 
 def test_page_token_round_trip_and_tied_to_filters() -> None:
