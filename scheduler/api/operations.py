@@ -185,7 +185,8 @@ class Operations:
                     return created
                 continue
             if e.state is ExecState.DEAD_LETTER:
-                raise FailedPrecondition(f"execution {eid} is a dead letter; replay it with ReplayDeadLetter")
+                raise FailedPrecondition(f"execution {eid} is a dead letter; replay it (ReplayDeadLetter; "
+                                         "schedctl dlq replay)")
             if e.state is ExecState.CANCELLING and e.current is not None:
                 raise FailedPrecondition(f"execution {eid} is cancelling: attempt {e.attempt} has not confirmed its "
                                          f"stop yet (at the latest by {format_rfc3339_ms(e.current.deadline_ms)}); "

@@ -123,7 +123,7 @@ class ScheduleStore:
                 existing = await self.kv.get(key, timeout=self.timeout)
                 if existing is None:
                     raise over_quota(s.tenant, limit, u.schedules, 1)
-                return self._existing(existing.value, existing.mod_revision, p, s.id, request_id)
+                return self._existing(existing.value, existing.mod_revision, p, s.id, request_id, s)
             r = await self.kv.txn([Compare.create_revision(key, "==", 0), *qusage.guard(self.ks, u)],
                                   [put(key, encode_schedule(s, activated_ms=now_ms, meta=meta)),
                                    *qusage.write(self.ks, u, +1)], [get(key)],
@@ -132,13 +132,23 @@ class ScheduleStore:
                 return StoredSchedule(replace(s, version=r.revision), now_ms, p, meta)
             kvs = getattr(r.responses[0], "kvs", ())
             if kvs:
-                return self._existing(kvs[0].value, kvs[0].mod_revision, p, s.id, request_id)
+                return self._existing(kvs[0].value, kvs[0].mod_revision, p, s.id, request_id, s)
             # the id is free: the tenant's counter moved (another create or delete of the tenant): again
         raise VersionMismatch(f"tenant {s.tenant!r}: its schedule count kept changing under this create; retry")
 
-    def _existing(self, value: bytes, mod_revision: int, p: int, sid: str, request_id: str) -> StoredSchedule:
+    def _existing(self, value: bytes, mod_revision: int, p: int, sid: str, request_id: str,
+                  asked: Schedule | None = None) -> StoredSchedule:
         if request_id and decode_schedule_meta(value).request_id == request_id:
-            return self._stored(value, mod_revision, p)
+            stored = self._stored(value, mod_revision, p)
+            # A retry carries the same schedule. One that does not is another request reusing the key (an outside
+            # audit, session 36: it got the first schedule back as if created): refused, as payment APIs refuse
+            # an idempotency key reused with other parameters. Unless the schedule changed since its create:
+            # then the create's own fields are gone and a retry cannot be told from a reuse.
+            if (asked is not None and stored.meta.updated_ms == stored.meta.created_ms
+                    and replace(asked, version=0) != replace(stored.schedule, version=0)):
+                raise AlreadyExists(f"schedule {sid!r} already exists: request_id {request_id!r} was used to "
+                                    "create it with other fields")
+            return stored
         raise AlreadyExists(f"schedule {sid!r} already exists")
 
     async def create_batch(self, schedules: Sequence[Schedule], now_ms: int, *, request_id: str = "",

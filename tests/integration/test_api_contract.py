@@ -131,6 +131,13 @@ def test_create_retry_with_request_id_is_idempotent(cluster: ApiCluster) -> None
     assert again == first
     other = spb.CreateScheduleRequest(schedule=sched("c-rid"), request_id="req-2")
     fails(grpc.StatusCode.ALREADY_EXISTS, a.CreateSchedule, other)
+    # The same key with other fields is not a retry (an outside audit: it returned the first schedule as created).
+    reused = spb.CreateScheduleRequest(schedule=sched("c-rid", spec="*/7 * * * *"), request_id="req-1")
+    fails(grpc.StatusCode.ALREADY_EXISTS, a.CreateSchedule, reused)
+    tz = sched("c-rid-tz", time_zone="Europe/Paris", labels={"a": "1"})
+    tz.policies.retry.max_attempts = 1
+    first_tz = a.CreateSchedule(spb.CreateScheduleRequest(schedule=tz, request_id="req-3"), timeout=10).schedule
+    assert a.CreateSchedule(spb.CreateScheduleRequest(schedule=tz, request_id="req-3"), timeout=10).schedule == first_tz
     fails(grpc.StatusCode.INVALID_ARGUMENT, a.CreateSchedule,
           spb.CreateScheduleRequest(schedule=sched("c-rid2"), request_id="r" * 129), "request_id")
 
