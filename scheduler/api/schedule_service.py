@@ -28,6 +28,7 @@ from scheduler.api.convert import (
     schedule_from_pb,
     schedule_to_pb,
     skip_reason_pb,
+    timestamp_ms,
 )
 from scheduler.api.errors import Context, grpc_errors, grpc_stream_errors
 from scheduler.api.ports import OperationsPort
@@ -429,7 +430,9 @@ class ScheduleService:
         count = request.count or PREVIEW_DEFAULT
         if count > PREVIEW_MAX:
             raise InvalidArgument("count", f"{count} is above the limit of {PREVIEW_MAX}")
-        after = check_in_window(inputs.timestamp_ms(request.after, "after", exact=False), "after") \
+        # The planning window (1900..9990, docs/time.md), not the ledger's 1970..9999: a preview plans, it stores
+        # nothing (an audit: after=1950 was refused naming 1970, while offline preview took it).
+        after = check_in_window(timestamp_ms("after", request.after), "after") \
             if request.HasField("after") else self.clock.wall_ms()
         which = request.WhichOneof("source")
         if which == "schedule_id":
@@ -450,10 +453,9 @@ class ScheduleService:
             try:
                 plan = parse_spec(ps.spec, schedule_id=ps.schedule_id, tz=ps.time_zone or "UTC", dst_gap=gap,
                                   dst_overlap=fold,
-                                  start_ms=inputs.timestamp_ms(ps.start_at, "spec.start_at", exact=False)
+                                  start_ms=timestamp_ms("spec.start_at", ps.start_at, ceil=True)
                                   if ps.HasField("start_at") else None,
-                                  end_ms=inputs.timestamp_ms(ps.end_at, "spec.end_at", exact=False)
-                                  if ps.HasField("end_at") else None)
+                                  end_ms=timestamp_ms("spec.end_at", ps.end_at) if ps.HasField("end_at") else None)
             except InvalidArgument as e:
                 raise e if e.field.startswith("spec.") else e.nested("spec") from None
         else:

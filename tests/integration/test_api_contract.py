@@ -312,6 +312,12 @@ def test_preview(cluster: ApiCluster) -> None:
         schedule_id="pv-1", count=1001), "count")
     fails(grpc.StatusCode.INVALID_ARGUMENT, a.PreviewSchedule, spb.PreviewScheduleRequest(), "source")
     fails(grpc.StatusCode.NOT_FOUND, a.PreviewSchedule, spb.PreviewScheduleRequest(schedule_id="pv-missing"))
+    # The planning window, 1900..9990 (docs/time.md), as offline preview: 1950 was refused naming 1970 (an audit).
+    old = a.PreviewSchedule(spb.PreviewScheduleRequest(spec=spb.PreviewSpec(spec="0 0 1 1 *"), count=1,
+                                                       after=ts(-631_152_000_000)), timeout=10)  # 1950-01-01
+    assert [t.ToMilliseconds() for t in old.planned_times] == [-599_616_000_000]  # 1951-01-01
+    fails(grpc.StatusCode.INVALID_ARGUMENT, a.PreviewSchedule, spb.PreviewScheduleRequest(
+        spec=spb.PreviewSpec(spec="0 0 1 1 *"), after=ts(-2_240_524_800_000)), "after")  # 1899: before the window
 
 
 # ---- executions (a real worker runs them) -------------------------------------------------------------
