@@ -22,7 +22,8 @@ from functools import lru_cache
 from scheduler.errors import InvalidArgument
 from scheduler.ids import MAX_ID_LEN, check_name
 from scheduler.timeplan import DstGap, DstOverlap, MissedRuns, Overlap, Plan, parse_spec
-from scheduler.timeplan.plan import format_duration_ms, from_ms
+from scheduler.timeplan.plan import MAX_MS as PLAN_MAX_MS
+from scheduler.timeplan.plan import format_duration_ms, format_instant, from_ms
 from scheduler.timeplan.zone import check_zone_name
 
 LABEL_KEY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]*$")
@@ -161,6 +162,8 @@ def validate_schedule(s: Schedule) -> Plan:
         raise InvalidArgument("end_at", "is before start_at")
     check_zone_name(s.time_zone)
     plan = s.plan()  # validates spec and time zone
+    if s.start_ms is not None and s.start_ms >= PLAN_MAX_MS:
+        raise InvalidArgument("start_at", f"is after the planning window's end, {format_instant(PLAN_MAX_MS)}")
     if plan.next_after_ms(plan.start_ms - 1) is None:
         raise InvalidArgument("spec", "never fires between start_at and end_at")
     return plan

@@ -124,7 +124,7 @@ class CronExpr:
         self.first_tod = fields.hours[0] * 3600 + fields.minutes[0] * 60 + fields.seconds[0]
         self.last_tod = fields.hours[-1] * 3600 + fields.minutes[-1] * 60 + fields.seconds[-1]
         if not self._satisfiable():
-            raise InvalidArgument("", "matches no day in a full 400-year calendar cycle (e.g. 30 February)")
+            raise InvalidArgument("", "matches no day in a full 400-year calendar cycle (e.g. 30 February, 31 April)")
 
     # -- days --------------------------------------------------------------------------------------
     def _compute_days(self, year: int, month: int) -> tuple[int, ...]:

@@ -135,3 +135,12 @@ def test_a_sub_millisecond_start_bound_is_rounded_up() -> None:
     assert s.start_ms == 1_924_992_000_001
     plan = validate_schedule(s)
     assert plan.next_after_ms(s.start_ms - 1) == 1_956_528_000_000  # 2032-01-01: the 2031 one is before the start
+
+
+def test_a_start_after_the_planning_window_names_start_at() -> None:
+    # The audit: start_at 9995 with no end_at said `spec: never fires between start_at and end_at`.
+    m = pb.Schedule(id="x", tenant="t", spec="* * * * *", worker_pool="p", task_type="x")
+    m.start_at.seconds = 253_260_000_000  # 9995-08-...
+    with pytest.raises(InvalidArgument) as e:
+        validate_schedule(schedule_from_pb(m))
+    assert e.value.field == "start_at" and "9990-01-01" in e.value.reason

@@ -156,3 +156,11 @@ def test_dead_letter_index_key_and_value_are_pinned() -> None:
     for unreadable in (b"[]", b'{"payload":"zz"}', b"not json"):
         assert DeadLetterEntry.payload_of(unreadable) is None
     assert json.loads(put.value)["id"] == dead.id
+
+
+@pytest.mark.parametrize("when", ["0001-01-01T00:00:00.000Z", "1969-12-31T23:59:59.000Z"])
+def test_an_execution_id_outside_the_ledgers_years_is_invalid_not_unknown(when: str) -> None:
+    # An outside audit (session 36): 1969 answered NOT_FOUND, and year 1 said "expected 1-01-01T...", itself malformed.
+    with pytest.raises(InvalidArgument, match="outside 1970-01-01") as e:
+        ExecutionId.parse(f"a@{when}")
+    assert e.value.field == "execution_id"
