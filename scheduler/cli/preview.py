@@ -6,10 +6,9 @@ import argparse
 import json
 import sys
 
-from scheduler.cli.output import Exit, fail_invalid, rfc3339
+from scheduler.cli.output import Exit, fail_invalid, parse_instant, rfc3339
 from scheduler.clock import SYSTEM_CLOCK
 from scheduler.errors import InvalidArgument
-from scheduler.model import parse_rfc3339
 from scheduler.timeplan import DstGap, DstOverlap, parse_spec
 from scheduler.timeplan.plan import check_in_window
 from scheduler.timeplan.zone import get_zone
@@ -41,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
             raise InvalidArgument("count", f"{args.count} is outside 1-{MAX_COUNT}")
         get_zone(args.tz)  # name the zone field before the spec's
         start = SYSTEM_CLOCK.wall_ms() if args.start is None else \
-            check_in_window(parse_rfc3339(args.start, "start"), "start")
+            check_in_window(parse_instant(args.start, "start"), "start")
         plan = parse_spec(
             args.cron,
             schedule_id=args.schedule_id,

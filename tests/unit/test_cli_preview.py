@@ -51,6 +51,9 @@ def test_preview_default_start_is_now() -> None:
         (["--cron", "* * * * *", "--start", "yesterday"], "start: 'yesterday' is not an RFC3339 time"),
         (["--cron", "* * * * *", "--start", "2026-01-01T00:00:00"], "start: '2026-01-01T00:00:00' has no UTC"),
         (["--cron", "* * * * *", "--count", "0"], "count: 0 is outside 1-10000"),
+        # Truncated to the millisecond before; every instant argument of schedctl refuses it alike.
+        (["--cron", "* * * * *", "--start", "2026-01-01T00:00:00.0001Z"],
+         "start: '2026-01-01T00:00:00.0001Z' has a sub-millisecond part"),
     ],
 )
 def test_preview_bad_input(args: list[str], message: str) -> None:
