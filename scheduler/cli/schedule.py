@@ -289,11 +289,11 @@ def _preview(args: argparse.Namespace) -> int:
     after = parse_instant(args.after, "after") if args.after else None
 
     async def body(c: SchedulerClient) -> int:
-        times = [ts(t) for t in await c.preview_schedule(schedule_id=args.id, after=after, count=args.count)]
-        if args.json:
-            print_json({"schedule_id": args.id, "times": times})
+        times = await c.preview_schedule(schedule_id=args.id, after=after, count=args.count)
+        if args.json:  # the response's proto JSON mapping, as every --json prints (docs/cli.md)
+            print_json(sspb.PreviewScheduleResponse(planned_times=times))
         else:
-            sys.stdout.write("".join(t + "\n" for t in times))
+            sys.stdout.write("".join(ts(t) + "\n" for t in times))
         return Exit.OK
     return run_call(args, body)
 

@@ -83,7 +83,8 @@ async def test_schedule_crud_tables_and_json(fake: tuple[FakeApi, str]) -> None:
     assert r.rc == 0 and "active" in r.out
 
     r = await schedctl("schedule", "preview", "hello", "--count", "3", "--json", server=srv)
-    assert r.rc == 0 and len(r.json()["times"]) == 3  # type: ignore[arg-type]
+    # The proto JSON mapping of PreviewScheduleResponse, as every --json prints (it was {"schedule_id", "times"}).
+    assert r.rc == 0 and list(r.json()) == ["planned_times"] and len(r.json()["planned_times"]) == 3  # type: ignore[arg-type]
 
     r = await schedctl("schedule", "delete", "hello", server=srv)
     assert r.rc == 0 and "deleted hello" in r.out
