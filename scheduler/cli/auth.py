@@ -10,7 +10,7 @@ import sys
 from scheduler.auth.principal import parse_permissions
 from scheduler.auth.tokens import new_static_token, token_hash
 from scheduler.cli.common import client_parent, opt_ts, print_json, run_call, table, to_dict
-from scheduler.cli.output import Exit, fail_invalid
+from scheduler.cli.output import Exit, check_limit, fail_invalid
 from scheduler.client import SchedulerClient
 from scheduler.errors import InvalidArgument
 
@@ -40,6 +40,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _list(args: argparse.Namespace) -> int:
+    check_limit(args.limit)
+
     async def body(c: SchedulerClient) -> int:
         found = [e async for e in c.iter_audit_events(limit=args.limit or None, newest_first=args.newest_first)]
         if args.json:

@@ -6,9 +6,8 @@ import argparse
 
 from scheduler.cli.common import client_parent, opt_ts, print_json, run_call, table, to_dict
 from scheduler.cli.executions import show_execution
-from scheduler.cli.output import Exit
+from scheduler.cli.output import Exit, check_execution_id, check_limit, parse_instant
 from scheduler.client import SchedulerClient
-from scheduler.model import parse_rfc3339
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -40,8 +39,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _list(args: argparse.Namespace) -> int:
-    since = parse_rfc3339(args.since, "since") if args.since else None
-    until = parse_rfc3339(args.until, "until") if args.until else None
+    check_limit(args.limit)
+    since = parse_instant(args.since, "since") if args.since else None
+    until = parse_instant(args.until, "until") if args.until else None
 
     async def body(c: SchedulerClient) -> int:
         found = [d async for d in c.iter_dead_letters(limit=args.limit or None, schedule_id=args.schedule,
@@ -58,6 +58,8 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _replay(args: argparse.Namespace) -> int:
+    check_execution_id(args.execution_id)
+
     async def body(c: SchedulerClient) -> int:
         show_execution(await c.replay_dead_letter(args.execution_id, reason=args.reason,
                                                   use_current_schedule=args.with_current_schedule), args.json)
@@ -66,6 +68,8 @@ def _replay(args: argparse.Namespace) -> int:
 
 
 def _discard(args: argparse.Namespace) -> int:
+    check_execution_id(args.execution_id)
+
     async def body(c: SchedulerClient) -> int:
         show_execution(await c.discard_dead_letter(args.execution_id, reason=args.reason), args.json)
         return Exit.OK

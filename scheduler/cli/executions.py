@@ -18,9 +18,8 @@ from scheduler.cli.common import (
     table,
     to_dict,
 )
-from scheduler.cli.output import Exit
+from scheduler.cli.output import Exit, check_execution_id, check_limit, parse_instant
 from scheduler.client import ClientError, SchedulerClient
-from scheduler.model import parse_rfc3339
 
 _STATE = "EXECUTION_STATE_"
 _TRIGGER = "TRIGGER_"
@@ -111,9 +110,10 @@ def _outcome(a: Any) -> str:
 
 
 def _list(args: argparse.Namespace) -> int:
+    check_limit(args.limit)
     states = [enum_value(epb.ExecutionState, _STATE, s) for s in args.state or ()]
-    since = parse_rfc3339(args.since, "since") if args.since else None
-    until = parse_rfc3339(args.until, "until") if args.until else None
+    since = parse_instant(args.since, "since") if args.since else None
+    until = parse_instant(args.until, "until") if args.until else None
 
     async def body(c: SchedulerClient) -> int:
         found = [e async for e in c.iter_executions(
@@ -135,8 +135,9 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _skips(args: argparse.Namespace) -> int:
-    since = parse_rfc3339(args.since, "since") if args.since else None
-    until = parse_rfc3339(args.until, "until") if args.until else None
+    check_limit(args.limit)
+    since = parse_instant(args.since, "since") if args.since else None
+    until = parse_instant(args.until, "until") if args.until else None
 
     async def body(c: SchedulerClient) -> int:
         found = [x async for x in c.iter_skips(args.schedule_id, limit=args.limit or None, planned_start=since,
@@ -179,6 +180,8 @@ def _message(e: Any) -> str:
 
 
 def _get(args: argparse.Namespace) -> int:
+    check_execution_id(args.execution_id)
+
     async def body(c: SchedulerClient) -> int:
         show_execution(await c.get_execution(args.execution_id), args.json)
         return Exit.OK
@@ -186,6 +189,8 @@ def _get(args: argparse.Namespace) -> int:
 
 
 def _cancel(args: argparse.Namespace) -> int:
+    check_execution_id(args.execution_id)
+
     async def body(c: SchedulerClient) -> int:
         show_execution(await c.cancel_execution(args.execution_id, reason=args.reason), args.json)
         return Exit.OK

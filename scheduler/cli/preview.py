@@ -4,17 +4,21 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 
-from scheduler.cli.output import Exit, fail_invalid, rfc3339
+from scheduler.cli.output import Exit, fail_invalid, parse_instant, rfc3339
 from scheduler.clock import SYSTEM_CLOCK
 from scheduler.errors import InvalidArgument
-from scheduler.model import parse_rfc3339
+from scheduler.ids import check_name
 from scheduler.timeplan import DstGap, DstOverlap, parse_spec
 from scheduler.timeplan.plan import check_in_window
 from scheduler.timeplan.zone import get_zone
 
 MAX_COUNT = 10_000
+# A hashed field: a cron field or list item starting with H (`H`, `H/15`, `H(0-29)`, `0,H`), or the phase of
+# `@every 1h phase H`. No other token starts with H (month and weekday names do not, macros start with @).
+_USES_H = re.compile(r"(?:^|[\s,])H")
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -30,7 +34,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--count", type=int, default=10, metavar="N", help=f"how many (1-{MAX_COUNT}, default 10)")
     p.add_argument("--dst-gap", choices=[g.value for g in DstGap], help="nonexistent local times")
     p.add_argument("--dst-overlap", choices=[o.value for o in DstOverlap], help="repeated local times")
-    p.add_argument("--schedule-id", default="", help="schedule id the H fields are hashed from")
+    p.add_argument("--schedule-id", default="", metavar="ID",
+                   help="schedule id the H fields are hashed from (required when the spec uses H)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of lines")
     p.set_defaults(func=run)
 
@@ -41,7 +46,14 @@ def run(args: argparse.Namespace) -> int:
             raise InvalidArgument("count", f"{args.count} is outside 1-{MAX_COUNT}")
         get_zone(args.tz)  # name the zone field before the spec's
         start = SYSTEM_CLOCK.wall_ms() if args.start is None else \
-            check_in_window(parse_rfc3339(args.start, "start"), "start")
+            check_in_window(parse_instant(args.start, "start"), "start")
+        if args.schedule_id:
+            check_name(args.schedule_id, "schedule_id")  # as the server checks a schedule's id
+        elif _USES_H.search(args.cron):
+            # H is the hash of the schedule id: hashed from "" it printed times no schedule would have, where
+            # the server refuses the spec without an id (`spec.schedule_id: is required when the spec uses H`).
+            raise InvalidArgument("schedule_id", "is required when the spec uses H (it is hashed from the "
+                                                 "schedule id): pass --schedule-id ID")
         plan = parse_spec(
             args.cron,
             schedule_id=args.schedule_id,

@@ -30,7 +30,7 @@ from scheduler.cli.common import (
     to_dict,
     ts,
 )
-from scheduler.cli.output import Exit
+from scheduler.cli.output import Exit, check_version
 from scheduler.client import ClientError, SchedulerClient
 from scheduler.errors import InvalidArgument
 from scheduler.region import affinity as ra
@@ -183,6 +183,7 @@ def _role(pol: Any, region: str) -> str:
 
 
 def _switchover(args: argparse.Namespace) -> int:
+    check_version(args.expected_version)
     target = args.to or args.region
     if not target:
         print("schedctl: target_region: name it (`region switchover --to REGION`)", file=sys.stderr)
@@ -210,6 +211,7 @@ _AFFINITY_FLAGS = {"mode": "--mode", "prefer_wait": "--prefer-wait", "pool": "--
 
 
 def _affinity(args: argparse.Namespace) -> int:
+    check_version(args.expected_version)
     try:
         mode, wait = _affinity_input(args)
     except InvalidArgument as e:
@@ -251,6 +253,8 @@ def _affinity_input(args: argparse.Namespace) -> tuple[str, int | None]:
 
 
 def _failback(args: argparse.Namespace) -> int:
+    check_version(args.expected_version)
+
     async def body(c: SchedulerClient) -> int:
         pol = (await c.cluster_status()).region_policy
         # The last change that moved planning: an affinity change (from == to) is not one, nor is a kind

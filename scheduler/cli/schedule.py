@@ -24,11 +24,10 @@ from scheduler.cli.common import (
     ts,
 )
 from scheduler.cli.executions import show_execution
-from scheduler.cli.output import Exit
+from scheduler.cli.output import UINT32_MAX, Exit, check_count, check_limit, check_version, parse_instant
 from scheduler.cli.schedule_input import add_schedule_flags, build_schedule
 from scheduler.client import SchedulerClient
 from scheduler.ids import format_rfc3339_ms
-from scheduler.model import parse_rfc3339
 
 _STATE = "SCHEDULE_STATE_"
 _OVERLAP = "OVERLAP_POLICY_"
@@ -167,6 +166,7 @@ def _apply(args: argparse.Namespace) -> int:
 
 
 def _list(args: argparse.Namespace) -> int:
+    check_limit(args.limit)
     state = enum_value(spb.ScheduleState, _STATE, args.state) if args.state else spb.SCHEDULE_STATE_UNSPECIFIED
 
     async def body(c: SchedulerClient) -> int:
@@ -186,6 +186,7 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _update(args: argparse.Namespace) -> int:
+    check_version(args.expected_version)
     schedule, paths = build_schedule(args, creating=False)
     schedule.id = args.id
     paths = [p for p in paths if p != "id"]
@@ -202,6 +203,8 @@ def _update(args: argparse.Namespace) -> int:
 
 
 def _delete(args: argparse.Namespace) -> int:
+    check_version(args.expected_version)
+
     async def body(c: SchedulerClient) -> int:
         deleted = await c.delete_schedule(args.id, expected_version=args.expected_version,
                                           cancel_running=args.cancel_running, allow_missing=args.allow_missing)
@@ -216,6 +219,8 @@ def _delete(args: argparse.Namespace) -> int:
 
 
 def _pause(args: argparse.Namespace) -> int:
+    check_version(args.expected_version)
+
     async def body(c: SchedulerClient) -> int:
         show_schedule(await c.pause_schedule(args.id, reason=args.reason, cancel_running=args.cancel_running,
                                              expected_version=args.expected_version), args.json)
@@ -224,6 +229,8 @@ def _pause(args: argparse.Namespace) -> int:
 
 
 def _resume(args: argparse.Namespace) -> int:
+    check_version(args.expected_version)
+
     async def body(c: SchedulerClient) -> int:
         show_schedule(await c.resume_schedule(args.id, expected_version=args.expected_version), args.json)
         return Exit.OK
@@ -231,7 +238,7 @@ def _resume(args: argparse.Namespace) -> int:
 
 
 def _trigger(args: argparse.Namespace) -> int:
-    at = parse_rfc3339(args.at, "at") if args.at else None
+    at = parse_instant(args.at, "at") if args.at else None
     overlap = enum_value(spb.OverlapPolicy, _OVERLAP, args.overlap) if args.overlap else spb.OVERLAP_POLICY_UNSPECIFIED
 
     async def body(c: SchedulerClient) -> int:
@@ -241,7 +248,7 @@ def _trigger(args: argparse.Namespace) -> int:
 
 
 def _rerun(args: argparse.Namespace) -> int:
-    planned = parse_rfc3339(args.planned_at, "planned_at")
+    planned = parse_instant(args.planned_at, "planned_at")
 
     async def body(c: SchedulerClient) -> int:
         show_execution(await c.rerun_execution(args.id, planned), args.json)
@@ -250,7 +257,7 @@ def _rerun(args: argparse.Namespace) -> int:
 
 
 def _backfill(args: argparse.Namespace) -> int:
-    start, end = parse_rfc3339(args.start, "start"), parse_rfc3339(args.end, "end")
+    start, end = parse_instant(args.start, "start"), parse_instant(args.end, "end")
     overlap = enum_value(spb.OverlapPolicy, _OVERLAP, args.overlap) if args.overlap else spb.OVERLAP_POLICY_UNSPECIFIED
 
     async def body(c: SchedulerClient) -> int:
@@ -278,14 +285,15 @@ def _backfill(args: argparse.Namespace) -> int:
 
 
 def _preview(args: argparse.Namespace) -> int:
-    after = parse_rfc3339(args.after, "after") if args.after else None
+    check_count("--count", args.count, most=UINT32_MAX)  # the request's uint32 (the server allows 0-1000)
+    after = parse_instant(args.after, "after") if args.after else None
 
     async def body(c: SchedulerClient) -> int:
-        times = [ts(t) for t in await c.preview_schedule(schedule_id=args.id, after=after, count=args.count)]
-        if args.json:
-            print_json({"schedule_id": args.id, "times": times})
+        times = await c.preview_schedule(schedule_id=args.id, after=after, count=args.count)
+        if args.json:  # the response's proto JSON mapping, as every --json prints (docs/cli.md)
+            print_json(sspb.PreviewScheduleResponse(planned_times=times))
         else:
-            sys.stdout.write("".join(t + "\n" for t in times))
+            sys.stdout.write("".join(ts(t) + "\n" for t in times))
         return Exit.OK
     return run_call(args, body)
 

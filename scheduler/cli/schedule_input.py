@@ -18,8 +18,8 @@ from google.protobuf import json_format
 
 from scheduler._gen.scheduler.v1 import schedule_pb2 as spb
 from scheduler.cli.common import enum_choices, enum_value
+from scheduler.cli.output import UINT32_MAX, check_count, parse_instant
 from scheduler.errors import InvalidArgument
-from scheduler.model import parse_rfc3339
 from scheduler.timeplan.plan import parse_duration_ms
 
 # flag dest -> (proto path, kind)
@@ -38,6 +38,8 @@ _DURATIONS = {
     "initial_backoff": "policies.retry.initial_backoff", "max_backoff": "policies.retry.max_backoff",
     "execution_timeout": "policies.execution_timeout",
 }
+# The longest google.protobuf.Duration (10000 years): a longer one overflowed protobuf's conversion (a traceback).
+_DURATION_MAX_MS = 315_576_000_000 * 1000
 _NUMBERS = {
     "catchup_cap": "policies.missed_runs.catchup_cap", "max_attempts": "policies.retry.max_attempts",
     "max_unknown_attempts": "policies.retry.max_unknown_attempts",
@@ -158,12 +160,15 @@ def build_schedule(args: argparse.Namespace, *, creating: bool) -> tuple[Any, li
             k, sep, v = item.partition("=")
             if not sep or not k:
                 raise InvalidArgument("label", f"{item!r} is not KEY=VALUE")
+            if k in s.labels:  # the last one silently won: one of the two values was a mistake, say which key
+                raise InvalidArgument("label", f"key {k!r} is given twice ({k}={s.labels[k]} and {item}); "
+                                               "give each key once")
             s.labels[k] = v
         paths.append("labels")
     for dest, field in (("start", "start_at"), ("end", "end_at")):
         v = getattr(args, dest)
         if v is not None:
-            getattr(s, field).FromMilliseconds(parse_rfc3339(v, dest))
+            getattr(s, field).FromMilliseconds(parse_instant(v, dest))
             paths.append(field)
     for dest, (path, enum, prefix) in _ENUMS.items():
         v = getattr(args, dest)
@@ -173,11 +178,18 @@ def build_schedule(args: argparse.Namespace, *, creating: bool) -> tuple[Any, li
     for dest, path in _DURATIONS.items():
         v = getattr(args, dest)
         if v is not None:
-            _set(s, path, parse_duration_ms(v, dest))
+            ms = parse_duration_ms(v, dest)  # (it has no sign: a negative one is not a duration)
+            if ms > _DURATION_MAX_MS:
+                raise InvalidArgument(dest, f"{v!r} is longer than a google.protobuf.Duration holds (10000 years)")
+            _set(s, path, ms)
             paths.append(path)
     for dest, path in _NUMBERS.items():
         v = getattr(args, dest)
         if v is not None:
+            if dest != "backoff_multiplier":  # a double takes any number; the server checks its 1-10
+                # uint32 fields: the server checks its own bounds (1-10000, ...), but a value the field cannot
+                # hold never reached it: protobuf raised ValueError, a traceback with exit 1.
+                check_count("--" + dest.replace("_", "-"), v, most=UINT32_MAX)
             _set(s, path, v)
             paths.append(path)
     if creating:

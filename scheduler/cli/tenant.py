@@ -8,7 +8,7 @@ import math
 from typing import Any
 
 from scheduler.cli.common import client_parent, opt_ts, print_json, run_call, table, to_dict
-from scheduler.cli.output import Exit
+from scheduler.cli.output import Exit, check_version
 from scheduler.client import SchedulerClient
 from scheduler.errors import InvalidArgument
 
@@ -76,6 +76,7 @@ def limit_value(flag: str, text: str | None, kind: type[int] | type[float]) -> i
 
 def _set(args: argparse.Namespace) -> int:
     tenant = _tenant(args)
+    check_version(args.expected_version)
     values = {name: limit_value("--" + name.replace("_", "-"), getattr(args, name), kind)
               for name, _, kind, _ in _LIMITS}
     if all(v is None for v in values.values()):

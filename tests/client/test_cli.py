@@ -16,7 +16,7 @@ from scheduler._gen.scheduler.v1 import cluster_pb2 as cpb
 from scheduler._gen.scheduler.v1 import execution_pb2 as epb
 from scheduler._gen.scheduler.v1 import schedule_service_pb2 as sspb
 from scheduler.cli import planner as planner_cli
-from scheduler.cli.main import build_parser
+from scheduler.cli.main import build_parser, main
 from tests.client.fake_server import FakeApi
 
 SCHEDCTL = str(Path(sys.executable).parent / "schedctl")
@@ -83,7 +83,8 @@ async def test_schedule_crud_tables_and_json(fake: tuple[FakeApi, str]) -> None:
     assert r.rc == 0 and "active" in r.out
 
     r = await schedctl("schedule", "preview", "hello", "--count", "3", "--json", server=srv)
-    assert r.rc == 0 and len(r.json()["times"]) == 3  # type: ignore[arg-type]
+    # The proto JSON mapping of PreviewScheduleResponse, as every --json prints (it was {"schedule_id", "times"}).
+    assert r.rc == 0 and list(r.json()) == ["planned_times"] and len(r.json()["planned_times"]) == 3  # type: ignore[arg-type]
 
     r = await schedctl("schedule", "delete", "hello", server=srv)
     assert r.rc == 0 and "deleted hello" in r.out
@@ -180,6 +181,11 @@ async def test_executions_backfill_and_dead_letters(fake: tuple[FakeApi, str]) -
     assert r.rc == 0 and r.json()["trigger"] == "TRIGGER_RERUN"
     r = await schedctl("schedule", "trigger", "s", "--at", "2026-05-28T01:00:00.5Z", "--json", server=srv)
     assert r.rc == 0 and r.json()["execution_id"] == "s@2026-05-28T01:00:00.500Z"
+    # Only a non-zero digit past the milliseconds is refused (test_bad_flag_values...): trailing zeros are the
+    # same instant.
+    r = await schedctl("schedule", "trigger", "s", "--at", "2026-05-28T03:00:01.250000000+02:00", "--json",
+                       server=srv)
+    assert r.rc == 0 and r.json()["execution_id"] == "s@2026-05-28T01:00:01.250Z", r.err
 
     a = api.add_dead_letter("s", T0)
     b = api.add_dead_letter("s", T0 + 60_000)
@@ -331,3 +337,67 @@ def test_completion_script_is_valid_shell(shell: str, tmp_path: Path) -> None:
     path.write_text(script)
     r = subprocess.run([binary, "-n", str(path)], capture_output=True, text=True, check=False)
     assert r.returncode == 0, r.stderr
+
+
+# An outside audit: each of these crashed with a traceback (exit 1: protobuf's "Value out of range"), or was
+# silently accepted (a negative --limit listed nothing or one row, exit 0), or silently truncated (a
+# sub-millisecond instant reran or triggered `...:00.000Z`, a run the operator did not name), or kept the last
+# of two values (--label a=b --label a=c). Each must exit 2 naming the flag and the reason, before any call:
+# the server given is one where nothing listens, so a check that came after the call would exit 5 instead.
+BAD_FLAG_VALUES = [
+    (["schedule", "create", "--id", "b1", "--cron", "* * * * *", "--command", "true", "--catchup-cap", "-1"],
+     "--catchup-cap: is -1; must not be negative"),
+    (["schedule", "update", "x", "--catchup-cap", "-1"], "--catchup-cap: is -1; must not be negative"),
+    (["schedule", "update", "x", "--max-attempts", "-1"], "--max-attempts: is -1; must not be negative"),
+    (["schedule", "update", "x", "--max-unknown-attempts", "-1"],
+     "--max-unknown-attempts: is -1; must not be negative"),
+    (["schedule", "update", "x", "--max-attempts", str(2**32)], f"--max-attempts: is {2**32}; at most {2**32 - 1}"),
+    (["schedule", "update", "x", "--jitter", "99999999999999999d"],
+     "jitter: '99999999999999999d' is longer than a google.protobuf.Duration holds (10000 years)"),
+    (["schedule", "update", "x", "--cron", "@hourly", "--expected-version", "-1"],
+     "--expected-version: is -1; must not be negative"),
+    (["schedule", "delete", "x", "--expected-version", str(2**64)],
+     f"--expected-version: is {2**64}; at most {2**64 - 1}"),
+    (["schedule", "pause", "x", "--expected-version", "-1"], "--expected-version: is -1; must not be negative"),
+    (["schedule", "resume", "x", "--expected-version", "-1"], "--expected-version: is -1; must not be negative"),
+    (["tenant", "quota", "set", "t", "--schedules", "1", "--expected-version", "-1"],
+     "--expected-version: is -1; must not be negative"),
+    (["region", "switchover", "--to", "r1", "--expected-version", "-1"],
+     "--expected-version: is -1; must not be negative"),
+    (["schedule", "preview", "x", "--count", "-1"], "--count: is -1; must not be negative"),
+    (["exec", "list", "--schedule", "x", "--limit", "-1"], "--limit: is -1; must be 0 (all) or positive"),
+    (["exec", "list", "--limit", "-5"], "--limit: is -5; must be 0 (all) or positive"),
+    (["skips", "x", "--limit", "-1"], "--limit: is -1; must be 0 (all) or positive"),
+    (["dlq", "list", "--limit", "-1"], "--limit: is -1; must be 0 (all) or positive"),
+    (["schedule", "list", "--limit", "-1"], "--limit: is -1; must be 0 (all) or positive"),
+    (["audit", "list", "--limit", "-1"], "--limit: is -1; must be 0 (all) or positive"),
+    (["schedule", "rerun", "x", "2026-12-07T18:44:00.0009Z"],
+     "planned_at: '2026-12-07T18:44:00.0009Z' has a sub-millisecond part; instants have millisecond precision"),
+    (["schedule", "trigger", "x", "--at", "2026-12-07T18:53:44.0004Z"],
+     "at: '2026-12-07T18:53:44.0004Z' has a sub-millisecond part; instants have millisecond precision"),
+    (["schedule", "backfill", "x", "--start", "2026-12-07T18:00:00Z", "--end", "2026-12-07T19:00:00.0000001Z"],
+     "end: '2026-12-07T19:00:00.0000001Z' has a sub-millisecond part; instants have millisecond precision"),
+    (["schedule", "update", "x", "--start", "2026-12-07T18:00:00,0009+01:00"],
+     "start: '2026-12-07T18:00:00,0009+01:00' has a sub-millisecond part; instants have millisecond precision"),
+    (["schedule", "preview", "x", "--after", "2026-12-07T18:00:00.0009Z"],
+     "after: '2026-12-07T18:00:00.0009Z' has a sub-millisecond part; instants have millisecond precision"),
+    (["exec", "list", "--since", "2026-12-07T18:00:00.0009Z"],
+     "since: '2026-12-07T18:00:00.0009Z' has a sub-millisecond part; instants have millisecond precision"),
+    (["dlq", "list", "--until", "2026-12-07T18:00:00.0009Z"],
+     "until: '2026-12-07T18:00:00.0009Z' has a sub-millisecond part; instants have millisecond precision"),
+    *[([*verb, "x@2026-12-07T18:44:00.0009Z"],
+       "execution_id: time '2026-12-07T18:44:00.0009Z' has a sub-millisecond part; execution ids have millisecond "
+       "precision (<schedule_id>@2026-11-29T10:00:00.000Z)")
+      for verb in (["exec", "get"], ["exec", "cancel"], ["dlq", "replay"], ["dlq", "discard"])],
+    (["schedule", "create", "--id", "b1", "--cron", "* * * * *", "--command", "true", "--label", "a=b",
+      "--label", "a=c"], "label: key 'a' is given twice (a=b and a=c); give each key once"),
+]
+
+
+@pytest.mark.parametrize(("argv", "message"), BAD_FLAG_VALUES, ids=[" ".join(a) for a, _ in BAD_FLAG_VALUES])
+def test_bad_flag_values_exit_2_naming_the_flag_before_any_call(argv: list[str], message: str,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    with unused_port() as nobody:
+        rc = main([*argv, "--server", f"127.0.0.1:{nobody}", "--timeout", "1"])
+    out, err = capsys.readouterr()
+    assert (rc, err, out) == (2, f"schedctl: {message}\n", "")

@@ -130,7 +130,7 @@ def test_schedules_executions_and_errors(cluster: Cluster) -> None:
     c.wait("the manual run", lambda: c.json("exec", "get", manual["execution_id"])["state"]
            == "EXECUTION_STATE_SUCCEEDED")
 
-    times = c.json("schedule", "preview", "tick", "--count", "3")["times"]
+    times = c.json("schedule", "preview", "tick", "--count", "3")["planned_times"]
     assert len(times) == 3
 
     c.ok("schedule", "delete", "tick")

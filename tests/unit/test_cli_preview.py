@@ -51,6 +51,14 @@ def test_preview_default_start_is_now() -> None:
         (["--cron", "* * * * *", "--start", "yesterday"], "start: 'yesterday' is not an RFC3339 time"),
         (["--cron", "* * * * *", "--start", "2026-01-01T00:00:00"], "start: '2026-01-01T00:00:00' has no UTC"),
         (["--cron", "* * * * *", "--count", "0"], "count: 0 is outside 1-10000"),
+        # Truncated to the millisecond before; every instant argument of schedctl refuses it alike.
+        (["--cron", "* * * * *", "--start", "2026-01-01T00:00:00.0001Z"],
+         "start: '2026-01-01T00:00:00.0001Z' has a sub-millisecond part"),
+        # H is the hash of the schedule id: without one it was hashed from "", as the server refuses to.
+        (["--cron", "@every 1h phase H"], "schedule_id: is required when the spec uses H"),
+        (["--cron", "H H * * *"], "schedule_id: is required when the spec uses H"),
+        (["--cron", "0,H/20 * * * *"], "schedule_id: is required when the spec uses H"),
+        (["--cron", "H * * * *", "--schedule-id", "no spaces"], "schedule_id: 'no spaces' may only contain"),
     ],
 )
 def test_preview_bad_input(args: list[str], message: str) -> None:
@@ -58,6 +66,18 @@ def test_preview_bad_input(args: list[str], message: str) -> None:
     assert r.returncode == 2
     assert message in r.stderr
     assert r.stdout == ""
+
+
+def test_preview_hashes_h_from_the_schedule_id() -> None:
+    """With --schedule-id the H fields are the schedule's own (tests/unit/timeplan pins the hash itself)."""
+    a = run("preview", "--cron", "@every 1h phase H", "--schedule-id", "billing-export",
+            "--start", "2026-01-01T00:00:00Z", "--count", "2")
+    b = run("preview", "--cron", "@every 1h phase H", "--schedule-id", "billing-import",
+            "--start", "2026-01-01T00:00:00Z", "--count", "2")
+    assert a.returncode == b.returncode == 0, (a.stderr, b.stderr)
+    assert len(a.stdout.splitlines()) == 2 and a.stdout != b.stdout
+    r = run("preview", "--cron", "@hourly", "--count", "1")  # no H: no id needed
+    assert r.returncode == 0, r.stderr
 
 
 def test_preview_bad_flag_value_is_a_usage_error() -> None:
