@@ -51,6 +51,7 @@ from scheduler.store.ledger import DeadLetterEntry, Ledger
 from scheduler.store.schedules import ScheduleStore, StoredSchedule, over_quota
 from scheduler.timeconv import ms_to_timestamp
 from scheduler.timeplan import DstGap, DstOverlap, Plan, parse_spec
+from scheduler.timeplan.hashing import uses_hash
 from scheduler.timeplan.plan import check_in_window
 from scheduler.timeplan.zone import check_zone_name
 
@@ -442,7 +443,7 @@ class ScheduleService:
             ps = request.spec
             if ps.schedule_id:
                 inputs.schedule_id(ps.schedule_id, "spec.schedule_id")
-            elif any(f.startswith("H") for f in ps.spec.split()):
+            elif uses_hash(ps.spec):  # `0,H` too, which a test of whole fields missed (an audit)
                 raise InvalidArgument("spec.schedule_id", "is required when the spec uses H (it is hashed from the id)")
             if len(ps.spec) > 1024:
                 raise InvalidArgument("spec.spec", f"is {len(ps.spec)} characters; the limit is 1024")

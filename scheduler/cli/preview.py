@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 
 from scheduler.cli.output import Exit, fail_invalid, parse_instant, rfc3339
@@ -12,13 +11,11 @@ from scheduler.clock import SYSTEM_CLOCK
 from scheduler.errors import InvalidArgument
 from scheduler.ids import check_name
 from scheduler.timeplan import DstGap, DstOverlap, parse_spec
+from scheduler.timeplan.hashing import uses_hash
 from scheduler.timeplan.plan import check_in_window
-from scheduler.timeplan.zone import get_zone
+from scheduler.timeplan.zone import check_zone_name, get_zone
 
 MAX_COUNT = 10_000
-# A hashed field: a cron field or list item starting with H (`H`, `H/15`, `H(0-29)`, `0,H`), or the phase of
-# `@every 1h phase H`. No other token starts with H (month and weekday names do not, macros start with @).
-_USES_H = re.compile(r"(?:^|[\s,])H")
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -44,12 +41,13 @@ def run(args: argparse.Namespace) -> int:
     try:
         if not 1 <= args.count <= MAX_COUNT:
             raise InvalidArgument("count", f"{args.count} is outside 1-{MAX_COUNT}")
+        check_zone_name(args.tz, "tz")
         get_zone(args.tz)  # name the zone field before the spec's
         start = SYSTEM_CLOCK.wall_ms() if args.start is None else \
             check_in_window(parse_instant(args.start, "start"), "start")
         if args.schedule_id:
             check_name(args.schedule_id, "schedule_id")  # as the server checks a schedule's id
-        elif _USES_H.search(args.cron):
+        elif uses_hash(args.cron):
             # H is the hash of the schedule id: hashed from "" it printed times no schedule would have, where
             # the server refuses the spec without an id (`spec.schedule_id: is required when the spec uses H`).
             raise InvalidArgument("schedule_id", "is required when the spec uses H (it is hashed from the "

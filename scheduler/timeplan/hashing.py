@@ -14,6 +14,7 @@ it is never used. The definition, pinned by tests with literal values:
 from __future__ import annotations
 
 import hashlib
+import re
 
 
 def stable_u64(text: str) -> int:
@@ -29,3 +30,13 @@ def jitter_ms(schedule_id: str, planned_ms: int, max_jitter_ms: int) -> int:
     if max_jitter_ms <= 0:
         return 0
     return stable_u64(f"{schedule_id}\x00J\x00{planned_ms}") % (max_jitter_ms + 1)
+
+
+# A hashed field: a cron field or list item starting with H (`H`, `H/15`, `H(0-29)`, `0,H`), or the phase of
+# `@every 1h phase H`. No other token starts with H (month and weekday names do not, macros start with @).
+_USES_H = re.compile(r"(?:^|[\s,])H")
+
+
+def uses_hash(spec: str) -> bool:
+    """Whether `spec` has a field hashed from the schedule id (`H`): planning it needs the id."""
+    return _USES_H.search(spec) is not None

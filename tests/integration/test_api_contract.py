@@ -311,6 +311,11 @@ def test_preview(cluster: ApiCluster) -> None:
     fails(grpc.StatusCode.INVALID_ARGUMENT, a.PreviewSchedule, spb.PreviewScheduleRequest(
         schedule_id="pv-1", count=1001), "count")
     fails(grpc.StatusCode.INVALID_ARGUMENT, a.PreviewSchedule, spb.PreviewScheduleRequest(), "source")
+    # H inside a list is hashed from the id too (an audit: only whole fields starting with H were caught).
+    fails(grpc.StatusCode.INVALID_ARGUMENT, a.PreviewSchedule, spb.PreviewScheduleRequest(
+        spec=spb.PreviewSpec(spec="0,H * * * *")), "spec.schedule_id")
+    fails(grpc.StatusCode.INVALID_ARGUMENT, a.PreviewSchedule, spb.PreviewScheduleRequest(
+        spec=spb.PreviewSpec(spec="* * * * *", time_zone="localtime")), "spec.time_zone")
     fails(grpc.StatusCode.NOT_FOUND, a.PreviewSchedule, spb.PreviewScheduleRequest(schedule_id="pv-missing"))
     # The planning window, 1900..9990 (docs/time.md), as offline preview: 1950 was refused naming 1970 (an audit).
     old = a.PreviewSchedule(spb.PreviewScheduleRequest(spec=spb.PreviewSpec(spec="0 0 1 1 *"), count=1,
