@@ -401,3 +401,18 @@ def test_bad_flag_values_exit_2_naming_the_flag_before_any_call(argv: list[str],
         rc = main([*argv, "--server", f"127.0.0.1:{nobody}", "--timeout", "1"])
     out, err = capsys.readouterr()
     assert (rc, err, out) == (2, f"schedctl: {message}\n", "")
+
+
+def test_a_retired_reservation_reads_not_handed_out() -> None:
+    # An outside audit (session 36): a first attempt its owner reserved and never handed out, retired by a later
+    # dispatch, showed as `failed (never started)` beside the run that succeeded: read as a failure.
+    from scheduler._gen.scheduler.v1 import execution_pb2 as epb
+    from scheduler.cli.executions import _outcome
+    from scheduler.execution import RESERVED_MESSAGE
+
+    retired = epb.AttemptRecord(attempt=1, outcome=epb.ATTEMPT_OUTCOME_FAILED, never_started=True,
+                                error_message=RESERVED_MESSAGE)
+    assert _outcome(retired) == "not handed out"
+    dropped = epb.AttemptRecord(attempt=1, worker_id="w1", outcome=epb.ATTEMPT_OUTCOME_FAILED, never_started=True,
+                                error_message="not started: start-by passed")
+    assert _outcome(dropped).endswith("(never started)")
