@@ -27,6 +27,7 @@ from scheduler.cli.executions import show_execution
 from scheduler.cli.output import UINT32_MAX, Exit, check_count, check_limit, check_version, parse_instant
 from scheduler.cli.schedule_input import add_schedule_flags, build_schedule
 from scheduler.client import SchedulerClient
+from scheduler.clock import SYSTEM_CLOCK
 from scheduler.ids import format_rfc3339_ms
 
 _STATE = "SCHEDULE_STATE_"
@@ -132,6 +133,9 @@ def show_schedule(s: Any, as_json: bool) -> None:
     ]
     if s.paused_reason:
         rows.insert(3, ("paused_reason", s.paused_reason))
+    if s.HasField("end_at") and s.end_at.ToMilliseconds() < SYSTEM_CLOCK.wall_ms():
+        # Still `active` (nothing changed it), but it plans nothing more: said, not left to guess (an audit).
+        rows[2] = ("state", f"{rows[2][1]} (ended: end_at has passed)")
     width = max(len(k) for k, _ in rows)
     sys.stdout.write("".join(f"{k.ljust(width)}  {v}\n" for k, v in rows))
 
@@ -294,6 +298,10 @@ def _preview(args: argparse.Namespace) -> int:
             print_json(sspb.PreviewScheduleResponse(planned_times=times))
         else:
             sys.stdout.write("".join(ts(t) + "\n" for t in times))
+            if not times:  # say why nothing comes (an audit: an ended schedule printed nothing, exit 0)
+                s = await c.get_schedule(args.id)
+                why = f"it ended at {opt_ts(s, 'end_at')}" if s.HasField("end_at") else "its spec plans no more"
+                sys.stderr.write(f"schedctl: no planned time of {args.id!r} after that instant: {why}\n")
         return Exit.OK
     return run_call(args, body)
 

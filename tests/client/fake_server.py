@@ -226,14 +226,18 @@ class FakeApi(ssgrpc.ScheduleServiceServicer, agrpc.AdminServiceServicer):  # ty
 
     async def PreviewSchedule(self, request: Any, context: Any) -> Any:
         after = request.after.ToMilliseconds() if request.HasField("after") else self.clock_ms
+        end = None
         if request.WhichOneof("source") == "schedule_id":
-            self._schedule(request.schedule_id)
+            s = self._schedule(request.schedule_id)
+            end = s.end_at.ToMilliseconds() if s.HasField("end_at") else None
         elif not request.spec.spec:
             raise invalid("spec.spec", "is required")
         out = []
         for i in range(1, (request.count or 10) + 1):
             t = type(request.after)()
             t.FromMilliseconds(after - after % 60_000 + i * 60_000)
+            if end is not None and t.ToMilliseconds() > end:
+                break
             out.append(t)
         return sspb.PreviewScheduleResponse(planned_times=out)
 

@@ -416,3 +416,16 @@ def test_a_retired_reservation_reads_not_handed_out() -> None:
     dropped = epb.AttemptRecord(attempt=1, worker_id="w1", outcome=epb.ATTEMPT_OUTCOME_FAILED, never_started=True,
                                 error_message="not started: start-by passed")
     assert _outcome(dropped).endswith("(never started)")
+
+
+async def test_an_ended_schedule_says_so(fake: tuple[FakeApi, str]) -> None:
+    # An outside audit (session 36): after its end_at, `schedule get` still said `active` and `schedule preview`
+    # printed nothing with exit 0, no word of why.
+    _, srv = fake
+    r = await schedctl("schedule", "create", "--id", "done", "--cron", "* * * * *", "--command", "true",
+                       "--end", "2020-01-01T00:00:00Z", server=srv)
+    assert r.rc == 0, r.err
+    r = await schedctl("schedule", "get", "done", server=srv)
+    assert r.rc == 0 and "active (ended: end_at has passed)" in r.out
+    r = await schedctl("schedule", "preview", "done", server=srv)
+    assert r.rc == 0 and r.out == "" and "it ended at 2020-01-01T00:00:00.000Z" in r.err
