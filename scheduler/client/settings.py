@@ -7,6 +7,7 @@ Same precedence and validation as every other settings class (scheduler/config.p
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -44,8 +45,8 @@ class ClientSettings(Settings):
         host, sep, port = self.server.rpartition(":")
         if not sep or not host or not port.isdigit() or not 0 < int(port) < 65_536:
             raise InvalidArgument("server", f"{self.server!r} is not host:port (e.g. 127.0.0.1:7000)")
-        if self.request_timeout <= 0:
-            raise InvalidArgument("request_timeout", "must be positive")
+        if not 0 < self.request_timeout < math.inf:  # nan compares false both ways: it read as a timeout (exit 5)
+            raise InvalidArgument("request_timeout", f"is {self.request_timeout}; must be a positive number of seconds")
         check_tls_files("tls_", self.tls_cert_file, self.tls_key_file, self.tls_ca_file)
 
     def token(self) -> str | None:

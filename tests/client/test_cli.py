@@ -429,3 +429,12 @@ async def test_an_ended_schedule_says_so(fake: tuple[FakeApi, str]) -> None:
     assert r.rc == 0 and "active (ended: end_at has passed)" in r.out
     r = await schedctl("schedule", "preview", "done", server=srv)
     assert r.rc == 0 and r.out == "" and "it ended at 2020-01-01T00:00:00.000Z" in r.err
+
+
+@pytest.mark.parametrize("timeout", ["nan", "inf"])
+def test_a_timeout_that_is_no_number_of_seconds_is_refused(timeout: str, capsys: pytest.CaptureFixture[str]) -> None:
+    # `--timeout nan` compared false with 0 and went on as a deadline: exit 5, "did not answer in time".
+    with unused_port() as nobody:
+        rc = main(["exec", "list", "--server", f"127.0.0.1:{nobody}", "--timeout", timeout])
+    _, err = capsys.readouterr()
+    assert rc == 2 and err.startswith(f"schedctl: request_timeout: is {timeout}")
