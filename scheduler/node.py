@@ -129,6 +129,7 @@ class PlannerNode:
         self.planner_settings = planner or PlannerSettings()
         self.dispatcher: DispatchSink = dispatcher or NullDispatcher()
         self.ownership = Ownership(kv, ks, settings, clock, listener=self, eligible=self._eligible)
+        self._workers_seen_task: asyncio.Task[None] | None = None
         # The clock-skew guard: probes the peers, suspends ownership while this clock is out of bounds,
         # and bounds the wall time the partition loops plan with (`plan_clock`). The API's GetTime and
         # the guard's own probes keep the raw clock: peers must measure the real skew.
@@ -218,10 +219,17 @@ class PlannerNode:
                        lookup=self.lookup_pending, on_capacity=self._wake_starved,
                        on_lost_attempts=self.on_lost_attempts, on_started=self._on_started,
                        notice_for=self._notice_unless_owned, owns=self.owns_execution, payload_of=self.payload_of,
-                       rpc_timeout=self.s.rpc_timeout, **options)
+                       rpc_timeout=self.s.rpc_timeout, on_worker=self._worker_connected, **options)
         self.dispatcher = d
+        if self.ownership.workers_seen is None:
+            self.ownership.workers_seen = False  # published with the session: no worker yet (planner/ownership.py)
         d.set_region_policy(self.region_guard.current.policy)
         return d
+
+    def _worker_connected(self) -> None:
+        if self.ownership.workers_seen is False and self._workers_seen_task is None:
+            # Kept referenced: the loop holds only a weak reference to a task.
+            self._workers_seen_task = asyncio.create_task(self.ownership.set_workers_seen(), name="workers-seen")
 
     def _region_policy(self, policy: RegionPolicy | None) -> None:
         """A new region policy: the dispatcher applies its planning region and worker affinity at once."""

@@ -104,6 +104,7 @@ class Dispatcher:
         on_capacity: Callable[[], None] = lambda: None,
         on_lost_attempts: Callable[[list[AttemptKey]], None] = lambda keys: None,
         on_started: Callable[[Execution], None] = lambda e: None,
+        on_worker: Callable[[], None] = lambda: None,
         notice_for: NoticeFor = lambda sid, planned_ms: (),
         owns: Callable[[str], bool] | None = None,
         payload_of: PayloadLookup | None = None,
@@ -149,6 +150,7 @@ class Dispatcher:
         self._reserved: dict[str, int] = {}  # capacity held by partition loops committing dispatches
         # Start confirmation (dispatch/starts.py): Started requests from any stream, recorded in batches.
         self._on_started, self._notice_for = on_started, notice_for
+        self._on_worker = on_worker  # a worker stream was welcomed (the node publishes that it has workers)
         self._starts: StartRecorder | None = None
         # Runs of partitions this node no longer owns that their worker still lists here (dispatch/vouch.py);
         # `owns` (whether this node owns an execution id's partition) None: never vouch (tests without a node).
@@ -534,6 +536,7 @@ class Dispatcher:
             self._no_start_in[c.pool] = self._no_start_in.get(c.pool, 0) + 1
         self.liveness.start_watchdog()
         log.info("worker connected", extra={"event": "worker_connected", "worker": h.worker_id, "pool": h.pool})
+        self._on_worker()
         yield wpb.PlannerMessage(welcome=wpb.Welcome(
             planner_id=self.node_id, region=self.region, server_time=ms_to_timestamp(self.clock.wall_ms()),
             planners=self._planners(), heartbeat_interval=ms_to_duration(int(self.hb_interval * 1000)),

@@ -79,15 +79,24 @@ class MemberInfo:
     # Why the planner refuses to own partitions on its own (e.g. "clock_skew"); "": it does not. Every
     # planner leaves a suspended member out of the eligible set, so the others take its share.
     suspended: str = ""
+    # Whether a worker stream has reached this planner since it started: False until one has (a planner that
+    # serves worker streams says so from the start); None: not told (older builds, planners without a worker
+    # service), taken as ready. A peer that joined within the hold-down and has no worker yet is settling for
+    # everyone, even a planner itself in its own start-up (`Ownership.snapshot`).
+    workers: bool | None = None
 
     def encode(self) -> bytes:
-        return json.dumps(self.__dict__, separators=(",", ":")).encode()
+        d = dict(self.__dict__)
+        if self.workers is None:
+            del d["workers"]
+        return json.dumps(d, separators=(",", ":")).encode()
 
     @staticmethod
     def decode(value: bytes) -> MemberInfo:
         d = json.loads(value)
+        w = d.get("workers")
         return MemberInfo(str(d["node_id"]), str(d["region"]), str(d["api_address"]), int(d["started_at_ms"]),
-                          str(d.get("suspended", "")))
+                          str(d.get("suspended", "")), None if w is None else bool(w))
 
 
 class Ownership:
@@ -115,6 +124,8 @@ class Ownership:
         # Why this planner suspends itself (ClockGuard: "clock_skew"); published in its member record.
         self.suspended = ""
         self._published_suspended = ""
+        # None: this planner does not say (no worker service); False until a worker stream reaches it (MemberInfo).
+        self.workers_seen: bool | None = None
         self.claims = 0
         self.sessions = 0
         self.last_decision: RebalanceDecision | None = None
@@ -222,7 +233,24 @@ class Ownership:
         started = self._member_started.get(session.lease_id)
         if started is None:
             started = self._member_started[session.lease_id] = self._clock.wall_ms()
-        return MemberInfo(self._s.node_id, self._s.region, self._s.api_address, started, self.suspended)
+        return MemberInfo(self._s.node_id, self._s.region, self._s.api_address, started, self.suspended,
+                          self.workers_seen)
+
+    async def set_workers_seen(self) -> None:
+        """A worker stream reached this planner: published once (the member record is re-put under the session's
+        lease), so that peers in their own start-up may hand it partitions now. A failed put is left to the next
+        session's record, or to the hold-down's end, which makes the flag moot: it only delays hand-overs."""
+        if self.workers_seen is not False:
+            return
+        self.workers_seen = True
+        session = self.session
+        if session is None:
+            return
+        try:
+            await self._kv.put(self._ks.member(self._s.node_id), self._member_info(session).encode(),
+                               lease=session.lease_id, timeout=self._s.rpc_timeout)
+        except (EtcdError, OutcomeUnknown) as e:
+            log.info("publishing workers=true: %s", e)
 
     def drained(self) -> frozenset[str]:
         """Node ids with a drain request."""
@@ -421,7 +449,11 @@ class Ownership:
         for kv in self.members.items.values():
             first = seen.setdefault((kv.key, kv.create_revision), now if self._seen_any else now - hold)
             info = MemberInfo.decode(kv.value)
-            if info.node_id != self._s.node_id and now - first < hold and not young:
+            # ... except to a peer that has no worker yet: a planner just restarted whose workers are still in
+            # their reconnect backoff would sit on what it is handed (a game day, session 36: a partition handed
+            # back to a restarted planner 0.1 s after it joined waited 2.6 s for a worker stream; its run started
+            # 10.5 s late, bound 8 s). Bounded by the hold-down like any settling.
+            if info.node_id != self._s.node_id and now - first < hold and (not young or info.workers is False):
                 settling.add(info.node_id)
             if info.node_id in drained:
                 continue

@@ -11,8 +11,9 @@ only the partitions it has to and a restarted planner tends to get its old ones 
 room for them until the hold-down is over: a restarted planner's start-up burst (imports, loading its
 first partitions) is the worst moment to hand it more, and a planner that flaps would otherwise move
 partitions on every return. Every partition stays owned meanwhile. A planner that is itself inside the
-hold-down of its own session passes an empty `settling` set (planner/ownership.py): after a cold start,
-the first planner up holds everything, and handing it on at once spreads the backlog fastest.
+hold-down of its own session leaves out of `settling` the peers that already have a worker stream
+(planner/ownership.py): after a cold start, the first planner up holds everything, and handing it on at once
+spreads the backlog fastest; to a peer with no worker yet, what it would be handed would only wait.
 
 `long_free`: partitions this planner has seen free for longer than `orphan_grace`. Normally a free
 partition is claimed within a round by the planner whose share it is; one left free that long has a

@@ -88,3 +88,31 @@ async def test_suspended_planner_releases_and_the_others_take_its_share(fast_cli
         for t in (ta, tb):
             t.cancel()
         await asyncio.gather(ta, tb, return_exceptions=True)
+
+
+async def test_a_planner_in_its_own_start_up_hands_nothing_to_a_peer_without_workers(
+        fast_client: EtcdClient, key_prefix: str) -> None:
+    """A game day (session 36, seed 3): after an F4 every planner was in its own start-up, which ignores the
+    hold-down, so a partition went back to a planner 0.1 s after its restart, whose workers were still in their
+    reconnect backoff; its run started 10.5 s late (bound 8 s). A peer that joined within the hold-down and says it
+    has no worker yet is settling even then; once it says it has one, it gets its share at once."""
+    ks = Keyspace(key_prefix.rstrip("/"))
+    hold = 600.0  # neither clock moves: both stay in their own start-up, as after a cold start
+    a, b = (Ownership(fast_client, ks, replace(FAST, node_id=n, rebalance_holddown=hold), FakeClock(),
+                      listener=Recorder()) for n in "ab")
+    b.workers_seen = False  # it serves worker streams and none has reached it yet (PlannerNode.make_dispatcher)
+    ta = asyncio.create_task(a.run())
+    tb: asyncio.Task[None] | None = None
+    try:
+        await wait_until(lambda: len(a.owned) == 8)
+        tb = asyncio.create_task(b.run())
+        await wait_until(lambda: b.session is not None and ks.member("b") in a.members.items)
+        await asyncio.sleep(1.5)  # several reconcile rounds
+        assert not b.owned and len(a.owned) == 8, "a handed partitions to a planner with no worker"
+        await b.set_workers_seen()
+        await wait_until(lambda: len(a.owned) == 4 and len(b.owned) == 4)
+    finally:
+        for t in (ta, tb):
+            if t is not None:
+                t.cancel()
+        await asyncio.gather(*(t for t in (ta, tb) if t is not None), return_exceptions=True)
