@@ -52,8 +52,13 @@ class LagChecks(Context):
             out = self.idx.harness_ms(a.dispatched_ms)
             if out >= started_h or (after_h is not None and out < after_h):
                 continue
+            # An attempt that had ended before the fault began was not cut by it (a game day's run failed at once
+            # as the sink refused it, was dead-lettered and replayed 5 min later; an F7 of that worker 11 s after
+            # the failure was read as its loss: `lag-worker-lost`, 298.9 s).
+            ended = self.idx.harness_ms(a.finished_ms) if a.finished_ms else None
             for f in self.faults:
-                if not out - SLACK_MS <= f.start_ms <= started_h:
+                if not out - SLACK_MS <= f.start_ms <= started_h or (
+                        ended is not None and ended < f.start_ms - SLACK_MS):
                     continue
                 if (f.type == "F7" and f.target == a.worker) or (
                         f.type == "F5" and self.node_region(a.worker) == f.target):
@@ -167,7 +172,12 @@ class LagChecks(Context):
             raw = started - planned_h
             self.lag_points.append((planned_h, raw))
             ahead_killed: int | None = None
-            if queues and (freed := self._freed_by_own_run(sid, eid, planned_h, started)) is not None:
+            # An operator's replay or rerun, looked for from the due time: the run that started is the one asked
+            # for, whatever its schedule's queue did meanwhile (below; the game day above: a run of its own schedule
+            # ended as the replay started, the queue's wait moved the judged instant past the request, and the
+            # request was no longer seen).
+            asked = self._asked_again(eid, planned_h, started)
+            if asked is None and queues and (freed := self._freed_by_own_run(sid, eid, planned_h, started)) is not None:
                 # It waited in its schedule's own queue (behind a catch-up run, runs queued before it, or,
                 # under skip too, a run that started after its due time) and started once the run ahead of it
                 # ended: the wait is the policy's. What is judged is the time from that end to its start, the
@@ -179,11 +189,10 @@ class LagChecks(Context):
                 # given up (the heartbeat timeout), so the wait is the worker loss's, judged like that run's
                 # own retry. A game day's skip run waited 13.5 s behind such a run, 10.8 s after the kill.
                 ahead_killed = self._killed(freed[1])
-            if (resumed := self._resumed_while_waiting(sid, planned_h, started)) is not None:
+            if asked is None and (resumed := self._resumed_while_waiting(sid, planned_h, started)) is not None:
                 self.bump("waited_for_resume")
                 planned_h = resumed
                 raw = started - planned_h
-            asked = self._asked_again(eid, planned_h, started)
             if asked is not None:
                 self.bump("asked_again_by_operator")
                 planned_h = asked
