@@ -146,8 +146,10 @@ class ScheduleStore:
             # then the create's own fields are gone and a retry cannot be told from a reuse.
             if (asked is not None and stored.meta.updated_ms == stored.meta.created_ms
                     and replace(asked, version=0) != replace(stored.schedule, version=0)):
-                raise AlreadyExists(f"schedule {sid!r} already exists: request_id {request_id!r} was used to "
-                                    "create it with other fields")
+                # Why, only to the schedule's own tenant: another tenant learns no more than that the id is taken.
+                raise AlreadyExists(f"schedule {sid!r} already exists" + (
+                    f": request_id {request_id!r} was used to create it with other fields"
+                    if asked.tenant == stored.schedule.tenant else ""))
             return stored
         raise AlreadyExists(f"schedule {sid!r} already exists")
 
