@@ -33,7 +33,9 @@ _ONE_MS = timedelta(milliseconds=1)
 _FORMATTED: dict[int, str] = {}  # second -> "YYYY-MM-DDTHH:MM:SS.": schedules share their planned seconds
 
 
-_MAX_PLANNED_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z, as the API's instants (api/inputs.py)
+# The last instant an execution id may name, 9999-12-31T23:59:59.999Z (etcd keys hold 13-digit epoch ms); the API's
+# instants share it (api/inputs.py).
+MAX_PLANNED_MS = 253_402_300_799_999
 
 
 def format_rfc3339_ms(ms: int) -> str:
@@ -87,7 +89,7 @@ class ExecutionId:
         if dt is None or dt.tzinfo is None:
             raise InvalidArgument(field, f"time {when[:40]!r} is not like 2026-11-29T10:00:00.000Z")
         ms = (dt.astimezone(UTC) - _EPOCH) // _ONE_MS
-        if not 0 <= ms <= _MAX_PLANNED_MS:  # no execution has one: NOT_FOUND would hide the typo (an audit)
+        if not 0 <= ms <= MAX_PLANNED_MS:  # no execution has one: NOT_FOUND would hide the typo (an audit)
             raise InvalidArgument(field, f"time {when!r} is outside 1970-01-01 .. 9999-12-31")
         if format_rfc3339_ms(ms) != when:
             raise InvalidArgument(field, f"time {when!r} is not canonical; expected {format_rfc3339_ms(ms)}")

@@ -8,7 +8,7 @@ from __future__ import annotations
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from scheduler.errors import InvalidArgument
-from scheduler.ids import MAX_ID_LEN, check_name
+from scheduler.ids import MAX_ID_LEN, MAX_PLANNED_MS, check_name
 from scheduler.model import MAX_NAME_LEN
 
 MAX_REASON_BYTES = 1024
@@ -41,7 +41,7 @@ def request_id(value: str) -> str:
 
 
 # Timestamps the server accepts: years 1970-9999 (etcd keys hold 13-digit epoch milliseconds).
-MAX_MS = 253_402_300_799_999
+MAX_MS = MAX_PLANNED_MS
 
 
 def timestamp_ms(t: Timestamp, field: str, *, exact: bool = True) -> int:

@@ -218,15 +218,20 @@ class Ownership:
         session = self.session
         if reason == self._published_suspended:
             return True
-        if session is None:
+        if session is None or not await self._publish_member(session, logging.WARNING, f"suspended={reason!r}"):
             return False
+        self._published_suspended = reason
+        return True
+
+    async def _publish_member(self, session: Session, level: int, what: str) -> bool:
+        """Put this planner's member record again under the session's lease (after a change of what it says);
+        False, logged at `level`, when etcd refused or did not answer."""
         try:
             await self._kv.put(self._ks.member(self._s.node_id), self._member_info(session).encode(),
                                lease=session.lease_id, timeout=self._s.rpc_timeout)
         except (EtcdError, OutcomeUnknown) as e:
-            log.warning("publishing suspended=%r: %s", reason, e)
+            log.log(level, "publishing %s: %s", what, e)
             return False
-        self._published_suspended = reason
         return True
 
     def _member_info(self, session: Session) -> MemberInfo:
@@ -244,13 +249,8 @@ class Ownership:
             return
         self.workers_seen = True
         session = self.session
-        if session is None:
-            return
-        try:
-            await self._kv.put(self._ks.member(self._s.node_id), self._member_info(session).encode(),
-                               lease=session.lease_id, timeout=self._s.rpc_timeout)
-        except (EtcdError, OutcomeUnknown) as e:
-            log.info("publishing workers=true: %s", e)
+        if session is not None:
+            await self._publish_member(session, logging.INFO, "workers=true")
 
     def drained(self) -> frozenset[str]:
         """Node ids with a drain request."""
